@@ -1,0 +1,65 @@
+"""prefill_first — vLLM v0's default scheduler and nano-vLLM's (DESIGN §7).
+
+Rule: admit waiting requests FCFS (head-of-line: stop at the first that does not fit)
+while the token budget, the sequence cap (running included) and free KV blocks allow,
+each with its whole remaining prompt. If any prefill was admitted the step is
+prefill-only. Otherwise decode every running request in order; when KV blocks run
+short, preempt the most recently started running request (recompute later), and the
+request itself if nothing else is left.
+A prompt longer than the whole token budget runs alone in budget-size chunks (vLLM v0
+refuses such prompts at startup; chunking keeps every request servable instead).
+Sources: vLLM v0 `Scheduler._schedule_default`; nano-vLLM `Scheduler.schedule`.
+"""
+from __future__ import annotations
+
+from policylab.contract import SchedulerView, StepPlan
+from policylab.policy import Policy
+
+
+class PrefillFirst(Policy):
+    def schedule(self, view: SchedulerView) -> StepPlan:
+        plan = self._prefills(view)
+        return plan if plan.num_scheduled_tokens else self._decodes(view)
+
+    def _prefills(self, view: SchedulerView) -> StepPlan:
+        plan, budget, free = StepPlan(), view.max_num_batched_tokens, view.num_free_blocks
+        seqs = len(view.running)
+        for v in view.running:          # a chunked long prompt keeps going before anything new
+            if v.is_prefill:
+                n = min(v.remaining_tokens, budget)
+                need = view.blocks_needed(v, n)
+                if need <= free:
+                    plan.num_scheduled_tokens[v.req_id] = n
+                    budget, free = budget - n, free - need
+                return plan
+        for v in view.waiting:
+            if seqs >= view.max_num_seqs:
+                break
+            n = v.remaining_tokens
+            if n > view.max_num_batched_tokens and not plan.num_scheduled_tokens:
+                n = budget                      # oversized prompt: first chunk, alone
+            need = view.blocks_needed(v, n)
+            if n > budget or need > free:
+                break
+            plan.num_scheduled_tokens[v.req_id] = n
+            budget, free, seqs = budget - n, free - need, seqs + 1
+            if n < v.remaining_tokens:
+                break
+        return plan
+
+    def _decodes(self, view: SchedulerView) -> StepPlan:
+        plan, free = StepPlan(), view.num_free_blocks
+        queue = list(view.running)
+        while queue:
+            v = queue.pop(0)
+            need = view.blocks_needed(v, 1)
+            while need > free and queue:
+                victim = queue.pop()             # most recently started
+                free += view.blocks_freed_by_preempting(victim)
+                plan.preempt.append(victim.req_id)
+            if need > free:
+                plan.preempt.append(v.req_id)
+                break
+            plan.num_scheduled_tokens[v.req_id] = 1
+            free -= need
+        return plan

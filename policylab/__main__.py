@@ -1,0 +1,3 @@
+from policylab.cli import main
+
+main()

@@ -1,0 +1,64 @@
+"""`python -m policylab SUBCOMMAND ...`: Hydra jobs (run) and plain tools (trace, compare, ...).
+
+Hydra rejects a bare subcommand word before its overrides, so the word is taken off
+argv here and the rest handed to the `@hydra.main` function.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from policylab.config import register
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+register()
+
+
+def fail(message: str, code: int = 2):
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def run_main(cfg: DictConfig) -> float:
+    from policylab.run import RunError, run
+    from policylab.traces import TraceError
+
+    try:
+        summary = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except (RunError, TraceError, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    if summary.get("status") != "complete":
+        raise SystemExit(1)
+    return float(summary.get("goodput") or 0.0)   # objective for Hydra sweepers (Optuna)
+
+
+TOOLS = {
+    "trace": "policylab.traces.cli",
+}
+HYDRA_JOBS = {"run": run_main}
+USAGE = """usage: python -m policylab {run,trace} ...
+
+  run      replay a trace under a policy (Hydra overrides: policy=chunked trace=bursty ...; -m for sweeps)
+  trace    inspect, convert or generate arrival traces (python -m policylab trace --help)
+"""
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command, rest = argv[0], argv[1:]
+    if command in HYDRA_JOBS:
+        sys.argv = [f"policylab {command}"] + rest
+        HYDRA_JOBS[command]()
+    elif command in TOOLS:
+        import importlib
+        raise SystemExit(importlib.import_module(TOOLS[command]).main(rest))
+    else:
+        fail(f"unknown command '{command}'\n{USAGE}")

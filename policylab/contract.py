@@ -1,0 +1,173 @@
+"""The step contract between a scheduling policy and the engine (DESIGN §3).
+
+A policy receives a read-only `SchedulerView` and returns a `StepPlan`. The engine
+validates every plan with `validate_plan` before touching any state; a broken rule
+raises `ContractViolation` naming the policy and the rule. Nothing is silently fixed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from policylab.kv import BlockManager
+    from policylab.request import Request
+
+
+class ContractViolation(Exception):
+    """A plan broke a rule of the contract; carries the policy and the rule names."""
+
+    def __init__(self, policy: str, rule: str, detail: str):
+        self.policy, self.rule, self.detail = policy, rule, detail
+        super().__init__(f"policy '{policy}' broke rule '{rule}': {detail}")
+
+
+class RequestView:
+    """Read-only window on one live request. Never exposes the true output length."""
+
+    __slots__ = ("_r", "_kv", "_hit_step", "_hit_blocks")
+
+    def __init__(self, request: "Request", kv: "BlockManager"):
+        self._r, self._kv = request, kv
+        self._hit_step, self._hit_blocks = -1, ()
+
+    req_id = property(lambda s: s._r.req_id)
+    arrival_time = property(lambda s: s._r.arrival_time)
+    client = property(lambda s: s._r.client)
+    priority = property(lambda s: s._r.priority)
+    ttft_slo = property(lambda s: s._r.ttft_slo)
+    tpot_slo = property(lambda s: s._r.tpot_slo)
+    max_tokens = property(lambda s: s._r.max_tokens)
+    predicted_output_tokens = property(lambda s: s._r.predicted_output_tokens)
+    prompt_len = property(lambda s: len(s._r.prompt_ids))
+    num_output_tokens = property(lambda s: len(s._r.output_ids))
+    num_tokens = property(lambda s: s._r.num_tokens)
+    num_computed_tokens = property(lambda s: s._r.num_computed_tokens)
+    num_blocks = property(lambda s: len(s._r.block_table))
+    num_preemptions = property(lambda s: s._r.num_preemptions)
+    first_scheduled_time = property(lambda s: s._r.first_scheduled_time)
+    first_token_time = property(lambda s: s._r.token_times[0] if s._r.token_times else None)
+    last_token_time = property(lambda s: s._r.token_times[-1] if s._r.token_times else None)
+    status = property(lambda s: s._r.status.value)
+
+    def cached_blocks(self) -> tuple:
+        """Prefix-cache blocks this request would reuse if scheduled now (memoized per step)."""
+        r = self._r
+        if r.block_table or r.num_computed_tokens:
+            return ()
+        if self._hit_step != self._kv.epoch:
+            self._hit_step = self._kv.epoch
+            self._hit_blocks = self._kv.lookup(r.block_hashes, (r.num_tokens - 1) // self._kv.block_size)
+        return self._hit_blocks
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Tokens served from the prefix cache if scheduled now (always leaves one to compute)."""
+        return len(self.cached_blocks()) * self._kv.block_size
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
+        r = self._r
+        return r.num_tokens - r.num_computed_tokens - self.num_cached_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        r = self._r
+        return bool(r.output_ids) and r.num_tokens - r.num_computed_tokens == 1
+
+    @property
+    def is_prefill(self) -> bool:
+        return not self.is_decode
+
+    def __repr__(self) -> str:
+        return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "
+                f"computed={self.num_computed_tokens}, out={self.num_output_tokens})")
+
+
+@dataclass
+class SchedulerView:
+    """Everything a policy may read in one step. Lists are in queue order."""
+
+    clock: float
+    step: int
+    waiting: list            # RequestView, queue order (preempted requests first, then arrival)
+    running: list            # RequestView, order in which they started running
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    block_size: int
+    num_free_blocks: int
+    num_total_blocks: int
+    blocks_needed: Callable[[RequestView, int], int]
+    blocks_freed_by_preempting: Callable[[RequestView], int]
+
+
+@dataclass
+class StepPlan:
+    """A policy's decision for one step (vLLM's `SchedulerOutput.num_scheduled_tokens`).
+
+    `num_scheduled_tokens` maps req_id -> tokens this step, in the order the batch is
+    formed; `preempt` lists running req_ids whose KV is freed (recomputed later);
+    `reject` maps waiting req_ids to a reason (admission control: reported, never dropped).
+    """
+
+    num_scheduled_tokens: dict = field(default_factory=dict)
+    preempt: list = field(default_factory=list)
+    reject: dict = field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+
+def validate_plan(view: SchedulerView, plan: StepPlan, policy: str, live: dict) -> None:
+    """Check every rule of DESIGN §3; raise ContractViolation on the first broken one.
+
+    `live` maps req_id -> RequestView for waiting and running requests.
+    """
+    def fail(rule: str, detail: str):
+        raise ContractViolation(policy, rule, detail)
+
+    if not isinstance(plan, StepPlan):
+        fail("plan_type", f"schedule() must return a StepPlan, got {type(plan).__name__}")
+    sched = plan.num_scheduled_tokens
+    preempt_set = set(plan.preempt)
+    if len(preempt_set) != len(plan.preempt):
+        fail("unique", f"a request appears twice in the preempt list {plan.preempt}")
+    for rid in plan.preempt:
+        v = live.get(rid)
+        if v is None or v.status != "running":
+            fail("preempt_running", f"request {rid} is not running and cannot be preempted")
+        if rid in sched:
+            fail("preempted_scheduled", f"request {rid} is both preempted and scheduled")
+    for rid, reason in plan.reject.items():
+        v = live.get(rid)
+        if v is None or v.status != "waiting":
+            fail("reject_waiting", f"request {rid} is not waiting and cannot be rejected")
+        if rid in sched:
+            fail("rejected_scheduled", f"request {rid} is both rejected and scheduled")
+        if not reason or not isinstance(reason, str):
+            fail("reject_reason", f"request {rid} rejected without a reason")
+    if len(sched) > view.max_num_seqs:
+        fail("seq_cap", f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
+    total = 0
+    blocks = 0
+    needed = view.blocks_needed
+    for rid, n in sched.items():
+        v = live.get(rid)
+        if v is None:
+            fail("unknown_request", f"request {rid} is neither waiting nor running")
+        if type(n) is not int:
+            fail("chunk_type", f"request {rid}: token count must be int, got {n!r}")
+        if v.is_decode:
+            if n != 1:
+                fail("decode_one", f"request {rid} is decoding and must get exactly 1 token, got {n}")
+        elif not 1 <= n <= v.remaining_tokens:
+            fail("chunk_bounds", f"request {rid} in prefill got {n} tokens, allowed 1..{v.remaining_tokens}")
+        total += n
+        blocks += needed(v, n)
+    if total > view.max_num_batched_tokens:
+        fail("token_budget", f"{total} tokens scheduled > max_num_batched_tokens={view.max_num_batched_tokens}")
+    free = view.num_free_blocks + sum(view.blocks_freed_by_preempting(live[r]) for r in plan.preempt)
+    if blocks > free:
+        fail("kv_capacity", f"plan needs {blocks} KV blocks but only {free} are free after preemptions")

@@ -1,0 +1,49 @@
+"""Wire objects between the engine and a data plane (vLLM v1's ModelRunner interface, trimmed).
+
+The engine hands a `Batch` (flat, one entry per scheduled request, never padded) to
+`DataPlane.execute`, which returns a `StepResult`: one sampled token for every entry
+whose `sample` flag is set, and the step's duration, which drives the replay clock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class Batch:
+    req_ids: list = field(default_factory=list)
+    query_lens: list = field(default_factory=list)     # tokens computed this step, per request
+    context_lens: list = field(default_factory=list)   # tokens already in the KV cache before the step
+    block_tables: list = field(default_factory=list)   # physical block ids, covering context + query
+    token_ids: list = field(default_factory=list)      # np.int32 array of length query_len, per request
+    sample: list = field(default_factory=list)         # True where the step completes the known tokens
+    sampling: list = field(default_factory=list)       # SamplingParams per request
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+
+@dataclass
+class StepResult:
+    sampled: list      # token ids, one per entry with sample=True, in batch order
+    duration: float    # seconds this step took (measured, or modelled in simulation)
+
+
+class DataPlane(Protocol):
+    vocab_size: int
+    eos_token_id: int | None
+
+    def execute(self, batch: Batch) -> StepResult: ...
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        """KV blocks this data plane can hold (from config, device memory or hardware spec)."""
+        ...
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        """Called once by the engine with the block count it will manage, before the first step."""
+        ...

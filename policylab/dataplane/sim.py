@@ -1,0 +1,75 @@
+"""Simulated data plane: step time from a roofline cost model of the batch (DESIGN §5).
+
+No model runs. Each step costs the larger of its compute time and its memory time,
+separately for the dense layers (weights read once per step, 2·params FLOPs per token)
+and for attention (KV read per request, FLOPs growing with chunk × context), plus a
+fixed per-step overhead. Sampled tokens are deterministic ids, so the engine path is
+identical to a real run. A fitted calibration (see `policylab.calibrate`) can replace the
+roofline with a model measured on the real data plane.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.base import Batch, StepResult
+
+
+class ModelShape:
+    """Sizes derived from a model config that the cost model needs."""
+
+    def __init__(self, m: ModelConfig):
+        head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
+        q, kv = m.num_attention_heads * head_dim, m.num_key_value_heads * head_dim
+        per_layer = m.hidden_size * (q + 2 * kv) + q * m.hidden_size + 3 * m.hidden_size * m.intermediate_size
+        self.layers, self.q_dim, self.vocab = m.num_hidden_layers, q, m.vocab_size
+        self.hidden = m.hidden_size
+        self.dense_params = m.num_hidden_layers * per_layer
+        embed = m.vocab_size * m.hidden_size
+        self.weight_bytes = (self.dense_params + embed * (1 if m.tie_word_embeddings else 2)) * m.dtype_bytes
+        self.kv_bytes_per_token = 2 * m.num_hidden_layers * kv * m.dtype_bytes
+
+
+class SimDataPlane:
+    def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig, seed: int = 0):
+        self.shape, self.hw, self.dp, self.seed = ModelShape(model), hardware, dp, seed
+        self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
+        self.calibration = None
+        if dp.calibration:
+            from policylab.calibrate import load_calibration
+            self.calibration = load_calibration(dp.calibration)
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        free = self.hw.mem_bytes * self.dp.gpu_memory_utilization - self.shape.weight_bytes
+        if free <= 0:
+            raise ValueError(f"model weights ({self.shape.weight_bytes / 1e9:.1f} GB) do not fit in "
+                             f"{self.hw.name} memory x {self.dp.gpu_memory_utilization}")
+        return int(free // (self.shape.kv_bytes_per_token * block_size))
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        """Nothing to allocate: the simulated cache is pure accounting."""
+
+    def step_time(self, batch: Batch) -> float:
+        q = np.asarray(batch.query_lens, dtype=np.float64)
+        ctx = np.asarray(batch.context_lens, dtype=np.float64)
+        if self.calibration is not None:
+            return self.calibration.predict(q, ctx)
+        s, hw = self.shape, self.hw
+        tokens, sampled = q.sum(), float(sum(batch.sample))
+        flops = hw.peak_flops * hw.flops_efficiency
+        bw = hw.mem_bandwidth * hw.bw_efficiency
+        dense = max((2 * s.dense_params * tokens + 2 * s.hidden * s.vocab * sampled) / flops,
+                    s.weight_bytes / bw)
+        attn_flops = 4.0 * s.layers * s.q_dim * float(np.dot(q, ctx + (q + 1) / 2))
+        kv_bytes = s.kv_bytes_per_token * float((ctx + 2 * q).sum())   # read context, write new
+        return dense + max(attn_flops / flops, kv_bytes / bw) + hw.step_overhead
+
+    def execute(self, batch: Batch) -> StepResult:
+        tokens = [self._token(rid, ctx + n) for rid, n, ctx, s in
+                  zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.sample) if s]
+        return StepResult(tokens, self.step_time(batch))
+
+    def _token(self, req_id: int, position: int) -> int:
+        """A deterministic, never-special token id (no EOS): lengths come from the trace."""
+        mixed = (req_id * 2654435761 + position * 40503 + self.seed * 2246822519) & 0xFFFFFFFF
+        return 16 + mixed % (self.vocab_size - 32)

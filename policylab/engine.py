@@ -1,0 +1,279 @@
+"""The replay engine: admit → schedule → validate → commit → execute → postprocess (DESIGN §2).
+
+The engine owns requests, KV blocks and the clock; the policy only plans. Every
+request of the trace ends finished or rejected with a reason; a run cut short (a
+broken contract, a raising policy, Ctrl-C) returns what it has, marked partial.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from policylab.clock import make_clock
+from policylab.config import EngineConfig
+from policylab.contract import ContractViolation, RequestView, SchedulerView, StepPlan, validate_plan
+from policylab.dataplane.base import Batch, DataPlane, StepResult
+from policylab.kv import BlockManager, chain_hashes
+from policylab.policy import Policy
+from policylab.prompts import synthesize_prompt
+from policylab.request import Request, SamplingParams, Status, TraceRequest
+
+STEP_FIELDS = ("clock", "duration", "batch_size", "prefill_tokens", "decode_tokens",
+               "num_prefill_reqs", "num_decode_reqs", "kv_used_blocks", "waiting", "running",
+               "preempted", "rejected")
+MAX_IDLE_STEPS = 1000   # consecutive steps that run no token before we call it a livelock
+
+
+@dataclass
+class RunResult:
+    trace: list                      # TraceRequest, arrival order
+    requests: list                   # Request per trace entry (None if it never arrived)
+    steps: dict                      # column -> list, one row per executed step
+    num_blocks: int
+    block_size: int
+    policy: str
+    status: str = "complete"         # complete | partial
+    error: str = ""
+
+    @property
+    def partial(self) -> bool:
+        return self.status != "complete"
+
+
+class Engine:
+    def __init__(self, trace: list, policy: Policy, dataplane: DataPlane, cfg: EngineConfig,
+                 seed: int = 0, prefix_block_tokens: int = 512,
+                 sampling: SamplingParams = SamplingParams()):
+        self.trace = sorted(trace, key=lambda t: t.arrival_time)
+        self.policy, self.dataplane, self.cfg, self.seed = policy, dataplane, cfg, seed
+        self.policy_name = getattr(policy, "name", type(policy).__name__)
+        self.prefix_block_tokens, self.sampling = prefix_block_tokens, sampling
+        num_blocks = cfg.num_blocks or dataplane.num_kv_blocks(cfg.block_size)
+        self.kv = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        dataplane.allocate_kv(num_blocks, cfg.block_size)
+        self.clock = make_clock(cfg.clock)
+        self.requests: list = [None] * len(self.trace)
+        self.target_len: dict = {}       # req_id -> output tokens to generate (hidden from policies)
+        self.views: dict = {}            # req_id -> RequestView, live requests only
+        self.waiting: list = []
+        self.running: list = []
+        self.next_arrival = 0
+        self.num_done = 0
+        self.step_index = 0
+        self.steps = {k: [] for k in STEP_FIELDS}
+        self._rng = np.random.default_rng(seed)
+        self._idle_steps = 0
+
+    # ---------------------------------------------------------------- loop
+    def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
+        self._on_done = on_request_done
+        result = RunResult(self.trace, self.requests, self.steps, self.kv.num_blocks,
+                           self.kv.block_size, self.policy_name)
+        try:
+            while self.num_done < len(self.trace):
+                self.step()
+            self.kv.check()
+        except KeyboardInterrupt:
+            result.status, result.error = "partial", "interrupted (Ctrl-C)"
+        except ContractViolation as e:
+            result.status, result.error = "partial", f"ContractViolation: {e}"
+        except Exception as e:  # a policy or data plane that raises ends the run, results kept
+            result.status, result.error = "partial", f"{type(e).__name__}: {e}"
+        return result
+
+    def step(self) -> None:
+        self.clock.start_step()
+        self._admit()
+        batch = self._schedule()
+        if batch is not None:
+            self._postprocess(batch, self.dataplane.execute(batch))
+
+    # ------------------------------------------------------------- admit
+    def _admit(self) -> None:
+        now = self.clock.now
+        while self.next_arrival < len(self.trace) and self.trace[self.next_arrival].arrival_time <= now:
+            self._arrive(self.next_arrival)
+            self.next_arrival += 1
+
+    def _arrive(self, i: int) -> None:
+        t: TraceRequest = self.trace[i]
+        cfg = self.cfg
+        ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, self.dataplane.vocab_size,
+                                self.seed, self.prefix_block_tokens)
+        max_tokens = t.max_tokens or cfg.max_tokens or max(cfg.max_model_len - t.prompt_tokens, 1)
+        r = Request(i, t.arrival_time, ids, max_tokens, t.client, t.priority, t.ttft_slo,
+                    t.tpot_slo, self._predict(t.output_tokens), self.sampling)
+        self.requests[i] = r
+        self.target_len[i] = min(t.output_tokens, max_tokens)
+        reason = self._never_fits(t)
+        if reason:
+            return self._reject(r, reason)
+        r.block_hashes = chain_hashes(ids, self.kv.block_size)
+        self.views[i] = RequestView(r, self.kv)
+        self.waiting.append(r)
+
+    def _predict(self, true_len: int) -> Optional[int]:
+        if self.cfg.predictor == "none":
+            return None
+        if self.cfg.predictor != "oracle":
+            raise ValueError(f"engine.predictor must be 'none' or 'oracle', got '{self.cfg.predictor}'")
+        noise = self._rng.lognormal(0.0, self.cfg.predictor_noise) if self.cfg.predictor_noise else 1.0
+        return max(1, round(true_len * noise))
+
+    def _never_fits(self, t: TraceRequest) -> str:
+        total = t.prompt_tokens + t.output_tokens
+        if total > self.cfg.max_model_len:
+            return (f"prompt ({t.prompt_tokens}) + output ({t.output_tokens}) tokens exceed "
+                    f"max_model_len={self.cfg.max_model_len}")
+        need = math.ceil(total / self.kv.block_size)
+        if need > self.kv.num_blocks:
+            return f"needs {need} KV blocks, the whole cache has {self.kv.num_blocks}"
+        return ""
+
+    def _reject(self, r: Request, reason: str) -> None:
+        r.status, r.reject_reason, r.finish_time = Status.REJECTED, reason, self.clock.now
+        self._done(r)
+
+    def _done(self, r: Request) -> None:
+        view = self.views.pop(r.req_id, None)
+        self.num_done += 1
+        if view is not None:
+            self.policy.on_finished(view)
+        if self._on_done:
+            self._on_done(r.req_id)
+
+    # ---------------------------------------------------------- schedule
+    def _view(self) -> SchedulerView:
+        kv, views = self.kv, self.views
+        return SchedulerView(
+            clock=self.clock.now, step=self.step_index,
+            waiting=[views[r.req_id] for r in self.waiting],
+            running=[views[r.req_id] for r in self.running],
+            max_num_batched_tokens=self.cfg.max_num_batched_tokens, max_num_seqs=self.cfg.max_num_seqs,
+            block_size=kv.block_size, num_free_blocks=kv.num_free, num_total_blocks=kv.num_blocks,
+            blocks_needed=self.blocks_needed,
+            blocks_freed_by_preempting=lambda v: kv.freed_by_release(v._r.block_table))
+
+    def blocks_needed(self, v: RequestView, n: int) -> int:
+        """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
+        r = v._r
+        hits = v.cached_blocks()
+        total = r.num_computed_tokens + len(hits) * self.kv.block_size + n
+        new = -(-total // self.kv.block_size) - len(r.block_table) - len(hits)
+        return max(new, 0) + (self.kv.reclaim_cost(hits) if hits else 0)
+
+    def _schedule(self) -> Optional[Batch]:
+        if not self.waiting and not self.running:
+            self._idle_until_next_arrival()
+            return None
+        self.kv.epoch += 1
+        view = self._view()
+        plan = self.policy.schedule(view)
+        validate_plan(view, plan, self.policy_name, self.views)
+        if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
+            if self.running or self.next_arrival >= len(self.trace):
+                raise ContractViolation(self.policy_name, "work_conservation",
+                                        "empty plan while requests wait and nothing else can arrive "
+                                        "or run; the replay would never end")
+            self._idle_until_next_arrival()
+            return None
+        return self._commit(plan)
+
+    def _idle_until_next_arrival(self) -> None:
+        if self.next_arrival < len(self.trace):
+            self.clock.idle_until(self.trace[self.next_arrival].arrival_time)
+
+    # ------------------------------------------------------------ commit
+    def _commit(self, plan: StepPlan) -> Optional[Batch]:
+        now, kv = self.clock.now, self.kv
+        for rid, reason in plan.reject.items():
+            self._reject(self.requests[rid], f"rejected by policy: {reason}")
+        preempted = [self.requests[rid] for rid in plan.preempt]
+        for r in preempted:
+            kv.release(r.block_table)
+            r.num_computed_tokens, r.status = 0, Status.WAITING
+            r.num_preemptions += 1
+        sched = [(self.requests[rid], n) for rid, n in plan.num_scheduled_tokens.items()]
+        for r, _ in sched:       # take every cache hit before any allocation can evict one
+            if not r.block_table and not r.num_computed_tokens:
+                hits = self.views[r.req_id].cached_blocks()
+                if hits:
+                    kv.acquire(r.block_table, hits)
+                    r.num_computed_tokens = len(hits) * kv.block_size
+                    r.num_cached_tokens_total += r.num_computed_tokens
+        batch = Batch()
+        newly_running = []
+        for r, n in sched:
+            ctx = r.num_computed_tokens
+            kv.grow(r.block_table, ctx + n)
+            if r.status is Status.WAITING:
+                r.status = Status.RUNNING
+                newly_running.append(r)
+                if r.first_scheduled_time is None:
+                    r.first_scheduled_time = now
+            batch.req_ids.append(r.req_id)
+            batch.query_lens.append(n)
+            batch.context_lens.append(ctx)
+            batch.block_tables.append(r.block_table)
+            batch.token_ids.append(r.token_ids(ctx, ctx + n))
+            batch.sample.append(ctx + n == r.num_tokens)
+            batch.sampling.append(r.sampling)
+        if preempted or plan.reject or newly_running:
+            self.running = [r for r in self.running if r.status is Status.RUNNING] + newly_running
+            self.waiting = preempted + [r for r in self.waiting if r.status is Status.WAITING]
+        self._pending_counts = (len(preempted), len(plan.reject))
+        if not batch.req_ids:
+            self._idle_steps += 1
+            if self._idle_steps > MAX_IDLE_STEPS:
+                raise ContractViolation(self.policy_name, "liveness",
+                                        f"{MAX_IDLE_STEPS} consecutive steps ran no token")
+            return None
+        self._idle_steps = 0
+        return batch
+
+    # ------------------------------------------------------- postprocess
+    def _postprocess(self, batch: Batch, result: StepResult) -> None:
+        start = self.clock.now
+        self.clock.advance(result.duration)
+        now, kv, bs = self.clock.now, self.kv, self.kv.block_size
+        sampled = iter(result.sampled)
+        eos = self.dataplane.eos_token_id if self.cfg.stop_at_eos else None
+        finished, prefill_tokens, n_prefill = [], 0, 0
+        for rid, n, sample in zip(batch.req_ids, batch.query_lens, batch.sample):
+            r = self.requests[rid]
+            if n > 1 or not r.output_ids:
+                prefill_tokens += n
+                n_prefill += 1
+            r.num_computed_tokens += n
+            kv.register(r.block_table, r.block_hashes, r.num_computed_tokens,
+                        (r.num_computed_tokens - n) // bs)
+            if sample:
+                tok = next(sampled)
+                r.output_ids.append(tok)
+                r.token_times.append(now)
+                if r.num_tokens % bs == 0:
+                    last = r.block_hashes[-1] if r.block_hashes else None
+                    r.block_hashes += chain_hashes(r.token_ids(r.num_tokens - bs, r.num_tokens), bs, last)
+                if len(r.output_ids) >= self.target_len[rid] or tok == eos:
+                    finished.append(r)
+        for r in finished:
+            r.status, r.finish_time = Status.FINISHED, now
+            kv.release(r.block_table)
+            self._done(r)
+        if finished:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        self._record(start, result.duration, batch, prefill_tokens, n_prefill)
+        self.step_index += 1
+        if self.cfg.check_invariants:
+            kv.check()
+
+    def _record(self, start, duration, batch, prefill_tokens, n_prefill) -> None:
+        s, (preempted, rejected) = self.steps, self._pending_counts
+        for key, value in zip(STEP_FIELDS, (
+                start, duration, len(batch), prefill_tokens, batch.num_tokens - prefill_tokens,
+                n_prefill, len(batch) - n_prefill, self.kv.num_used, len(self.waiting),
+                len(self.running), preempted, rejected)):
+            s[key].append(value)

@@ -1,0 +1,127 @@
+"""Paged KV-cache accounting: blocks as pages, block tables as page tables (DESIGN §4).
+
+Full blocks carry a chained hash (previous block's hash + this block's token ids) so
+identical prefixes share physical blocks. Freed blocks keep their hash and sit in an
+LRU list until reused, so a later request (or a preempted one coming back) can hit them.
+Invariant: free + used == total, and at drain every reference count is 0.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+import numpy as np
+
+
+def chain_hashes(token_ids: np.ndarray, block_size: int, prev: int | None = None,
+                 start_block: int = 0) -> list:
+    """Chained hashes of the full blocks of `token_ids`, from block `start_block` on."""
+    out = []
+    for k in range(start_block, len(token_ids) // block_size):
+        prev = hash((prev, token_ids[k * block_size:(k + 1) * block_size].tobytes()))
+        out.append(prev)
+    return out
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.prefix_caching = enable_prefix_caching
+        self.ref = [0] * num_blocks
+        self.block_hash: list = [None] * num_blocks
+        self.cached: dict = {}                  # hash -> block id
+        self.free_plain = deque(range(num_blocks))   # free, no reusable content
+        self.free_cached: OrderedDict = OrderedDict()  # free, hashed; LRU first
+        self.epoch = 0                           # bumped by the engine each step (memoizes lookups)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_plain) + len(self.free_cached)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def lookup(self, hashes: list, max_blocks: int) -> tuple:
+        """Longest run of cached blocks matching the chain `hashes` (at most max_blocks)."""
+        if not self.prefix_caching:
+            return ()
+        hit = []
+        cached = self.cached
+        for h in hashes[:max_blocks]:
+            b = cached.get(h)
+            if b is None:
+                break
+            hit.append(b)
+        return tuple(hit)
+
+    def reclaim_cost(self, blocks) -> int:
+        """How many free blocks taking `blocks` (cache hits) consumes: those nobody holds."""
+        ref = self.ref
+        return sum(1 for b in blocks if ref[b] == 0)
+
+    def acquire(self, table: list, blocks) -> None:
+        """Append cache-hit blocks to a block table, taking a reference on each."""
+        for b in blocks:
+            if self.ref[b] == 0:
+                del self.free_cached[b]
+            self.ref[b] += 1
+            table.append(b)
+
+    def grow(self, table: list, num_tokens: int) -> None:
+        """Allocate blocks so `table` covers num_tokens tokens."""
+        need = -(-num_tokens // self.block_size) - len(table)
+        if need > self.num_free:
+            raise MemoryError(f"KV cache exhausted: need {need} blocks, {self.num_free} free")
+        for _ in range(need):
+            if self.free_plain:
+                b = self.free_plain.popleft()
+            else:
+                b, _ = self.free_cached.popitem(last=False)
+                del self.cached[self.block_hash[b]]
+                self.block_hash[b] = None
+            self.ref[b] = 1
+            table.append(b)
+
+    def register(self, table: list, hashes: list, num_computed: int, start: int = 0) -> int:
+        """Publish full, computed blocks of a table in the prefix cache; returns blocks done."""
+        full = min(num_computed // self.block_size, len(hashes))
+        if self.prefix_caching:
+            for k in range(start, full):
+                b = table[k]
+                if self.block_hash[b] is None:
+                    h = hashes[k]
+                    if h not in self.cached:
+                        self.cached[h] = b
+                        self.block_hash[b] = h
+        return max(full, start)
+
+    def release(self, table: list) -> int:
+        """Drop a table's references (tail first, so tails are evicted before shared heads)."""
+        freed = 0
+        for b in reversed(table):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                freed += 1
+                if self.block_hash[b] is None:
+                    self.free_plain.append(b)
+                else:
+                    self.free_cached[b] = None
+        table.clear()
+        return freed
+
+    def freed_by_release(self, table: list) -> int:
+        ref = self.ref
+        return sum(1 for b in table if ref[b] == 1)
+
+    def check(self) -> None:
+        """Assert the accounting invariants; used by tests and at drain."""
+        used = sum(1 for r in self.ref if r > 0)
+        assert min(self.ref) >= 0, "negative reference count"
+        assert used + self.num_free == self.num_blocks, (used, self.num_free, self.num_blocks)
+        assert all(self.ref[b] == 0 for b in self.free_plain), "held block in free list"
+        assert all(self.ref[b] == 0 for b in self.free_cached), "held block in cached free list"
+        assert len(set(self.free_plain)) == len(self.free_plain), "block freed twice"
+        for h, b in self.cached.items():
+            assert self.block_hash[b] == h, "hash map out of sync"

@@ -1,0 +1,51 @@
+"""Deterministic synthetic prompt token ids for trace requests.
+
+Lengths come from the trace; contents are pseudo-random ids derived from the
+request's prefix hashes, so requests that share a prefix in the trace share identical
+tokens (and therefore prefix-cache blocks), at any engine block size.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_RESERVED = 16   # keep clear of special-token ids at the bottom of a vocabulary
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer, vectorized."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _stream(key: int, start: int, count: int, vocab_size: int) -> np.ndarray:
+    base = np.uint64(key)
+    with np.errstate(over="ignore"):
+        x = _mix(np.arange(start, start + count, dtype=np.uint64) * _GOLDEN + base)
+    return (_RESERVED + x % np.uint64(vocab_size - _RESERVED)).astype(np.int32)
+
+
+def hash_key(*parts) -> int:
+    """Stable 64-bit key from ints/strings (Python's hash() is salted for strings)."""
+    h = 1469598103934665603
+    for p in parts:
+        for byte in str(p).encode():
+            h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+        h = ((h ^ 0xFF) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def synthesize_prompt(index: int, prompt_tokens: int, prefix_hashes, vocab_size: int,
+                      seed: int = 0, prefix_block_tokens: int = 512) -> np.ndarray:
+    """Prompt ids: one segment per prefix hash, then tokens unique to this request."""
+    parts, pos = [], 0
+    for h in prefix_hashes:
+        if pos >= prompt_tokens:
+            break
+        n = min(prefix_block_tokens, prompt_tokens - pos)
+        parts.append(_stream(hash_key("prefix", seed, h), 0, n, vocab_size))
+        pos += n
+    if pos < prompt_tokens:
+        parts.append(_stream(hash_key("request", seed, index), pos, prompt_tokens - pos, vocab_size))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -1,0 +1,91 @@
+"""Engine-side request state.
+
+The engine owns and mutates `Request`; policies only ever see it through
+`policylab.contract.RequestView`. The true output length of a trace request is
+deliberately *not* stored here: the engine keeps it apart so no policy can read it.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+
+class Status(str, enum.Enum):
+    PENDING = "pending"      # in the trace, not yet arrived
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of an arrival trace (native format, DESIGN §9)."""
+
+    arrival_time: float
+    prompt_tokens: int
+    output_tokens: int
+    client: str = "default"
+    priority: int = 0
+    ttft_slo: Optional[float] = None
+    tpot_slo: Optional[float] = None
+    prefix_hashes: tuple = ()
+    max_tokens: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling; greedy when temperature == 0."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass(eq=False)
+class Request:
+    req_id: int
+    arrival_time: float
+    prompt_ids: np.ndarray            # int32 token ids of the prompt
+    max_tokens: int                   # declared cap, visible to policies
+    client: str = "default"
+    priority: int = 0
+    ttft_slo: Optional[float] = None
+    tpot_slo: Optional[float] = None
+    predicted_output_tokens: Optional[int] = None
+    sampling: SamplingParams = SamplingParams()
+    status: Status = Status.WAITING
+    output_ids: list = field(default_factory=list)
+    num_computed_tokens: int = 0      # tokens whose KV is in the cache
+    block_table: list = field(default_factory=list)
+    block_hashes: list = field(default_factory=list)   # chained hashes of full blocks, prefix order
+    # timestamps (seconds on the replay clock)
+    first_scheduled_time: Optional[float] = None
+    token_times: list = field(default_factory=list)
+    finish_time: Optional[float] = None
+    num_preemptions: int = 0
+    num_cached_tokens_total: int = 0  # prefix-cache hit tokens over the request's life
+    reject_reason: str = ""
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt plus every sampled output token."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def token_ids(self, start: int, end: int) -> np.ndarray:
+        """Token ids in [start, end) of prompt + outputs, as int32."""
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        out = np.asarray(self.output_ids[max(start - p, 0):end - p], dtype=np.int32)
+        if start >= p:
+            return out
+        return np.concatenate([self.prompt_ids[start:], out])
