@@ -17,6 +17,10 @@ from policylab.policy import Policy
 
 
 class PrefillFirst(Policy):
+    def __init__(self, name: str | None = None):
+        super().__init__(name)
+        self._oversized = None       # req_id of a prompt longer than the budget, mid-prefill
+
     def schedule(self, view: SchedulerView) -> StepPlan:
         plan = self._prefills(view)
         return plan if plan.num_scheduled_tokens else self._decodes(view)
@@ -24,14 +28,12 @@ class PrefillFirst(Policy):
     def _prefills(self, view: SchedulerView) -> StepPlan:
         plan, budget, free = StepPlan(), view.max_num_batched_tokens, view.num_free_blocks
         seqs = len(view.running)
-        for v in view.running:          # a chunked long prompt keeps going before anything new
-            if v.is_prefill:
-                n = min(v.remaining_tokens, budget)
-                need = view.blocks_needed(v, n)
-                if need <= free:
-                    plan.num_scheduled_tokens[v.req_id] = n
-                    budget, free = budget - n, free - need
-                return plan
+        v = view.by_id.get(self._oversized)
+        if v is not None and v.status == "running" and v.is_prefill:   # keep chunking it, alone
+            n = min(v.remaining_tokens, budget)
+            if view.blocks_needed(v, n) <= view.num_free_blocks:
+                plan.num_scheduled_tokens[v.req_id] = n
+            return plan
         for v in view.waiting:
             if seqs >= view.max_num_seqs:
                 break
@@ -44,6 +46,7 @@ class PrefillFirst(Policy):
             plan.num_scheduled_tokens[v.req_id] = n
             budget, free, seqs = budget - n, free - need, seqs + 1
             if n < v.remaining_tokens:
+                self._oversized = v.req_id
                 break
         return plan
 

@@ -7,7 +7,7 @@ raises `ContractViolation` naming the policy and the rule. Nothing is silently f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 if TYPE_CHECKING:
     from policylab.kv import BlockManager
@@ -100,6 +100,7 @@ class SchedulerView:
     num_total_blocks: int
     blocks_needed: Callable[[RequestView, int], int]
     blocks_freed_by_preempting: Callable[[RequestView], int]
+    by_id: Mapping[int, RequestView]   # every waiting and running request, read-only
 
 
 @dataclass
@@ -159,7 +160,8 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str, live: dict) 
             fail("unknown_request", f"request {rid} is neither waiting nor running")
         if type(n) is not int:
             fail("chunk_type", f"request {rid}: token count must be int, got {n!r}")
-        if v.is_decode:
+        r = v._r
+        if r.output_ids and len(r.prompt_ids) + len(r.output_ids) - r.num_computed_tokens == 1:
             if n != 1:
                 fail("decode_one", f"request {rid} is decoding and must get exactly 1 token, got {n}")
         elif not 1 <= n <= v.remaining_tokens:

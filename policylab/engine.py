@@ -7,6 +7,7 @@ broken contract, a raising policy, Ctrl-C) returns what it has, marked partial.
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -58,6 +59,7 @@ class Engine:
         self.requests: list = [None] * len(self.trace)
         self.target_len: dict = {}       # req_id -> output tokens to generate (hidden from policies)
         self.views: dict = {}            # req_id -> RequestView, live requests only
+        self._views_ro = MappingProxyType(self.views)
         self.waiting: list = []
         self.running: list = []
         self.next_arrival = 0
@@ -66,10 +68,11 @@ class Engine:
         self.steps = {k: [] for k in STEP_FIELDS}
         self._rng = np.random.default_rng(seed)
         self._idle_steps = 0
+        self._on_done = None
 
     # ---------------------------------------------------------------- loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
-        self._on_done = on_request_done
+        self._on_done = on_request_done or self._on_done
         result = RunResult(self.trace, self.requests, self.steps, self.kv.num_blocks,
                            self.kv.block_size, self.policy_name)
         try:
@@ -155,11 +158,15 @@ class Engine:
             max_num_batched_tokens=self.cfg.max_num_batched_tokens, max_num_seqs=self.cfg.max_num_seqs,
             block_size=kv.block_size, num_free_blocks=kv.num_free, num_total_blocks=kv.num_blocks,
             blocks_needed=self.blocks_needed,
-            blocks_freed_by_preempting=lambda v: kv.freed_by_release(v._r.block_table))
+            blocks_freed_by_preempting=lambda v: kv.freed_by_release(v._r.block_table),
+            by_id=self._views_ro)
 
     def blocks_needed(self, v: RequestView, n: int) -> int:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
         r = v._r
+        if r.block_table:        # running: no cache lookup, just the tail of its table
+            need = -(-(r.num_computed_tokens + n) // self.kv.block_size) - len(r.block_table)
+            return need if need > 0 else 0
         hits = v.cached_blocks()
         total = r.num_computed_tokens + len(hits) * self.kv.block_size + n
         new = -(-total // self.kv.block_size) - len(r.block_table) - len(hits)
@@ -188,44 +195,43 @@ class Engine:
 
     # ------------------------------------------------------------ commit
     def _commit(self, plan: StepPlan) -> Optional[Batch]:
-        now, kv = self.clock.now, self.kv
+        now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
         for rid, reason in plan.reject.items():
-            self._reject(self.requests[rid], f"rejected by policy: {reason}")
-        preempted = [self.requests[rid] for rid in plan.preempt]
+            self._reject(reqs[rid], f"rejected by policy: {reason}")
+        preempted = [reqs[rid] for rid in plan.preempt]
         for r in preempted:
             kv.release(r.block_table)
             r.num_computed_tokens, r.status = 0, Status.WAITING
             r.num_preemptions += 1
-        sched = [(self.requests[rid], n) for rid, n in plan.num_scheduled_tokens.items()]
-        for r, _ in sched:       # take every cache hit before any allocation can evict one
+        sched = plan.num_scheduled_tokens
+        starting = [r for r in self.waiting if r.req_id in sched]
+        for r in starting:       # take every cache hit before any allocation can evict one
+            r.status = Status.RUNNING
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = now
             if not r.block_table and not r.num_computed_tokens:
                 hits = self.views[r.req_id].cached_blocks()
                 if hits:
                     kv.acquire(r.block_table, hits)
-                    r.num_computed_tokens = len(hits) * kv.block_size
+                    r.num_computed_tokens = len(hits) * bs
                     r.num_cached_tokens_total += r.num_computed_tokens
-        batch = Batch()
-        newly_running = []
-        for r, n in sched:
-            ctx = r.num_computed_tokens
-            kv.grow(r.block_table, ctx + n)
-            if r.status is Status.WAITING:
-                r.status = Status.RUNNING
-                newly_running.append(r)
-                if r.first_scheduled_time is None:
-                    r.first_scheduled_time = now
-            batch.req_ids.append(r.req_id)
-            batch.query_lens.append(n)
-            batch.context_lens.append(ctx)
-            batch.block_tables.append(r.block_table)
-            batch.token_ids.append(r.token_ids(ctx, ctx + n))
-            batch.sample.append(ctx + n == r.num_tokens)
-            batch.sampling.append(r.sampling)
-        if preempted or plan.reject or newly_running:
-            self.running = [r for r in self.running if r.status is Status.RUNNING] + newly_running
+        rs = [reqs[rid] for rid in sched]
+        ns = list(sched.values())
+        ctxs = [r.num_computed_tokens for r in rs]
+        for r, n, c in zip(rs, ns, ctxs):
+            if c + n > len(r.block_table) * bs:
+                kv.grow(r.block_table, c + n)
+        batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
+                      [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
+                      [r.sampling for r in rs])
+        if getattr(self.dataplane, "needs_token_ids", True):
+            batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
+        self._batch_requests = rs
+        if preempted or plan.reject or starting:
+            self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
             self.waiting = preempted + [r for r in self.waiting if r.status is Status.WAITING]
         self._pending_counts = (len(preempted), len(plan.reject))
-        if not batch.req_ids:
+        if not rs:
             self._idle_steps += 1
             if self._idle_steps > MAX_IDLE_STEPS:
                 raise ContractViolation(self.policy_name, "liveness",
@@ -242,22 +248,23 @@ class Engine:
         sampled = iter(result.sampled)
         eos = self.dataplane.eos_token_id if self.cfg.stop_at_eos else None
         finished, prefill_tokens, n_prefill = [], 0, 0
-        for rid, n, sample in zip(batch.req_ids, batch.query_lens, batch.sample):
-            r = self.requests[rid]
+        target = self.target_len
+        for r, n, sample in zip(self._batch_requests, batch.query_lens, batch.sample):
             if n > 1 or not r.output_ids:
                 prefill_tokens += n
                 n_prefill += 1
+            done_blocks = r.num_computed_tokens // bs
             r.num_computed_tokens += n
-            kv.register(r.block_table, r.block_hashes, r.num_computed_tokens,
-                        (r.num_computed_tokens - n) // bs)
+            if r.num_computed_tokens // bs > done_blocks:
+                kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, done_blocks)
             if sample:
                 tok = next(sampled)
                 r.output_ids.append(tok)
                 r.token_times.append(now)
-                if r.num_tokens % bs == 0:
+                if (len(r.prompt_ids) + len(r.output_ids)) % bs == 0:
                     last = r.block_hashes[-1] if r.block_hashes else None
                     r.block_hashes += chain_hashes(r.token_ids(r.num_tokens - bs, r.num_tokens), bs, last)
-                if len(r.output_ids) >= self.target_len[rid] or tok == eos:
+                if len(r.output_ids) >= target[r.req_id] or tok == eos:
                     finished.append(r)
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
