@@ -52,14 +52,15 @@ class PrefillFirst(Policy):
 
     def _decodes(self, view: SchedulerView) -> StepPlan:
         plan, free = StepPlan(), view.num_free_blocks
-        queue = list(view.running)
-        while queue:
-            v = queue.pop(0)
+        running, head, tail = view.running, 0, len(view.running)
+        while head < tail:
+            v = running[head]
+            head += 1
             need = view.blocks_needed(v, 1)
-            while need > free and queue:
-                victim = queue.pop()             # most recently started
-                free += view.blocks_freed_by_preempting(victim)
-                plan.preempt.append(victim.req_id)
+            while need > free and head < tail:
+                tail -= 1                        # victim: the most recently started
+                free += view.blocks_freed_by_preempting(running[tail])
+                plan.preempt.append(running[tail].req_id)
             if need > free:
                 plan.preempt.append(v.req_id)
                 break

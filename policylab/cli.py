@@ -25,26 +25,46 @@ def fail(message: str, code: int = 2):
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def run_main(cfg: DictConfig) -> float:
-    from policylab.run import RunError, run
-    from policylab.traces import TraceError
-
-    try:
-        summary = run(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (RunError, TraceError, ValueError, FileNotFoundError) as e:
-        fail(str(e))
+    from policylab.run import run
+    summary = _job(lambda run_dir: run(cfg, run_dir))
     if summary.get("status") != "complete":
         raise SystemExit(1)
     return float(summary.get("goodput") or 0.0)   # objective for Hydra sweepers (Optuna)
 
 
+def _job(body):
+    """Run a Hydra job body with user errors turned into one clear message."""
+    from policylab.run import RunError
+    from policylab.traces import TraceError
+    try:
+        return body(Path(HydraConfig.get().runtime.output_dir))
+    except (RunError, TraceError, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def calibrate_main(cfg: DictConfig) -> None:
+    from policylab.calibrate import calibrate
+    from policylab.run import dataplane_of
+    _job(lambda run_dir: calibrate(dataplane_of(cfg), cfg.engine, run_dir, cfg.seed))
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def fidelity_main(cfg: DictConfig) -> None:
+    from policylab.fidelity import fidelity
+    _job(lambda run_dir: fidelity(cfg, run_dir))
+
+
 TOOLS = {
     "trace": "policylab.traces.cli",
 }
-HYDRA_JOBS = {"run": run_main}
-USAGE = """usage: python -m policylab {run,trace} ...
+HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main}
+USAGE = """usage: python -m policylab COMMAND ...
 
-  run      replay a trace under a policy (Hydra overrides: policy=chunked trace=bursty ...; -m for sweeps)
-  trace    inspect, convert or generate arrival traces (python -m policylab trace --help)
+  run        replay a trace under a policy (Hydra overrides: policy=chunked trace=bursty ...; -m for sweeps)
+  trace      inspect, convert or generate arrival traces (python -m policylab trace --help)
+  calibrate  profile the real data plane and fit the sim's cost model (same overrides as run)
+  fidelity   replay on the real data plane and on the calibrated sim; report per-metric error
 """
 
 

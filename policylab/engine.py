@@ -104,8 +104,11 @@ class Engine:
     def _arrive(self, i: int) -> None:
         t: TraceRequest = self.trace[i]
         cfg = self.cfg
-        ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, self.dataplane.vocab_size,
-                                self.seed, self.prefix_block_tokens)
+        if t.prompt_ids is not None:
+            ids = np.asarray(t.prompt_ids, dtype=np.int32)
+        else:
+            ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, self.dataplane.vocab_size,
+                                    self.seed, self.prefix_block_tokens)
         max_tokens = t.max_tokens or cfg.max_tokens or max(cfg.max_model_len - t.prompt_tokens, 1)
         r = Request(i, t.arrival_time, ids, max_tokens, t.client, t.priority, t.ttft_slo,
                     t.tpot_slo, self._predict(t.output_tokens), self.sampling)

@@ -34,6 +34,7 @@ class TraceRequest:
     tpot_slo: Optional[float] = None
     prefix_hashes: tuple = ()
     max_tokens: Optional[int] = None
+    prompt_ids: Optional[tuple] = None    # real token ids (generate); None: synthesized from the trace
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,15 @@ def build_policy(policy_cfg) -> Policy:
     return policy
 
 
-def build_engine(cfg: DictConfig) -> Engine:
+def dataplane_of(cfg: DictConfig):
+    return build_dataplane(typed(DataplaneConfig, cfg.dataplane), typed(ModelConfig, cfg.model),
+                           typed(HardwareConfig, cfg.hardware), cfg.seed)
+
+
+def build_engine(cfg: DictConfig, dataplane=None) -> Engine:
     trace = load_trace(cfg.trace, seed=cfg.seed)
-    dataplane = build_dataplane(typed(DataplaneConfig, cfg.dataplane), typed(ModelConfig, cfg.model),
-                                typed(HardwareConfig, cfg.hardware), cfg.seed)
-    return Engine(trace, build_policy(cfg.policy), dataplane, cfg.engine, seed=cfg.seed,
-                  prefix_block_tokens=cfg.trace.prefix_block_tokens)
+    return Engine(trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg), cfg.engine,
+                  seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
 
 
 def replay(engine: Engine, progress: bool = True) -> RunResult:

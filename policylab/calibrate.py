@@ -1,0 +1,150 @@
+"""Calibrate the sim data plane on the real one: profile a grid of batches, fit a cost model.
+
+Step time is modelled as a non-negative linear function of batch features that the
+roofline also uses — a fixed per-step overhead, tokens through the dense layers,
+prefill attention work (Σ chunk × context), decode sequences and KV tokens read —
+fitted by least squares on measured steps (median of repeats after warm-up). The fit
+is saved as JSON; `dataplane=sim dataplane.calibration=FILE` replays with it.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from policylab.dataplane.base import Batch
+from policylab.kv import BlockManager
+from policylab.request import SamplingParams
+
+FEATURES = ("const", "tokens", "prefill_attn", "decode_seqs", "decode_kv", "sampled")
+
+
+def batch_features(q: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+    """Feature vector of one batch given per-request query and context lengths."""
+    decode = (q == 1) & (ctx > 0)
+    prefill = ~decode
+    return np.array([
+        1.0,
+        q.sum(),
+        float(np.dot(q[prefill], ctx[prefill] + (q[prefill] + 1) / 2)) / 1e3,
+        decode.sum(),
+        ctx[decode].sum() / 1e3,
+        float(len(q)),
+    ])
+
+
+@dataclass
+class Calibration:
+    weights: np.ndarray     # seconds per unit of each feature
+    meta: dict
+
+    def predict(self, q: np.ndarray, ctx: np.ndarray) -> float:
+        return float(batch_features(q, ctx) @ self.weights)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps({"features": list(FEATURES), "weights": self.weights.tolist(),
+                                          **self.meta}, indent=2))
+
+
+def load_calibration(path) -> Calibration:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"calibration file not found: {p} (make one with `python -m policylab calibrate`)")
+    data = json.loads(p.read_text())
+    if data.get("features") != list(FEATURES):
+        raise ValueError(f"{p}: features {data.get('features')} do not match this version's {list(FEATURES)}")
+    return Calibration(np.asarray(data["weights"], dtype=float),
+                       {k: v for k, v in data.items() if k not in ("features", "weights")})
+
+
+def batch_grid(max_tokens: int, max_seqs: int, max_len: int) -> list:
+    """(query_lens, context_lens) shapes: prefill chunks, decode batches and mixed batches."""
+    chunks = [c for c in (16, 64, 128, 256, 512, 1024, 2048) if c <= max_tokens]
+    contexts = [c for c in (0, 256, 1024, 2048) if c < max_len]
+    decodes = [b for b in (1, 4, 16, 32, 64, 128) if b <= max_seqs]
+    kv_lens = [k for k in (64, 256, 1024, 2048) if k < max_len]
+    grid = [([c], [x]) for c, x in itertools.product(chunks, contexts) if c + x <= max_len]
+    grid += [([1] * b, [k] * b) for b, k in itertools.product(decodes, kv_lens)]
+    grid += [([c] + [1] * b, [0] + [k] * b) for c, b, k in itertools.product(chunks[1::2], decodes[1::2], kv_lens[::2])
+             if c + b <= max_tokens and b + 1 <= max_seqs]
+    return grid
+
+
+def _make_batch(q: list, ctx: list, kv: BlockManager, vocab: int, rng) -> Batch:
+    tables = []
+    for n, c in zip(q, ctx):
+        table = []
+        kv.grow(table, n + c)
+        tables.append(table)
+    return Batch(list(range(len(q))), list(q), list(ctx), tables,
+                 [rng.integers(16, vocab, n).astype(np.int32) for n in q],
+                 [True] * len(q), [SamplingParams()] * len(q))
+
+
+def profile(dataplane, grid: list, block_size: int = 16, repeats: int = 3, warmup: int = 1,
+            seed: int = 0, progress=None) -> pd.DataFrame:
+    """Time every batch shape of the grid on a data plane; one row per shape (median time)."""
+    need = max(sum(-(-(n + c) // block_size) for n, c in zip(q, ctx)) for q, ctx in grid)
+    num_blocks = max(need, dataplane.num_kv_blocks(block_size))
+    dataplane.allocate_kv(num_blocks, block_size)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, (q, ctx) in enumerate(grid):
+        kv = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        batch = _make_batch(q, ctx, kv, dataplane.vocab_size, rng)
+        times = []
+        for k in range(warmup + repeats):
+            t0 = time.perf_counter()
+            duration = dataplane.execute(batch).duration
+            if k >= warmup:
+                times.append(duration if duration > 0 else time.perf_counter() - t0)
+        f = batch_features(np.asarray(q, float), np.asarray(ctx, float))
+        rows.append({"query_lens": q, "context_lens": ctx, **dict(zip(FEATURES, f)),
+                     "time": float(np.median(times))})
+        if progress:
+            progress(i + 1, len(grid))
+    return pd.DataFrame(rows)
+
+
+def fit(profile_df: pd.DataFrame, holdout: float = 0.25, seed: int = 0) -> tuple:
+    """Non-negative least squares on a random split; returns (Calibration, held-out MAPE)."""
+    rng = np.random.default_rng(seed)
+    test = rng.random(len(profile_df)) < holdout
+    X, y = profile_df[list(FEATURES)].to_numpy(float), profile_df["time"].to_numpy(float)
+    w = nnls(X[~test] / y[~test, None], np.ones((~test).sum()))   # relative error weighting
+    pred = X @ w
+    mape = float(np.mean(np.abs(pred[test] - y[test]) / y[test])) if test.any() else float("nan")
+    train_mape = float(np.mean(np.abs(pred[~test] - y[~test]) / y[~test]))
+    return Calibration(w, {"heldout_mape": mape, "train_mape": train_mape,
+                           "n_train": int((~test).sum()), "n_test": int(test.sum())}), mape
+
+
+def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative weights (active set: drop negative terms, refit)."""
+    active = np.ones(A.shape[1], dtype=bool)
+    while True:
+        w = np.zeros(A.shape[1])
+        w[active] = np.linalg.lstsq(A[:, active], b, rcond=None)[0]
+        if (w >= 0).all():
+            return w
+        active &= w > 0
+
+
+def calibrate(dataplane, engine_cfg, run_dir: Path, seed: int = 0) -> Calibration:
+    """Profile the grid on `dataplane`, fit, and save profile.csv + calibration.json in run_dir."""
+    grid = batch_grid(engine_cfg.max_num_batched_tokens, engine_cfg.max_num_seqs,
+                      min(engine_cfg.max_model_len, 4096))
+    bar = lambda i, n: print(f"\rprofiling batch {i}/{n}", end="" if i < n else "\n", file=sys.stderr)
+    df = profile(dataplane, grid, engine_cfg.block_size, seed=seed, progress=bar)
+    df.to_csv(run_dir / "profile.csv", index=False)
+    calibration, mape = fit(df, seed=seed)
+    calibration.save(run_dir / "calibration.json")
+    print(f"calibration: {len(df)} batch shapes, held-out MAPE {mape:.1%} "
+          f"(train {calibration.meta['train_mape']:.1%}) -> {run_dir / 'calibration.json'}")
+    return calibration
