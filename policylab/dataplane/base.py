@@ -37,6 +37,7 @@ class StepResult:
 class DataPlane(Protocol):
     vocab_size: int
     eos_token_id: int | None
+    needs_token_ids: bool     # False lets the engine skip building Batch.token_ids (simulation)
 
     def execute(self, batch: Batch) -> StepResult: ...
 

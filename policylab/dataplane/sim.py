@@ -34,6 +34,7 @@ class SimDataPlane:
     def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig, seed: int = 0):
         self.shape, self.hw, self.dp, self.seed = ModelShape(model), hardware, dp, seed
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
+        self.needs_token_ids = False
         self.calibration = None
         if dp.calibration:
             from policylab.calibrate import load_calibration
@@ -50,19 +51,19 @@ class SimDataPlane:
         """Nothing to allocate: the simulated cache is pure accounting."""
 
     def step_time(self, batch: Batch) -> float:
-        q = np.asarray(batch.query_lens, dtype=np.float64)
-        ctx = np.asarray(batch.context_lens, dtype=np.float64)
+        q, ctx = batch.query_lens, batch.context_lens
         if self.calibration is not None:
-            return self.calibration.predict(q, ctx)
+            return self.calibration.predict(np.asarray(q, float), np.asarray(ctx, float))
         s, hw = self.shape, self.hw
-        tokens, sampled = q.sum(), float(sum(batch.sample))
+        tokens, sampled = sum(q), sum(batch.sample)
         flops = hw.peak_flops * hw.flops_efficiency
         bw = hw.mem_bandwidth * hw.bw_efficiency
         dense = max((2 * s.dense_params * tokens + 2 * s.hidden * s.vocab * sampled) / flops,
                     s.weight_bytes / bw)
-        attn_flops = 4.0 * s.layers * s.q_dim * float(np.dot(q, ctx + (q + 1) / 2))
-        kv_bytes = s.kv_bytes_per_token * float((ctx + 2 * q).sum())   # read context, write new
-        return dense + max(attn_flops / flops, kv_bytes / bw) + hw.step_overhead
+        attn_work = sum(n * (c + (n + 1) / 2) for n, c in zip(q, ctx))   # query x key pairs
+        kv_tokens = sum(ctx) + 2 * tokens                                 # read context, write new
+        return (dense + max(4.0 * s.layers * s.q_dim * attn_work / flops,
+                            s.kv_bytes_per_token * kv_tokens / bw) + hw.step_overhead)
 
     def execute(self, batch: Batch) -> StepResult:
         tokens = [self._token(rid, ctx + n) for rid, n, ctx, s in
