@@ -55,16 +55,25 @@ def fidelity_main(cfg: DictConfig) -> None:
     _job(lambda run_dir: fidelity(cfg, run_dir))
 
 
+def capacity_main() -> None:
+    from policylab.capacity import main as capacity
+    capacity()
+
+
 TOOLS = {
     "trace": "policylab.traces.cli",
+    "compare": "policylab.compare",
 }
-HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main}
+HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main,
+              "capacity": capacity_main}
 USAGE = """usage: python -m policylab COMMAND ...
 
   run        replay a trace under a policy (Hydra overrides: policy=chunked trace=bursty ...; -m for sweeps)
   trace      inspect, convert or generate arrival traces (python -m policylab trace --help)
   calibrate  profile the real data plane and fit the sim's cost model (same overrides as run)
   fidelity   replay on the real data plane and on the calibrated sim; report per-metric error
+  capacity   highest arrival rate meeting the SLOs (same overrides as run, plus target=0.9 lo= hi= iters=)
+  compare    table, CDFs, markdown and HTML of run or multirun directories (compare --help)
 """
 
 

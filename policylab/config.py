@@ -13,6 +13,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from policylab.capacity import CapacityConfig
 from policylab.traces.config import TraceConfig
 
 
@@ -117,6 +118,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)   # `policylab capacity` search
     progress: bool = True        # progress bar over requests
     plots: bool = True           # PNG plots in the run directory
 

@@ -67,6 +67,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     tracker = open_tracker(cfg, run_dir)
     result = replay(engine, cfg.progress)
     summary = write_results(run_dir, result, cfg)
+    if cfg.plots:
+        from policylab.plots import write_run_plots
+        write_run_plots(run_dir)
     tracker.log_run(run_dir, summary)
     tracker.finish()
     print_summary(summary)

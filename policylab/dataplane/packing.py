@@ -25,6 +25,7 @@ class PackedInput:
     cu_seqlens_k: torch.Tensor    # [B+1] int32, prefix sums of seq_lens
     logits_indices: torch.Tensor  # [S] int64, row of the last token of each sampled entry
     query_lens: np.ndarray        # [B] host copies, for backends that plan on the host
+    query_starts: np.ndarray      # [B] first flat row of each entry
     context_lens: np.ndarray      # [B]
     block_tables_np: np.ndarray   # [B, max_blocks]
     block_size: int
@@ -81,4 +82,5 @@ def pack(batch: Batch, block_size: int, device: torch.device) -> PackedInput:
         seq_lens=dev(seq, torch.int32), cu_seqlens_q=dev(cu_q, torch.int32),
         cu_seqlens_k=dev(_prefix_sum(seq), torch.int32),
         logits_indices=dev(sample_rows, torch.long),
-        query_lens=q, context_lens=ctx, block_tables_np=tables, block_size=block_size)
+        query_lens=q, query_starts=cu_q[:-1].astype(np.int64), context_lens=ctx,
+        block_tables_np=tables, block_size=block_size)

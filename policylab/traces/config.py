@@ -4,17 +4,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from omegaconf import MISSING
+
 
 @dataclass
 class TraceConfig:
-    name: str = "bursty"
-    path: str = "traces/bursty.jsonl"        # relative: to the cwd, else to the project root
+    name: str = "file"
+    path: str = MISSING                      # required; relative: to the cwd, else to the project root
     format: str = "auto"                     # auto | native | azure | mooncake | burstgpt | vidur | parquet
     rate_scale: float = 1.0                  # >1 compresses inter-arrival times (more load)
-    max_requests: Optional[int] = None
+    max_requests: Optional[int] = None       # keep the first N requests (after window and sampling)
     start_time: Optional[float] = None       # time window [start_time, end_time) in trace seconds
     end_time: Optional[float] = None
     max_prompt_tokens: Optional[int] = None  # clip prompt lengths
     max_output_tokens: Optional[int] = None  # clip output lengths
     prefix_block_tokens: int = 512           # tokens covered by each id in prefix_hashes
     extra: dict = field(default_factory=dict)   # format-specific options (reader keywords)
+    sample_fraction: Optional[float] = None  # keep each request with this probability (seeded by the run seed)
+    client_assignment: str = "keep"          # keep | column (client_column) | round_robin | zipf (num_clients)
+    client_column: Optional[str] = None      # CSV column / JSON key naming the client (client_assignment=column)
+    num_clients: int = 4                     # clients of round_robin / zipf assignment: client-0 ... client-N-1
+    zipf_exponent: float = 1.0               # zipf: client-k is drawn with weight 1 / (k+1)^s
+    slo_classes: dict = field(default_factory=lambda: {      # class -> SLOs (s); add: +trace.slo_classes.x=...
+        "interactive": {"ttft_slo": 0.5, "tpot_slo": 0.05}, "batch": {"ttft_slo": 5.0, "tpot_slo": 0.5}})
+    slo_by_client: dict = field(default_factory=dict)  # client -> class, e.g. +trace.slo_by_client={a: batch}
+    slo_ratio: dict = field(default_factory=dict)      # class -> weight, each request draws one (seeded)

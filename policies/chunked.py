@@ -1,0 +1,175 @@
+"""chunked — Sarathi-Serve stall-free batching (DESIGN §7).
+
+Rule: one token budget per step, `chunk_size` (default 512; also capped by the engine's
+max_num_batched_tokens). First every running decode gets its token (stall-free), then
+running partial prefills get chunks, then new requests from `waiting` in queue order
+(FCFS, head-of-line: stop at the first that does not fit). On KV shortage the request at
+the tail of running (latest started, not yet scheduled this step) is preempted and
+recomputed later; a step that preempts admits nothing new (as vLLM v1). Running requests
+are capped at min(max_num_seqs, budget), so every decode always fits the budget.
+
+`max_partial_prefills` is vLLM's `max_num_partial_prefills` (default 1): at most that many
+requests may hold a started, unfinished prefill after a step. With k > 1 each prefill gets
+at most budget // min(k, prefill candidates) tokens (vLLM v0's partial-prefill budget
+split), so k long prompts advance side by side instead of one hogging the budget.
+Sources: Agrawal et al., "Taming Throughput-Latency Tradeoff in LLM Inference with
+Sarathi-Serve", OSDI'24 §4.2-4.3; vLLM v1 `Scheduler.schedule` (running first, then
+waiting, preempt `running.pop()`); vLLM v0 `PartialPrefillMetadata`.
+
+Subclasses change only the order (`running_order`, `admission_order`) and may reject
+(`rejections`), cap prefill tokens (`prefill_cap`), size new chunks (`new_chunk`) or
+account for admissions (`on_admitted`).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from policylab.contract import RequestView, SchedulerView, StepPlan
+from policylab.policy import Policy
+
+
+class _Step:
+    """Mutable bookkeeping of one schedule() call."""
+
+    def __init__(self, view: SchedulerView, budget: int, running: list):
+        self.view, self.plan = view, StepPlan()
+        self.budget, self.free = budget, view.num_free_blocks
+        self.pending = list(running)      # running, not yet scheduled nor preempted (victims from the tail)
+        self.taken: set = set()           # req_ids scheduled or preempted this step
+        self.seqs = len(running)
+        self.partials = sum(1 for v in running if v.is_prefill)   # started, unfinished prefills
+        self.admitted = 0
+
+    def add(self, v: RequestView, n: int, need: int) -> None:
+        self.plan.num_scheduled_tokens[v.req_id] = n
+        self.taken.add(v.req_id)
+        self.budget -= n
+        self.free -= need
+
+    def victim(self) -> RequestView | None:
+        while self.pending and self.pending[-1].req_id in self.taken:
+            self.pending.pop()
+        return self.pending[-1] if self.pending else None
+
+    def preempt(self, v: RequestView) -> None:
+        self.plan.preempt.append(v.req_id)
+        self.taken.add(v.req_id)
+        self.free += self.view.blocks_freed_by_preempting(v)
+        self.seqs -= 1
+        self.partials -= v.is_prefill
+
+
+def fit_tokens(view: SchedulerView, v: RequestView, n: int, free: int) -> int:
+    """Largest m <= n whose KV blocks fit in `free` (blocks_needed grows with m)."""
+    if view.blocks_needed(v, n) <= free:
+        return n
+    lo, hi = 0, n                          # invariant: lo fits, hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if view.blocks_needed(v, mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class Chunked(Policy):
+    properties = ("stall_free", "chunk_budget")
+
+    def __init__(self, name: str | None = None, chunk_size: int | None = 512,
+                 max_partial_prefills: int = 1):
+        super().__init__(name or "chunked")
+        if chunk_size is not None and (type(chunk_size) is not int or chunk_size < 1):
+            raise ValueError(f"{self.name}: chunk_size must be a positive int or null, got {chunk_size!r}")
+        if type(max_partial_prefills) is not int or max_partial_prefills < 1:
+            raise ValueError(f"{self.name}: max_partial_prefills must be an int >= 1, "
+                             f"got {max_partial_prefills!r}")
+        self.chunk_size, self.max_partial_prefills = chunk_size, max_partial_prefills
+
+    # ------------------------------------------------------------------ hooks
+    def running_order(self, view: SchedulerView) -> list:
+        """Order in which running requests are served; preemption victims come from its tail."""
+        return view.running
+
+    def admission_order(self, view: SchedulerView) -> Iterable[RequestView]:
+        """Waiting requests in the order they are admitted (may react to `on_admitted`)."""
+        return view.waiting
+
+    def rejections(self, view: SchedulerView) -> dict:
+        """Waiting req_id -> reason, for admission control."""
+        return {}
+
+    def prefill_cap(self, view: SchedulerView, budget: int) -> int:
+        """Tokens left for prefill chunks once decodes are served."""
+        return budget
+
+    def new_chunk(self, view: SchedulerView, v: RequestView, budget: int, admitted: int) -> int:
+        """Tokens a newly admitted request gets (0: stop admitting)."""
+        return min(v.remaining_tokens, budget)
+
+    def on_admitted(self, v: RequestView, n: int) -> None:
+        """A waiting request was given `n` tokens this step."""
+
+    # ---------------------------------------------------------------- schedule
+    def token_budget(self, view: SchedulerView) -> int:
+        cap = view.max_num_batched_tokens
+        return cap if self.chunk_size is None else min(self.chunk_size, cap)
+
+    def schedule(self, view: SchedulerView) -> StepPlan:
+        budget = self.token_budget(view)
+        running = list(self.running_order(view))
+        s = _Step(view, budget, running)
+        s.slot = budget // max(1, min(self.max_partial_prefills, s.partials + len(view.waiting)))
+        s.plan.reject = self.rejections(view)
+        self._decodes(s, running)
+        s.budget = min(s.budget, self.prefill_cap(view, s.budget))
+        self._running_prefills(s, running)
+        if not s.plan.preempt:
+            self._admit(s, min(view.max_num_seqs, budget))
+        return s.plan
+
+    def _decodes(self, s: _Step, running: list) -> None:
+        for v in running:
+            if not v.is_decode or v.req_id in s.taken:
+                continue
+            need = s.view.blocks_needed(v, 1)
+            while need > s.free and s.victim() is not v:
+                s.preempt(s.victim())
+            if need > s.free:             # v is the tail: everything after it is preempted already
+                s.preempt(v)
+                return
+            s.add(v, 1, need)
+
+    def _running_prefills(self, s: _Step, running: list) -> None:
+        for v in running:
+            if v.is_decode or v.req_id in s.taken:
+                continue
+            n = min(v.remaining_tokens, s.budget, s.slot)
+            if n < 1:
+                return
+            m = fit_tokens(s.view, v, n, s.free)
+            while m == 0 and s.victim() is not v:
+                s.preempt(s.victim())
+                m = fit_tokens(s.view, v, n, s.free)
+            if m:                          # else it keeps its KV and waits a step
+                s.partials -= m == v.remaining_tokens
+                s.add(v, m, s.view.blocks_needed(v, m))
+
+    def _admit(self, s: _Step, seq_cap: int) -> None:
+        view = s.view
+        for v in self.admission_order(view):
+            if v.req_id in s.plan.reject:
+                continue
+            if s.seqs >= seq_cap or s.budget < 1:
+                return
+            n = self.new_chunk(view, v, min(s.budget, s.slot), s.admitted)
+            if n < 1 or (n < v.remaining_tokens and s.partials >= self.max_partial_prefills):
+                return
+            need = view.blocks_needed(v, n)
+            if need > s.free:
+                return
+            s.partials += n < v.remaining_tokens
+            s.add(v, n, need)
+            s.seqs += 1
+            s.admitted += 1
+            self.on_admitted(v, n)

@@ -1,0 +1,210 @@
+"""`python -m policylab capacity policy=... trace=... slo.ttft=... target=0.9`: serving capacity.
+
+Capacity (DistServe, Sarathi-Serve) is the highest arrival rate at which SLO attainment
+stays ≥ a target. The trace is replayed at several `trace.rate_scale` values (tracking
+off, same seed): first the bracket ends `lo` and `hi`, then `iters` bisection steps on a
+log scale (rates span orders of magnitude); a bracket that misses the capacity is moved
+by its own width up to `widen` times first. Attainment is assumed to fall as load rises.
+The job writes capacity.json, the curve as capacity.csv, and capacity.png into its
+Hydra output directory, and returns the capacity in req/s (an objective for sweepers).
+Module-level imports are stdlib only, so policylab.config can import CapacityConfig.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+SHORTHANDS = ("target", "lo", "hi", "iters", "widen")    # `target=0.9` means `capacity.target=0.9`
+RUN_DIR = "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}_capacity_${policy.name}_${trace.name}"
+
+
+@dataclass
+class CapacityConfig:
+    target: float = 0.9     # SLO attainment to hold (share of all requests)
+    lo: float = 0.5         # rate_scale bracket to start from
+    hi: float = 8.0
+    iters: int = 7          # bisection steps inside the bracket (precision: (hi/lo)^(1/2^iters))
+    widen: int = 3          # times the bracket may move by ×/÷ (hi/lo) when the capacity is outside it
+
+
+@dataclass
+class CapacityResult:
+    status: str                     # found | below_range | above_range
+    rate_scale: Optional[float]     # highest scale tried that met the target (None: none did)
+    rate: Optional[float]           # that scale's arrival rate, req/s
+    target: float
+    curve: pd.DataFrame             # one row per evaluated scale, sorted by rate
+
+
+def search(evaluate: Callable[[float], dict], cap: CapacityConfig) -> tuple[str, Optional[float], list]:
+    """Bisection on rate_scale; `evaluate(scale)` returns a row with `slo_attainment`.
+
+    Returns (status, best passing scale, evaluated rows in the order they were run).
+    """
+    if not 0 < cap.lo < cap.hi:
+        raise ValueError(f"capacity: need 0 < lo < hi, got lo={cap.lo} hi={cap.hi}")
+    rows: dict = {}
+
+    def meets(scale: float) -> bool:
+        if scale not in rows:
+            rows[scale] = evaluate(scale)
+        attainment = rows[scale]["slo_attainment"]
+        return attainment is not None and attainment >= cap.target
+
+    lo, hi, factor = cap.lo, cap.hi, cap.hi / cap.lo
+    for _ in range(cap.widen):
+        if not meets(lo):
+            lo, hi = lo / factor, lo
+        elif meets(hi):
+            lo, hi = hi, hi * factor
+        else:
+            break
+    if not meets(lo):
+        return "below_range", None, list(rows.values())
+    if meets(hi):
+        return "above_range", hi, list(rows.values())
+    for _ in range(cap.iters):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+    return "found", lo, list(rows.values())
+
+
+def replay_at(cfg, scale: float) -> dict:
+    """Replay `cfg`'s trace at `rate_scale=scale`: rate and the metrics the curve needs."""
+    from policylab.config import FairnessConfig, SloConfig
+    from policylab.metrics import request_table, step_table, summarize
+    from policylab.run import build_engine, replay, typed
+    cfg = copy.deepcopy(cfg)
+    cfg.trace.rate_scale = float(scale)
+    engine = build_engine(cfg)
+    result = replay(engine, progress=False)
+    slo = typed(SloConfig, cfg.slo)
+    summary = summarize(request_table(result, slo), step_table(result), result, slo,
+                        typed(FairnessConfig, cfg.fairness))
+    arrivals = [t.arrival_time for t in engine.trace]
+    span = max(arrivals) - min(arrivals)
+    return {"rate_scale": float(scale), "rate": len(arrivals) / span if span > 0 else None,
+            "slo_attainment": summary["slo_attainment"], "goodput": summary["goodput"],
+            "ttft_p50": summary["ttft"]["p50"], "ttft_p99": summary["ttft"]["p99"],
+            "tpot_p50": summary["tpot"]["p50"], "tpot_p99": summary["tpot"]["p99"],
+            "preemptions": summary["preemptions"], "rejected": summary["counts"]["rejected"],
+            "status": summary["status"], "error": summary["error"]}
+
+
+def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
+                  evaluate: Optional[Callable[[float], dict]] = None) -> CapacityResult:
+    """Search, then write capacity.json, capacity.csv and capacity.png into `out_dir`."""
+    import pandas as pd
+    from policylab.plots import save
+    def logged(scale: float) -> dict:
+        row = (evaluate or (lambda s: replay_at(cfg, s)))(scale)
+        print(f"  rate_scale {scale:8.4f}: {_fmt(row['rate'], '.3f')} req/s, SLO attainment "
+              f"{_fmt(row['slo_attainment'], '.1%')}, p99 TTFT {_fmt(row['ttft_p99'], '.3f')} s"
+              + (f"  [{row['status']}: {row['error']}]" if row["status"] != "complete" else ""),
+              file=sys.stderr)
+        return row
+
+    status, scale, rows = search(logged, cap)
+    curve = pd.DataFrame(rows).sort_values("rate_scale").reset_index(drop=True)
+    rate = None if scale is None else curve.loc[curve["rate_scale"] == scale, "rate"].iloc[0]
+    result = CapacityResult(status, scale, rate, cap.target, curve)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    curve.to_csv(out_dir / "capacity.csv", index=False)
+    (out_dir / "capacity.json").write_text(json.dumps(
+        {"status": status, "rate_scale": scale, "rate": rate, "policy": cfg.policy.name,
+         "trace": cfg.trace.name, "slo": {"ttft": cfg.slo.ttft, "tpot": cfg.slo.tpot},
+         "search": asdict(cap)}, indent=2) + "\n")
+    save(curve_figure(result, cfg), out_dir / "capacity.png")
+    return result
+
+
+def _fmt(x, spec: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def curve_figure(result: CapacityResult, cfg):
+    """Attainment (top) and p99 TTFT/TPOT (bottom) against the arrival rate, log x axis."""
+    from matplotlib.figure import Figure
+    c = result.curve
+    fig = Figure(figsize=(9, 7), layout="constrained")
+    fig.suptitle(f"capacity of {cfg.policy.name} on {cfg.trace.name}: {headline(result)}")
+    attain, latency = fig.subplots(2, 1, sharex=True)
+    attain.plot(c["rate"], c["slo_attainment"] * 100, "o-", label="SLO attainment")
+    attain.axhline(result.target * 100, color="black", linestyle="--", linewidth=1,
+                   label=f"target {result.target:.0%}")
+    attain.set(ylabel="SLO attainment (%)", ylim=(0, 105),
+               title=f"SLO: TTFT ≤ {cfg.slo.ttft:g} s and TPOT ≤ {cfg.slo.tpot * 1e3:g} ms")
+    latency.plot(c["rate"], c["ttft_p99"], "o-", color="tab:orange", label="p99 TTFT (s)")
+    latency.axhline(cfg.slo.ttft, color="tab:orange", linestyle=":", label="TTFT SLO")
+    latency.set(ylabel="p99 TTFT (s)", xlabel="arrival rate (req/s)")
+    tpot = latency.twinx()
+    tpot.plot(c["rate"], c["tpot_p99"] * 1e3, "s-", color="tab:purple", label="p99 TPOT (ms)")
+    tpot.axhline(cfg.slo.tpot * 1e3, color="tab:purple", linestyle=":", label="TPOT SLO")
+    tpot.set_ylabel("p99 TPOT (ms)")
+    if result.rate is not None:
+        for ax in (attain, latency):
+            ax.axvline(result.rate, color="tab:green", linewidth=1.5,
+                       label="capacity" if ax is attain else None)
+    attain.legend(fontsize="small", loc="lower left")
+    lines = latency.get_legend_handles_labels()[0] + tpot.get_legend_handles_labels()[0]
+    latency.legend(lines, [l.get_label() for l in lines], fontsize="small", loc="upper left")
+    for ax in (attain, latency):
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def headline(result: CapacityResult) -> str:
+    if result.status == "below_range":
+        return f"below the search range (target {result.target:.0%} missed at the lowest rate)"
+    bound = "≥ " if result.status == "above_range" else ""
+    return (f"{bound}{result.rate:.3f} req/s (rate_scale {bound}{result.rate_scale:.4g}) "
+            f"at SLO attainment ≥ {result.target:.0%}")
+
+
+def capacity_job(cfg) -> float:
+    """The Hydra job body (see `main`): search, print the capacity, return it in req/s."""
+    from hydra.core.hydra_config import HydraConfig
+    from policylab.cli import fail
+    from policylab.run import RunError, typed
+    from policylab.traces import TraceError
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        cap = typed(CapacityConfig, cfg.capacity)
+        print(f"capacity search: {cfg.policy.name} on {cfg.trace.name}, target {cap.target:.0%}, "
+              f"rate_scale in [{cap.lo}, {cap.hi}], {cap.iters} bisection steps", file=sys.stderr)
+        result = find_capacity(cfg, cap, out_dir)
+    except (RunError, TraceError, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    print(f"capacity of {cfg.policy.name} on {cfg.trace.name}: {headline(result)}")
+    if result.status == "below_range":
+        print(f"  lower capacity.lo (now {cap.lo}) or raise capacity.widen to find it", file=sys.stderr)
+    elif result.status == "above_range":
+        print(f"  raise capacity.hi (now {cap.hi}) or capacity.widen to find it", file=sys.stderr)
+    print(f"results: {out_dir}")
+    return float(result.rate or 0.0)
+
+
+def job_argv(argv: list) -> list:
+    """`target=0.9` → `capacity.target=0.9`; a run dir named after the job unless one is given."""
+    args = [f"capacity.{a}" if a.split("=", 1)[0] in SHORTHANDS else a for a in argv[1:]]
+    if not any(a.startswith("hydra.run.dir=") for a in args):
+        args.append(RUN_DIR)
+    return argv[:1] + args
+
+
+def main() -> None:
+    """Entry point for cli.py's HYDRA_JOBS (argv: program name, then Hydra overrides)."""
+    import hydra
+    from policylab.cli import CONFIG_DIR
+    sys.argv = job_argv(sys.argv)
+    hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(capacity_job)()

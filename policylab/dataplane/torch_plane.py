@@ -1,0 +1,149 @@
+"""The real data plane (`dataplane=torch`): our paged-KV transformer, one forward per step.
+
+Runs on CPU (float32) or CUDA (bfloat16 by default). `execute` packs the flat batch,
+runs one forward pass over every scheduled token (prefill chunks and decodes mixed),
+samples where asked, and reports the measured wall time of the whole step.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from policylab.config import DataplaneConfig, ModelConfig
+from policylab.dataplane.attention import make_backend
+from policylab.dataplane.base import Batch, StepResult
+from policylab.dataplane.model import CausalLM, head_dim_of
+from policylab.dataplane.packing import pack
+from policylab.dataplane.sampling import sample
+from policylab.dataplane.weights import fuse, load_weights
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_MAX_PARAMS = 2e9       # random float32 weights beyond this would not fit a laptop's RAM
+
+
+def _as(obj, cls):
+    """Hydra hands DictConfigs; the plane works on the typed dataclasses."""
+    if isinstance(obj, cls):
+        return obj
+    from omegaconf import OmegaConf
+    return cls(**(OmegaConf.to_container(obj, resolve=True) if OmegaConf.is_config(obj) else dict(obj)))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise ValueError(f"dataplane.device must be auto, cpu or cuda, got '{name}'")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"dataplane.device={name} but torch sees no CUDA device; use device=cpu or auto")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if name not in DTYPES:
+        raise ValueError(f"dataplane.dtype must be auto or one of {sorted(DTYPES)}, got '{name}'")
+    return DTYPES[name]
+
+
+def num_params(cfg: ModelConfig) -> int:
+    hd, h = head_dim_of(cfg), cfg.hidden_size
+    attn = h * hd * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+    per_layer = attn + 3 * h * cfg.intermediate_size
+    return cfg.num_hidden_layers * per_layer + cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+
+
+class TorchDataPlane:
+    def __init__(self, model: CausalLM, cfg: ModelConfig, dp: DataplaneConfig, device: torch.device,
+                 dtype: torch.dtype, seed: int, checkpoint: str | None = None):
+        self.model, self.cfg, self.dp, self.seed = model, cfg, dp, seed
+        self.device, self.dtype = device, dtype
+        self.checkpoint = checkpoint           # HF dir with the tokenizer (None for random weights)
+        self.vocab_size, self.eos_token_id = cfg.vocab_size, cfg.eos_token_id
+        self.backend = make_backend(dp.attention, device)
+        self.kv_caches: list = []
+        self.block_size = 0
+
+    @classmethod
+    def from_config(cls, dp: DataplaneConfig, model: ModelConfig, seed: int) -> "TorchDataPlane":
+        dp, model = _as(dp, DataplaneConfig), _as(model, ModelConfig)
+        if dp.kind != "torch":
+            raise ValueError(f"TorchDataPlane built from dataplane.kind='{dp.kind}' (expected torch)")
+        device = resolve_device(dp.device)
+        if model.source == "random" and device.type == "cpu" and num_params(model) > CPU_MAX_PARAMS:
+            raise ValueError(f"model '{model.name}' has {num_params(model) / 1e9:.1f}B parameters: too big "
+                             "for the CPU torch data plane; use dataplane=sim or a small model")
+        if dp.threads:
+            torch.set_num_threads(dp.threads)
+        dtype = resolve_dtype(dp.dtype, device)
+        cfg, sd, path = load_weights(model, seed)
+        with torch.device("meta"):           # no throw-away init of the full model
+            net = CausalLM(cfg)
+        net = net.to_empty(device=device).to(dtype)
+        net.finish_init(device)
+        missing, unexpected = net.load_state_dict(fuse(sd, cfg), strict=False)
+        if [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")] or unexpected:
+            raise ValueError(f"model '{cfg.name}': checkpoint does not match the architecture "
+                             f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+        return cls(net.eval(), cfg, dp, device, dtype, seed, path)
+
+    # ------------------------------------------------------------------ KV
+    def _block_bytes(self, block_size: int) -> int:
+        c = self.cfg
+        return 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * head_dim_of(c) * \
+            torch.finfo(self.dtype).bits // 8
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        per_block = self._block_bytes(block_size)
+        if self.device.type == "cpu":
+            budget = self.dp.kv_cache_gb * 1e9
+        else:
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - total * (1 - self.dp.gpu_memory_utilization)
+        n = int(budget // per_block)
+        if n < 1:
+            raise ValueError(f"no room for a single KV block ({per_block} bytes) with the configured "
+                             f"budget ({budget / 1e9:.3f} GB); raise dataplane.kv_cache_gb / "
+                             "gpu_memory_utilization")
+        if self.device.type == "cuda":
+            print(f"[policylab] KV cache: {n} blocks x {block_size} tokens = {n * per_block / 1e9:.2f} GB "
+                  f"(gpu_memory_utilization={self.dp.gpu_memory_utilization}, after weights)")
+        return n
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        """One allocation; per-layer (k, v) views of flash-attn's paged shape [blocks, block_size,
+        kv_heads, head_dim]. Memory order is the backend's: block-major for flash_attn, head-major
+        ([kv_heads, blocks, block_size, head_dim] underneath) for the torch backend."""
+        c = self.cfg
+        kvh, hd = c.num_key_value_heads, head_dim_of(c)
+        if self.backend.kv_layout == "head_major":
+            kv = torch.zeros(2, c.num_hidden_layers, kvh, num_blocks, block_size, hd,
+                             device=self.device, dtype=self.dtype)
+            views = kv.permute(0, 1, 3, 4, 2, 5)
+        else:
+            kv = views = torch.zeros(2, c.num_hidden_layers, num_blocks, block_size, kvh, hd,
+                                     device=self.device, dtype=self.dtype)
+        self.kv = kv
+        self.kv_caches = [(views[0, i], views[1, i]) for i in range(c.num_hidden_layers)]
+        self.block_size = block_size
+
+    # ---------------------------------------------------------------- step
+    @torch.inference_mode()
+    def forward(self, batch: Batch, all_logits: bool = False) -> torch.Tensor:
+        """Logits of the sampled entries (or of every token): for tests and tools."""
+        if not self.kv_caches:
+            raise RuntimeError("allocate_kv must be called before the first step")
+        packed = pack(batch, self.block_size, self.device)
+        return self.model(packed, self.kv_caches, self.backend, all_logits)
+
+    def execute(self, batch: Batch) -> StepResult:
+        start = time.perf_counter()
+        logits = self.forward(batch)
+        rows = [i for i, s in enumerate(batch.sample) if s]
+        tokens = sample(logits, [batch.sampling[i] for i in rows], [batch.req_ids[i] for i in rows],
+                        [batch.context_lens[i] + batch.query_lens[i] for i in rows], self.seed)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return StepResult(tokens, time.perf_counter() - start)

@@ -1,0 +1,194 @@
+"""PNG plots of a run directory: latency CDFs, latency over arrival time, an engine timeline.
+
+Figures are built on `matplotlib.figure.Figure` with the Agg canvas, never pyplot, so
+plotting changes no global backend and works in sweeps, threads and headless jobs. The
+CDF figure takes several runs at once, so `policylab.compare` overlays runs with it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from policylab.metrics import flat_token_times
+
+MAX_TIMELINE_POINTS = 2000
+TOKEN_RATE_BINS = 200
+# (column label, to-display factor, unit) of the three CDF panels
+CDF_METRICS = {"TTFT": (1.0, "s"), "TPOT": (1e3, "ms"), "ITL": (1e3, "ms")}
+SLO_OFF_SCALE = 2.0         # an SLO beyond this × the largest sample is named, not drawn
+TAIL_HEAVY = 10.0           # a CDF panel whose max exceeds this × its median gets a log x axis
+MEANS, SUMS = "mean", "sum"
+# how a bucket of consecutive steps becomes one point: event counts and time add up, levels average
+STEP_AGGREGATION = {"clock": "first", "duration": SUMS, "batch_size": MEANS,
+                    "prefill_tokens": MEANS, "decode_tokens": MEANS, "num_prefill_reqs": MEANS,
+                    "num_decode_reqs": MEANS, "kv_used_blocks": MEANS, "kv_utilization": MEANS,
+                    "waiting": MEANS, "running": MEANS, "preempted": SUMS, "rejected": SUMS}
+
+
+def write_run_plots(run_dir) -> list[Path]:
+    """Write latency_cdf.png, latency_over_time.png and timeline.png into `run_dir`."""
+    run_dir = Path(run_dir)
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    summary = read_summary(run_dir)
+    label = summary.get("policy") or run_dir.name
+    slo = summary.get("slo") or {}
+    return [save(cdf_figure({label: latency_samples(requests)}, slo, f"{label}: latency CDFs"),
+                 run_dir / "latency_cdf.png"),
+            save(latency_over_time_figure(requests, slo, label), run_dir / "latency_over_time.png"),
+            save(timeline_figure(steps, label), run_dir / "timeline.png")]
+
+
+def read_summary(run_dir: Path) -> dict:
+    path = Path(run_dir) / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def latency_samples(requests: pd.DataFrame) -> dict:
+    """Seconds, finished requests only (as the summary): TTFT and TPOT per request, ITL pooled."""
+    finished = requests[requests["status"] == "finished"]
+    return {"TTFT": finished["ttft"].dropna().to_numpy(), "TPOT": finished["tpot"].dropna().to_numpy(),
+            "ITL": itl_values(finished)}
+
+
+def itl_values(requests: pd.DataFrame) -> np.ndarray:
+    """Every gap between consecutive output tokens of the same request."""
+    times, rows = flat_token_times(requests["token_times"].tolist())
+    return np.diff(times)[rows[1:] == rows[:-1]]
+
+
+def cdf_figure(runs: dict, slo: dict, title: str) -> Figure:
+    """One panel per CDF_METRICS entry, one line per run: `runs` maps a label to latency_samples."""
+    fig = Figure(figsize=(15, 4.6 + 0.25 * len(runs)), layout="constrained")
+    fig.suptitle(title)
+    slo_lines = {"TTFT": slo.get("ttft"), "TPOT": slo.get("tpot")}
+    colors = {label: f"C{i % 10}" for i, label in enumerate(runs)}
+    for ax, (metric, (factor, unit)) in zip(fig.subplots(1, len(CDF_METRICS)), CDF_METRICS.items()):
+        drawn = []
+        for label, samples in runs.items():
+            values = np.sort(np.asarray(samples.get(metric, ()), dtype=float) * factor)
+            if values.size:
+                ax.step(values, np.arange(1, values.size + 1) / values.size, where="post",
+                        color=colors[label])
+                drawn.append(values)
+        title, limit = f"{metric} CDF", slo_lines.get(metric)
+        if limit and drawn and limit * factor > SLO_OFF_SCALE * max(v[-1] for v in drawn):
+            title += f" (SLO {limit * factor:g} {unit}: off the scale)"    # a line would squash the data
+        elif limit:
+            ax.axvline(limit * factor, color="black", linestyle="--", linewidth=1,
+                       label=f"SLO {limit * factor:g} {unit}")
+            ax.legend(fontsize="small", loc="lower right")
+        log = bool(drawn) and _tail_heavy(np.concatenate(drawn))
+        if log:
+            ax.set_xscale("log")
+        if not drawn:
+            ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center")
+        ax.set(title=title, xlabel=f"{metric} ({unit}{', log scale' if log else ''})",
+               ylabel="fraction of samples", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+    handles = [Line2D([], [], color=c) for c in colors.values()]
+    fig.legend(handles, list(runs), loc="outside lower center", ncols=min(len(runs), 3), fontsize="small")
+    return fig
+
+
+def _tail_heavy(values: np.ndarray) -> bool:
+    """A tail far beyond the median reads better on a log axis."""
+    positive = values[values > 0]
+    return positive.size > 1 and positive.max() > TAIL_HEAVY * np.median(positive)
+
+
+def latency_over_time_figure(requests: pd.DataFrame, slo: dict, label: str) -> Figure:
+    """TTFT and E2E of each finished request against its arrival time; misses in red."""
+    fig = Figure(figsize=(12, 7), layout="constrained")
+    fig.suptitle(f"{label}: latency by arrival time")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    finished = requests[requests["status"] == "finished"]
+    met = finished["slo_met"].to_numpy(dtype=bool)
+    for ax, column, name in ((top, "ttft", "TTFT"), (bottom, "e2e", "E2E")):
+        for mask, color, what in ((met, "tab:green", "SLO met"), (~met, "tab:red", "SLO missed")):
+            if mask.any():
+                ax.scatter(finished["arrival_time"][mask], finished[column][mask], s=6, color=color,
+                           alpha=0.6, label=f"{what} ({mask.sum():,})", rasterized=True)
+        ax.set(ylabel=f"{name} (s)", title=f"{name} per finished request")
+        ax.grid(alpha=0.3)
+    if slo.get("ttft"):
+        top.axhline(slo["ttft"], color="black", linestyle="--", linewidth=1,
+                    label=f"TTFT SLO {slo['ttft']:g} s")
+    dropped = requests[requests["status"] != "finished"]
+    if len(dropped):
+        top.scatter(dropped["arrival_time"], np.zeros(len(dropped)), marker="x", s=18, color="black",
+                    label=f"rejected/unfinished ({len(dropped):,}, at 0)")
+    for ax in (top, bottom):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", loc="upper left")
+    bottom.set_xlabel("arrival time (s)")
+    return fig
+
+
+def downsample_steps(steps: pd.DataFrame, max_points: int) -> pd.DataFrame:
+    """At most `max_points` rows: consecutive steps bucketed, aggregated by STEP_AGGREGATION.
+
+    Each row keeps the `step` index of its bucket's first step; with few enough steps the
+    table is returned unchanged.
+    """
+    if len(steps) <= max_points:
+        return steps.reset_index(drop=True)
+    bucket = np.arange(len(steps)) // -(-len(steps) // max_points)
+    rules = {"step": "first", **{k: v for k, v in STEP_AGGREGATION.items() if k in steps.columns}}
+    return steps.groupby(bucket).agg(rules).reset_index(drop=True)
+
+
+def timeline_figure(steps: pd.DataFrame, label: str) -> Figure:
+    """Queue lengths, batch composition and KV utilisation against the replay clock."""
+    if steps.empty:
+        fig = Figure(figsize=(12, 3), layout="constrained")
+        fig.suptitle(f"{label}: engine timeline")
+        fig.text(0.5, 0.5, "no engine step ran (every request rejected?)", ha="center")
+        return fig
+    s = downsample_steps(steps, MAX_TIMELINE_POINTS)
+    note = "" if len(s) == len(steps) else f" (mean of every {-(-len(steps) // len(s))} steps)"
+    fig = Figure(figsize=(12, 9), layout="constrained")
+    fig.suptitle(f"{label}: engine timeline, {len(steps):,} steps{note}")
+    queues, batch, kv = fig.subplots(3, 1, sharex=True)
+    clock = s["clock"].to_numpy()
+    queues.plot(clock, s["waiting"], label="waiting", color="tab:orange")
+    queues.plot(clock, s["running"], label="running", color="tab:blue")
+    queues.set(title="queue lengths", ylabel="requests")
+    edges, rates = token_rates(steps, TOKEN_RATE_BINS)
+    batch.stairs(rates["prefill_tokens"] + rates["decode_tokens"], edges, fill=True,
+                 color="tab:purple", alpha=0.8, label="prefill")
+    batch.stairs(rates["decode_tokens"], edges, fill=True, color="tab:cyan", label="decode")
+    batch.set(title=f"batch composition ({len(edges) - 1} time bins)", ylabel="tokens/s processed")
+    kv.plot(clock, s["kv_utilization"] * 100, color="tab:green", label="KV blocks in use")
+    preempted = s["preempted"].to_numpy() > 0
+    if preempted.any():
+        kv.scatter(clock[preempted], np.full(preempted.sum(), 100.0), marker="v", color="tab:red",
+                   s=14, label=f"preemptions ({int(s['preempted'].sum()):,})")
+    kv.set(title="KV cache utilisation", ylabel="blocks in use (%)", ylim=(0, 105),
+           xlabel="replay clock (s)")
+    for ax in (queues, batch, kv):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="upper left")
+    return fig
+
+
+def token_rates(steps: pd.DataFrame, bins: int) -> tuple[np.ndarray, dict]:
+    """Prefill and decode tokens processed per second of replay clock, in equal time bins."""
+    start = steps["clock"].to_numpy()
+    end = start + steps["duration"].to_numpy()
+    edges = np.linspace(start.min(), end.max(), max(1, min(bins, len(steps))) + 1)
+    width = np.diff(edges)
+    return edges, {k: np.histogram(start, edges, weights=steps[k].to_numpy())[0] / width
+                   for k in ("prefill_tokens", "decode_tokens")}
+
+
+def save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=110)
+    return Path(path)

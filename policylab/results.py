@@ -1,0 +1,132 @@
+"""Result files of a run and the summary printed at its end.
+
+A run directory gets `requests.parquet` (one row per trace request), `steps.parquet` (one row
+per engine step) and `summary.json`. Every file is written to a temporary name, synced and
+renamed over the target, so a crash or a full disk never leaves a half-written file behind.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from policylab.config import FairnessConfig, SloConfig
+from policylab.engine import RunResult
+from policylab.metrics import MAX_LISTED_REJECTIONS, json_safe, request_table, step_table, summarize
+
+
+class ResultsWriteError(Exception):
+    """A result file could not be written (full disk, no permission, …); names the file."""
+
+
+def write_results(run_dir, result: RunResult, cfg=None) -> dict:
+    """Write the three result files of `result` into `run_dir`; return the summary written.
+
+    `cfg` is the run's config (OmegaConf DictConfig, dict or RunConfig dataclass); its `slo`
+    and `fairness` sections drive the metrics (defaults when absent) and the resolved config
+    is stored under `summary["config"]`.
+    """
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultsWriteError(f"cannot create results directory {run_dir}: {e}") from e
+    slo, fairness = _section(cfg, "slo", SloConfig), _section(cfg, "fairness", FairnessConfig)
+    requests, steps = request_table(result, slo), step_table(result)
+    summary = summarize(requests, steps, result, slo, fairness)
+    summary["config"] = plain_config(cfg)
+    _atomic_write(run_dir / "requests.parquet", lambda f: requests.to_parquet(f, index=False))
+    _atomic_write(run_dir / "steps.parquet", lambda f: steps.to_parquet(f, index=False))
+    text = json.dumps(summary, indent=2, allow_nan=False) + "\n"
+    _atomic_write(run_dir / "summary.json", lambda f: f.write(text.encode()))
+    return summary
+
+
+def _section(cfg, name: str, cls):
+    """`cfg.<name>` as the dataclass `cls`, whatever container the config came in."""
+    if cfg is None:
+        return cls()
+    node = cfg.get(name) if hasattr(cfg, "get") else getattr(cfg, name, None)
+    if node is None:
+        return cls()
+    if isinstance(node, cls):
+        return node
+    return cls(**{f.name: node[f.name] for f in dataclasses.fields(cls) if f.name in node})
+
+
+def plain_config(cfg):
+    """The resolved config as plain JSON-ready containers (None when no config was given)."""
+    if cfg is None:
+        return None
+    if dataclasses.is_dataclass(cfg):
+        return json_safe(dataclasses.asdict(cfg))
+    from omegaconf import DictConfig, OmegaConf
+    if isinstance(cfg, DictConfig):
+        return json_safe(OmegaConf.to_container(cfg, resolve=True))
+    return json_safe(dict(cfg))
+
+
+def _atomic_write(path: Path, write: Callable) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ResultsWriteError(f"could not write results file {path}: {e.strerror or e}") from e
+
+
+def _ms(x) -> str:
+    return "—" if x is None else f"{x * 1e3:,.1f}"
+
+
+def _num(x, fmt: str = ",.2f", suffix: str = "") -> str:
+    return "—" if x is None else f"{x:{fmt}}{suffix}"
+
+
+def print_summary(summary: dict, console: Console | None = None) -> None:
+    """Compact end-of-run report: latency percentiles (ms), SLOs, throughput, rejections."""
+    console = console or Console()
+    if summary.get("partial"):
+        console.print(Panel(f"PARTIAL RUN: {summary.get('error') or 'stopped early'}",
+                            style="bold red"))
+    latency = Table(title=f"policy {summary.get('policy', '?')}: latency (ms)", title_justify="left")
+    for column in ("metric", "p50", "p90", "p99"):
+        latency.add_column(column, justify="left" if column == "metric" else "right")
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E")):
+        stats = summary.get(key) or {}
+        latency.add_row(label, *(_ms(stats.get(q)) for q in ("p50", "p90", "p99")))
+    counts, tput, fair = summary["counts"], summary["throughput"], summary.get("fairness", {})
+    overview = Table(show_header=False, box=None)
+    overview.add_column(style="bold")
+    overview.add_column()
+    overview.add_row("requests", f"{counts['finished']} finished, {counts['rejected']} rejected, "
+                     f"{counts['unfinished']} unfinished of {counts['requests']}")
+    attainment = summary.get("slo_attainment")
+    overview.add_row("SLO attainment", _num(None if attainment is None else attainment * 100, ".1f", " %"))
+    overview.add_row("goodput", _num(summary.get("goodput"), ",.3f", " req/s"))
+    overview.add_row("throughput", f"{_num(tput['output_tokens_per_s'], ',.1f')} out tok/s, "
+                     f"{_num(tput['input_tokens_per_s'], ',.1f')} in tok/s, "
+                     f"{_num(tput['requests_per_s'], ',.3f')} req/s")
+    overview.add_row("preemptions", str(summary.get("preemptions", 0)))
+    overview.add_row("fairness", f"Jain {_num(fair.get('jain_index'), '.3f')}, max service diff "
+                     f"{_num(fair.get('service_difference_max'), ',.0f')}")
+    console.print(latency)
+    console.print(overview)
+    rejections = summary.get("rejections") or []
+    if rejections:
+        console.print("[bold]rejected requests[/bold]")
+        for r in rejections[:MAX_LISTED_REJECTIONS]:
+            console.print(f"  #{r['req_id']} ({r['client']}): {r['reason']}", markup=False)
+        more = counts["rejected"] - min(len(rejections), MAX_LISTED_REJECTIONS)
+        if more > 0:
+            console.print(f"  ... and {more} more")

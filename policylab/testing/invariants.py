@@ -1,0 +1,309 @@
+"""Replay a policy on the sim data plane and check DESIGN §8 after every step.
+
+The engine is not modified: a recording proxy wraps the policy (it sees every view and
+plan), another wraps the data plane (it sees every batch), and `CheckedEngine` overrides
+only the public `step()` to inspect the engine after it. The engine turns any exception
+raised inside a step into a partial result, so the first violation is kept and re-raised
+after the run. Policy-specific properties are in `policylab.testing.properties`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass
+
+from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.contract import StepPlan
+from policylab.dataplane.sim import SimDataPlane
+from policylab.engine import Engine, RunResult
+from policylab.request import Status
+from policylab.testing.loader import policy_factory
+from policylab.testing.properties import InvariantViolation, build_properties
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One generated case: a trace, an engine config (small KV, small budgets) and a seed."""
+
+    trace: tuple
+    engine: EngineConfig
+    seed: int = 0
+    prefix_block_tokens: int = 32
+
+
+@dataclass(frozen=True)
+class Snap:
+    """A live request as the policy saw it when asked to schedule."""
+
+    num_tokens: int
+    num_computed: int
+    num_output: int
+    num_cached: int
+    is_decode: bool
+
+
+class _RecordingPolicy:
+    """Forwards to the policy under test; hands every view and plan to the checker."""
+
+    def __init__(self, inner, checker: "StepChecker"):
+        self._inner, self._checker = inner, checker
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def schedule(self, view):
+        self._checker.before_schedule(view)
+        plan = self._inner.schedule(view)
+        self._checker.after_schedule(view, plan)
+        return plan
+
+    def on_finished(self, view) -> None:
+        hook = getattr(self._inner, "on_finished", None)
+        if hook is not None:
+            hook(view)
+
+
+class _RecordingDataPlane:
+    def __init__(self, inner, checker: "StepChecker"):
+        self._inner, self._checker = inner, checker
+        self.vocab_size, self.eos_token_id = inner.vocab_size, inner.eos_token_id
+        self.needs_token_ids = getattr(inner, "needs_token_ids", True)
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        return self._inner.num_kv_blocks(block_size)
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        self._inner.allocate_kv(num_blocks, block_size)
+
+    def execute(self, batch):
+        self._checker.batch = batch
+        return self._inner.execute(batch)
+
+
+class CheckedEngine(Engine):
+    def __init__(self, checker: "StepChecker", *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.checker = checker
+
+    def step(self) -> None:
+        self.checker.begin_step()
+        super().step()
+        self.checker.end_step(self)
+
+
+class StepChecker:
+    """The engine-wide invariants of DESIGN §8, checked after every step."""
+
+    def __init__(self, policy, cfg: EngineConfig, trace, max_steps: int):
+        self.policy, self.cfg, self.max_steps = policy, cfg, max_steps
+        self.name = getattr(policy, "name", type(policy).__name__)
+        self.properties = build_properties(policy, cfg, trace)
+        self.violation: InvariantViolation | None = None
+        self.status: dict = {}          # req_id -> status after the previous step
+        self.next_ctx: dict = {}        # req_id -> where its next chunk must start
+        self.chunk_sum: dict = {}       # req_id -> cached + chunk tokens since its (re)start
+        self.clock, self.steps = 0.0, 0
+        self.plan = self.snaps = self.batch = None
+
+    def fail(self, invariant: str, detail: str):
+        self.violation = self.violation or InvariantViolation(invariant, detail, self.name)
+        raise self.violation
+
+    def _each_property(self, hook: str, *args) -> None:
+        for p in self.properties:
+            try:
+                getattr(p, hook)(*args)
+            except InvariantViolation as e:
+                self.violation = self.violation or e
+                raise
+
+    # ------------------------------------------------------------ observers
+    def begin_step(self) -> None:
+        self.steps += 1
+        if self.steps > self.max_steps:
+            self.fail("liveness", f"no drain after {self.max_steps} steps (preempt/requeue livelock?)")
+        self.plan = self.snaps = self.batch = None
+
+    def before_schedule(self, view) -> None:
+        self.snaps = {v.req_id: Snap(v.num_tokens, v.num_computed_tokens, v.num_output_tokens,
+                                     v.num_cached_tokens, v.is_decode)
+                      for lst in (view.running, view.waiting) for v in lst}
+        self._each_property("before_schedule", view)
+
+    def after_schedule(self, view, plan) -> None:
+        if not isinstance(plan, StepPlan):
+            return                        # the engine reports it as ContractViolation(plan_type)
+        self.plan = plan
+        if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
+            room = len(view.running) < view.max_num_seqs
+            if view.running or any(room and view.blocks_needed(v, 1) <= view.num_free_blocks
+                                   for v in view.waiting):
+                self.fail("work_conservation", f"step {view.step}: empty plan with {len(view.running)} "
+                          f"running, {len(view.waiting)} waiting, {view.num_free_blocks} free blocks")
+        self._each_property("after_schedule", view, plan)
+
+    def end_step(self, engine: Engine) -> None:
+        now = engine.clock.now
+        if now < self.clock - EPS:
+            self.fail("causality", f"clock went back from {self.clock} to {now}")
+        self.clock = now
+        if self.batch is not None:
+            self._check_batch(engine)
+        self._check_lifecycle(engine)
+        self._check_conservation(engine)
+        self._check_kv(engine)
+        self._each_property("after_step", engine)
+
+    # --------------------------------------------------------------- checks
+    def _check_batch(self, engine: Engine) -> None:
+        b, cfg, bs = self.batch, self.cfg, engine.kv.block_size
+        if len(b) > cfg.max_num_seqs:
+            self.fail("seq_cap", f"{len(b)} requests in a step > max_num_seqs={cfg.max_num_seqs}")
+        if b.num_tokens > cfg.max_num_batched_tokens:
+            self.fail("token_budget", f"{b.num_tokens} tokens > max_num_batched_tokens={cfg.max_num_batched_tokens}")
+        for rid, n, ctx, sample in zip(b.req_ids, b.query_lens, b.context_lens, b.sample):
+            s, start = self.snaps[rid], self.next_ctx.get(rid)
+            if start is None:                      # (re)start: only prefix-cache hits precede it
+                if ctx != s.num_cached or ctx % bs:
+                    self.fail("chunks", f"request {rid} starts at token {ctx}, expected its "
+                              f"{s.num_cached} cached tokens")
+                self.chunk_sum[rid] = ctx
+            elif ctx != start:
+                self.fail("chunks", f"request {rid}: chunk starts at {ctx}, previous one ended at {start}")
+            if ctx + n > s.num_tokens:
+                self.fail("chunks", f"request {rid}: chunk ends at {ctx + n} > {s.num_tokens} known tokens")
+            if sample != (ctx + n == s.num_tokens):
+                self.fail("no_decode_before_prefill", f"request {rid} sampled={sample} after computing "
+                          f"{ctx + n} of {s.num_tokens} tokens")
+            if s.is_decode:
+                if n != 1 or ctx != s.num_tokens - 1:
+                    self.fail("no_decode_before_prefill", f"request {rid} decoded {n} tokens at {ctx}")
+            else:
+                self.chunk_sum[rid] += n
+                if sample and self.chunk_sum.pop(rid) != s.num_tokens:
+                    self.fail("chunks", f"request {rid}: cached + chunks != {s.num_tokens} tokens")
+            self.next_ctx[rid] = ctx + n
+            r = engine.requests[rid]
+            if r.num_computed_tokens != ctx + n or len(r.output_ids) != s.num_output + sample:
+                self.fail("chunks", f"request {rid}: engine state disagrees with the batch it ran")
+
+    def _check_lifecycle(self, engine: Engine) -> None:
+        plan, batch = self.plan, self.batch
+        ran = set(batch.req_ids) if batch is not None else set()
+        preempted = set(plan.preempt) if plan is not None else set()
+        rejected = set(plan.reject) if plan is not None else set()
+        for r in engine.requests[:engine.next_arrival]:
+            rid, new = r.req_id, r.status
+            old = self.status.get(rid)
+            self.status[rid] = new
+            if new is Status.FINISHED and old is not Status.FINISHED:
+                if rid not in ran or len(r.output_ids) != engine.target_len[rid]:
+                    self.fail("lifecycle", f"request {rid} finished without running to its output "
+                              f"length ({len(r.output_ids)} of {engine.target_len[rid]} tokens)")
+            if new is Status.RUNNING and len(r.output_ids) >= engine.target_len[rid]:
+                self.fail("lifecycle", f"request {rid} still runs with all its output tokens")
+            if new is Status.REJECTED and not r.reject_reason:
+                self.fail("lifecycle", f"request {rid} rejected without a reason")
+            if new is old or old is None and new in (Status.WAITING, Status.REJECTED):
+                continue
+            ok = {(Status.WAITING, Status.RUNNING): rid in ran,
+                  (Status.WAITING, Status.FINISHED): rid in ran,
+                  (Status.WAITING, Status.REJECTED): rid in rejected,
+                  (Status.RUNNING, Status.WAITING): rid in preempted,
+                  (Status.RUNNING, Status.FINISHED): rid in ran,
+                  (None, Status.RUNNING): rid in ran,
+                  (None, Status.FINISHED): rid in ran}.get((old, new), False)
+            if not ok:
+                self.fail("lifecycle", f"request {rid}: illegal transition {old} -> {new.value}")
+            if new is Status.WAITING:              # preempted: KV freed, recomputed from scratch
+                if r.block_table or r.num_computed_tokens:
+                    self.fail("lifecycle", f"preempted request {rid} kept its KV")
+                self.next_ctx.pop(rid, None)
+                self.chunk_sum.pop(rid, None)
+
+    def _check_conservation(self, engine: Engine) -> None:
+        arrived = engine.requests[:engine.next_arrival]
+        count = Counter(r.status for r in arrived)
+        done = count[Status.FINISHED] + count[Status.REJECTED]
+        if done + count[Status.WAITING] + count[Status.RUNNING] != len(arrived) or engine.num_done != done:
+            self.fail("request_conservation", f"{len(arrived)} arrived != {dict(count)}")
+        for queue, status in ((engine.waiting, Status.WAITING), (engine.running, Status.RUNNING)):
+            if len(queue) != count[status] or any(r.status is not status for r in queue):
+                self.fail("request_conservation", f"the {status.value} queue disagrees with request states")
+        if any(r is not None for r in engine.requests[engine.next_arrival:]):
+            self.fail("request_conservation", "a request exists before its arrival")
+
+    def _check_kv(self, engine: Engine) -> None:
+        kv = engine.kv
+        held = Counter(b for r in engine.running for b in r.block_table)
+        if any(r.block_table for r in engine.waiting):
+            self.fail("kv_conservation", "a waiting request holds KV blocks")
+        wrong = [b for b in range(kv.num_blocks) if kv.ref[b] != held.get(b, 0)]
+        if wrong or kv.num_used != len(held) or kv.num_used + kv.num_free != kv.num_blocks:
+            self.fail("kv_conservation", f"ref counts disagree with block tables at blocks {wrong[:5]}; "
+                      f"used={kv.num_used} held={len(held)} free={kv.num_free} total={kv.num_blocks}")
+
+    # ------------------------------------------------------------ at drain
+    def finish(self, engine: Engine, result: RunResult) -> None:
+        if self.violation is not None:
+            raise self.violation
+        if result.partial:
+            self.fail("liveness", f"run ended early: {result.error}")
+        kv = engine.kv
+        if any(kv.ref) or kv.num_free != kv.num_blocks:
+            self.fail("no_leak", f"{kv.num_used} KV blocks still held at drain")
+        for r in result.requests:
+            if r is None or r.status not in (Status.FINISHED, Status.REJECTED):
+                self.fail("liveness", f"request {getattr(r, 'req_id', '?')} did not finish")
+            times = [r.arrival_time, r.first_scheduled_time, *r.token_times, r.finish_time]
+            times = [t for t in times if t is not None]
+            if any(b < a - EPS for a, b in zip(times, times[1:])) or len(set(r.token_times)) != len(r.token_times):
+                self.fail("causality", f"request {r.req_id}: arrival, scheduled, tokens, completion "
+                          f"out of order: {times}")
+            if r.status is Status.FINISHED and r.token_times[-1] != r.finish_time:
+                self.fail("causality", f"request {r.req_id} completed at {r.finish_time}, not at its last token")
+        starts, durations = result.steps["clock"], result.steps["duration"]
+        if any(b < a + d - EPS for a, d, b in zip(starts, durations, starts[1:])):
+            self.fail("causality", "a step started before the previous one ended")
+        self._each_property("at_end", engine, result)
+
+
+def _dataplane(seed: int) -> SimDataPlane:
+    return SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"), seed=seed)
+
+
+def run_checked(policy, scenario: Scenario, max_steps: int | None = None) -> RunResult:
+    """Replay `scenario` with `policy` (any spec the loader accepts), checking every step.
+
+    Raises InvariantViolation naming the invariant; returns the RunResult otherwise.
+    """
+    instance = policy_factory(policy)()
+    cfg = dataclasses.replace(scenario.engine, check_invariants=True)
+    if max_steps is None:
+        max_steps = 20 * sum(t.prompt_tokens + t.output_tokens for t in scenario.trace) + 1000
+    checker = StepChecker(instance, cfg, scenario.trace, max_steps)
+    engine = CheckedEngine(checker, list(scenario.trace), _RecordingPolicy(instance, checker),
+                           _RecordingDataPlane(_dataplane(scenario.seed), checker), cfg,
+                           seed=scenario.seed, prefix_block_tokens=scenario.prefix_block_tokens)
+    result = engine.run()
+    checker.finish(engine, result)
+    return result
+
+
+def fingerprint(result: RunResult) -> tuple:
+    """Everything a replay produced, comparable with ==."""
+    reqs = tuple((r.status, r.reject_reason, tuple(r.output_ids), tuple(r.token_times),
+                  r.first_scheduled_time, r.finish_time, r.num_preemptions, r.num_cached_tokens_total)
+                 for r in result.requests)
+    return reqs, tuple((k, tuple(v)) for k, v in sorted(result.steps.items())), result.status
+
+
+def check_policy(policy, scenario: Scenario, determinism: bool = True,
+                 max_steps: int | None = None) -> RunResult:
+    """All invariants of DESIGN §8 on one scenario, including same seed → identical results."""
+    factory = policy_factory(policy)
+    result = run_checked(factory, scenario, max_steps)
+    if determinism and fingerprint(run_checked(factory, scenario, max_steps)) != fingerprint(result):
+        raise InvariantViolation("determinism", "two replays with the same seed differ",
+                                 getattr(result, "policy", ""))
+    return result

@@ -1,0 +1,69 @@
+"""Replay a trace on the sim data plane and keep what the policy decided at every step.
+
+For policy unit tests and behaviour comparisons: `replay(policy, trace, cfg)` returns the
+RunResult and one `PlanRecord` per schedule() call (what was waiting and running, which
+running requests were decoding, and the plan).
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+
+from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.sim import SimDataPlane
+from policylab.engine import Engine, RunResult
+from policylab.testing.loader import PROJECT_ROOT, policy_factory
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    clock: float
+    step: int
+    running: dict          # req_id -> is_decode, in running order
+    waiting: tuple         # req_ids in queue order
+    num_free_blocks: int
+    plan: object           # a copy of the StepPlan
+
+
+class _Recorder:
+    def __init__(self, inner, records: list):
+        self.inner, self.records = inner, records
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def schedule(self, view):
+        plan = self.inner.schedule(view)
+        self.records.append(PlanRecord(view.clock, view.step, {v.req_id: v.is_decode for v in view.running},
+                                       tuple(v.req_id for v in view.waiting), view.num_free_blocks,
+                                       copy.deepcopy(plan)))
+        return plan
+
+    def on_finished(self, view) -> None:
+        self.inner.on_finished(view)
+
+
+def model_config(name: str) -> ModelConfig:
+    """A ModelConfig from configs/model/<name>.yaml."""
+    from omegaconf import OmegaConf
+    return ModelConfig(**OmegaConf.to_container(OmegaConf.load(PROJECT_ROOT / "configs" / "model" / f"{name}.yaml")))
+
+
+def replay(policy, trace, cfg: EngineConfig, seed: int = 0, model: str | ModelConfig = "tiny",
+           hardware: HardwareConfig | None = None, prefix_block_tokens: int = 512) -> tuple[RunResult, list]:
+    """Run `trace` with `policy`; returns (result, records).
+
+    A policy instance is used as it is (inspect its state afterwards); any other spec the
+    loader accepts is built fresh.
+    """
+    is_instance = callable(getattr(policy, "schedule", None)) and not inspect.isclass(policy)
+    instance = policy if is_instance else policy_factory(policy)()
+    model = model_config(model) if isinstance(model, str) else model
+    dataplane = SimDataPlane(model, hardware or HardwareConfig(), DataplaneConfig(kind="sim"), seed=seed)
+    records: list = []
+    engine = Engine(list(trace), _Recorder(instance, records), dataplane, cfg, seed=seed,
+                    prefix_block_tokens=prefix_block_tokens)
+    result = engine.run()
+    if result.partial:
+        raise RuntimeError(f"replay of {engine.policy_name} ended early: {result.error}")
+    return result, records
+

@@ -1,0 +1,71 @@
+"""Hypothesis strategies for the invariant harness: small traces, budgets and KV caches.
+
+Sizes are chosen so that every code path shows up in a few examples: bursts (many equal
+arrival times), prompts longer than the token budget, KV caches a few requests wide (so
+preemption happens), prefixes shared between requests (prefix-cache hits), requests that
+never fit (rejected), several clients, priorities and SLOs.
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from policylab.config import EngineConfig
+from policylab.request import TraceRequest
+from policylab.testing.invariants import Scenario
+
+CLIENTS = ("alice", "bob", "carol")
+GAPS = st.sampled_from([0.0, 0.0, 0.0, 0.001, 0.01, 0.05, 0.3]) | st.floats(0.0, 0.2)
+
+
+@st.composite
+def trace_requests(draw, max_prompt: int = 200, max_output: int = 24) -> tuple:
+    """(gap since the previous arrival, TraceRequest fields except the arrival time)."""
+    return (draw(GAPS), dict(
+        prompt_tokens=draw(st.integers(1, max_prompt)),
+        output_tokens=draw(st.integers(1, max_output)),
+        client=draw(st.sampled_from(CLIENTS)),
+        priority=draw(st.integers(0, 2)),
+        ttft_slo=draw(st.none() | st.sampled_from([0.02, 0.2, 2.0])),
+        tpot_slo=draw(st.none() | st.sampled_from([0.005, 0.05, 0.5])),
+        prefix_hashes=draw(st.sampled_from([(), (), (1,), (1, 2), (3,)])),
+        max_tokens=draw(st.none() | st.integers(1, max_output))))
+
+
+@st.composite
+def traces(draw, max_requests: int = 30, max_prompt: int = 200, max_output: int = 24) -> tuple:
+    """A trace of 1..max_requests requests in arrival order."""
+    items = draw(st.lists(trace_requests(max_prompt, max_output), min_size=1, max_size=max_requests))
+    out, t = [], 0.0
+    for gap, fields in items:
+        t += gap
+        out.append(TraceRequest(arrival_time=round(t, 6), **fields))
+    return tuple(out)
+
+
+@st.composite
+def engine_configs(draw) -> EngineConfig:
+    """Small caches (16..768 tokens), small or tiny budgets, varied block sizes.
+
+    max_num_seqs <= max_num_batched_tokens, as vLLM requires (every running decode fits).
+    """
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+    capacity = draw(st.integers(16, 768))
+    budget = draw(st.sampled_from([1, 8, 64, 256, 2048]) | st.integers(1, 600))
+    return EngineConfig(
+        block_size=block_size,
+        num_blocks=max(1, capacity // block_size),
+        max_num_batched_tokens=budget,
+        max_num_seqs=draw(st.integers(1, min(16, budget))),
+        max_model_len=draw(st.sampled_from([8192, 8192, 160])),
+        enable_prefix_caching=draw(st.booleans()),
+        max_tokens=draw(st.none() | st.integers(1, 32)),
+        predictor=draw(st.sampled_from(["none", "oracle"])),
+        predictor_noise=draw(st.sampled_from([0.0, 0.5])))
+
+
+@st.composite
+def scenarios(draw, max_requests: int = 30, max_prompt: int = 200, max_output: int = 24) -> Scenario:
+    return Scenario(trace=draw(traces(max_requests, max_prompt, max_output)),
+                    engine=draw(engine_configs()),
+                    seed=draw(st.integers(0, 3)),
+                    prefix_block_tokens=draw(st.sampled_from([16, 32, 512])))

@@ -1,0 +1,41 @@
+"""The generic invariant suite (DESIGN §8), parametrized over `policy_spec`.
+
+`policy_spec` is each `--policy` given to pytest (with `-p policylab.testing.pytest_plugin`),
+else every shipped policy config. Import this module's names into a test module (as
+tests/test_invariants.py does) or collect it with `--pyargs policylab.testing.suite`.
+"""
+from __future__ import annotations
+
+from hypothesis import given
+
+from policylab.config import EngineConfig
+from policylab.request import TraceRequest
+from policylab.testing.invariants import Scenario, check_policy
+from policylab.testing.loader import shipped_policy_configs, spec_id
+from policylab.testing.strategies import scenarios
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "policy_spec" in metafunc.fixturenames:
+        specs = metafunc.config.getoption("policy", default=None) or shipped_policy_configs()
+        metafunc.parametrize("policy_spec", specs, ids=[spec_id(s) for s in specs])
+
+
+@given(scenario=scenarios())
+def test_invariants_on_generated_scenarios(policy_spec, scenario):
+    check_policy(policy_spec, scenario)
+
+
+def pressure_scenario(seed: int) -> Scenario:
+    """A fixed burst much larger than the KV cache: preemption and recompute are certain."""
+    trace = tuple(TraceRequest(arrival_time=0.002 * (i // 6), prompt_tokens=40 + 17 * i % 90,
+                               output_tokens=12 + 7 * i % 20, client=("a", "b")[i % 2], priority=i % 3,
+                               prefix_hashes=(1,) if i % 3 == 0 else ())
+                  for i in range(30))
+    cfg = EngineConfig(block_size=8, num_blocks=40, max_num_batched_tokens=128, max_num_seqs=12)
+    return Scenario(trace, cfg, seed=seed, prefix_block_tokens=32)
+
+
+def test_invariants_under_kv_pressure(policy_spec):
+    for seed in (0, 1):
+        check_policy(policy_spec, pressure_scenario(seed))

@@ -1,0 +1,168 @@
+"""Experiment tracking: one W&B run per replay (offline by default), or nothing.
+
+A tracker never decides whether a run succeeds: if W&B cannot start or fails while
+logging, the replay goes on, one line on stderr says so, and the local result files
+are complete either way. `import wandb` is slow, so it happens only inside `WandbTracker`.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from policylab.metrics import flatten
+from policylab.plots import downsample_steps
+
+RESULT_FILES = ("summary.json", "requests.parquet", "steps.parquet")
+RUN_INFO_FILE = "wandb_run.json"    # where compare finds the W&B run of a run directory
+STEP_PREFIX = "engine/"             # history keys: engine/clock, engine/batch_size, ...
+TABLE_COLUMNS_LEFT_OUT = ("token_times",)   # lists: in requests.parquet, not in the W&B table
+
+
+class NullTracker:
+    """`logger=none`: tracking off."""
+
+    def log_run(self, run_dir, summary: dict) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def open_tracker(cfg, run_dir):
+    """The tracker `cfg.logger` asks for; a NullTracker (and one warning) if W&B cannot start."""
+    logger = cfg.logger
+    if logger.kind == "none" or logger.mode == "disabled":
+        return NullTracker()
+    if logger.kind != "wandb":
+        raise ValueError(f"logger.kind must be 'wandb' or 'none', got '{logger.kind}'")
+    if logger.mode not in ("offline", "online"):
+        raise ValueError(f"logger.mode must be 'offline', 'online' or 'disabled', got '{logger.mode}'")
+    try:
+        return WandbTracker(cfg, Path(run_dir))
+    except Exception as e:
+        _warn(f"W&B did not start ({type(e).__name__}: {e})", run_dir)
+        return NullTracker()
+
+
+def _warn(what: str, run_dir) -> None:
+    print(f"warning: {what}; tracking is off for this run, local results are complete in {run_dir}",
+          file=sys.stderr)
+
+
+def sweep_group() -> str | None:
+    """In a Hydra multirun: the sweep directory's last two parts (e.g. `2025-01-02_10-11-12`)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return "_".join(Path(HydraConfig.get().sweep.dir).parts[-2:])
+
+
+class WandbTracker:
+    def __init__(self, cfg, run_dir: Path):
+        import wandb
+        self.wandb, self.run_dir, self.failed, self.partial = wandb, run_dir, False, False
+        logger = cfg.logger
+        wandb_dir = Path(logger.dir or run_dir)
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        tags = [str(cfg.policy.name), str(cfg.trace.name), *map(str, logger.tags)]
+        self.run = wandb.init(
+            project=logger.project, entity=logger.entity, group=logger.group or sweep_group(),
+            name=run_dir.name, tags=list(dict.fromkeys(tags)), dir=str(wandb_dir), mode=logger.mode,
+            config=OmegaConf.to_container(cfg, resolve=True), reinit="finish_previous",
+            settings=wandb.Settings(silent=True, console="off", disable_git=True, save_code=False,
+                                    x_disable_stats=cfg.dataplane.kind != "torch"))
+        self.run.define_metric(f"{STEP_PREFIX}*", step_metric=f"{STEP_PREFIX}clock")
+        self.max_points = logger.max_history_points
+        info = {"id": self.run.id, "project": self.run.project, "entity": logger.entity,
+                "mode": logger.mode, "dir": str(Path(self.run.dir).parent),
+                "url": self.run.url if logger.mode == "online" else None}
+        (run_dir / RUN_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        where = info["url"] if logger.mode == "online" else \
+            f"{info['dir']} (upload: wandb sync {info['dir']})"
+        print(f"W&B {logger.mode} run {self.run.id}: {where}", file=sys.stderr)
+
+    def log_run(self, run_dir, summary: dict) -> None:
+        """Step history, summary metrics, the per-request table, plots and the result files."""
+        self.partial = summary.get("status") == "partial"      # shown as a failed W&B run
+        if self.failed:
+            return
+        try:
+            self._log(Path(run_dir), summary)
+        except Exception as e:
+            self._fail(e)
+
+    def _log(self, run_dir: Path, summary: dict) -> None:
+        wandb, run = self.wandb, self.run
+        steps = downsample_steps(pd.read_parquet(run_dir / "steps.parquet"), self.max_points)
+        for row in steps.to_dict("records"):
+            run.log({f"{STEP_PREFIX}{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+        metrics = flatten({k: v for k, v in summary.items() if k != "config"})
+        run.summary.update({k: v for k, v in metrics.items() if v is not None})
+        requests = pd.read_parquet(run_dir / "requests.parquet")
+        media = {"requests": self._table(requests)}
+        media.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted(run_dir.glob("*.png"))})
+        run.log(media, step=int(steps["step"].iloc[-1]) + 1 if len(steps) else 0)
+        for name in RESULT_FILES:      # files in the W&B run's folder are uploaded with it
+            if (run_dir / name).exists():
+                shutil.copy2(run_dir / name, Path(run.dir) / name)
+
+    def _table(self, requests: pd.DataFrame):
+        limit = self.wandb.Table.MAX_ROWS
+        if len(requests) > limit:
+            print(f"W&B table 'requests' holds the first {limit:,} of {len(requests):,} requests; "
+                  "requests.parquet (also saved to the W&B run) has all", file=sys.stderr)
+        shown = requests.head(limit).drop(columns=[c for c in TABLE_COLUMNS_LEFT_OUT if c in requests])
+        return self.wandb.Table(dataframe=shown.reset_index(drop=True))
+
+    def finish(self) -> None:
+        """Finish the run and stop W&B's service process: only then is the `.wandb` log
+        complete on disk (a Hydra joblib worker may be killed without running atexit)."""
+        try:
+            self.run.finish(exit_code=1 if self.failed or self.partial else 0)
+            self.wandb.teardown()
+        except Exception as e:
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        if not self.failed:
+            self.failed = True
+            _warn(f"W&B logging failed ({type(e).__name__}: {e})", self.run_dir)
+
+
+def create_report(run_dirs: list[Path], metric_paths: list[tuple], markdown: Path) -> str:
+    """A W&B report of these runs (table, bar charts of the metrics, run comparer): its URL,
+    or why it was skipped. Runs logged offline must be uploaded (`wandb sync`) first."""
+    infos = [json.loads((d / RUN_INFO_FILE).read_text()) for d in run_dirs if (d / RUN_INFO_FILE).exists()]
+    if not infos:
+        return f"W&B report: skipped (no run has a {RUN_INFO_FILE}: they were run with logger=none)"
+    try:
+        import wandb
+        import wandb_workspaces.reports.v2 as wr
+    except ImportError:
+        return "W&B report: skipped (the reports API needs `pip install wandb-workspaces`)"
+    api = wandb.Api()
+    if not api.api_key:
+        return "W&B report: skipped (not logged in: run `wandb login` or set WANDB_API_KEY)"
+    offline = [i["dir"] for i in infos if i["mode"] != "online"]
+    entity, project = infos[0]["entity"] or api.default_entity, infos[0]["project"]
+    ids = ", ".join(repr(i["id"]) for i in infos)
+    runset = wr.Runset(entity=entity, project=project, name="compared runs",
+                       filters=f"Metric('ID') in [{ids}]")
+    panels = [wr.BarPlot(title="/".join(p), metrics=[wr.SummaryMetric("/".join(p))]) for p in metric_paths]
+    grid = wr.PanelGrid(runsets=[runset], panels=[*panels, wr.RunComparer(diff_only="split")])
+    report = wr.Report(entity=entity, project=project, title=f"policylab: comparison of {len(infos)} runs",
+                       blocks=[wr.MarkdownBlock(text=_without_images(markdown.read_text())), grid])
+    report.save()
+    hint = f" ({len(offline)} runs were logged offline: `wandb sync` them to fill it)" if offline else ""
+    return f"W&B report: {report.url}{hint}"
+
+
+def _without_images(markdown: str) -> str:
+    """Local image links mean nothing in a W&B report."""
+    return "\n".join(line for line in markdown.splitlines() if not line.startswith("!["))

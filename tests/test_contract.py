@@ -1,0 +1,102 @@
+"""Every rule of the step contract: a plan that breaks it raises ContractViolation naming the
+rule and the policy, and the engine changes nothing (DESIGN §3: never silently fixed)."""
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.contract import ContractViolation, RequestView, StepPlan, validate_plan
+from policylab.dataplane.sim import SimDataPlane
+from policylab.engine import Engine
+from policylab.policy import Policy
+from policylab.request import Request, TraceRequest
+
+# After the first step request 0 (8-token prompt) is decoding and holds 2 of 6 blocks;
+# requests 1 (8 tokens) and 2 (20 tokens) wait. Budget 24 tokens, at most 2 requests.
+TRACE = [TraceRequest(0.0, 8, 4), TraceRequest(0.0, 8, 4), TraceRequest(0.0, 20, 4)]
+CFG = EngineConfig(block_size=4, num_blocks=6, max_num_batched_tokens=24, max_num_seqs=2)
+
+BAD_PLANS = {
+    "plan_type": lambda: None,
+    "unique": lambda: StepPlan(preempt=[0, 0]),
+    "preempt_running": lambda: StepPlan(preempt=[1]),
+    "preempted_scheduled": lambda: StepPlan({0: 1}, preempt=[0]),
+    "reject_waiting": lambda: StepPlan(reject={0: "too late"}),
+    "rejected_scheduled": lambda: StepPlan({1: 8}, reject={1: "too late"}),
+    "reject_reason": lambda: StepPlan(reject={1: ""}),
+    "seq_cap": lambda: StepPlan({0: 1, 1: 8, 2: 8}),
+    "unknown_request": lambda: StepPlan({99: 1}),
+    "chunk_type": lambda: StepPlan({1: np.int64(8)}),
+    "decode_one": lambda: StepPlan({0: 2}),
+    "chunk_bounds": lambda: StepPlan({1: 9}),
+    "token_budget": lambda: StepPlan({1: 8, 2: 20}),
+    "kv_capacity": lambda: StepPlan({2: 20}),
+}
+
+
+class Scripted(Policy):
+    """Prefill request 0 in the first step, then return the plan under test."""
+
+    def __init__(self, bad_plan):
+        super().__init__("scripted")
+        self.bad_plan = bad_plan
+
+    def schedule(self, view):
+        return StepPlan({0: 8}) if view.step == 0 else self.bad_plan()
+
+
+def engine_after_first_step(bad_plan) -> Engine:
+    dataplane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    engine = Engine(TRACE, Scripted(bad_plan), dataplane, CFG)
+    engine.step()
+    assert [r.req_id for r in engine.running] == [0] and engine.views[0].is_decode
+    return engine
+
+
+def state(engine: Engine) -> tuple:
+    return (engine.kv.num_free, engine.clock.now, [(r.req_id, r.status, r.num_computed_tokens, len(r.output_ids))
+                                                   for r in engine.requests])
+
+
+@pytest.mark.parametrize("rule", sorted(BAD_PLANS))
+def test_each_broken_rule_is_named_and_nothing_is_committed(rule):
+    engine = engine_after_first_step(BAD_PLANS[rule])
+    before = state(engine)
+    with pytest.raises(ContractViolation) as caught:
+        engine.step()
+    assert (caught.value.rule, caught.value.policy) == (rule, "scripted")
+    assert "scripted" in str(caught.value) and rule in str(caught.value)
+    assert state(engine) == before
+
+
+def test_every_rule_of_validate_plan_has_a_breaking_plan():
+    rules = set(re.findall(r'fail\("(\w+)"', inspect.getsource(validate_plan)))
+    assert rules == set(BAD_PLANS)
+
+
+def test_chunk_bounds_rejects_an_empty_chunk_too():
+    engine = engine_after_first_step(lambda: StepPlan({1: 0}))
+    with pytest.raises(ContractViolation, match="chunk_bounds"):
+        engine.step()
+
+
+def test_empty_plan_with_running_requests_breaks_work_conservation():
+    engine = engine_after_first_step(StepPlan)
+    with pytest.raises(ContractViolation) as caught:
+        engine.step()
+    assert (caught.value.rule, caught.value.policy) == ("work_conservation", "scripted")
+
+
+def test_run_reports_a_violation_as_a_partial_result():
+    dataplane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    result = Engine(TRACE, Scripted(BAD_PLANS["decode_one"]), dataplane, CFG).run()
+    assert result.partial and "decode_one" in result.error and "scripted" in result.error
+    assert sum(r is not None and r.status.value == "finished" for r in result.requests) == 0
+
+
+def test_views_never_expose_the_true_output_length():
+    exposed = {name for name in dir(RequestView) if not name.startswith("_")}
+    assert not any("output_tokens" == n or "target" in n for n in exposed)
+    assert "output_tokens" not in Request.__dataclass_fields__

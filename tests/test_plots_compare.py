@@ -1,0 +1,129 @@
+"""Run plots and `python -m policylab compare` on real (simulated) run directories."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from policies.prefill_first import PrefillFirst
+from policylab.compare import collect_runs, find_run_dirs, main as compare_main
+from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.sim import SimDataPlane
+from policylab.engine import Engine
+from policylab.plots import downsample_steps, itl_values, write_run_plots
+from policylab.request import TraceRequest
+from policylab.results import write_results
+
+LLAMA_8B_SHAPE = ModelConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                             num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                             tie_word_embeddings=False, dtype_bytes=2)
+
+
+def make_run_dir(run_dir, n=60, rate=40.0, seed=0, num_blocks=96, ttft_slo=0.5, name="prefill_first",
+                 overrides=None):
+    """Replay a seeded Poisson trace on the sim data plane and write the run's result files.
+
+    A small KV cache (`num_blocks` of 16 tokens) forces preemptions; `overrides` are written
+    as Hydra's `.hydra/overrides.yaml`, as a multirun job would have them.
+    """
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    trace = [TraceRequest(float(a), int(rng.integers(16, 400)), int(rng.integers(2, 80)),
+                          client=f"c{i % 3}") for i, a in enumerate(arrivals)]
+    cfg = OmegaConf.create({"seed": seed, "policy": {"name": name},
+                            "slo": {"ttft": ttft_slo, "tpot": 0.05},
+                            "fairness": {"w_in": 1.0, "w_out": 2.0}, "trace": {"name": "fixture"}})
+    dataplane = SimDataPlane(LLAMA_8B_SHAPE, HardwareConfig(), DataplaneConfig(kind="sim"), seed)
+    engine = Engine(trace, PrefillFirst(name=name), dataplane,
+                    EngineConfig(num_blocks=num_blocks, max_num_batched_tokens=512), seed=seed)
+    write_results(run_dir, engine.run(), cfg)
+    if overrides is not None:
+        (run_dir / ".hydra").mkdir()
+        (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    return run_dir
+
+
+def test_itl_pools_gaps_within_each_request_only():
+    requests = pd.DataFrame({"token_times": [[0.0, 1.0, 3.0], [5.0], [], [2.0, 2.5]]})
+    assert list(itl_values(requests)) == [1.0, 2.0, 0.5]
+
+
+def test_downsample_steps_buckets_consecutive_steps():
+    steps = pd.DataFrame({"step": range(10), "clock": np.arange(10) * 0.5, "duration": [0.5] * 10,
+                          "waiting": range(10), "preempted": [0, 1, 0, 0, 2, 1, 0, 0, 0, 4]})
+    small = downsample_steps(steps, 4)
+    assert list(small["step"]) == [0, 3, 6, 9] and list(small["clock"]) == [0.0, 1.5, 3.0, 4.5]
+    assert list(small["waiting"]) == [1.0, 4.0, 7.0, 9.0]          # means of 3, 3, 3, 1 steps
+    assert list(small["preempted"]) == [1, 3, 0, 4] and list(small["duration"]) == [1.5, 1.5, 1.5, 0.5]
+    assert downsample_steps(steps, 10).equals(steps)
+
+
+def test_run_plots_are_written(tmp_path):
+    paths = write_run_plots(make_run_dir(tmp_path, n=40))
+    assert [p.name for p in paths] == ["latency_cdf.png", "latency_over_time.png", "timeline.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 20_000
+
+
+def test_run_plots_of_a_run_where_nothing_ran(tmp_path):
+    run_dir = make_run_dir(tmp_path, n=5, num_blocks=1)            # every request rejected: no steps
+    assert pd.read_parquet(run_dir / "steps.parquet").empty
+    assert all(p.stat().st_size > 5_000 for p in write_run_plots(run_dir))
+
+
+@pytest.fixture
+def multirun(tmp_path):
+    """A Hydra-like multirun dir: 3 jobs, two policies' worth of overrides, one tight KV cache."""
+    sweep = tmp_path / "multirun" / "12-00-00"
+    jobs = [("0_a", 200, ["trace=fixture", "seed=0", "engine.num_blocks=200"]),
+            ("1_b", 60, ["trace=fixture", "seed=0", "engine.num_blocks=60"]),
+            ("10_c", 400, ["trace=fixture", "seed=0", "engine.num_blocks=400"])]
+    for name, blocks, overrides in jobs:
+        make_run_dir(sweep / name, n=50, rate=100.0, num_blocks=blocks, overrides=overrides)
+    return sweep
+
+
+def test_find_run_dirs_in_natural_order(multirun):
+    assert [d.name for d in find_run_dirs([multirun.parent])] == ["0_a", "1_b", "10_c"]
+
+
+def test_collect_runs_reads_summaries_and_varying_overrides(multirun):
+    df, common = collect_runs(find_run_dirs([multirun]))
+    assert common == ["trace=fixture", "seed=0"]
+    assert list(df["params"]) == ["engine.num_blocks=200", "engine.num_blocks=60", "engine.num_blocks=400"]
+    assert list(df["label"]) == [f"prefill_first engine.num_blocks={n}" for n in (200, 60, 400)]
+    for row in df.itertuples():
+        summary = json.loads((multirun / Path(row.run_dir).name / "summary.json").read_text())
+        assert df.loc[row.Index, "TTFT p99 (ms)"] == pytest.approx(summary["ttft"]["p99"] * 1e3)
+        assert df.loc[row.Index, "SLO attainment (%)"] == pytest.approx(summary["slo_attainment"] * 100)
+        assert df.loc[row.Index, "preemptions"] == summary["preemptions"]
+
+
+def test_compare_writes_table_cdfs_markdown_html(multirun, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert compare_main([str(multirun), "-o", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {"compare.md", "compare.html", "compare.csv",
+                                               "cdf_compare.png"}
+    df = pd.read_csv(out / "compare.csv")
+    assert len(df) == 3
+    printed = capsys.readouterr().out
+    assert "W&B report: skipped (offline" in printed and "engine.num_blocks=60" in printed
+    most, fewest = df["preemptions"].idxmax(), df["preemptions"].idxmin()
+    assert df.loc[most, "preemptions"] > df.loc[fewest, "preemptions"]
+    table = [[c.strip() for c in line.strip("|").split("|")]
+             for line in (out / "compare.md").read_text().splitlines() if line.startswith("| ")]
+    column = [h.startswith("preemptions") for h in table[0]].index(True)
+    assert table[1 + fewest][column] == f"**{int(df.loc[fewest, 'preemptions'])}**"
+    assert table[1 + most][column] == str(int(df.loc[most, "preemptions"]))
+    assert "<b>" in (out / "compare.html").read_text()
+
+
+def test_compare_reports_bad_paths(tmp_path, capsys):
+    assert compare_main([str(tmp_path / "nope")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    assert compare_main([str(tmp_path)]) == 2
+    assert "no run directory (one with a summary.json)" in capsys.readouterr().err

@@ -1,0 +1,189 @@
+"""W&B tracking, offline: what lands in the run's `.wandb` log equals the local result files.
+
+The only test module that imports wandb (slow). The `.wandb` file is a leveldb-style log
+of `wandb_internal_pb2.Record` protobufs, decoded here by `wandb_records`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from policylab.metrics import flatten
+from policylab.plots import write_run_plots
+from policylab.tracking import RUN_INFO_FILE, NullTracker, open_tracker
+from tests.test_plots_compare import make_run_dir
+
+BLOCK, HEADER = 32768, 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def wandb_records(path: Path) -> list:
+    """Every record of a `.wandb` file, checksums verified."""
+    from wandb.proto.wandb_internal_pb2 import Record
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    records, pending, pos = [], b"", HEADER
+    while pos + HEADER <= len(data):
+        if BLOCK - pos % BLOCK < HEADER:          # a block's tail too short for a header: padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        checksum, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
+        if kind == 0:
+            break
+        chunk = data[pos + HEADER:pos + HEADER + length]
+        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) == checksum, f"bad checksum at {pos}"
+        pending, pos = pending + chunk, pos + HEADER + length
+        if kind in (FULL, LAST):
+            record = Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def item_value(item):
+    """A history/summary/config item's value (JSON-encoded or typed, by wandb version)."""
+    kind = item.WhichOneof("value") if "value" in [o.name for o in item.DESCRIPTOR.oneofs] else None
+    if kind and kind != "value_json":
+        return getattr(item, kind)
+    return json.loads(item.value_json)
+
+
+def item_key(item) -> str:
+    return item.key or "/".join(item.nested_key)
+
+
+def logged(wandb_file: Path) -> dict:
+    """history rows (step, {key: value}), last summary and config, run tags and group."""
+    out = {"history": [], "summary": {}, "config": {}, "tags": [], "group": None}
+    for r in wandb_records(wandb_file):
+        kind = r.WhichOneof("record_type")
+        if kind == "history":
+            out["history"].append((r.history.step.num,
+                                   {item_key(i): item_value(i) for i in r.history.item}))
+        elif kind == "summary":
+            out["summary"].update({item_key(i): item_value(i) for i in r.summary.update})
+        elif kind == "config":
+            out["config"].update({item_key(i): item_value(i) for i in r.config.update})
+        elif kind == "run":
+            out["tags"], out["group"] = list(r.run.tags), r.run.run_group
+            out["config"].update({item_key(i): item_value(i) for i in r.run.config.update})
+    return out
+
+
+def run_cfg(logger: dict):
+    return OmegaConf.create({"seed": 0, "policy": {"name": "prefill_first", "chunk": 7},
+                             "trace": {"name": "fixture"}, "dataplane": {"kind": "sim"},
+                             "logger": {"kind": "wandb", "mode": "offline", "project": "policylab-test",
+                                        "entity": None, "group": None, "tags": ["extra"],
+                                        "max_history_points": 2000, "dir": None, **logger}})
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory):
+    run_dir = make_run_dir(tmp_path_factory.mktemp("run"), n=80, rate=100.0, num_blocks=200)
+    write_run_plots(run_dir)
+    tracker = open_tracker(run_cfg({"max_history_points": 50, "group": "sweep-7"}), run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tracker.log_run(run_dir, summary)
+    tracker.finish()
+    info = json.loads((run_dir / RUN_INFO_FILE).read_text())
+    (wandb_file,) = Path(info["dir"]).glob("run-*.wandb")
+    return run_dir, summary, info, logged(wandb_file)
+
+
+def test_summary_metrics_equal_summary_json(logged_run):
+    _, summary, _, log = logged_run
+    metrics = flatten({k: v for k, v in summary.items() if k != "config"})
+    expected = {k: v for k, v in metrics.items() if v is not None}
+    assert {"ttft/p99", "tpot/p50", "goodput", "slo_attainment", "throughput/output_tokens_per_s",
+            "counts/finished"} <= expected.keys()
+    for key, value in expected.items():
+        assert log["summary"][key] == pytest.approx(value), key
+
+
+def test_history_is_steps_parquet_bucketed_to_max_points(logged_run):
+    run_dir, _, _, log = logged_run
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    rows = [(step, row) for step, row in log["history"] if "engine/clock" in row]
+    per_bucket = math.ceil(len(steps) / 50)
+    assert per_bucket > 1 and len(rows) == math.ceil(len(steps) / per_bucket) <= 50
+    for b, (step, row) in enumerate(rows):
+        bucket = steps.iloc[b * per_bucket:(b + 1) * per_bucket]
+        assert step == bucket["step"].iloc[0]
+        assert row["engine/clock"] == pytest.approx(bucket["clock"].iloc[0])
+        assert row["engine/preempted"] == pytest.approx(bucket["preempted"].sum())
+        for column in ("batch_size", "prefill_tokens", "decode_tokens", "kv_utilization",
+                       "waiting", "running"):
+            assert row[f"engine/{column}"] == pytest.approx(bucket[column].mean()), column
+
+
+def test_config_tags_group_table_and_plots(logged_run):
+    run_dir, summary, info, log = logged_run
+    assert log["config"]["policy"] == {"name": "prefill_first", "chunk": 7}
+    assert log["tags"] == ["prefill_first", "fixture", "extra"] and log["group"] == "sweep-7"
+    assert Path(info["dir"]).is_relative_to(run_dir) and info["mode"] == "offline"
+    media = [row for _, row in log["history"] if "requests/path" in row]     # media: nested keys
+    assert len(media) == 1
+    images = {k for k, v in media[0].items() if k.startswith("plots/") and k.endswith("/_type")}
+    assert images == {f"plots/{name}/_type" for name in ("latency_cdf", "latency_over_time", "timeline")}
+    for image in images:
+        assert media[0][image] == "image-file"
+        assert (Path(info["dir"]) / "files" / media[0][image.replace("_type", "path")]).is_file()
+    table = json.loads((Path(info["dir"]) / "files" / media[0]["requests/path"]).read_text())
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    assert len(table["data"]) == len(requests) == summary["counts"]["requests"]
+    ttft = table["data"][0][table["columns"].index("ttft")]
+    assert ttft == pytest.approx(requests["ttft"].iloc[0]) and "token_times" not in table["columns"]
+
+
+def test_wandb_that_cannot_start_warns_once_and_run_goes_on(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def no_network(**kwargs):
+        raise wandb.errors.CommError("cannot reach api.wandb.ai")
+    monkeypatch.setattr(wandb, "init", no_network)
+    tracker = open_tracker(run_cfg({"mode": "online"}), tmp_path)
+    tracker.log_run(tmp_path, {})
+    tracker.finish()
+    assert isinstance(tracker, NullTracker)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CommError" in err[0] and str(tmp_path) in err[0]
+
+
+def test_wandb_failing_mid_run_warns_once(tmp_path, capsys):
+    run_dir = make_run_dir(tmp_path / "run", n=10)
+    tracker = open_tracker(run_cfg({}), run_dir)
+    capsys.readouterr()
+
+    def broken_log(*args, **kwargs):
+        raise OSError("disk full")
+    tracker.run.log = broken_log
+    tracker.log_run(run_dir, json.loads((run_dir / "summary.json").read_text()))
+    tracker.log_run(run_dir, {})
+    tracker.finish()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "W&B logging failed (OSError: disk full)" in err[0]
+
+
+def test_logger_none_never_imports_wandb(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)          # any `import wandb` now fails
+    for logger in ({"kind": "none"}, {"mode": "disabled"}):
+        tracker = open_tracker(run_cfg(logger), tmp_path)
+        tracker.log_run(tmp_path, {})
+        tracker.finish()
+        assert isinstance(tracker, NullTracker)
+    assert list(tmp_path.iterdir()) == [] and capsys.readouterr().err == ""   # no "W&B did not start"
+
+
+def test_unknown_logger_kind_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="logger.kind must be 'wandb' or 'none', got 'tensorboard'"):
+        open_tracker(run_cfg({"kind": "tensorboard"}), tmp_path)
