@@ -87,7 +87,7 @@ def _next_block(r0, lo, row, client, is_backlog, backlogged, n_rows):
     Clients = backlogged at r0 or arriving in the block; the block shrinks until
     rows × clients fits MAX_CELLS (or is a single row).
     """
-    r1 = min(n_rows, r0 + MAX_CELLS // (2 * max(1, backlogged.sum())))
+    r1 = min(n_rows, r0 + max(1, MAX_CELLS // (2 * max(1, backlogged.sum()))))
     while True:
         hi = np.searchsorted(row, r1)
         relevant = backlogged.copy()

@@ -169,14 +169,34 @@ def test_service_difference_two_clients():
     assert mean == pytest.approx((0 + 5 + 3 + 4 + 0 * 6) / 10)
 
 
-def test_service_difference_many_clients_chunks_like_one(monkeypatch):
+def naive_service_difference(service: Events, backlog: Events, num_clients: int):
+    """Reference: recompute every client's totals from scratch at every event time."""
+    times = np.unique(np.concatenate([service.time, backlog.time]))
+    diffs = []
+    for t in times:
+        served = [service.value[(service.client == c) & (service.time <= t)].sum()
+                  for c in range(num_clients)]
+        waiting = [backlog.value[(backlog.client == c) & (backlog.time <= t)].sum()
+                   for c in range(num_clients)]
+        active = [x for x, w in zip(served, waiting) if w > 0]
+        diffs.append(max(active) - min(active) if len(active) >= 2 else np.nan)
+    diffs = np.array(diffs)
+    weights = np.diff(times, append=times[-1])
+    defined = ~np.isnan(diffs)
+    return diffs[defined].max(), np.dot(diffs[defined], weights[defined]) / weights[defined].sum()
+
+
+@pytest.mark.parametrize("max_cells", [1 << 22, 7, 60])   # one block; one row per block; mixed
+def test_service_difference_matches_reference(monkeypatch, max_cells):
     import policylab.fairness as fairness
     rng = np.random.default_rng(0)
-    n = 2000
-    service = Events(rng.uniform(0, 100, n), rng.integers(0, 5, n), rng.integers(1, 9, n).astype(float))
-    arrive = rng.uniform(0, 50, 40)
-    backlog = Events(np.concatenate([arrive, arrive + rng.uniform(1, 50, 40)]),
-                     np.tile(np.arange(5), 16), np.repeat([1.0, -1.0], 40))
-    whole = service_difference(service, backlog, 5)
-    monkeypatch.setattr(fairness, "MAX_CELLS", 7)          # one time row per block
-    assert service_difference(service, backlog, 5) == pytest.approx(whole)
+    n, clients, requests = 300, 6, 40
+    service = Events(rng.uniform(0, 100, n), rng.integers(0, clients, n),
+                     rng.integers(1, 9, n).astype(float))
+    arrive = rng.uniform(0, 60, requests)
+    backlog = Events(np.concatenate([arrive, arrive + rng.uniform(1, 40, requests)]),
+                     np.tile(rng.integers(0, clients, requests), 2),
+                     np.repeat([1.0, -1.0], requests))
+    monkeypatch.setattr(fairness, "MAX_CELLS", max_cells)
+    assert service_difference(service, backlog, clients) == pytest.approx(
+        naive_service_difference(service, backlog, clients))

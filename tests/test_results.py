@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -32,6 +34,15 @@ def test_parquet_round_trip(tmp_path):
     steps = pd.read_parquet(tmp_path / "steps.parquet")
     assert list(steps["step"]) == list(range(6))
     assert np.allclose(steps["kv_utilization"], np.array([2, 2, 2, 1, 4, 4]) / 8)
+
+
+def test_token_times_stay_float_lists_when_nothing_ran(tmp_path):
+    result = four_request_run(status="partial", error="x")
+    result.requests = [None] * 4
+    write_results(tmp_path, result)
+    schema = pq.read_schema(tmp_path / "requests.parquet")
+    assert schema.field("token_times").type == pa.list_(pa.float64())
+    assert list(pd.read_parquet(tmp_path / "requests.parquet")["status"]) == ["unfinished"] * 4
 
 
 def test_summary_json_is_strict_and_carries_config(tmp_path):
