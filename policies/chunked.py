@@ -31,13 +31,13 @@ from policylab.policy import Policy
 class _Step:
     """Mutable bookkeeping of one schedule() call."""
 
-    def __init__(self, view: SchedulerView, budget: int, running: list):
+    def __init__(self, view: SchedulerView, budget: int, running: list, partials: int):
         self.view, self.plan = view, StepPlan()
         self.budget, self.free = budget, view.num_free_blocks
         self.pending = list(running)      # running, not yet scheduled nor preempted (victims from the tail)
         self.taken: set = set()           # req_ids scheduled or preempted this step
         self.seqs = len(running)
-        self.partials = sum(1 for v in running if v.is_prefill)   # started, unfinished prefills
+        self.partials = partials          # started, unfinished prefills
         self.admitted = 0
 
     def add(self, v: RequestView, n: int, need: int) -> None:
@@ -99,8 +99,8 @@ class Chunked(Policy):
         """Waiting req_id -> reason, for admission control."""
         return {}
 
-    def prefill_cap(self, view: SchedulerView, budget: int) -> int:
-        """Tokens left for prefill chunks once decodes are served."""
+    def prefill_cap(self, view: SchedulerView, budget: int, decodes: list) -> int:
+        """Tokens left for prefill chunks once the running `decodes` are served."""
         return budget
 
     def new_chunk(self, view: SchedulerView, v: RequestView, budget: int, admitted: int) -> int:
@@ -118,31 +118,41 @@ class Chunked(Policy):
     def schedule(self, view: SchedulerView) -> StepPlan:
         budget = self.token_budget(view)
         running = list(self.running_order(view))
-        s = _Step(view, budget, running)
-        s.slot = budget // max(1, min(self.max_partial_prefills, s.partials + len(view.waiting)))
+        decodes, prefills = [], []
+        for v in running:
+            (decodes if v.is_decode else prefills).append(v)
+        s = _Step(view, budget, running, len(prefills))
+        sharing = min(self.max_partial_prefills, s.partials + len(view.waiting))
+        s.slot = max(1, budget // max(1, sharing))      # each prefill's share of the budget
         s.plan.reject = self.rejections(view)
-        self._decodes(s, running)
-        s.budget = min(s.budget, self.prefill_cap(view, s.budget))
-        self._running_prefills(s, running)
+        self._decodes(s, decodes)
+        s.budget = min(s.budget, self.prefill_cap(view, s.budget, decodes))
+        self._running_prefills(s, prefills)
         if not s.plan.preempt:
             self._admit(s, min(view.max_num_seqs, budget))
         return s.plan
 
-    def _decodes(self, s: _Step, running: list) -> None:
-        for v in running:
-            if not v.is_decode or v.req_id in s.taken:
+    def _decodes(self, s: _Step, decodes: list) -> None:
+        taken, tokens, needed = s.taken, s.plan.num_scheduled_tokens, s.view.blocks_needed
+        for v in decodes:                 # the hot loop: one token each, inline bookkeeping
+            rid = v.req_id
+            if rid in taken:
                 continue
-            need = s.view.blocks_needed(v, 1)
-            while need > s.free and s.victim() is not v:
-                s.preempt(s.victim())
-            if need > s.free:             # v is the tail: everything after it is preempted already
-                s.preempt(v)
-                return
-            s.add(v, 1, need)
+            need = needed(v, 1)
+            if need > s.free:
+                while need > s.free and s.victim() is not v:
+                    s.preempt(s.victim())
+                if need > s.free:         # v is the tail: everything after it is preempted already
+                    s.preempt(v)
+                    return
+            tokens[rid] = 1
+            taken.add(rid)
+            s.budget -= 1
+            s.free -= need
 
-    def _running_prefills(self, s: _Step, running: list) -> None:
-        for v in running:
-            if v.is_decode or v.req_id in s.taken:
+    def _running_prefills(self, s: _Step, prefills: list) -> None:
+        for v in prefills:
+            if v.req_id in s.taken:
                 continue
             n = min(v.remaining_tokens, s.budget, s.slot)
             if n < 1:

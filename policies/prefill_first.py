@@ -53,9 +53,12 @@ class PrefillFirst(Policy):
     def _decodes(self, view: SchedulerView) -> StepPlan:
         plan, free = StepPlan(), view.num_free_blocks
         running, head, tail = view.running, 0, len(view.running)
-        while head < tail:
+        budget = view.max_num_batched_tokens
+        while head < tail and budget > 0:
             v = running[head]
             head += 1
+            if v.is_prefill:                     # an oversized prompt waiting for KV: no mixing
+                continue
             need = view.blocks_needed(v, 1)
             while need > free and head < tail:
                 tail -= 1                        # victim: the most recently started
@@ -65,5 +68,5 @@ class PrefillFirst(Policy):
                 plan.preempt.append(v.req_id)
                 break
             plan.num_scheduled_tokens[v.req_id] = 1
-            free -= need
+            free, budget = free - need, budget - 1
         return plan

@@ -47,6 +47,8 @@ class SloAware(Chunked):
                            ("decode_step_cost", decode_step_cost), ("learning_rate", learning_rate)):
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{self.name}: {key} must be a number > 0, got {value!r}")
+        if learning_rate > 1:
+            raise ValueError(f"{self.name}: learning_rate must be in (0, 1], got {learning_rate!r}")
         self.ttft_slo, self.tpot_slo, self.late_policy = float(ttft_slo), float(tpot_slo), late_policy
         self.prefill_token_cost, self.decode_step_cost = float(prefill_token_cost), float(decode_step_cost)
         self.learn_costs, self.learning_rate = learn_costs, float(learning_rate)
@@ -60,15 +62,19 @@ class SloAware(Chunked):
                 self.tpot_slo if v.tpot_slo is None else v.tpot_slo)
 
     def slack(self, v: RequestView, now: float) -> float:
-        ttft, tpot = self.slos(v)
-        prefill = self.prefill_token_cost * v.remaining_tokens if v.is_prefill else 0.0
-        if v.first_token_time is None:
-            return v.arrival_time + ttft - now - prefill - self.decode_step_cost
-        predicted = v.predicted_output_tokens
+        first = v.first_token_time
+        if first is None:
+            ttft = self.ttft_slo if v.ttft_slo is None else v.ttft_slo
+            return (v.arrival_time + ttft - now - self.prefill_token_cost * v.remaining_tokens
+                    - self.decode_step_cost)
+        tpot = self.tpot_slo if v.tpot_slo is None else v.tpot_slo
+        done, predicted = v.num_output_tokens, v.predicted_output_tokens
         expected = predicted if predicted is not None else min(v.max_tokens, self.default_output_tokens)
-        expected = max(expected, v.num_output_tokens + 1)
-        deadline = v.first_token_time + (expected - 1) * tpot
-        return deadline - now - prefill - (expected - v.num_output_tokens) * self.decode_step_cost
+        expected = max(expected, done + 1)
+        work = (expected - done) * self.decode_step_cost
+        if not v.is_decode:                # preempted: its prompt and outputs are recomputed first
+            work += self.prefill_token_cost * v.remaining_tokens
+        return first + (expected - 1) * tpot - now - work
 
     def _learn(self, view: SchedulerView) -> None:
         """Update cost estimates from the last step's duration (skipped if an idle gap may hide in it)."""
@@ -91,10 +97,9 @@ class SloAware(Chunked):
             self._learn(view)
         now = view.clock
         self._slack = {v.req_id: self.slack(v, now) for v in chain(view.running, view.waiting)}
-        decodes = {v.req_id for v in view.running if v.is_decode}
         plan = super().schedule(view)
-        if self.learn_costs:
-            prefill = sum(n for rid, n in plan.num_scheduled_tokens.items() if rid not in decodes)
+        if self.learn_costs:            # chunks of more than one token are prefill (decodes get 1)
+            prefill = sum(n for n in plan.num_scheduled_tokens.values() if n > 1)
             self._last = (now, view.step, prefill, set(self._slack))
         return plan
 
@@ -120,14 +125,14 @@ class SloAware(Chunked):
                          key=lambda v: (self._slack[v.req_id], v.arrival_time, v.req_id))
         return on_time + [v for v in view.waiting if self._late(v)]
 
-    def prefill_cap(self, view: SchedulerView, budget: int) -> int:
+    def prefill_cap(self, view: SchedulerView, budget: int, decodes: list) -> int:
         """Prefill tokens that keep the tightest running decode on its TPOT pace."""
-        now, room = view.clock, None
-        for v in view.running:
-            if v.is_decode:
-                _, tpot = self.slos(v)
-                left = v.first_token_time + v.num_output_tokens * tpot - now - self.decode_step_cost
-                room = left if room is None else min(room, left)
+        now, room, default = view.clock, None, self.tpot_slo
+        for v in decodes:
+            tpot = v.tpot_slo
+            left = v.first_token_time + v.num_output_tokens * (default if tpot is None else tpot)
+            room = left if room is None else min(room, left)
         if room is None:
             return budget
+        room -= now + self.decode_step_cost
         return max(min(budget, int(room / self.prefill_token_cost)), min(budget, view.block_size))

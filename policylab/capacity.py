@@ -196,7 +196,8 @@ def capacity_job(cfg) -> float:
 
 def job_argv(argv: list) -> list:
     """`target=0.9` → `capacity.target=0.9`; a run dir named after the job unless one is given."""
-    args = [f"capacity.{a}" if a.split("=", 1)[0] in SHORTHANDS else a for a in argv[1:]]
+    from policylab.cli import expand_shorthands
+    args = expand_shorthands(argv[1:], "capacity", SHORTHANDS)
     if not any(a.startswith("hydra.run.dir=") for a in args):
         args.append(RUN_DIR)
     return argv[:1] + args

@@ -55,6 +55,26 @@ def fidelity_main(cfg: DictConfig) -> None:
     _job(lambda run_dir: fidelity(cfg, run_dir))
 
 
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def generate_main(cfg: DictConfig) -> None:
+    from policylab.config import DataplaneConfig, EngineConfig, GenerateConfig, ModelConfig
+    from policylab.dataplane.generate import generate_text
+    from policylab.run import typed
+
+    def body(run_dir: Path) -> None:
+        g = typed(GenerateConfig, cfg.generate)
+        text = generate_text(typed(ModelConfig, cfg.model), typed(DataplaneConfig, cfg.dataplane), g.prompt,
+                             g.max_new_tokens, g.temperature, g.top_k, g.top_p, cfg.seed, g.chat,
+                             typed(EngineConfig, cfg.engine))
+        print(f"{g.prompt}\n--- {cfg.model.name} ---\n{text}")
+    _job(body)
+
+
+def expand_shorthands(args: list, section: str, keys) -> list:
+    """`prompt=...` → `generate.prompt=...`: short overrides for one job's own config section."""
+    return [f"{section}.{a}" if a.split("=", 1)[0] in keys else a for a in args]
+
+
 def capacity_main() -> None:
     from policylab.capacity import main as capacity
     capacity()
@@ -65,7 +85,7 @@ TOOLS = {
     "compare": "policylab.compare",
 }
 HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main,
-              "capacity": capacity_main}
+              "capacity": capacity_main, "generate": generate_main}
 USAGE = """usage: python -m policylab COMMAND ...
 
   run        replay a trace under a policy (Hydra overrides: policy=chunked trace=bursty ...; -m for sweeps)
@@ -73,6 +93,7 @@ USAGE = """usage: python -m policylab COMMAND ...
   calibrate  profile the real data plane and fit the sim's cost model (same overrides as run)
   fidelity   replay on the real data plane and on the calibrated sim; report per-metric error
   capacity   highest arrival rate meeting the SLOs (same overrides as run, plus target=0.9 lo= hi= iters=)
+  generate   complete a real prompt through the full engine (model=smollm2-135m prompt="...")
   compare    table, CDFs, markdown and HTML of run or multirun directories (compare --help)
 """
 
@@ -84,6 +105,8 @@ def main(argv=None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command in HYDRA_JOBS:
+        if command == "generate":
+            rest = expand_shorthands(rest, "generate", ("prompt", "max_new_tokens", "temperature", "chat"))
         sys.argv = [f"policylab {command}"] + rest
         HYDRA_JOBS[command]()
     elif command in TOOLS:

@@ -31,6 +31,7 @@ class EngineConfig:
     predictor_noise: float = 0.0            # lognormal sigma applied to the oracle prediction
     stop_at_eos: bool = False               # real data plane: finish on EOS instead of trace length
     check_invariants: bool = False          # assert KV accounting after every step (tests)
+    max_stall_steps: int = 100_000          # steps without any output or completion = livelock
 
 
 @dataclass
@@ -107,6 +108,17 @@ class LoggerConfig:
 
 
 @dataclass
+class GenerateConfig:
+    """`python -m policylab generate prompt=...`: one real prompt through the full engine."""
+    prompt: str = "The capital of France is"
+    max_new_tokens: int = 48
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    chat: bool = False              # wrap the prompt as a user turn of the model's chat template
+
+
+@dataclass
 class RunConfig:
     seed: int = 0
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -119,6 +131,7 @@ class RunConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)   # `policylab capacity` search
+    generate: GenerateConfig = field(default_factory=GenerateConfig)   # `policylab generate`
     progress: bool = True        # progress bar over requests
     plots: bool = True           # PNG plots in the run directory
 

@@ -100,6 +100,7 @@ class SchedulerView:
     num_total_blocks: int
     blocks_needed: Callable[[RequestView, int], int]
     blocks_freed_by_preempting: Callable[[RequestView], int]
+    plan_kv: Callable[["StepPlan"], tuple]   # exact (blocks needed, blocks available) of a whole plan
     by_id: Mapping[int, RequestView]   # every waiting and running request, read-only
 
 
@@ -152,8 +153,6 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str, live: dict) 
     if len(sched) > view.max_num_seqs:
         fail("seq_cap", f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
     total = 0
-    blocks = 0
-    needed = view.blocks_needed
     for rid, n in sched.items():
         v = live.get(rid)
         if v is None:
@@ -167,9 +166,8 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str, live: dict) 
         elif not 1 <= n <= v.remaining_tokens:
             fail("chunk_bounds", f"request {rid} in prefill got {n} tokens, allowed 1..{v.remaining_tokens}")
         total += n
-        blocks += needed(v, n)
     if total > view.max_num_batched_tokens:
         fail("token_budget", f"{total} tokens scheduled > max_num_batched_tokens={view.max_num_batched_tokens}")
-    free = view.num_free_blocks + sum(view.blocks_freed_by_preempting(live[r]) for r in plan.preempt)
+    blocks, free = view.plan_kv(plan)
     if blocks > free:
         fail("kv_capacity", f"plan needs {blocks} KV blocks but only {free} are free after preemptions")

@@ -7,6 +7,7 @@ broken contract, a raising policy, Ctrl-C) returns what it has, marked partial.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from types import MappingProxyType
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -25,7 +26,6 @@ from policylab.request import Request, SamplingParams, Status, TraceRequest
 STEP_FIELDS = ("clock", "duration", "batch_size", "prefill_tokens", "decode_tokens",
                "num_prefill_reqs", "num_decode_reqs", "kv_used_blocks", "waiting", "running",
                "preempted", "rejected")
-MAX_IDLE_STEPS = 1000   # consecutive steps that run no token before we call it a livelock
 
 
 @dataclass
@@ -44,6 +44,18 @@ class RunResult:
         return self.status != "complete"
 
 
+def check_engine_config(cfg: EngineConfig) -> None:
+    """Budgets that cannot work together fail before the run, naming the field."""
+    for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "max_stall_steps"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"engine.{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.max_num_seqs > cfg.max_num_batched_tokens:
+        raise ValueError(f"engine.max_num_seqs={cfg.max_num_seqs} exceeds engine.max_num_batched_tokens="
+                         f"{cfg.max_num_batched_tokens}: every running decode needs a token of the budget")
+    if cfg.num_blocks is not None and cfg.num_blocks < 1:
+        raise ValueError(f"engine.num_blocks must be >= 1 or null, got {cfg.num_blocks}")
+
+
 class Engine:
     def __init__(self, trace: list, policy: Policy, dataplane: DataPlane, cfg: EngineConfig,
                  seed: int = 0, prefix_block_tokens: int = 512,
@@ -52,6 +64,7 @@ class Engine:
         self.policy, self.dataplane, self.cfg, self.seed = policy, dataplane, cfg, seed
         self.policy_name = getattr(policy, "name", type(policy).__name__)
         self.prefix_block_tokens, self.sampling = prefix_block_tokens, sampling
+        check_engine_config(cfg)
         num_blocks = cfg.num_blocks or dataplane.num_kv_blocks(cfg.block_size)
         self.kv = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         dataplane.allocate_kv(num_blocks, cfg.block_size)
@@ -67,7 +80,7 @@ class Engine:
         self.step_index = 0
         self.steps = {k: [] for k in STEP_FIELDS}
         self._rng = np.random.default_rng(seed)
-        self._idle_steps = 0
+        self._stalled_steps = 0          # consecutive steps with no output token and no request done
         self._on_done = None
 
     # ---------------------------------------------------------------- loop
@@ -162,6 +175,7 @@ class Engine:
             block_size=kv.block_size, num_free_blocks=kv.num_free, num_total_blocks=kv.num_blocks,
             blocks_needed=self.blocks_needed,
             blocks_freed_by_preempting=lambda v: kv.freed_by_release(v._r.block_table),
+            plan_kv=self.plan_kv,
             by_id=self._views_ro)
 
     def blocks_needed(self, v: RequestView, n: int) -> int:
@@ -174,6 +188,31 @@ class Engine:
         total = r.num_computed_tokens + len(hits) * self.kv.block_size + n
         new = -(-total // self.kv.block_size) - len(r.block_table) - len(hits)
         return max(new, 0) + (self.kv.reclaim_cost(hits) if hits else 0)
+
+    def plan_kv(self, plan: StepPlan) -> tuple:
+        """Exact (blocks needed, blocks available) of a whole plan, its preemptions included.
+
+        A cache hit on a block that nobody holds after the preemptions takes a free block
+        (counted once even when several requests hit it).
+        """
+        kv, bs, reqs = self.kv, self.kv.block_size, self.requests
+        released = Counter()
+        for rid in plan.preempt:
+            released.update(reqs[rid].block_table)
+        ref = kv.ref
+        available = kv.num_free + sum(1 for b, k in released.items() if ref[b] == k)
+        needed, reclaimed = 0, set()
+        for rid, n in plan.num_scheduled_tokens.items():
+            r = reqs[rid]
+            if r.block_table:
+                need = -(-(r.num_computed_tokens + n) // bs) - len(r.block_table)
+            else:
+                hits = self.views[rid].cached_blocks()
+                need = -(-(r.num_computed_tokens + len(hits) * bs + n) // bs) - len(hits)
+                reclaimed.update(b for b in hits if ref[b] == released[b])
+            if need > 0:
+                needed += need
+        return needed + len(reclaimed), available
 
     def _schedule(self) -> Optional[Batch]:
         if not self.waiting and not self.running:
@@ -234,14 +273,16 @@ class Engine:
             self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
             self.waiting = preempted + [r for r in self.waiting if r.status is Status.WAITING]
         self._pending_counts = (len(preempted), len(plan.reject))
-        if not rs:
-            self._idle_steps += 1
-            if self._idle_steps > MAX_IDLE_STEPS:
-                raise ContractViolation(self.policy_name, "liveness",
-                                        f"{MAX_IDLE_STEPS} consecutive steps ran no token")
-            return None
-        self._idle_steps = 0
-        return batch
+        self._check_progress(bool(plan.reject))
+        return batch if rs else None
+
+    def _check_progress(self, progressed: bool) -> None:
+        """Liveness: a preempt/requeue livelock ends the run instead of spinning forever."""
+        self._stalled_steps = 0 if progressed else self._stalled_steps + 1
+        if self._stalled_steps > self.cfg.max_stall_steps:
+            raise ContractViolation(self.policy_name, "liveness",
+                                    f"{self.cfg.max_stall_steps} consecutive steps produced no output token "
+                                    "and finished no request (preempt/requeue livelock?)")
 
     # ------------------------------------------------------- postprocess
     def _postprocess(self, batch: Batch, result: StepResult) -> None:
@@ -275,6 +316,8 @@ class Engine:
             self._done(r)
         if finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
+        if result.sampled:
+            self._stalled_steps = 0
         self._record(start, result.duration, batch, prefill_tokens, n_prefill)
         self.step_index += 1
         if self.cfg.check_invariants:

@@ -11,3 +11,6 @@ settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True
 settings.register_profile("deep", max_examples=300, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# `--policy=module:Class` (or a YAML / config name) runs the invariant suite on a user's policy
+pytest_plugins = ["policylab.testing.pytest_plugin"]

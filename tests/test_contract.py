@@ -56,8 +56,8 @@ def engine_after_first_step(bad_plan) -> Engine:
 
 
 def state(engine: Engine) -> tuple:
-    return (engine.kv.num_free, engine.clock.now, [(r.req_id, r.status, r.num_computed_tokens, len(r.output_ids))
-                                                   for r in engine.requests])
+    requests = [(r.req_id, r.status, r.num_computed_tokens, len(r.output_ids)) for r in engine.requests]
+    return engine.kv.num_free, engine.clock.now, requests
 
 
 @pytest.mark.parametrize("rule", sorted(BAD_PLANS))

@@ -4,6 +4,7 @@
 Besides the generic suite: the harness itself must catch broken policies.
 """
 import pytest
+from hypothesis import given
 
 from policies.chunked import Chunked
 from policies.decode_first import DecodeFirst
@@ -12,9 +13,29 @@ from policies.prefill_first import PrefillFirst
 from policies.priority import Priority
 from policylab.contract import StepPlan
 from policylab.testing import InvariantViolation, check_policy, run_checked
+from policylab.testing.strategies import scenarios
 from policylab.testing.suite import (pressure_scenario, pytest_generate_tests,  # noqa: F401
                                      test_invariants_on_generated_scenarios,
                                      test_invariants_under_kv_pressure)
+
+
+VARIANTS = {   # parameter settings the shipped YAMLs do not use
+    "slo_aware_reject": {"_target_": "policies.slo_aware.SloAware", "late_policy": "reject",
+                         "chunk_size": 64},
+    "decode_first_free_slots": {"_target_": "policies.decode_first.DecodeFirst",
+                                "admit_into_free_slots": True},
+    "chunked_3_partials": {"_target_": "policies.chunked.Chunked", "chunk_size": 48,
+                           "max_partial_prefills": 3},
+    "fairness_weighted": {"_target_": "policies.fairness.Fairness", "chunk_size": 32,
+                          "weights": {"alice": 3, "bob": 0.5}},
+    "priority_fast_aging": {"_target_": "policies.priority.Priority", "aging_rate": 50.0},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@given(scenario=scenarios())
+def test_invariants_of_parameter_variants(variant, scenario):
+    check_policy(VARIANTS[variant], scenario)
 
 
 def test_pressure_scenario_preempts_and_hits_the_prefix_cache():

@@ -6,6 +6,7 @@ from policies.chunked import Chunked
 from policylab.config import EngineConfig, FairnessConfig, SloConfig
 from policylab.metrics import request_table, step_table, summarize
 from policylab.request import TraceRequest as T
+from policylab.testing import Scenario, check_policy
 from policylab.testing.replay import replay
 
 CFG = EngineConfig(block_size=16, num_blocks=400, max_num_batched_tokens=2048, max_num_seqs=16)
@@ -30,7 +31,8 @@ def test_a_long_prompt_is_chunked_while_every_decode_keeps_its_token():
 
 def test_budget_is_also_capped_by_the_engine():
     trace = [T(0.0, 700, 3)]
-    _, records = replay(Chunked(chunk_size=512), trace, EngineConfig(max_num_batched_tokens=200, num_blocks=100))
+    cfg = EngineConfig(max_num_batched_tokens=200, num_blocks=100)
+    _, records = replay(Chunked(chunk_size=512), trace, cfg)
     assert prefill_chunks(records, 0) == [200, 200, 200, 100]
 
 
@@ -43,7 +45,7 @@ def test_one_partial_prefill_at_a_time_by_default():
             computed[rid] += r.plan.num_scheduled_tokens.get(rid, 0)
         assert sum(0 < n < 900 for n in computed.values()) <= 1     # unfinished prefills after the step
     assert prefill_chunks(records, 0) == [256, 256, 256, 132]
-    assert prefill_chunks(records, 1) == [124, 256, 256, 256, 8]
+    assert prefill_chunks(records, 1) == [124, 255, 256, 256, 9]   # 255: request 0 decodes first
 
 
 def test_more_partial_prefills_split_the_budget():
@@ -51,6 +53,13 @@ def test_more_partial_prefills_split_the_budget():
     _, records = replay(Chunked(chunk_size=256, max_partial_prefills=2), trace, CFG)
     both = [r.plan.num_scheduled_tokens for r in records if {0, 1} <= set(r.plan.num_scheduled_tokens)]
     assert both and both[0] == {0: 128, 1: 128}
+
+
+def test_a_budget_smaller_than_the_partial_prefill_count_still_makes_progress():
+    trace = (T(0.0, 10, 2), T(0.0, 10, 2), T(0.0, 10, 2))
+    cfg = EngineConfig(block_size=4, num_blocks=20, max_num_batched_tokens=2, max_num_seqs=2)
+    result = check_policy(Chunked(max_partial_prefills=3), Scenario(trace, cfg))
+    assert all(r.status.value == "finished" for r in result.requests)
 
 
 def test_kv_shortage_preempts_from_the_tail_of_running():

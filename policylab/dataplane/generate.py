@@ -9,29 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-import numpy as np
-
 from policylab.config import DataplaneConfig, EngineConfig, ModelConfig
 from policylab.engine import Engine
-from policylab.kv import chain_hashes
 from policylab.request import SamplingParams, TraceRequest
-
-
-class PromptEngine(Engine):
-    """Engine whose requests carry given prompt ids instead of synthesized ones.
-
-    Stop-gap until TraceRequest has an optional `prompt_ids` that Engine._arrive uses.
-    """
-
-    def __init__(self, prompts: list, *args, **kwargs):
-        self.prompts = [np.asarray(p, dtype=np.int32) for p in prompts]
-        super().__init__(*args, **kwargs)
-
-    def _arrive(self, i: int) -> None:
-        super()._arrive(i)
-        r = self.requests[i]
-        r.prompt_ids = self.prompts[i]
-        r.block_hashes = chain_hashes(r.prompt_ids, self.kv.block_size)
 
 
 def generate_ids(plane, prompts: list, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
@@ -41,10 +21,9 @@ def generate_ids(plane, prompts: list, max_new_tokens: int, sampling: SamplingPa
     cfg = engine_cfg or EngineConfig()
     need = max(len(p) for p in prompts) + max_new_tokens
     cfg = dataclasses.replace(cfg, stop_at_eos=True, max_model_len=max(cfg.max_model_len, need))
-    trace = [TraceRequest(arrival_time=0.0, prompt_tokens=len(p), output_tokens=max_new_tokens)
-             for p in prompts]
-    engine = PromptEngine(prompts, trace, policy or PrefillFirst(name="prefill_first"), plane, cfg,
-                          seed=seed, sampling=sampling)
+    trace = [TraceRequest(arrival_time=0.0, prompt_tokens=len(p), output_tokens=max_new_tokens,
+                          prompt_ids=tuple(int(t) for t in p)) for p in prompts]
+    engine = Engine(trace, policy or PrefillFirst(name="prefill_first"), plane, cfg, seed=seed, sampling=sampling)
     result = engine.run()
     if result.partial:
         raise RuntimeError(f"generation stopped early: {result.error}")

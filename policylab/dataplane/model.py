@@ -127,7 +127,7 @@ class CausalLM(nn.Module):
 
     def forward(self, packed: PackedInput, kv_caches: list, backend, all_logits: bool = False):
         """Logits [S, vocab] for the sampled rows (or [T, vocab] for every row with all_logits)."""
-        meta = backend.plan(packed)
+        meta = backend.plan(packed, kv_caches[0][0].shape)
         x = self.model.embed_tokens(packed.input_ids)
         cos, sin = self.rope(packed.positions, x.dtype)
         for layer, kv in zip(self.model.layers, kv_caches):

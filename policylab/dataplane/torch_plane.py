@@ -48,6 +48,23 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def keep_freed_memory() -> None:
+    """Stop glibc returning large freed blocks to the OS after every step.
+
+    Each CPU step gathers the paged KV context into fresh tensors of tens of MB; by default
+    glibc mmaps and unmaps them, and the page faults cost as much as the math (measured on the
+    bursty trace: 44 s of system time in a 110 s replay, 1 s with this).
+    """
+    import ctypes
+    import ctypes.util
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "mallopt"):
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)
+        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+
+
 def num_params(cfg: ModelConfig) -> int:
     hd, h = head_dim_of(cfg), cfg.hidden_size
     attn = h * hd * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
@@ -77,6 +94,10 @@ class TorchDataPlane:
                              "for the CPU torch data plane; use dataplane=sim or a small model")
         if dp.threads:
             torch.set_num_threads(dp.threads)
+        if device.type == "cpu":
+            keep_freed_memory()
+        if dp.cuda_graphs and device.type == "cuda":
+            print("[policylab] dataplane.cuda_graphs is not implemented yet: decodes run eagerly")
         dtype = resolve_dtype(dp.dtype, device)
         cfg, sd, path = load_weights(model, seed)
         with torch.device("meta"):           # no throw-away init of the full model

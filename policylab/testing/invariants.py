@@ -1,36 +1,23 @@
-"""Replay a policy on the sim data plane and check DESIGN §8 after every step.
+"""The engine-wide invariants of DESIGN §8, checked after every step of a replay.
 
-The engine is not modified: a recording proxy wraps the policy (it sees every view and
-plan), another wraps the data plane (it sees every batch), and `CheckedEngine` overrides
-only the public `step()` to inspect the engine after it. The engine turns any exception
-raised inside a step into a partial result, so the first violation is kept and re-raised
-after the run. Policy-specific properties are in `policylab.testing.properties`.
+`StepChecker` is fed by the recording proxies of `policylab.testing.harness`: the view and
+plan of every schedule() call, the batch of every executed step, and the engine after it.
+The engine turns any exception raised inside a step into a partial result, so the first
+violation is kept and re-raised after the run. Policy-specific properties are in
+`policylab.testing.properties`.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.config import EngineConfig
 from policylab.contract import StepPlan
-from policylab.dataplane.sim import SimDataPlane
 from policylab.engine import Engine, RunResult
 from policylab.request import Status
-from policylab.testing.loader import policy_factory
 from policylab.testing.properties import InvariantViolation, build_properties
 
 EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """One generated case: a trace, an engine config (small KV, small budgets) and a seed."""
-
-    trace: tuple
-    engine: EngineConfig
-    seed: int = 0
-    prefix_block_tokens: int = 32
 
 
 @dataclass(frozen=True)
@@ -44,60 +31,13 @@ class Snap:
     is_decode: bool
 
 
-class _RecordingPolicy:
-    """Forwards to the policy under test; hands every view and plan to the checker."""
-
-    def __init__(self, inner, checker: "StepChecker"):
-        self._inner, self._checker = inner, checker
-        self.name = getattr(inner, "name", type(inner).__name__)
-
-    def schedule(self, view):
-        self._checker.before_schedule(view)
-        plan = self._inner.schedule(view)
-        self._checker.after_schedule(view, plan)
-        return plan
-
-    def on_finished(self, view) -> None:
-        hook = getattr(self._inner, "on_finished", None)
-        if hook is not None:
-            hook(view)
-
-
-class _RecordingDataPlane:
-    def __init__(self, inner, checker: "StepChecker"):
-        self._inner, self._checker = inner, checker
-        self.vocab_size, self.eos_token_id = inner.vocab_size, inner.eos_token_id
-        self.needs_token_ids = getattr(inner, "needs_token_ids", True)
-
-    def num_kv_blocks(self, block_size: int) -> int:
-        return self._inner.num_kv_blocks(block_size)
-
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        self._inner.allocate_kv(num_blocks, block_size)
-
-    def execute(self, batch):
-        self._checker.batch = batch
-        return self._inner.execute(batch)
-
-
-class CheckedEngine(Engine):
-    def __init__(self, checker: "StepChecker", *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.checker = checker
-
-    def step(self) -> None:
-        self.checker.begin_step()
-        super().step()
-        self.checker.end_step(self)
-
-
 class StepChecker:
     """The engine-wide invariants of DESIGN §8, checked after every step."""
 
-    def __init__(self, policy, cfg: EngineConfig, trace, max_steps: int):
+    def __init__(self, policy, cfg: EngineConfig, trace, max_steps: int, properties: bool = True):
         self.policy, self.cfg, self.max_steps = policy, cfg, max_steps
         self.name = getattr(policy, "name", type(policy).__name__)
-        self.properties = build_properties(policy, cfg, trace)
+        self.properties = build_properties(policy, cfg, trace) if properties else []
         self.violation: InvariantViolation | None = None
         self.status: dict = {}          # req_id -> status after the previous step
         self.next_ctx: dict = {}        # req_id -> where its next chunk must start
@@ -160,7 +100,8 @@ class StepChecker:
         if len(b) > cfg.max_num_seqs:
             self.fail("seq_cap", f"{len(b)} requests in a step > max_num_seqs={cfg.max_num_seqs}")
         if b.num_tokens > cfg.max_num_batched_tokens:
-            self.fail("token_budget", f"{b.num_tokens} tokens > max_num_batched_tokens={cfg.max_num_batched_tokens}")
+            self.fail("token_budget", f"{b.num_tokens} tokens in a step > "
+                      f"max_num_batched_tokens={cfg.max_num_batched_tokens}")
         for rid, n, ctx, sample in zip(b.req_ids, b.query_lens, b.context_lens, b.sample):
             s, start = self.snaps[rid], self.next_ctx.get(rid)
             if start is None:                      # (re)start: only prefix-cache hits precede it
@@ -248,7 +189,8 @@ class StepChecker:
         if self.violation is not None:
             raise self.violation
         if result.partial:
-            self.fail("liveness", f"run ended early: {result.error}")
+            kind = "contract" if result.error.startswith("ContractViolation") else "liveness"
+            self.fail(kind, f"run ended early: {result.error}")
         kv = engine.kv
         if any(kv.ref) or kv.num_free != kv.num_blocks:
             self.fail("no_leak", f"{kv.num_used} KV blocks still held at drain")
@@ -257,53 +199,14 @@ class StepChecker:
                 self.fail("liveness", f"request {getattr(r, 'req_id', '?')} did not finish")
             times = [r.arrival_time, r.first_scheduled_time, *r.token_times, r.finish_time]
             times = [t for t in times if t is not None]
-            if any(b < a - EPS for a, b in zip(times, times[1:])) or len(set(r.token_times)) != len(r.token_times):
+            repeated = len(set(r.token_times)) != len(r.token_times)
+            if repeated or any(b < a - EPS for a, b in zip(times, times[1:])):
                 self.fail("causality", f"request {r.req_id}: arrival, scheduled, tokens, completion "
                           f"out of order: {times}")
             if r.status is Status.FINISHED and r.token_times[-1] != r.finish_time:
-                self.fail("causality", f"request {r.req_id} completed at {r.finish_time}, not at its last token")
+                self.fail("causality", f"request {r.req_id} completed at {r.finish_time}, "
+                          "not at its last token")
         starts, durations = result.steps["clock"], result.steps["duration"]
         if any(b < a + d - EPS for a, d, b in zip(starts, durations, starts[1:])):
             self.fail("causality", "a step started before the previous one ended")
         self._each_property("at_end", engine, result)
-
-
-def _dataplane(seed: int) -> SimDataPlane:
-    return SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"), seed=seed)
-
-
-def run_checked(policy, scenario: Scenario, max_steps: int | None = None) -> RunResult:
-    """Replay `scenario` with `policy` (any spec the loader accepts), checking every step.
-
-    Raises InvariantViolation naming the invariant; returns the RunResult otherwise.
-    """
-    instance = policy_factory(policy)()
-    cfg = dataclasses.replace(scenario.engine, check_invariants=True)
-    if max_steps is None:
-        max_steps = 20 * sum(t.prompt_tokens + t.output_tokens for t in scenario.trace) + 1000
-    checker = StepChecker(instance, cfg, scenario.trace, max_steps)
-    engine = CheckedEngine(checker, list(scenario.trace), _RecordingPolicy(instance, checker),
-                           _RecordingDataPlane(_dataplane(scenario.seed), checker), cfg,
-                           seed=scenario.seed, prefix_block_tokens=scenario.prefix_block_tokens)
-    result = engine.run()
-    checker.finish(engine, result)
-    return result
-
-
-def fingerprint(result: RunResult) -> tuple:
-    """Everything a replay produced, comparable with ==."""
-    reqs = tuple((r.status, r.reject_reason, tuple(r.output_ids), tuple(r.token_times),
-                  r.first_scheduled_time, r.finish_time, r.num_preemptions, r.num_cached_tokens_total)
-                 for r in result.requests)
-    return reqs, tuple((k, tuple(v)) for k, v in sorted(result.steps.items())), result.status
-
-
-def check_policy(policy, scenario: Scenario, determinism: bool = True,
-                 max_steps: int | None = None) -> RunResult:
-    """All invariants of DESIGN §8 on one scenario, including same seed → identical results."""
-    factory = policy_factory(policy)
-    result = run_checked(factory, scenario, max_steps)
-    if determinism and fingerprint(run_checked(factory, scenario, max_steps)) != fingerprint(result):
-        raise InvariantViolation("determinism", "two replays with the same seed differ",
-                                 getattr(result, "policy", ""))
-    return result

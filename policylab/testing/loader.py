@@ -127,4 +127,5 @@ def _instantiate(cfg):
     try:
         return instantiate(root.policy)
     except Exception as e:
-        raise PolicySpecError(f"cannot build policy from {OmegaConf.to_container(root.policy)}: {e}") from None
+        shown = OmegaConf.to_container(root.policy)
+        raise PolicySpecError(f"cannot build policy from {shown}: {e}") from None

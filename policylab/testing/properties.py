@@ -180,7 +180,8 @@ def declared_properties(policy) -> tuple:
     names = tuple(getattr(policy, "properties", ())) + BUILTIN.get(f"{cls.__module__}.{cls.__qualname__}", ())
     unknown = [n for n in names if n not in PROPERTIES]
     if unknown:
-        raise ValueError(f"policy {cls.__name__} declares unknown properties {unknown}; known: {sorted(PROPERTIES)}")
+        raise ValueError(f"policy {cls.__name__} declares unknown properties {unknown}; "
+                         f"known: {sorted(PROPERTIES)}")
     return names
 
 

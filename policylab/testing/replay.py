@@ -45,7 +45,8 @@ class _Recorder:
 def model_config(name: str) -> ModelConfig:
     """A ModelConfig from configs/model/<name>.yaml."""
     from omegaconf import OmegaConf
-    return ModelConfig(**OmegaConf.to_container(OmegaConf.load(PROJECT_ROOT / "configs" / "model" / f"{name}.yaml")))
+    path = PROJECT_ROOT / "configs" / "model" / f"{name}.yaml"
+    return ModelConfig(**OmegaConf.to_container(OmegaConf.load(path)))
 
 
 def replay(policy, trace, cfg: EngineConfig, seed: int = 0, model: str | ModelConfig = "tiny",

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from policylab.config import EngineConfig
 from policylab.request import TraceRequest
-from policylab.testing.invariants import Scenario
+from policylab.testing.harness import Scenario
 
 CLIENTS = ("alice", "bob", "carol")
-GAPS = st.sampled_from([0.0, 0.0, 0.0, 0.001, 0.01, 0.05, 0.3]) | st.floats(0.0, 0.2)
+GAPS = st.sampled_from([0.0, 0.0, 0.0, 0.0, 0.001, 0.01, 0.05, 0.3]) | st.floats(0.0, 0.1)
 
 
 @st.composite
@@ -43,20 +43,21 @@ def traces(draw, max_requests: int = 30, max_prompt: int = 200, max_output: int 
 
 
 @st.composite
-def engine_configs(draw) -> EngineConfig:
-    """Small caches (16..768 tokens), small or tiny budgets, varied block sizes.
-
-    max_num_seqs <= max_num_batched_tokens, as vLLM requires (every running decode fits).
+def engine_configs(draw, largest_request: int = 256) -> EngineConfig:
+    """Small caches (mostly 1-4x the largest request, so a few requests fill them and
+    preemption happens; sometimes smaller, so some requests never fit), small or tiny
+    budgets, varied block sizes. max_num_seqs <= max_num_batched_tokens, as vLLM requires.
     """
     block_size = draw(st.sampled_from([1, 2, 4, 16]))
-    capacity = draw(st.integers(16, 768))
+    scale = draw(st.sampled_from([1.0, 1.5, 2.0, 4.0, 0.5]))
+    capacity = max(16, int(largest_request * scale) + block_size)
     budget = draw(st.sampled_from([1, 8, 64, 256, 2048]) | st.integers(1, 600))
     return EngineConfig(
         block_size=block_size,
         num_blocks=max(1, capacity // block_size),
         max_num_batched_tokens=budget,
         max_num_seqs=draw(st.integers(1, min(16, budget))),
-        max_model_len=draw(st.sampled_from([8192, 8192, 160])),
+        max_model_len=draw(st.sampled_from([8192, 8192, 8192, 160])),
         enable_prefix_caching=draw(st.booleans()),
         max_tokens=draw(st.none() | st.integers(1, 32)),
         predictor=draw(st.sampled_from(["none", "oracle"])),
@@ -65,7 +66,8 @@ def engine_configs(draw) -> EngineConfig:
 
 @st.composite
 def scenarios(draw, max_requests: int = 30, max_prompt: int = 200, max_output: int = 24) -> Scenario:
-    return Scenario(trace=draw(traces(max_requests, max_prompt, max_output)),
-                    engine=draw(engine_configs()),
+    trace = draw(traces(max_requests, max_prompt, max_output))
+    return Scenario(trace=trace,
+                    engine=draw(engine_configs(max(t.prompt_tokens + t.output_tokens for t in trace))),
                     seed=draw(st.integers(0, 3)),
                     prefix_block_tokens=draw(st.sampled_from([16, 32, 512])))

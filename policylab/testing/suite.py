@@ -6,11 +6,11 @@ tests/test_invariants.py does) or collect it with `--pyargs policylab.testing.su
 """
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 
 from policylab.config import EngineConfig
 from policylab.request import TraceRequest
-from policylab.testing.invariants import Scenario, check_policy
+from policylab.testing.harness import Scenario, check_policy
 from policylab.testing.loader import shipped_policy_configs, spec_id
 from policylab.testing.strategies import scenarios
 
@@ -21,6 +21,7 @@ def pytest_generate_tests(metafunc) -> None:
         metafunc.parametrize("policy_spec", specs, ids=[spec_id(s) for s in specs])
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios())
 def test_invariants_on_generated_scenarios(policy_spec, scenario):
     check_policy(policy_spec, scenario)

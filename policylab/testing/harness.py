@@ -1,0 +1,117 @@
+"""Run a policy on the sim data plane under the invariant checker (DESIGN §8).
+
+The engine is not modified: a recording proxy wraps the policy (it sees every view and
+plan), another wraps the data plane (it sees every batch), and `CheckedEngine` overrides
+only the public `step()` to hand the engine to the checker after each step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.sim import SimDataPlane
+from policylab.engine import Engine, RunResult
+from policylab.testing.invariants import StepChecker
+from policylab.testing.loader import policy_factory
+from policylab.testing.properties import InvariantViolation
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One generated case: a trace, an engine config (small KV, small budgets) and a seed."""
+
+    trace: tuple
+    engine: EngineConfig
+    seed: int = 0
+    prefix_block_tokens: int = 32
+
+
+class _RecordingPolicy:
+    """Forwards to the policy under test; hands every view and plan to the checker."""
+
+    def __init__(self, inner, checker: "StepChecker"):
+        self._inner, self._checker = inner, checker
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def schedule(self, view):
+        self._checker.before_schedule(view)
+        plan = self._inner.schedule(view)
+        self._checker.after_schedule(view, plan)
+        return plan
+
+    def on_finished(self, view) -> None:
+        hook = getattr(self._inner, "on_finished", None)
+        if hook is not None:
+            hook(view)
+
+
+class _RecordingDataPlane:
+    def __init__(self, inner, checker: "StepChecker"):
+        self._inner, self._checker = inner, checker
+        self.vocab_size, self.eos_token_id = inner.vocab_size, inner.eos_token_id
+        self.needs_token_ids = getattr(inner, "needs_token_ids", True)
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        return self._inner.num_kv_blocks(block_size)
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        self._inner.allocate_kv(num_blocks, block_size)
+
+    def execute(self, batch):
+        self._checker.batch = batch
+        return self._inner.execute(batch)
+
+
+class CheckedEngine(Engine):
+    def __init__(self, checker: "StepChecker", *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.checker = checker
+
+    def step(self) -> None:
+        self.checker.begin_step()
+        super().step()
+        self.checker.end_step(self)
+
+def _dataplane(seed: int) -> SimDataPlane:
+    return SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"), seed=seed)
+
+
+def run_checked(policy, scenario: Scenario, max_steps: int | None = None,
+                properties: bool = True) -> RunResult:
+    """Replay `scenario` with `policy` (any spec the loader accepts), checking every step.
+
+    Raises InvariantViolation naming the invariant; returns the RunResult otherwise.
+    `properties=False` checks the engine-wide invariants only, not the policy's own promises.
+    """
+    instance = policy_factory(policy)()
+    cfg = dataclasses.replace(scenario.engine, check_invariants=True)
+    if max_steps is None:
+        max_steps = 20 * sum(t.prompt_tokens + t.output_tokens for t in scenario.trace) + 1000
+    checker = StepChecker(instance, cfg, scenario.trace, max_steps, properties)
+    engine = CheckedEngine(checker, list(scenario.trace), _RecordingPolicy(instance, checker),
+                           _RecordingDataPlane(_dataplane(scenario.seed), checker), cfg,
+                           seed=scenario.seed, prefix_block_tokens=scenario.prefix_block_tokens)
+    result = engine.run()
+    checker.finish(engine, result)
+    return result
+
+
+def fingerprint(result: RunResult) -> tuple:
+    """Everything a replay produced, comparable with ==."""
+    reqs = tuple((r.status, r.reject_reason, tuple(r.output_ids), tuple(r.token_times),
+                  r.first_scheduled_time, r.finish_time, r.num_preemptions, r.num_cached_tokens_total)
+                 for r in result.requests)
+    return reqs, tuple((k, tuple(v)) for k, v in sorted(result.steps.items())), result.status
+
+
+def check_policy(policy, scenario: Scenario, determinism: bool = True,
+                 max_steps: int | None = None, properties: bool = True) -> RunResult:
+    """All invariants of DESIGN §8 on one scenario, including same seed → identical results."""
+    factory = policy_factory(policy)
+    result = run_checked(factory, scenario, max_steps, properties)
+    again = run_checked(factory, scenario, max_steps, properties) if determinism else result
+    if fingerprint(again) != fingerprint(result):
+        raise InvariantViolation("determinism", "two replays with the same seed differ",
+                                 getattr(result, "policy", ""))
+    return result
