@@ -57,7 +57,7 @@ class PrefillFirst(Policy):
         while head < tail and budget > 0:
             v = running[head]
             head += 1
-            if v.is_prefill:                     # an oversized prompt waiting for KV: no mixing
+            if v.req_id == self._oversized and v.is_prefill:   # waiting for KV to chunk on: no mixing
                 continue
             need = view.blocks_needed(v, 1)
             while need > free and head < tail:

@@ -74,7 +74,8 @@ class RequestView:
     @property
     def is_decode(self) -> bool:
         r = self._r
-        return bool(r.output_ids) and r.num_tokens - r.num_computed_tokens == 1
+        out = r.output_ids
+        return bool(out) and len(r.prompt_ids) + len(out) - r.num_computed_tokens == 1
 
     @property
     def is_prefill(self) -> bool:

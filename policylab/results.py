@@ -131,6 +131,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
                      f"{_num(tput['input_tokens_per_s'], ',.1f')} in tok/s, "
                      f"{_num(tput['requests_per_s'], ',.3f')} req/s")
     overview.add_row("preemptions", str(summary.get("preemptions", 0)))
+    overview.add_row("prefix cache", f"{_num(100 * (summary.get('prefix_cache_hit_rate') or 0), '.1f')} % "
+                     "of prompt tokens served from cached blocks")
     overview.add_row("fairness", f"Jain {_num(fair.get('jain_index'), '.3f')}, max service diff "
                      f"{_num(fair.get('service_difference_max'), ',.0f')}")
     console.print(latency)

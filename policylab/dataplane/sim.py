@@ -66,11 +66,9 @@ class SimDataPlane:
                             s.kv_bytes_per_token * kv_tokens / bw) + hw.step_overhead)
 
     def execute(self, batch: Batch) -> StepResult:
-        tokens = [self._token(rid, ctx + n) for rid, n, ctx, s in
-                  zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.sample) if s]
+        """Deterministic ids clear of special tokens (lengths come from the trace, not EOS)."""
+        salt, span = self.seed * 2246822519, self.vocab_size - 32
+        tokens = [16 + ((rid * 2654435761 + (ctx + n) * 40503 + salt) & 0xFFFFFFFF) % span
+                  for rid, n, ctx, s in zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.sample)
+                  if s]
         return StepResult(tokens, self.step_time(batch))
-
-    def _token(self, req_id: int, position: int) -> int:
-        """A deterministic, never-special token id (no EOS): lengths come from the trace."""
-        mixed = (req_id * 2654435761 + position * 40503 + self.seed * 2246822519) & 0xFFFFFFFF
-        return 16 + mixed % (self.vocab_size - 32)
