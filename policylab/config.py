@@ -23,7 +23,7 @@ class EngineConfig:
     num_blocks: Optional[int] = None        # None: as many as the data plane can hold
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 128
-    max_model_len: int = "${model.max_position_embeddings}"   # as vLLM: the model's context length
+    max_model_len: int = 8192               # configs/config.yaml: the model's context length (as vLLM)
     enable_prefix_caching: bool = True
     clock: str = "virtual"                  # virtual | wall
     max_tokens: Optional[int] = None        # cap shown to policies; None: max_model_len - prompt
