@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 
 from policylab.dataplane.base import Batch
-from policylab.kv import BlockManager
 from policylab.request import SamplingParams
 
 FEATURES = ("const", "tokens", "prefill_attn", "decode_seqs", "decode_kv", "sampled")
@@ -70,24 +69,28 @@ def batch_grid(max_tokens: int, max_seqs: int, max_len: int) -> list:
     decodes = [b for b in (1, 4, 16, 32, 64, 128) if b <= max_seqs]
     kv_lens = [k for k in (64, 256, 1024, 2048) if k < max_len]
     grid = [([c], [x]) for c, x in itertools.product(chunks, contexts) if c + x <= max_len]
-    grid += [([1] * b, [k] * b) for b, k in itertools.product(decodes, kv_lens)]
-    grid += [([c] + [1] * b, [0] + [k] * b) for c, b, k in itertools.product(chunks[1::2], decodes[1::2], kv_lens[::2])
-             if c + b <= max_tokens and b + 1 <= max_seqs]
+    grid += [([1] * b, spread(k, b, max_len)) for b, k in itertools.product(decodes, kv_lens)]
+    grid += [([c] + [1] * b, [0] + spread(k, b, max_len)) for c, b, k in
+             itertools.product(chunks[1::2], decodes[1::2], kv_lens[::2]) if c + b <= max_tokens and b + 1 <= max_seqs]
     return grid
 
 
-def _make_batch(q: list, ctx: list, kv: BlockManager, vocab: int, rng) -> Batch:
-    tables = []
-    for n, c in zip(q, ctx):
-        table = []
-        kv.grow(table, n + c)
-        tables.append(table)
+def spread(mean: int, n: int, max_len: int) -> list:
+    """n context lengths from mean/2 to 3·mean/2: real decode batches are never uniform, and
+    uneven lengths cost more (padding and masks) than a batch of equal ones."""
+    return [min(max_len - 1, max(1, int(mean * (0.5 + i / max(n - 1, 1))))) for i in range(n)]
+
+
+def _make_batch(q: list, ctx: list, num_blocks: int, block_size: int, vocab: int, rng) -> Batch:
+    """A batch whose block tables are scattered over the cache, as after a while of serving."""
+    free = iter(rng.permutation(num_blocks).tolist())
+    tables = [[next(free) for _ in range(-(-(n + c) // block_size))] for n, c in zip(q, ctx)]
     return Batch(list(range(len(q))), list(q), list(ctx), tables,
                  [rng.integers(16, vocab, n).astype(np.int32) for n in q],
                  [True] * len(q), [SamplingParams()] * len(q))
 
 
-def profile(dataplane, grid: list, block_size: int = 16, repeats: int = 3, warmup: int = 1,
+def profile(dataplane, grid: list, block_size: int = 16, repeats: int = 5, warmup: int = 2,
             seed: int = 0, progress=None) -> pd.DataFrame:
     """Time every batch shape of the grid on a data plane; one row per shape (median time)."""
     need = max(sum(-(-(n + c) // block_size) for n, c in zip(q, ctx)) for q, ctx in grid)
@@ -96,8 +99,7 @@ def profile(dataplane, grid: list, block_size: int = 16, repeats: int = 3, warmu
     rng = np.random.default_rng(seed)
     rows = []
     for i, (q, ctx) in enumerate(grid):
-        kv = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-        batch = _make_batch(q, ctx, kv, dataplane.vocab_size, rng)
+        batch = _make_batch(q, ctx, num_blocks, block_size, dataplane.vocab_size, rng)
         times = []
         for k in range(warmup + repeats):
             t0 = time.perf_counter()
@@ -109,6 +111,27 @@ def profile(dataplane, grid: list, block_size: int = 16, repeats: int = 3, warmu
                      "time": float(np.median(times))})
         if progress:
             progress(i + 1, len(grid))
+    return pd.DataFrame(rows)
+
+
+def replay_profile(engine) -> pd.DataFrame:
+    """Every step of a replay on the real plane as a profile row: the batches policies really form
+    (uneven contexts, scattered blocks, allocator state) which a grid only approximates."""
+    rows, execute = [], engine.dataplane.execute
+
+    def recorded(batch):
+        result = execute(batch)
+        q, ctx = list(batch.query_lens), list(batch.context_lens)
+        f = batch_features(np.asarray(q, float), np.asarray(ctx, float))
+        rows.append({"query_lens": q, "context_lens": ctx, **dict(zip(FEATURES, f)), "time": result.duration})
+        return result
+    engine.dataplane.execute = recorded
+    try:
+        result = engine.run()
+    finally:
+        del engine.dataplane.execute          # back to the class's method
+    if result.partial:
+        raise RuntimeError(f"calibration replay stopped early: {result.error}")
     return pd.DataFrame(rows)
 
 
@@ -136,12 +159,17 @@ def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
         active &= w > 0
 
 
-def calibrate(dataplane, engine_cfg, run_dir: Path, seed: int = 0) -> Calibration:
-    """Profile the grid on `dataplane`, fit, and save profile.csv + calibration.json in run_dir."""
+def calibrate(dataplane, engine_cfg, run_dir: Path, seed: int = 0, replay_engine=None) -> Calibration:
+    """Profile the grid on `dataplane` (plus every step of `replay_engine`'s replay when given),
+    fit, and save profile.csv + calibration.json in run_dir."""
     grid = batch_grid(engine_cfg.max_num_batched_tokens, engine_cfg.max_num_seqs,
                       min(engine_cfg.max_model_len, 4096))
     bar = lambda i, n: print(f"\rprofiling batch {i}/{n}", end="" if i < n else "\n", file=sys.stderr)
     df = profile(dataplane, grid, engine_cfg.block_size, seed=seed, progress=bar)
+    if replay_engine is not None:
+        print(f"profiling the {len(replay_engine.trace)}-request replay of {replay_engine.policy_name}",
+              file=sys.stderr)
+        df = pd.concat([df, replay_profile(replay_engine)], ignore_index=True)
     df.to_csv(run_dir / "profile.csv", index=False)
     calibration, mape = fit(df, seed=seed)
     calibration.save(run_dir / "calibration.json")

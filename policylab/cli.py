@@ -45,8 +45,12 @@ def _job(body):
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def calibrate_main(cfg: DictConfig) -> None:
     from policylab.calibrate import calibrate
-    from policylab.run import dataplane_of
-    _job(lambda run_dir: calibrate(dataplane_of(cfg), cfg.engine, run_dir, cfg.seed))
+    from policylab.run import build_engine, dataplane_of
+
+    def body(run_dir: Path):
+        plane = dataplane_of(cfg)
+        return calibrate(plane, cfg.engine, run_dir, cfg.seed, build_engine(cfg, plane))
+    _job(body)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -90,7 +94,7 @@ USAGE = """usage: python -m policylab COMMAND ...
 
   run        replay a trace under a policy (Hydra overrides: policy=chunked trace=bursty ...; -m for sweeps)
   trace      inspect, convert or generate arrival traces (python -m policylab trace --help)
-  calibrate  profile the real data plane and fit the sim's cost model (same overrides as run)
+  calibrate  profile the real data plane (a grid of batches + a replay of the trace), fit the sim
   fidelity   replay on the real data plane and on the calibrated sim; report per-metric error
   capacity   highest arrival rate meeting the SLOs (same overrides as run, plus target=0.9 lo= hi= iters=)
   generate   complete a real prompt through the full engine (model=smollm2-135m prompt="...")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from types import MappingProxyType
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np

@@ -49,7 +49,7 @@ def fidelity(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     real = replay(real_engine, cfg.progress)
     sim_plane = SimDataPlane(typed(ModelConfig, cfg.model), typed(HardwareConfig, cfg.hardware),
                              DataplaneConfig(kind="sim", calibration=path), cfg.seed)
-    engine_cfg = EngineConfig(**{**OmegaConf.to_container(cfg.engine), "num_blocks": real_engine.kv.num_blocks})
+    engine_cfg = EngineConfig(**{**OmegaConf.to_container(cfg.engine, resolve=True), "num_blocks": real_engine.kv.num_blocks})
     sim_engine = Engine(load_trace(cfg.trace, seed=cfg.seed), build_policy(cfg.policy), sim_plane,
                         engine_cfg, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
     sim = replay(sim_engine, cfg.progress)

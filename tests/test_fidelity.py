@@ -31,3 +31,21 @@ def test_calibration_and_fidelity_report_end_to_end(tmp_path):
     assert table["rel_error"].notna().all()
     assert (tmp_path / "fidelity.md").read_text().startswith("# Sim vs real")
     assert (tmp_path / "fidelity_cdf.png").stat().st_size > 10_000
+
+
+def test_calibration_adds_every_step_of_a_replay(tmp_path):
+    from policylab.calibrate import calibrate
+    from policylab.run import build_engine, dataplane_of
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "policy=prefill_first", "trace=poisson", "trace.max_requests=6", "trace.max_prompt_tokens=64",
+            "trace.max_output_tokens=4", "engine.max_num_batched_tokens=64", "engine.max_num_seqs=4",
+            "engine.max_model_len=256", "dataplane.kv_cache_gb=0.005", "dataplane.threads=1", *SMALL_MODEL])
+    plane = dataplane_of(cfg)
+    engine = build_engine(cfg, plane)
+    calibrate(plane, cfg.engine, tmp_path, replay_engine=engine)
+    profile = pd.read_csv(tmp_path / "profile.csv")
+    steps = len(engine.steps["clock"])
+    assert steps > 0 and len(profile) > steps
+    assert (profile["time"].tail(steps).to_numpy() == engine.steps["duration"]).all()
+    assert type(plane).execute is plane.execute.__func__       # the recording wrapper is gone

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import math
 from pathlib import Path
 
@@ -13,6 +14,21 @@ def open_text(path: Path):
     if str(path).endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8", newline="")
     return open(path, "r", encoding="utf-8", newline="")
+
+
+def json_records(path: Path, name: str):
+    """(line number, object) for each non-blank line of a JSONL file; bad lines raise TraceError."""
+    with open_text(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TraceError(name, line_no, None, f"not valid JSON ({e.msg}, column {e.colno})") from None
+            if not isinstance(rec, dict):
+                raise TraceError(name, line_no, None, "expected a JSON object per line")
+            yield line_no, rec
 
 
 def positive_int(value, file, line, field, kind="field") -> int:

@@ -7,7 +7,6 @@ shared prefixes become prefix-cache hits at whatever block size the engine uses.
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Iterator, Optional
@@ -21,28 +20,19 @@ BLOCK_TOKENS = 512   # tokens per hash id in the published traces
 
 def read_mooncake(path: Path, name: str, skipped: Counter,
                   client_column: Optional[str] = None) -> Iterator[RawRequest]:
-    with F.open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceError(name, line_no, None, f"not valid JSON ({e.msg}, column {e.colno})") from None
-            if not isinstance(rec, dict):
-                raise TraceError(name, line_no, None, "expected a JSON object per line")
-            for key in ("timestamp", "input_length", "output_length") + ((client_column,) if client_column else ()):
-                if key not in rec:
-                    raise TraceError(name, line_no, key, "missing (required)")
-            prompt = F.integer(rec["input_length"], name, line_no, "input_length")
-            output = F.integer(rec["output_length"], name, line_no, "output_length")
-            arrival_ms = F.arrival(rec["timestamp"], name, line_no, "timestamp")
-            hashes = F.block_ids(rec.get("hash_ids", []), name, line_no, "hash_ids")
-            if prompt < 1:
-                skipped["input_length <= 0"] += 1
-                continue
-            if output < 1:
-                skipped["output_length <= 0"] += 1
-                continue
-            client = str(rec[client_column]) if client_column else "default"
-            yield RawRequest(arrival_ms / 1000.0, prompt, output, client, prefix_hashes=hashes)
+    for line_no, rec in F.json_records(path, name):
+        for key in ("timestamp", "input_length", "output_length") + ((client_column,) if client_column else ()):
+            if key not in rec:
+                raise TraceError(name, line_no, key, "missing (required)")
+        prompt = F.integer(rec["input_length"], name, line_no, "input_length")
+        output = F.integer(rec["output_length"], name, line_no, "output_length")
+        arrival_ms = F.arrival(rec["timestamp"], name, line_no, "timestamp")
+        hashes = F.block_ids(rec.get("hash_ids", []), name, line_no, "hash_ids")
+        if prompt < 1:
+            skipped["input_length <= 0"] += 1
+            continue
+        if output < 1:
+            skipped["output_length <= 0"] += 1
+            continue
+        client = str(rec[client_column]) if client_column else "default"
+        yield RawRequest(arrival_ms / 1000.0, prompt, output, client, prefix_hashes=hashes)

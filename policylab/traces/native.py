@@ -53,17 +53,8 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
 def read_native(path: Path, name: str, skipped: Counter,
                 client_column: Optional[str] = None) -> Iterator[RawRequest]:
     """Stream a native JSONL file; blank lines are allowed, anything else must be a valid record."""
-    with F.open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceError(name, line_no, None, f"not valid JSON ({e.msg}, column {e.colno})") from None
-            if not isinstance(rec, dict):
-                raise TraceError(name, line_no, None, "expected a JSON object per line")
-            yield request_from_record(rec, name, line_no, client_column)
+    for line_no, rec in F.json_records(path, name):
+        yield request_from_record(rec, name, line_no, client_column)
 
 
 def record_of(r) -> dict:
