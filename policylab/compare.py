@@ -63,7 +63,8 @@ def find_run_dirs(paths) -> list[Path]:
         if not path.is_dir():
             raise CompareError(f"{path}: no such directory")
         below = [path] if (path / "summary.json").is_file() else \
-            sorted((p.parent for p in path.rglob("summary.json")), key=natural_key)
+            sorted((p.parent for p in path.rglob("summary.json") if "wandb" not in p.relative_to(path).parts),
+                   key=natural_key)   # W&B keeps a copy of each run's files under wandb/
         if not below:
             raise CompareError(f"{path}: no run directory (one with a summary.json) in it")
         found += [p for p in below if p not in found]

@@ -127,3 +127,13 @@ def test_compare_reports_bad_paths(tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
     assert compare_main([str(tmp_path)]) == 2
     assert "no run directory (one with a summary.json)" in capsys.readouterr().err
+
+
+def test_copies_of_results_inside_a_wandb_run_are_not_runs(tmp_path):
+    from policylab.compare import find_run_dirs
+    run = tmp_path / "0_chunked_bursty"
+    copy = run / "wandb" / "offline-run-1" / "files"
+    copy.mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    (copy / "summary.json").write_text("{}")
+    assert find_run_dirs([tmp_path]) == [run]
