@@ -28,7 +28,8 @@ def test_calibration_and_fidelity_report_end_to_end(tmp_path):
     assert 0 <= calibration["heldout_mape"] < 1.0
     assert set(table["metric"]) >= {"ttft p50", "ttft p99", "tpot p50", "tpot p99", "makespan"}
     assert (table["real"] > 0).all() and (table["sim"] > 0).all()
-    assert table["rel_error"].notna().all()
+    assert table["rel_error"].notna().all() and table["real_noise"].notna().all()
+    assert (table["real_again"] > 0).all()
     assert (tmp_path / "fidelity.md").read_text().startswith("# Sim vs real")
     assert (tmp_path / "fidelity_cdf.png").stat().st_size > 10_000
 
