@@ -34,11 +34,12 @@ def run_main(cfg: DictConfig) -> float:
 
 def _job(body):
     """Run a Hydra job body with user errors turned into one clear message."""
+    from policylab.results import ResultsWriteError
     from policylab.run import RunError
     from policylab.traces import TraceError
     try:
         return body(Path(HydraConfig.get().runtime.output_dir))
-    except (RunError, TraceError, ValueError, FileNotFoundError) as e:
+    except (RunError, TraceError, ResultsWriteError, ValueError, FileNotFoundError) as e:
         fail(str(e))
 
 
