@@ -79,6 +79,7 @@ class Engine:
         self.num_done = 0
         self.step_index = 0
         self.steps = {k: [] for k in STEP_FIELDS}
+        self._step_columns = [self.steps[k] for k in STEP_FIELDS]
         self._rng = np.random.default_rng(seed)
         self._stalled_steps = 0          # consecutive steps with no output token and no request done
         self._on_done = None
@@ -204,8 +205,9 @@ class Engine:
         needed, reclaimed = 0, set()
         for rid, n in plan.num_scheduled_tokens.items():
             r = reqs[rid]
-            if r.block_table:
-                need = -(-(r.num_computed_tokens + n) // bs) - len(r.block_table)
+            table = r.block_table
+            if table:
+                need = (r.num_computed_tokens + n + bs - 1) // bs - len(table)
             else:
                 hits = self.views[rid].cached_blocks()
                 need = -(-(r.num_computed_tokens + len(hits) * bs + n) // bs) - len(hits)
@@ -294,21 +296,23 @@ class Engine:
         finished, prefill_tokens, n_prefill = [], 0, 0
         target = self.target_len
         for r, n, sample in zip(self._batch_requests, batch.query_lens, batch.sample):
-            if n > 1 or not r.output_ids:
+            out = r.output_ids
+            if n > 1 or not out:
                 prefill_tokens += n
                 n_prefill += 1
-            done_blocks = r.num_computed_tokens // bs
-            r.num_computed_tokens += n
-            if r.num_computed_tokens // bs > done_blocks:
-                kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, done_blocks)
+            before = r.num_computed_tokens
+            r.num_computed_tokens = after = before + n
+            if after // bs > before // bs:           # a block filled: publish it in the prefix cache
+                kv.register(r.block_table, r.block_hashes, after, before // bs)
             if sample:
                 tok = next(sampled)
-                r.output_ids.append(tok)
+                out.append(tok)
                 r.token_times.append(now)
-                if (len(r.prompt_ids) + len(r.output_ids)) % bs == 0:
+                total = len(r.prompt_ids) + len(out)
+                if total % bs == 0:                  # the known tokens end on a full block: hash it
                     last = r.block_hashes[-1] if r.block_hashes else None
-                    r.block_hashes += chain_hashes(r.token_ids(r.num_tokens - bs, r.num_tokens), bs, last)
-                if len(r.output_ids) >= target[r.req_id] or tok == eos:
+                    r.block_hashes += chain_hashes(r.token_ids(total - bs, total), bs, last)
+                if len(out) >= target[r.req_id] or tok == eos:
                     finished.append(r)
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
@@ -324,9 +328,10 @@ class Engine:
             kv.check()
 
     def _record(self, start, duration, batch, prefill_tokens, n_prefill) -> None:
-        s, (preempted, rejected) = self.steps, self._pending_counts
-        for key, value in zip(STEP_FIELDS, (
-                start, duration, len(batch), prefill_tokens, batch.num_tokens - prefill_tokens,
-                n_prefill, len(batch) - n_prefill, self.kv.num_used, len(self.waiting),
+        preempted, rejected = self._pending_counts
+        size = len(batch.req_ids)
+        for column, value in zip(self._step_columns, (
+                start, duration, size, prefill_tokens, sum(batch.query_lens) - prefill_tokens,
+                n_prefill, size - n_prefill, self.kv.num_used, len(self.waiting),
                 len(self.running), preempted, rejected)):
-            s[key].append(value)
+            column.append(value)
