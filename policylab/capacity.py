@@ -80,16 +80,13 @@ def search(evaluate: Callable[[float], dict], cap: CapacityConfig) -> tuple[str,
 
 def replay_at(cfg, scale: float) -> dict:
     """Replay `cfg`'s trace at `rate_scale=scale`: rate and the metrics the curve needs."""
-    from policylab.config import FairnessConfig, SloConfig
-    from policylab.metrics import request_table, step_table, summarize
-    from policylab.run import build_engine, replay, typed
+    from policylab.results import summarize_run
+    from policylab.run import build_engine, replay
     cfg = copy.deepcopy(cfg)
     cfg.trace.rate_scale = float(scale)
     engine = build_engine(cfg)
     result = replay(engine, progress=False)
-    slo = typed(SloConfig, cfg.slo)
-    summary = summarize(request_table(result, slo), step_table(result), result, slo,
-                        typed(FairnessConfig, cfg.fairness))
+    summary = summarize_run(result, cfg)[2]
     arrivals = [t.arrival_time for t in engine.trace]
     span = max(arrivals) - min(arrivals)
     return {"rate_scale": float(scale), "rate": len(arrivals) / span if span > 0 else None,
@@ -173,18 +170,15 @@ def headline(result: CapacityResult) -> str:
 
 def capacity_job(cfg) -> float:
     """The Hydra job body (see `main`): search, print the capacity, return it in req/s."""
-    from hydra.core.hydra_config import HydraConfig
-    from policylab.cli import fail
-    from policylab.run import RunError, typed
-    from policylab.traces import TraceError
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
+    from policylab.cli import guarded_job
+    from policylab.run import typed
+
+    def search(out_dir: Path):
         cap = typed(CapacityConfig, cfg.capacity)
         print(f"capacity search: {cfg.policy.name} on {cfg.trace.name}, target {cap.target:.0%}, "
               f"rate_scale in [{cap.lo}, {cap.hi}], {cap.iters} bisection steps", file=sys.stderr)
-        result = find_capacity(cfg, cap, out_dir)
-    except (RunError, TraceError, ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        return cap, find_capacity(cfg, cap, out_dir), out_dir
+    cap, result, out_dir = guarded_job(search)
     print(f"capacity of {cfg.policy.name} on {cfg.trace.name}: {headline(result)}")
     if result.status == "below_range":
         print(f"  lower capacity.lo (now {cap.lo}) or raise capacity.widen to find it", file=sys.stderr)

@@ -26,13 +26,13 @@ def fail(message: str, code: int = 2):
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def run_main(cfg: DictConfig) -> float:
     from policylab.run import run
-    summary = _job(lambda run_dir: run(cfg, run_dir))
+    summary = guarded_job(lambda run_dir: run(cfg, run_dir))
     if summary.get("status") != "complete":
         raise SystemExit(1)
     return float(summary.get("goodput") or 0.0)   # objective for Hydra sweepers (Optuna)
 
 
-def _job(body):
+def guarded_job(body):
     """Run a Hydra job body with user errors turned into one clear message."""
     from policylab.results import ResultsWriteError
     from policylab.run import RunError
@@ -51,13 +51,13 @@ def calibrate_main(cfg: DictConfig) -> None:
     def body(run_dir: Path):
         plane = dataplane_of(cfg)
         return calibrate(plane, cfg.engine, run_dir, cfg.seed, build_engine(cfg, plane))
-    _job(body)
+    guarded_job(body)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def fidelity_main(cfg: DictConfig) -> None:
     from policylab.fidelity import fidelity
-    _job(lambda run_dir: fidelity(cfg, run_dir))
+    guarded_job(lambda run_dir: fidelity(cfg, run_dir))
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -72,7 +72,7 @@ def generate_main(cfg: DictConfig) -> None:
                              g.max_new_tokens, g.temperature, g.top_k, g.top_p, cfg.seed, g.chat,
                              typed(EngineConfig, cfg.engine))
         print(f"{g.prompt}\n--- {cfg.model.name} ---\n{text}")
-    _job(body)
+    guarded_job(body)
 
 
 def expand_shorthands(args: list, section: str, keys) -> list:

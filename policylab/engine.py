@@ -86,7 +86,7 @@ class Engine:
 
     # ---------------------------------------------------------------- loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
-        self._on_done = on_request_done or self._on_done
+        self._on_done = on_request_done
         result = RunResult(self.trace, self.requests, self.steps, self.kv.num_blocks,
                            self.kv.block_size, self.policy_name)
         try:
@@ -206,7 +206,7 @@ class Engine:
         for rid, n in plan.num_scheduled_tokens.items():
             r = reqs[rid]
             table = r.block_table
-            if table:
+            if table:                # the same arithmetic as blocks_needed, inlined: hot path
                 need = (r.num_computed_tokens + n + bs - 1) // bs - len(table)
             else:
                 hits = self.views[rid].cached_blocks()
@@ -268,7 +268,7 @@ class Engine:
         batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
                       [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                       [r.sampling for r in rs])
-        if getattr(self.dataplane, "needs_token_ids", True):
+        if self.dataplane.needs_token_ids:
             batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
         self._batch_requests = rs
         if preempted or plan.reject or starting:

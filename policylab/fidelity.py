@@ -13,21 +13,15 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from policylab.calibrate import Calibration, calibrate, load_calibration
-from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig, SloConfig
+from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.engine import Engine
-from policylab.metrics import request_table, step_table, summarize
+from policylab.results import summarize_run
 from policylab.run import build_engine, build_policy, dataplane_of, replay, typed
 from policylab.traces import load_trace
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p99")
-
-
-def summary_of(engine: Engine, result, cfg) -> tuple:
-    slo = typed(SloConfig, cfg.slo)
-    requests = request_table(result, slo)
-    return requests, summarize(requests, step_table(result), result, slo, cfg.fairness)
 
 
 def _values(summary: dict) -> list:
@@ -62,8 +56,8 @@ def fidelity(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     sim_engine = Engine(load_trace(cfg.trace, seed=cfg.seed), build_policy(cfg.policy), sim_plane,
                         engine_cfg, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
     sim = replay(sim_engine, cfg.progress)
-    (real_req, real_sum), (sim_req, sim_sum) = summary_of(real_engine, real, cfg), summary_of(sim_engine, sim, cfg)
-    table = error_table(real_sum, sim_sum, summary_of(again_engine, again, cfg)[1])
+    (real_req, _, real_sum), (sim_req, _, sim_sum) = summarize_run(real, cfg), summarize_run(sim, cfg)
+    table = error_table(real_sum, sim_sum, summarize_run(again, cfg)[2])
     table.to_csv(run_dir / "fidelity.csv", index=False)
     (run_dir / "fidelity.md").write_text(_markdown(table, cfg, calib))
     _plot_cdfs(real_req, sim_req, run_dir / "fidelity_cdf.png", real_engine.policy_name)

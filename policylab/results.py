@@ -30,6 +30,13 @@ class ResultsWriteError(Exception):
     """A result file could not be written (full disk, no permission, …); names the file."""
 
 
+def summarize_run(result: RunResult, cfg=None) -> tuple:
+    """(requests table, steps table, summary) of a replay, with cfg's `slo` and `fairness`."""
+    slo, fairness = _section(cfg, "slo", SloConfig), _section(cfg, "fairness", FairnessConfig)
+    requests, steps = request_table(result, slo), step_table(result)
+    return requests, steps, summarize(requests, steps, result, slo, fairness)
+
+
 def write_results(run_dir, result: RunResult, cfg=None) -> dict:
     """Write the three result files of `result` into `run_dir`; return the summary written.
 
@@ -42,9 +49,7 @@ def write_results(run_dir, result: RunResult, cfg=None) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ResultsWriteError(f"cannot create results directory {run_dir}: {e}") from e
-    slo, fairness = _section(cfg, "slo", SloConfig), _section(cfg, "fairness", FairnessConfig)
-    requests, steps = request_table(result, slo), step_table(result)
-    summary = summarize(requests, steps, result, slo, fairness)
+    requests, steps, summary = summarize_run(result, cfg)
     summary["config"] = plain_config(cfg)
     _atomic_write(run_dir / "requests.parquet", lambda f: pq.write_table(_requests_arrow(requests), f))
     _atomic_write(run_dir / "steps.parquet", lambda f: steps.to_parquet(f, index=False))

@@ -79,6 +79,7 @@ class TorchDataPlane:
         self.device, self.dtype = device, dtype
         self.checkpoint = checkpoint           # HF dir with the tokenizer (None for random weights)
         self.vocab_size, self.eos_token_id = cfg.vocab_size, cfg.eos_token_id
+        self.needs_token_ids = True
         self.backend = make_backend(dp.attention, device)
         self.kv_caches: list = []
         self.block_size = 0
