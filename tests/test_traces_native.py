@@ -129,3 +129,14 @@ def test_relative_path_tries_cwd_then_project_root(tmp_path, monkeypatch):
 def test_empty_trace_is_an_error(tmp_path):
     with pytest.raises(TraceError, match="empty file"):
         load_trace(TraceConfig(path=str(_write_lines(tmp_path / "e.jsonl", [""]))))
+
+
+def test_raw_request_mirrors_trace_request_field_for_field():
+    """RawRequest is a cheap NamedTuple copy of TraceRequest (built as TraceRequest(*raw)): keep them in step."""
+    from dataclasses import fields
+
+    from policylab.request import TraceRequest
+    from policylab.traces.raw import RawRequest
+    trace_fields = [f.name for f in fields(TraceRequest)]
+    assert list(RawRequest._fields) == trace_fields[:len(RawRequest._fields)]
+    assert set(trace_fields[len(RawRequest._fields):]) == {"prompt_ids"}   # set only by `generate`
