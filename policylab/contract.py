@@ -123,17 +123,14 @@ class StepPlan:
         return sum(self.num_scheduled_tokens.values())
 
 
-def validate_plan(view: SchedulerView, plan: StepPlan, policy: str, live: dict) -> None:
-    """Check every rule of DESIGN §3; raise ContractViolation on the first broken one.
-
-    `live` maps req_id -> RequestView for waiting and running requests.
-    """
+def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> None:
+    """Check every rule of DESIGN §3; raise ContractViolation on the first broken one."""
     def fail(rule: str, detail: str):
         raise ContractViolation(policy, rule, detail)
 
     if not isinstance(plan, StepPlan):
         fail("plan_type", f"schedule() must return a StepPlan, got {type(plan).__name__}")
-    sched = plan.num_scheduled_tokens
+    live, sched = view.by_id, plan.num_scheduled_tokens
     preempt_set = set(plan.preempt)
     if len(preempt_set) != len(plan.preempt):
         fail("unique", f"a request appears twice in the preempt list {plan.preempt}")
@@ -153,20 +150,23 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str, live: dict) 
             fail("reject_reason", f"request {rid} rejected without a reason")
     if len(sched) > view.max_num_seqs:
         fail("seq_cap", f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
-    total = 0
+    if not sched.keys() <= live.keys():                  # whole-plan checks first, in C
+        rid = next(rid for rid in sched if rid not in live)
+        fail("unknown_request", f"request {rid} is neither waiting nor running")
+    if not set(map(type, sched.values())) <= {int}:
+        rid, n = next((rid, n) for rid, n in sched.items() if type(n) is not int)
+        fail("chunk_type", f"request {rid}: token count must be int, got {n!r}")
     for rid, n in sched.items():
-        v = live.get(rid)
-        if v is None:
-            fail("unknown_request", f"request {rid} is neither waiting nor running")
-        if type(n) is not int:
-            fail("chunk_type", f"request {rid}: token count must be int, got {n!r}")
+        v = live[rid]
         r = v._r
-        if r.output_ids and len(r.prompt_ids) + len(r.output_ids) - r.num_computed_tokens == 1:
+        out = r.output_ids
+        left = len(r.prompt_ids) + len(out) - r.num_computed_tokens   # known tokens not yet in the cache
+        if left == 1 and out:
             if n != 1:
                 fail("decode_one", f"request {rid} is decoding and must get exactly 1 token, got {n}")
-        elif not 1 <= n <= v.remaining_tokens:
+        elif not 1 <= n <= (left if r.block_table else v.remaining_tokens):
             fail("chunk_bounds", f"request {rid} in prefill got {n} tokens, allowed 1..{v.remaining_tokens}")
-        total += n
+    total = sum(sched.values())
     if total > view.max_num_batched_tokens:
         fail("token_budget", f"{total} tokens scheduled > max_num_batched_tokens={view.max_num_batched_tokens}")
     blocks, free = view.plan_kv(plan)

@@ -73,8 +73,9 @@ class Engine:
         self.target_len: dict = {}       # req_id -> output tokens to generate (hidden from policies)
         self.views: dict = {}            # req_id -> RequestView, live requests only
         self._views_ro = MappingProxyType(self.views)
-        self.waiting: list = []
-        self.running: list = []
+        self._waiting: list = []
+        self._running: list = []
+        self._queue_views = None         # (waiting, running) view tuples, rebuilt when a queue changes
         self.next_arrival = 0
         self.num_done = 0
         self.step_index = 0
@@ -83,6 +84,17 @@ class Engine:
         self._rng = np.random.default_rng(seed)
         self._stalled_steps = 0          # consecutive steps with no output token and no request done
         self._on_done = None
+
+    waiting = property(lambda self: self._waiting)
+    running = property(lambda self: self._running)
+
+    @waiting.setter
+    def waiting(self, value: list) -> None:
+        self._waiting, self._queue_views = value, None
+
+    @running.setter
+    def running(self, value: list) -> None:
+        self._running, self._queue_views = value, None
 
     # ---------------------------------------------------------------- loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
@@ -131,9 +143,11 @@ class Engine:
         reason = self._never_fits(t)
         if reason:
             return self._reject(r, reason)
-        r.block_hashes = chain_hashes(ids, self.kv.block_size)
+        if self.kv.prefix_caching:
+            r.block_hashes = chain_hashes(ids, self.kv.block_size)
         self.views[i] = RequestView(r, self.kv)
-        self.waiting.append(r)
+        self._waiting.append(r)
+        self._queue_views = None
 
     def _predict(self, true_len: int) -> Optional[int]:
         if self.cfg.predictor == "none":
@@ -168,10 +182,12 @@ class Engine:
     # ---------------------------------------------------------- schedule
     def _view(self) -> SchedulerView:
         kv, views = self.kv, self.views
+        if self._queue_views is None:
+            self._queue_views = (tuple([views[r.req_id] for r in self._waiting]),
+                                 tuple([views[r.req_id] for r in self._running]))
         return SchedulerView(
             clock=self.clock.now, step=self.step_index,
-            waiting=[views[r.req_id] for r in self.waiting],
-            running=[views[r.req_id] for r in self.running],
+            waiting=self._queue_views[0], running=self._queue_views[1],
             max_num_batched_tokens=self.cfg.max_num_batched_tokens, max_num_seqs=self.cfg.max_num_seqs,
             block_size=kv.block_size, num_free_blocks=kv.num_free, num_total_blocks=kv.num_blocks,
             blocks_needed=self.blocks_needed,
@@ -223,7 +239,7 @@ class Engine:
         self.kv.epoch += 1
         view = self._view()
         plan = self.policy.schedule(view)
-        validate_plan(view, plan, self.policy_name, self.views)
+        validate_plan(view, plan, self.policy_name)
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             if self.running or self.next_arrival >= len(self.trace):
                 raise ContractViolation(self.policy_name, "work_conservation",
@@ -244,7 +260,7 @@ class Engine:
             self._reject(reqs[rid], f"rejected by policy: {reason}")
         preempted = [reqs[rid] for rid in plan.preempt]
         for r in preempted:
-            kv.release(r.block_table)
+            self._release(r)
             r.num_computed_tokens, r.status = 0, Status.WAITING
             r.num_preemptions += 1
         sched = plan.num_scheduled_tokens
@@ -278,6 +294,20 @@ class Engine:
         self._check_progress(bool(plan.reject))
         return batch if rs else None
 
+    def _release(self, r: Request) -> None:
+        """Publish the request's computed full blocks in the prefix cache, then free its table.
+
+        Prompt blocks are published as they fill; blocks holding output tokens are hashed here,
+        once, instead of on every decode step (no other request can hit them while it runs).
+        """
+        kv, bs = self.kv, self.kv.block_size
+        have, full = len(r.block_hashes), r.num_tokens // bs
+        if kv.prefix_caching and full > have:
+            r.block_hashes += chain_hashes(r.token_ids(have * bs, full * bs), bs,
+                                           r.block_hashes[-1] if have else None)
+            kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, have)
+        kv.release(r.block_table)
+
     def _check_progress(self, progressed: bool) -> None:
         """Liveness: a preempt/requeue livelock ends the run instead of spinning forever."""
         self._stalled_steps = 0 if progressed else self._stalled_steps + 1
@@ -302,21 +332,17 @@ class Engine:
                 n_prefill += 1
             before = r.num_computed_tokens
             r.num_computed_tokens = after = before + n
-            if after // bs > before // bs:           # a block filled: publish it in the prefix cache
-                kv.register(r.block_table, r.block_hashes, after, before // bs)
+            if after // bs > before // bs and before < len(r.block_hashes) * bs:
+                kv.register(r.block_table, r.block_hashes, after, before // bs)   # prompt blocks filled
             if sample:
                 tok = next(sampled)
                 out.append(tok)
                 r.token_times.append(now)
-                total = len(r.prompt_ids) + len(out)
-                if total % bs == 0:                  # the known tokens end on a full block: hash it
-                    last = r.block_hashes[-1] if r.block_hashes else None
-                    r.block_hashes += chain_hashes(r.token_ids(total - bs, total), bs, last)
                 if len(out) >= target[r.req_id] or tok == eos:
                     finished.append(r)
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
-            kv.release(r.block_table)
+            self._release(r)
             self._done(r)
         if finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]

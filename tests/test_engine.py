@@ -42,3 +42,25 @@ def test_the_virtual_clock_jumps_over_idle_gaps_to_the_next_arrival():
     result = run_checked(PrefillFirst, Scenario(trace, CFG))
     late = result.requests[1]
     assert late.first_scheduled_time == 100.0 and result.requests[0].finish_time < 1.0
+
+
+def test_output_blocks_are_published_when_a_request_finishes_and_a_follow_up_hits_them():
+    """Output-token blocks are hashed once, at release; a later prompt extending the first
+    conversation (prompt + answer) reuses every computed full block of it."""
+    import numpy as np
+    from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
+    from policylab.dataplane.sim import SimDataPlane
+    from policylab.engine import Engine
+    cfg = EngineConfig(block_size=4, num_blocks=32, max_num_batched_tokens=64, max_num_seqs=4)
+    plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    first = Engine([T(0.0, 8, 8, prompt_ids=tuple(range(100, 108)))], PrefillFirst(), plane, cfg)
+    first.run()
+    r = first.requests[0]
+    assert len(r.block_hashes) == 4                  # 16 known tokens = 4 full blocks, all hashed
+    assert len(first.kv.cached) == 3                 # 15 computed tokens: 3 full blocks published
+    follow = tuple(np.concatenate([r.prompt_ids, r.output_ids]).tolist()) + (7, 7)
+    second = Engine([T(0.0, 8, 8, prompt_ids=tuple(range(100, 108))), T(50.0, 18, 2, prompt_ids=follow)],
+                    PrefillFirst(), plane, cfg)
+    result = second.run()
+    assert result.status == "complete"
+    assert result.requests[1].num_cached_tokens_total == 12    # the 3 published blocks
