@@ -118,9 +118,12 @@ class Chunked(Policy):
     def schedule(self, view: SchedulerView) -> StepPlan:
         budget = self.token_budget(view)
         running = list(self.running_order(view))
-        decodes, prefills = [], []
-        for v in running:
-            (decodes if v.is_decode else prefills).append(v)
+        if len(view.decoding) == len(running):   # the steady state: every running request decodes
+            decodes, prefills = running, []
+        else:
+            decodes, prefills, decoding = [], [], view.decoding
+            for v in running:
+                (decodes if v.req_id in decoding else prefills).append(v)
         s = _Step(view, budget, running, len(prefills))
         sharing = min(self.max_partial_prefills, s.partials + len(view.waiting))
         s.slot = max(1, budget // max(1, sharing))      # each prefill's share of the budget
@@ -134,6 +137,14 @@ class Chunked(Policy):
 
     def _decodes(self, s: _Step, decodes: list) -> None:
         taken, tokens, needed = s.taken, s.plan.num_scheduled_tokens, s.view.blocks_needed
+        ids = [v.req_id for v in decodes]
+        new_blocks = s.view.needs_block & set(ids)
+        if not taken and len(new_blocks) <= s.free:     # all fit: one token each, no victim needed
+            tokens.update(dict.fromkeys(ids, 1))
+            taken.update(ids)
+            s.budget -= len(ids)
+            s.free -= len(new_blocks)
+            return
         for v in decodes:                 # the hot loop: one token each, inline bookkeeping
             rid = v.req_id
             if rid in taken:

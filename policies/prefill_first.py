@@ -52,6 +52,10 @@ class PrefillFirst(Policy):
 
     def _decodes(self, view: SchedulerView) -> StepPlan:
         plan, free = StepPlan(), view.num_free_blocks
+        if len(view.decoding) == len(view.running) <= view.max_num_batched_tokens \
+                and len(view.needs_block) <= free:       # the steady state: every request decodes
+            plan.num_scheduled_tokens = dict.fromkeys(view.running_ids, 1)
+            return plan
         running, head, tail = view.running, 0, len(view.running)
         budget = view.max_num_batched_tokens
         while head < tail and budget > 0:

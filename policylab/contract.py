@@ -7,7 +7,7 @@ raises `ContractViolation` naming the policy and the rule. Nothing is silently f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, AbstractSet, Callable, Mapping
 
 if TYPE_CHECKING:
     from policylab.kv import BlockManager
@@ -92,8 +92,8 @@ class SchedulerView:
 
     clock: float
     step: int
-    waiting: list            # RequestView, queue order (preempted requests first, then arrival)
-    running: list            # RequestView, order in which they started running
+    waiting: tuple           # RequestView, queue order (preempted requests first, then arrival)
+    running: tuple           # RequestView, order in which they started running
     max_num_batched_tokens: int
     max_num_seqs: int
     block_size: int
@@ -103,6 +103,12 @@ class SchedulerView:
     blocks_freed_by_preempting: Callable[[RequestView], int]
     plan_kv: Callable[["StepPlan"], tuple]   # exact (blocks needed, blocks available) of a whole plan
     by_id: Mapping[int, RequestView]   # every waiting and running request, read-only
+    # Whole-batch facts for policies that serve hundreds of decodes per step: set operations
+    # on these (read-only, live) replace a loop over views.
+    running_ids: tuple                 # req_ids of `running`, same order
+    decoding: AbstractSet[int]         # running req_ids whose next step is one decode token
+    needs_block: AbstractSet[int]      # decoding req_ids whose last KV block is full: one more
+                                       # token takes a new block (the others take none)
 
 
 @dataclass
@@ -123,8 +129,11 @@ class StepPlan:
         return sum(self.num_scheduled_tokens.values())
 
 
-def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> None:
-    """Check every rule of DESIGN §3; raise ContractViolation on the first broken one."""
+def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
+    """Check every rule of DESIGN §3; raise ContractViolation on the first broken one.
+
+    Returns True when the plan schedules running decodes only (the engine's fast path).
+    """
     def fail(rule: str, detail: str):
         raise ContractViolation(policy, rule, detail)
 
@@ -156,19 +165,33 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> None:
     if not set(map(type, sched.values())) <= {int}:
         rid, n = next((rid, n) for rid, n in sched.items() if type(n) is not int)
         fail("chunk_type", f"request {rid}: token count must be int, got {n!r}")
-    for rid, n in sched.items():
-        v = live[rid]
-        r = v._r
-        out = r.output_ids
-        left = len(r.prompt_ids) + len(out) - r.num_computed_tokens   # known tokens not yet in the cache
-        if left == 1 and out:
-            if n != 1:
-                fail("decode_one", f"request {rid} is decoding and must get exactly 1 token, got {n}")
-        elif not 1 <= n <= (left if r.block_table else v.remaining_tokens):
-            fail("chunk_bounds", f"request {rid} in prefill got {n} tokens, allowed 1..{v.remaining_tokens}")
-    total = sum(sched.values())
+    decode_only = is_decode_only(view.decoding, plan)
+    if decode_only:                                      # the steady state: set algebra, no loop
+        if set(sched.values()) != {1}:
+            rid, n = next((rid, n) for rid, n in sched.items() if n != 1)
+            fail("decode_one", f"request {rid} is decoding and must get exactly 1 token, got {n}")
+        blocks, free = len(view.needs_block & sched.keys()), view.num_free_blocks
+    else:
+        for rid, n in sched.items():
+            v = live[rid]
+            r = v._r
+            out = r.output_ids
+            left = len(r.prompt_ids) + len(out) - r.num_computed_tokens   # known tokens not in the cache yet
+            if left == 1 and out:
+                if n != 1:
+                    fail("decode_one", f"request {rid} is decoding and must get exactly 1 token, got {n}")
+            elif not 1 <= n <= (left if r.block_table else v.remaining_tokens):
+                fail("chunk_bounds", f"request {rid} in prefill got {n} tokens, allowed 1..{v.remaining_tokens}")
+        blocks, free = view.plan_kv(plan)
+    total = len(sched) if decode_only else sum(sched.values())
     if total > view.max_num_batched_tokens:
         fail("token_budget", f"{total} tokens scheduled > max_num_batched_tokens={view.max_num_batched_tokens}")
-    blocks, free = view.plan_kv(plan)
     if blocks > free:
         fail("kv_capacity", f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
+    return decode_only
+
+
+def is_decode_only(decoding: AbstractSet[int], plan: StepPlan) -> bool:
+    """True when the plan only schedules running decodes (no preemption, no rejection)."""
+    return not plan.preempt and not plan.reject and bool(plan.num_scheduled_tokens) \
+        and plan.num_scheduled_tokens.keys() <= decoding

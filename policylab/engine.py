@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from operator import attrgetter
 from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
+from policylab import contract
 from policylab.clock import make_clock
 from policylab.config import EngineConfig
 from policylab.contract import ContractViolation, RequestView, SchedulerView, StepPlan, validate_plan
@@ -22,6 +24,8 @@ from policylab.kv import BlockManager, chain_hashes
 from policylab.policy import Policy
 from policylab.prompts import synthesize_prompt
 from policylab.request import Request, SamplingParams, Status, TraceRequest
+
+_COMPUTED, _TABLE, _SAMPLING = (attrgetter(a) for a in ("num_computed_tokens", "block_table", "sampling"))
 
 STEP_FIELDS = ("clock", "duration", "batch_size", "prefill_tokens", "decode_tokens",
                "num_prefill_reqs", "num_decode_reqs", "kv_used_blocks", "waiting", "running",
@@ -75,15 +79,19 @@ class Engine:
         self._views_ro = MappingProxyType(self.views)
         self._waiting: list = []
         self._running: list = []
-        self._queue_views = None         # (waiting, running) view tuples, rebuilt when a queue changes
+        self._queue_views = None         # (waiting, running, running ids), rebuilt when a queue changes
+        self._decoding: dict = {}        # req_id -> None: running requests in decode (ordered set)
+        self._needs_block: dict = {}     # req_id -> None: decoding ones whose last block is full
+        self._decoding_ro = MappingProxyType(self._decoding).keys()
+        self._needs_block_ro = MappingProxyType(self._needs_block).keys()
         self.next_arrival = 0
         self.num_done = 0
         self.step_index = 0
-        self.steps = {k: [] for k in STEP_FIELDS}
-        self._step_columns = [self.steps[k] for k in STEP_FIELDS]
+        self._step_rows: list = []      # one tuple per executed step, in STEP_FIELDS order
         self._rng = np.random.default_rng(seed)
         self._stalled_steps = 0          # consecutive steps with no output token and no request done
         self._on_done = None
+        self._decode_step = False        # the step being executed schedules running decodes only
 
     waiting = property(lambda self: self._waiting)
     running = property(lambda self: self._running)
@@ -99,7 +107,7 @@ class Engine:
     # ---------------------------------------------------------------- loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
         self._on_done = on_request_done
-        result = RunResult(self.trace, self.requests, self.steps, self.kv.num_blocks,
+        result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks,
                            self.kv.block_size, self.policy_name)
         try:
             while self.num_done < len(self.trace):
@@ -111,7 +119,14 @@ class Engine:
             result.status, result.error = "partial", f"ContractViolation: {e}"
         except Exception as e:  # a policy or data plane that raises ends the run, results kept
             result.status, result.error = "partial", f"{type(e).__name__}: {e}"
+        result.steps = self.steps
         return result
+
+    @property
+    def steps(self) -> dict:
+        """Per-step records as columns (STEP_FIELDS -> list), built from the row log."""
+        columns = zip(*self._step_rows) if self._step_rows else ([] for _ in STEP_FIELDS)
+        return {k: list(v) for k, v in zip(STEP_FIELDS, columns)}
 
     def step(self) -> None:
         self.clock.start_step()
@@ -184,16 +199,17 @@ class Engine:
         kv, views = self.kv, self.views
         if self._queue_views is None:
             self._queue_views = (tuple([views[r.req_id] for r in self._waiting]),
-                                 tuple([views[r.req_id] for r in self._running]))
+                                 tuple([views[r.req_id] for r in self._running]),
+                                 tuple([r.req_id for r in self._running]))
+        waiting, running, running_ids = self._queue_views
         return SchedulerView(
-            clock=self.clock.now, step=self.step_index,
-            waiting=self._queue_views[0], running=self._queue_views[1],
+            clock=self.clock.now, step=self.step_index, waiting=waiting, running=running,
             max_num_batched_tokens=self.cfg.max_num_batched_tokens, max_num_seqs=self.cfg.max_num_seqs,
             block_size=kv.block_size, num_free_blocks=kv.num_free, num_total_blocks=kv.num_blocks,
             blocks_needed=self.blocks_needed,
             blocks_freed_by_preempting=lambda v: kv.freed_by_release(v._r.block_table),
-            plan_kv=self.plan_kv,
-            by_id=self._views_ro)
+            plan_kv=self.plan_kv, by_id=self._views_ro, running_ids=running_ids,
+            decoding=self._decoding_ro, needs_block=self._needs_block_ro)
 
     def blocks_needed(self, v: RequestView, n: int) -> int:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
@@ -213,6 +229,10 @@ class Engine:
         (counted once even when several requests hit it).
         """
         kv, bs, reqs = self.kv, self.kv.block_size, self.requests
+        sched = plan.num_scheduled_tokens
+        if contract.is_decode_only(self._decoding_ro, plan) and set(sched.values()) == {1}:
+            # decodes only: a new block exactly where the last one is full
+            return len(self._needs_block.keys() & sched.keys()), kv.num_free
         released = Counter()
         for rid in plan.preempt:
             released.update(reqs[rid].block_table)
@@ -239,7 +259,9 @@ class Engine:
         self.kv.epoch += 1
         view = self._view()
         plan = self.policy.schedule(view)
-        validate_plan(view, plan, self.policy_name)
+        self._decode_step = validate_plan(view, plan, self.policy_name)
+        if self._decode_step:
+            return self._commit_decodes(plan)
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             if self.running or self.next_arrival >= len(self.trace):
                 raise ContractViolation(self.policy_name, "work_conservation",
@@ -261,6 +283,8 @@ class Engine:
         preempted = [reqs[rid] for rid in plan.preempt]
         for r in preempted:
             self._release(r)
+            self._decoding.pop(r.req_id, None)
+            self._needs_block.pop(r.req_id, None)
             r.num_computed_tokens, r.status = 0, Status.WAITING
             r.num_preemptions += 1
         sched = plan.num_scheduled_tokens
@@ -294,6 +318,22 @@ class Engine:
         self._check_progress(bool(plan.reject))
         return batch if rs else None
 
+    def _commit_decodes(self, plan: StepPlan) -> Batch:
+        """Commit a plan of running decodes only, the steady state: one pass, no per-request checks."""
+        ids = list(plan.num_scheduled_tokens)
+        rs = list(map(self.requests.__getitem__, ids))
+        for rid in self._needs_block.keys() & plan.num_scheduled_tokens.keys():
+            self.kv.grow_one(self.requests[rid].block_table)
+        n = len(ids)
+        batch = Batch(ids, [1] * n, list(map(_COMPUTED, rs)), list(map(_TABLE, rs)), [], [True] * n,
+                      list(map(_SAMPLING, rs)))
+        if self.dataplane.needs_token_ids:
+            batch.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in rs]
+        self._batch_requests = rs
+        self._pending_counts = (0, 0)
+        self._check_progress(False)
+        return batch
+
     def _release(self, r: Request) -> None:
         """Publish the request's computed full blocks in the prefix cache, then free its table.
 
@@ -321,27 +361,52 @@ class Engine:
         start = self.clock.now
         self.clock.advance(result.duration)
         now, kv, bs = self.clock.now, self.kv, self.kv.block_size
-        sampled = iter(result.sampled)
         eos = self.dataplane.eos_token_id if self.cfg.stop_at_eos else None
         finished, prefill_tokens, n_prefill = [], 0, 0
-        target = self.target_len
-        for r, n, sample in zip(self._batch_requests, batch.query_lens, batch.sample):
-            out = r.output_ids
-            if n > 1 or not out:
-                prefill_tokens += n
-                n_prefill += 1
-            before = r.num_computed_tokens
-            r.num_computed_tokens = after = before + n
-            if after // bs > before // bs and before < len(r.block_hashes) * bs:
-                kv.register(r.block_table, r.block_hashes, after, before // bs)   # prompt blocks filled
-            if sample:
-                tok = next(sampled)
+        target, decoding, needs_block = self.target_len, self._decoding, self._needs_block
+        if self._decode_step:                        # decodes only: the lean loop
+            for r, tok in zip(self._batch_requests, result.sampled):
+                out = r.output_ids
                 out.append(tok)
                 r.token_times.append(now)
+                c = r.num_computed_tokens = r.num_computed_tokens + 1
                 if len(out) >= target[r.req_id] or tok == eos:
                     finished.append(r)
+                elif c % bs == 0:
+                    needs_block[r.req_id] = None
+                elif c % bs == 1:                    # took a new block this step
+                    needs_block.pop(r.req_id, None)
+        else:
+            sampled = iter(result.sampled)
+            for r, n, sample in zip(self._batch_requests, batch.query_lens, batch.sample):
+                out, rid = r.output_ids, r.req_id
+                if n > 1 or not out:
+                    prefill_tokens += n
+                    n_prefill += 1
+                before = r.num_computed_tokens
+                r.num_computed_tokens = after = before + n
+                if after // bs > before // bs and before < len(r.block_hashes) * bs:
+                    kv.register(r.block_table, r.block_hashes, after, before // bs)   # prompt blocks filled
+                if sample:
+                    tok = next(sampled)
+                    out.append(tok)
+                    r.token_times.append(now)
+                    if len(out) >= target[rid] or tok == eos:
+                        finished.append(r)
+                        continue
+                if out and len(r.prompt_ids) + len(out) - after == 1:   # decoding from now on
+                    decoding[rid] = None                # (also a recompute one token short of the end)
+                    if after % bs == 0:
+                        needs_block[rid] = None
+                    else:
+                        needs_block.pop(rid, None)
+                else:
+                    decoding.pop(rid, None)
+                    needs_block.pop(rid, None)
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
+            decoding.pop(r.req_id, None)
+            needs_block.pop(r.req_id, None)
             self._release(r)
             self._done(r)
         if finished:
@@ -356,8 +421,7 @@ class Engine:
     def _record(self, start, duration, batch, prefill_tokens, n_prefill) -> None:
         preempted, rejected = self._pending_counts
         size = len(batch.req_ids)
-        for column, value in zip(self._step_columns, (
-                start, duration, size, prefill_tokens, sum(batch.query_lens) - prefill_tokens,
-                n_prefill, size - n_prefill, self.kv.num_used, len(self.waiting),
-                len(self.running), preempted, rejected)):
-            column.append(value)
+        tokens = size if self._decode_step else sum(batch.query_lens)
+        self._step_rows.append((start, duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,
+                                size - n_prefill, self.kv.num_used, len(self._waiting), len(self._running),
+                                preempted, rejected))

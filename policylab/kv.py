@@ -78,6 +78,17 @@ class BlockManager:
             raise MemoryError(f"KV cache exhausted: need {need} blocks, {self.num_free} free")
         self._take(table, need)
 
+    def grow_one(self, table: list) -> None:
+        """One more block for a table whose last block is full (a decode crossing a block boundary)."""
+        if self.free_plain:
+            b = self.free_plain.popleft()
+            self.ref[b] = 1
+            table.append(b)
+        elif self.free_cached:
+            self._take(table, 1)
+        else:
+            raise MemoryError("KV cache exhausted: need 1 block, 0 free")
+
     def _take(self, table: list, need: int) -> None:
         for _ in range(need):
             if self.free_plain:

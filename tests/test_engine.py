@@ -1,9 +1,12 @@
 """Engine invariants (DESIGN §2, §3, §8) over random traces and budgets, with prefill_first."""
 import dataclasses
+from unittest import mock
 
 from hypothesis import given
 
+from policies.chunked import Chunked
 from policies.prefill_first import PrefillFirst
+from policylab import contract
 from policylab.config import EngineConfig
 from policylab.request import TraceRequest as T
 from policylab.testing import Scenario, check_policy, fingerprint, run_checked
@@ -15,6 +18,17 @@ CFG = EngineConfig(block_size=16, num_blocks=20, max_num_batched_tokens=256, max
 @given(scenario=scenarios())
 def test_engine_invariants_hold_over_random_traces_and_budgets(scenario):
     check_policy(PrefillFirst, scenario, properties=False)   # the policy's own promises: test_invariants
+
+
+@given(scenario=scenarios())
+def test_the_decode_only_fast_path_gives_the_same_replay_as_the_general_path(scenario):
+    """Validation, commit and postprocess of decode-only steps have a lean path of their own;
+    with it switched off every step takes the general path, and nothing may differ."""
+    for policy in (PrefillFirst, Chunked):
+        fast = run_checked(policy, scenario, properties=False)
+        with mock.patch.object(contract, "is_decode_only", lambda decoding, plan: False):
+            general = run_checked(policy, scenario, properties=False)
+        assert fingerprint(fast) == fingerprint(general)
 
 
 def test_a_request_larger_than_the_kv_cache_is_rejected_with_its_reason_and_the_rest_finish():

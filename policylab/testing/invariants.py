@@ -68,6 +68,13 @@ class StepChecker:
         self.snaps = {v.req_id: Snap(v.num_tokens, v.num_computed_tokens, v.num_output_tokens,
                                      v.num_cached_tokens, v.is_decode)
                       for lst in (view.running, view.waiting) for v in lst}
+        decoding = {v.req_id for v in view.running if v.is_decode}
+        full = {rid for rid in decoding if view.by_id[rid].num_computed_tokens % view.block_size == 0}
+        if set(view.decoding) != decoding or set(view.needs_block) != full \
+                or view.running_ids != tuple(v.req_id for v in view.running):
+            self.fail("view", f"step {view.step}: whole-batch view fields disagree with the requests "
+                      f"(decoding {sorted(view.decoding)} vs {sorted(decoding)}, needs_block "
+                      f"{sorted(view.needs_block)} vs {sorted(full)})")
         self._each_property("before_schedule", view)
 
     def after_schedule(self, view, plan) -> None:
