@@ -139,3 +139,15 @@ class RunConfig:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
+
+
+def check_engine_config(cfg: EngineConfig) -> None:
+    """Budgets that cannot work together fail before the run, naming the field."""
+    for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "max_stall_steps"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"engine.{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.max_num_seqs > cfg.max_num_batched_tokens:
+        raise ValueError(f"engine.max_num_seqs={cfg.max_num_seqs} exceeds engine.max_num_batched_tokens="
+                         f"{cfg.max_num_batched_tokens}: every running decode needs a token of the budget")
+    if cfg.num_blocks is not None and cfg.num_blocks < 1:
+        raise ValueError(f"engine.num_blocks must be >= 1 or null, got {cfg.num_blocks}")

@@ -10,55 +10,22 @@ import math
 from collections import Counter
 from operator import attrgetter
 from types import MappingProxyType
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 from policylab import contract
 from policylab.clock import make_clock
-from policylab.config import EngineConfig
+from policylab.config import EngineConfig, check_engine_config
 from policylab.contract import ContractViolation, RequestView, SchedulerView, StepPlan, validate_plan
 from policylab.dataplane.base import Batch, DataPlane, StepResult
 from policylab.kv import BlockManager, chain_hashes
 from policylab.policy import Policy
 from policylab.prompts import synthesize_prompt
 from policylab.request import Request, SamplingParams, Status, TraceRequest
+from policylab.run_result import STEP_FIELDS, RunResult
 
 _COMPUTED, _TABLE, _SAMPLING = (attrgetter(a) for a in ("num_computed_tokens", "block_table", "sampling"))
-
-STEP_FIELDS = ("clock", "duration", "batch_size", "prefill_tokens", "decode_tokens",
-               "num_prefill_reqs", "num_decode_reqs", "kv_used_blocks", "waiting", "running",
-               "preempted", "rejected")
-
-
-@dataclass
-class RunResult:
-    trace: list                      # TraceRequest, arrival order
-    requests: list                   # Request per trace entry (None if it never arrived)
-    steps: dict                      # column -> list, one row per executed step
-    num_blocks: int
-    block_size: int
-    policy: str
-    status: str = "complete"         # complete | partial
-    error: str = ""
-
-    @property
-    def partial(self) -> bool:
-        return self.status != "complete"
-
-
-def check_engine_config(cfg: EngineConfig) -> None:
-    """Budgets that cannot work together fail before the run, naming the field."""
-    for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "max_stall_steps"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"engine.{name} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.max_num_seqs > cfg.max_num_batched_tokens:
-        raise ValueError(f"engine.max_num_seqs={cfg.max_num_seqs} exceeds engine.max_num_batched_tokens="
-                         f"{cfg.max_num_batched_tokens}: every running decode needs a token of the budget")
-    if cfg.num_blocks is not None and cfg.num_blocks < 1:
-        raise ValueError(f"engine.num_blocks must be >= 1 or null, got {cfg.num_blocks}")
-
 
 class Engine:
     def __init__(self, trace: list, policy: Policy, dataplane: DataPlane, cfg: EngineConfig,

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from policylab.config import FairnessConfig, SloConfig
-from policylab.engine import STEP_FIELDS, RunResult
+from policylab.run_result import STEP_FIELDS, RunResult
 from policylab.fairness import client_fairness
 from policylab.request import Status
 

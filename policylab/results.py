@@ -21,7 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from policylab.config import FairnessConfig, SloConfig
-from policylab.engine import RunResult
+from policylab.run_result import RunResult
 from policylab.metrics import (MAX_LISTED_REJECTIONS, flat_token_times, json_safe, request_table,
                                step_table, summarize)
 

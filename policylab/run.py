@@ -9,7 +9,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
 from policylab.dataplane import build_dataplane
-from policylab.engine import Engine, RunResult
+from policylab.engine import Engine
+from policylab.run_result import RunResult
 from policylab.policy import Policy
 from policylab.traces import load_trace
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from policylab.config import FairnessConfig, SloConfig
-from policylab.engine import STEP_FIELDS, RunResult
+from policylab.run_result import STEP_FIELDS, RunResult
 from policylab.fairness import Events, jain_index, service_difference
 from policylab.metrics import flatten, request_table, step_table, summarize
 from policylab.request import Request, Status, TraceRequest

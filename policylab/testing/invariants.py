@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from policylab.config import EngineConfig
 from policylab.contract import StepPlan
-from policylab.engine import Engine, RunResult
+from policylab.engine import Engine
+from policylab.run_result import RunResult
 from policylab.request import Status
 from policylab.testing.properties import InvariantViolation, build_properties
 

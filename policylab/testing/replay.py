@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.sim import SimDataPlane
-from policylab.engine import Engine, RunResult
+from policylab.engine import Engine
+from policylab.run_result import RunResult
 from policylab.testing.loader import PROJECT_ROOT, policy_factory
 
 
