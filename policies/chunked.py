@@ -118,7 +118,7 @@ class Chunked(Policy):
     def schedule(self, view: SchedulerView) -> StepPlan:
         budget = self.token_budget(view)
         running = list(self.running_order(view))
-        if len(view.decoding) == len(running):   # the steady state: every running request decodes
+        if len(view.decoding) == len(view.running) == len(running):   # steady state: all decode
             decodes, prefills = running, []
         else:
             decodes, prefills, decoding = [], [], view.decoding
