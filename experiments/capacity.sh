@@ -6,16 +6,10 @@
 #   experiments/capacity.sh poisson slo.ttft=0.5 slo.tpot=0.05 target=0.9
 # Output: multirun/capacity_<TRACE>_<time>/<n>_<policy>_<TRACE>/capacity.{json,csv,png}
 #         and capacity_summary.csv beside them.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python)}
-TRACE=${1:-poisson}
-shift $(( $# > 0 ? 1 : 0 ))
-POLICIES=$(ls configs/policy/*.yaml | xargs -n1 basename | sed 's/\.yaml$//' | paste -sd, -)
-SWEEP=multirun/capacity_${TRACE}_$(date +%Y-%m-%d_%H-%M-%S)
+source "$(dirname "$0")/recipe.sh" capacity poisson "$@"
 
 "$PY" -m policylab capacity -m "policy=$POLICIES" "trace=$TRACE" dataplane=sim \
-    hydra/launcher=joblib "hydra.sweep.dir=$SWEEP" "$@"
+    hydra/launcher=joblib "hydra.sweep.dir=$SWEEP" "${ARGS[@]}"
 "$PY" - "$SWEEP" <<'PYTHON'
 import json, sys
 from pathlib import Path

@@ -14,7 +14,6 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from policylab import contract
 from policylab.clock import make_clock
 from policylab.config import EngineConfig, check_engine_config
 from policylab.contract import ContractViolation, RequestView, SchedulerView, StepPlan, validate_plan
@@ -196,10 +195,6 @@ class Engine:
         (counted once even when several requests hit it).
         """
         kv, bs, reqs = self.kv, self.kv.block_size, self.requests
-        sched = plan.num_scheduled_tokens
-        if contract.is_decode_only(self._decoding_ro, plan) and set(sched.values()) == {1}:
-            # decodes only: a new block exactly where the last one is full
-            return len(self._needs_block.keys() & sched.keys()), kv.num_free
         released = Counter()
         for rid in plan.preempt:
             released.update(reqs[rid].block_table)
@@ -250,8 +245,6 @@ class Engine:
         preempted = [reqs[rid] for rid in plan.preempt]
         for r in preempted:
             self._release(r)
-            self._decoding.pop(r.req_id, None)
-            self._needs_block.pop(r.req_id, None)
             r.num_computed_tokens, r.status = 0, Status.WAITING
             r.num_preemptions += 1
         sched = plan.num_scheduled_tokens
@@ -302,7 +295,8 @@ class Engine:
         return batch
 
     def _release(self, r: Request) -> None:
-        """Publish the request's computed full blocks in the prefix cache, then free its table.
+        """Publish the request's computed full blocks in the prefix cache, then free its table
+        (it stops running, so it leaves the decoding sets too).
 
         Prompt blocks are published as they fill; blocks holding output tokens are hashed here,
         once, instead of on every decode step (no other request can hit them while it runs).
@@ -314,6 +308,8 @@ class Engine:
                                            r.block_hashes[-1] if have else None)
             kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, have)
         kv.release(r.block_table)
+        self._decoding.pop(r.req_id, None)
+        self._needs_block.pop(r.req_id, None)
 
     def _check_progress(self, progressed: bool) -> None:
         """Liveness: a preempt/requeue livelock ends the run instead of spinning forever."""
@@ -372,8 +368,6 @@ class Engine:
                     needs_block.pop(rid, None)
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
-            decoding.pop(r.req_id, None)
-            needs_block.pop(r.req_id, None)
             self._release(r)
             self._done(r)
         if finished:

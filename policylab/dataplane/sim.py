@@ -60,11 +60,12 @@ class SimDataPlane:
         bw = hw.mem_bandwidth * hw.bw_efficiency
         dense = max((2 * s.dense_params * tokens + 2 * s.hidden * s.vocab * sampled) / flops,
                     s.weight_bytes / bw)
+        context = sum(ctx)
         if tokens == len(q):                                              # decodes only: n = 1
-            attn_work = sum(ctx) + tokens                                 # query x key pairs
+            attn_work = context + tokens                                  # query x key pairs
         else:
             attn_work = sum(n * (c + (n + 1) / 2) for n, c in zip(q, ctx))
-        kv_tokens = sum(ctx) + 2 * tokens                                 # read context, write new
+        kv_tokens = context + 2 * tokens                                 # read context, write new
         return (dense + max(4.0 * s.layers * s.q_dim * attn_work / flops,
                             s.kv_bytes_per_token * kv_tokens / bw) + hw.step_overhead)
 
