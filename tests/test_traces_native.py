@@ -132,7 +132,7 @@ def test_empty_trace_is_an_error(tmp_path):
 
 
 def test_raw_request_mirrors_trace_request_field_for_field():
-    """RawRequest is a cheap NamedTuple copy of TraceRequest (built as TraceRequest(*raw)): keep them in step."""
+    """RawRequest, a namedtuple derived from TraceRequest, lines up with it for TraceRequest(*raw)."""
     from dataclasses import fields
 
     from policylab.request import TraceRequest
