@@ -1,6 +1,6 @@
 """Offline throughput of the torch data plane inside the engine vs HF transformers `generate`.
 
-Same weights (tiny random Llama of configs/model/tiny.yaml), same prompt ids: N requests of
+Same weights (a seeded random model of configs/model/<--model>.yaml, tiny by default), same prompt ids: N requests of
 P prompt tokens, all arriving at t=0, each generating O tokens (greedy, no EOS stop); with
 --output-spread s, request i generates a length drawn uniformly in O*(1-s)..O*(1+s).
   ours: Engine + PrefillFirst + TorchDataPlane (paged KV, continuous batching)
@@ -12,6 +12,7 @@ process, steadier under contention) and the ratios, plus single-step times (a de
 and a long prefill) that size the default CPU run.
 
     .venv/bin/python experiments/bench_dataplane.py [--requests 64 --prompt 128 --output 128]
+    python experiments/bench_dataplane.py --device cuda --model qwen2-0.5b    # on a GPU (bf16)
 """
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ from policylab.request import SamplingParams, TraceRequest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny_config() -> ModelConfig:
-    return ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs/model/tiny.yaml")))
+def model_config(name: str) -> ModelConfig:
+    """A shipped model config with seeded random weights (shape-only configs too)."""
+    fields = OmegaConf.to_container(OmegaConf.load(ROOT / f"configs/model/{name}.yaml"))
+    return ModelConfig(**{**fields, "source": "random", "path": None})
 
 
 def output_lengths(args) -> list:
@@ -61,18 +64,19 @@ def run_ours(plane, lengths, args) -> tuple:
     return wall, cpu, [r.prompt_ids for r in result.requests], [r.output_ids for r in result.requests]
 
 
-def hf_model(model_cfg):
+def hf_model(model_cfg, plane):
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_config(to_hf_config(model_cfg)).eval()
     hf.load_state_dict(random_state_dict(model_cfg, 0), strict=False)
-    return hf
+    return hf.to(device=plane.device, dtype=plane.dtype)
 
 
 def run_hf(hf, prompts, lengths, args) -> tuple:
     def generate():
         outputs = []
         for i in range(0, len(prompts), args.hf_batch):
-            ids = torch.as_tensor(np.stack(prompts[i:i + args.hf_batch]), dtype=torch.long)  # equal lengths
+            ids = torch.as_tensor(np.stack(prompts[i:i + args.hf_batch]), dtype=torch.long,
+                                  device=hf.device)                                   # equal lengths
             n = max(lengths[i:i + args.hf_batch])
             with torch.inference_mode():
                 out = hf.generate(ids, do_sample=False, max_new_tokens=n, min_new_tokens=n,
@@ -115,15 +119,21 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=None, help="HF static batch size (default: all)")
     ap.add_argument("--budget", type=int, default=2048, help="engine max_num_batched_tokens")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--model", default="tiny", help="configs/model/NAME.yaml, with random weights")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    ap.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs of each; the best counts")
     args = ap.parse_args()
     args.hf_batch = args.hf_batch or args.requests
-    model_cfg = tiny_config()
-    plane = TorchDataPlane.from_config(DataplaneConfig(device="cpu", threads=args.threads), model_cfg, 0)
+    model_cfg = model_config(args.model)
+    plane = TorchDataPlane.from_config(DataplaneConfig(device=args.device, dtype=args.dtype,
+                                                       threads=args.threads), model_cfg, 0)
     m = model_cfg
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; model {m.name}: "
+    where = torch.cuda.get_device_name(plane.device) if plane.device.type == "cuda" else \
+        f"{torch.get_num_threads()} CPU threads"
+    print(f"torch {torch.__version__} on {where}, {plane.dtype}; model {m.name} (random weights): "
           f"hidden {m.hidden_size}, {m.num_hidden_layers} layers, vocab {m.vocab_size}")
-    lengths, hf = output_lengths(args), hf_model(model_cfg)
+    lengths, hf = output_lengths(args), hf_model(model_cfg, plane)
     ours, theirs = [], []
     for _ in range(args.repeats):
         ours.append(run_ours(plane, lengths, args))

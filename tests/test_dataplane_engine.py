@@ -13,11 +13,11 @@ from policylab.config import DataplaneConfig, EngineConfig, ModelConfig
 from policylab.dataplane.torch_plane import TorchDataPlane
 from policylab.engine import Engine
 from policylab.request import TraceRequest
-from tests.test_dataplane_model import SMALL, hf_model
+from tests.test_dataplane_model import SMALL, as_ids, dataplane, hf_model
 
 
 def test_engine_greedy_equals_hf_generate_with_chunking_and_preemption():
-    plane = TorchDataPlane.from_config(DataplaneConfig(device="cpu"), SMALL, seed=0)
+    plane = TorchDataPlane.from_config(dataplane(), SMALL, seed=0)
     seen = []                                   # (query_len, context_len, has outputs) per entry
 
     def execute(batch, run=plane.execute):
@@ -42,14 +42,14 @@ def test_engine_greedy_equals_hf_generate_with_chunking_and_preemption():
     for r, t in zip(result.requests, trace):
         assert len(r.output_ids) == t.output_tokens
         with torch.no_grad():
-            want = ref.generate(torch.as_tensor(r.prompt_ids, dtype=torch.long)[None], do_sample=False,
+            want = ref.generate(as_ids(r.prompt_ids), do_sample=False,
                                 max_new_tokens=t.output_tokens, min_new_tokens=t.output_tokens,
                                 eos_token_id=None, pad_token_id=0)[0, r.prompt_len:]
         assert r.output_ids == want.tolist(), f"request {r.req_id} diverges from HF generate"
 
 
 def test_durations_are_measured_and_positive():
-    plane = TorchDataPlane.from_config(DataplaneConfig(device="cpu"), SMALL, seed=0)
+    plane = TorchDataPlane.from_config(dataplane(), SMALL, seed=0)
     trace = [TraceRequest(arrival_time=0.0, prompt_tokens=16, output_tokens=3)]
     result = Engine(trace, PrefillFirst(), plane, EngineConfig(block_size=4, num_blocks=16)).run()
     assert result.status == "complete"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from policylab.config import DataplaneConfig, EngineConfig
+from policylab.config import EngineConfig
 from policylab.dataplane.torch_plane import TorchDataPlane
 from policylab.engine import Engine
 from policylab.request import Status, TraceRequest
 from policylab.testing.loader import load_policy, shipped_policy_configs, spec_id
-from tests.test_dataplane_model import SMALL
+from tests.test_dataplane_model import SMALL, dataplane
 
 # mixed lengths, staggered arrivals, two requests sharing a 32-token prefix, two clients
 TRACE = [TraceRequest(arrival_time=t, prompt_tokens=p, output_tokens=o, client=c, prefix_hashes=h)
@@ -21,7 +21,7 @@ CFG = EngineConfig(block_size=4, num_blocks=24, max_num_batched_tokens=32, max_n
 
 @pytest.fixture(scope="module")
 def plane():
-    return TorchDataPlane.from_config(DataplaneConfig(device="cpu"), SMALL, seed=0)
+    return TorchDataPlane.from_config(dataplane(), SMALL, seed=0)
 
 
 def outputs(plane, policy) -> tuple:
