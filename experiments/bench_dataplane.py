@@ -1,8 +1,9 @@
 """Offline throughput of the torch data plane inside the engine vs HF transformers `generate`.
 
-Same weights (a seeded random model of configs/model/<--model>.yaml, tiny by default), same prompt ids: N requests of
-P prompt tokens, all arriving at t=0, each generating O tokens (greedy, no EOS stop); with
---output-spread s, request i generates a length drawn uniformly in O*(1-s)..O*(1+s).
+Same weights (a seeded random model of configs/model/<--model>.yaml, tiny by default), same
+prompt ids: N requests of P prompt tokens, all arriving at t=0, each generating O tokens
+(greedy, no EOS stop); with --output-spread s, request i generates a length drawn uniformly
+in O*(1-s)..O*(1+s).
   ours: Engine + PrefillFirst + TorchDataPlane (paged KV, continuous batching)
   hf:   LlamaForCausalLM.generate, static batches of --hf-batch prompts (default: all at once,
         the best case for it); a batch runs until its longest request is done.

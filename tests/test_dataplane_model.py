@@ -217,8 +217,11 @@ def test_cuda_default_plane_is_bf16_sized_from_gpu_memory_and_tracks_float32(cap
 def test_cuda_steps_keep_sdpa_off_cudnn():
     """cuDNN's SDPA re-plans every new shape (~14 ms each): a paged batch must not reach it."""
     from torch.profiler import ProfilerActivity, profile
-    plane = make_plane(SMALL)
-    batch = entry(entry(Batch(), 0, ids(21, 1), 0, [9, 2, 30, 5, 17, 11]), 1, [5], 6, [1, 3])
+    plane = TorchDataPlane.from_config(DataplaneConfig(device="cuda"), SMALL, 0)
+    plane.allocate_kv(64, BS)
+    # a fresh prompt (causal group) and two decodes of different contexts (masked group)
+    batch = entry(entry(entry(Batch(), 0, ids(21, 1), 0, [9, 2, 30, 5, 17, 11]), 1, [5], 6, [1, 3]),
+                  2, [7], 9, [20, 21, 22])
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         plane.forward(batch)
     ops = {e.key for e in prof.key_averages()}
