@@ -282,8 +282,10 @@ class Engine:
         """Commit a plan of running decodes only, the steady state: one pass, no per-request checks."""
         ids = list(plan.num_scheduled_tokens)
         rs = list(map(self.requests.__getitem__, ids))
-        for rid in self._needs_block.keys() & plan.num_scheduled_tokens.keys():
+        needs_block = self._needs_block
+        for rid in needs_block.keys() & plan.num_scheduled_tokens.keys():
             self.kv.grow_one(self.requests[rid].block_table)
+            del needs_block[rid]                     # its last block is no longer full
         n = len(ids)
         batch = Batch(ids, [1] * n, list(map(_COMPUTED, rs)), list(map(_TABLE, rs)), [], [True] * n,
                       list(map(_SAMPLING, rs)))
@@ -337,8 +339,6 @@ class Engine:
                     finished.append(r)
                 elif c % bs == 0:
                     needs_block[r.req_id] = None
-                elif c % bs == 1:                    # took a new block this step
-                    needs_block.pop(r.req_id, None)
         else:
             sampled = iter(result.sampled)
             for r, n, sample in zip(self._batch_requests, batch.query_lens, batch.sample):
