@@ -140,28 +140,8 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
     if not isinstance(plan, StepPlan):
         fail("plan_type", f"schedule() must return a StepPlan, got {type(plan).__name__}")
     live, sched = view.by_id, plan.num_scheduled_tokens
-    preempt_set = set(plan.preempt)
-    if len(preempt_set) != len(plan.preempt):
-        fail("unique", f"a request appears twice in the preempt list {plan.preempt}")
-    for rid in plan.preempt:
-        v = live.get(rid)
-        if v is None or v.status != "running":
-            fail("preempt_running", f"request {rid} is not running and cannot be preempted")
-        if rid in sched:
-            fail("preempted_scheduled", f"request {rid} is both preempted and scheduled")
-    for rid, reason in plan.reject.items():
-        v = live.get(rid)
-        if v is None or v.status != "waiting":
-            fail("reject_waiting", f"request {rid} is not waiting and cannot be rejected")
-        if rid in sched:
-            fail("rejected_scheduled", f"request {rid} is both rejected and scheduled")
-        if not reason or not isinstance(reason, str):
-            fail("reject_reason", f"request {rid} rejected without a reason")
     if len(sched) > view.max_num_seqs:
         fail("seq_cap", f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
-    if not sched.keys() <= live.keys():                  # whole-plan checks first, in C
-        rid = next(rid for rid in sched if rid not in live)
-        fail("unknown_request", f"request {rid} is neither waiting nor running")
     if not set(map(type, sched.values())) <= {int}:
         rid, n = next((rid, n) for rid, n in sched.items() if type(n) is not int)
         fail("chunk_type", f"request {rid}: token count must be int, got {n!r}")
@@ -170,8 +150,30 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
         if set(sched.values()) != {1}:
             rid, n = next((rid, n) for rid, n in sched.items() if n != 1)
             fail("decode_one", f"request {rid} is decoding and must get exactly 1 token, got {n}")
-        blocks, free = len(view.needs_block & sched.keys()), view.num_free_blocks
+        full = view.needs_block        # every decoding request scheduled: all of them
+        blocks = len(full) if len(sched) == len(view.decoding) else len(full & sched.keys())
+        free = view.num_free_blocks
     else:
+        preempt_set = set(plan.preempt)
+        if len(preempt_set) != len(plan.preempt):
+            fail("unique", f"a request appears twice in the preempt list {plan.preempt}")
+        for rid in plan.preempt:
+            v = live.get(rid)
+            if v is None or v.status != "running":
+                fail("preempt_running", f"request {rid} is not running and cannot be preempted")
+            if rid in sched:
+                fail("preempted_scheduled", f"request {rid} is both preempted and scheduled")
+        for rid, reason in plan.reject.items():
+            v = live.get(rid)
+            if v is None or v.status != "waiting":
+                fail("reject_waiting", f"request {rid} is not waiting and cannot be rejected")
+            if rid in sched:
+                fail("rejected_scheduled", f"request {rid} is both rejected and scheduled")
+            if not reason or not isinstance(reason, str):
+                fail("reject_reason", f"request {rid} rejected without a reason")
+        if not sched.keys() <= live.keys():
+            rid = next(rid for rid in sched if rid not in live)
+            fail("unknown_request", f"request {rid} is neither waiting nor running")
         for rid, n in sched.items():
             v = live[rid]
             r = v._r

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from operator import attrgetter
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -18,13 +17,13 @@ from policylab.clock import make_clock
 from policylab.config import EngineConfig, check_engine_config
 from policylab.contract import ContractViolation, RequestView, SchedulerView, StepPlan, validate_plan
 from policylab.dataplane.base import Batch, DataPlane, StepResult
+from policylab.decode_batch import DecodeBatch
 from policylab.kv import BlockManager, chain_hashes
 from policylab.policy import Policy
 from policylab.prompts import synthesize_prompt
 from policylab.request import Request, SamplingParams, Status, TraceRequest
 from policylab.run_result import STEP_FIELDS, RunResult
 
-_COMPUTED, _TABLE, _SAMPLING = (attrgetter(a) for a in ("num_computed_tokens", "block_table", "sampling"))
 
 class Engine:
     def __init__(self, trace: list, policy: Policy, dataplane: DataPlane, cfg: EngineConfig,
@@ -58,6 +57,7 @@ class Engine:
         self._stalled_steps = 0          # consecutive steps with no output token and no request done
         self._on_done = None
         self._decode_step = False        # the step being executed schedules running decodes only
+        self._decode_batch: Optional[DecodeBatch] = None   # the steady state, kept across steps
 
     waiting = property(lambda self: self._waiting)
     running = property(lambda self: self._running)
@@ -239,6 +239,7 @@ class Engine:
 
     # ------------------------------------------------------------ commit
     def _commit(self, plan: StepPlan) -> Optional[Batch]:
+        self._decode_batch = None                    # any other step may change its members
         now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
         for rid, reason in plan.reject.items():
             self._reject(reqs[rid], f"rejected by policy: {reason}")
@@ -279,19 +280,19 @@ class Engine:
         return batch if rs else None
 
     def _commit_decodes(self, plan: StepPlan) -> Batch:
-        """Commit a plan of running decodes only, the steady state: one pass, no per-request checks."""
-        ids = list(plan.num_scheduled_tokens)
-        rs = list(map(self.requests.__getitem__, ids))
+        """Commit a plan of running decodes only, the steady state: the persistent batch, no loop."""
+        sched = plan.num_scheduled_tokens
+        ids = list(sched)
+        if self._decode_batch is None or self._decode_batch.ids != ids:
+            self._decode_batch = DecodeBatch(ids, self.requests, self.target_len, self.kv.block_size)
         needs_block = self._needs_block
-        for rid in needs_block.keys() & plan.num_scheduled_tokens.keys():
+        growing = list(needs_block) if len(sched) == len(self._decoding) else needs_block.keys() & sched.keys()
+        for rid in growing:
             self.kv.grow_one(self.requests[rid].block_table)
             del needs_block[rid]                     # its last block is no longer full
-        n = len(ids)
-        batch = Batch(ids, [1] * n, list(map(_COMPUTED, rs)), list(map(_TABLE, rs)), [], [True] * n,
-                      list(map(_SAMPLING, rs)))
+        batch = self._decode_batch.batch()
         if self.dataplane.needs_token_ids:
-            batch.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in rs]
-        self._batch_requests = rs
+            batch.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decode_batch.requests]
         self._pending_counts = (0, 0)
         self._check_progress(False)
         return batch
@@ -329,16 +330,11 @@ class Engine:
         eos = self.dataplane.eos_token_id if self.cfg.stop_at_eos else None
         finished, prefill_tokens, n_prefill = [], 0, 0
         target, decoding, needs_block = self.target_len, self._decoding, self._needs_block
-        if self._decode_step:                        # decodes only: the lean loop
-            for r, tok in zip(self._batch_requests, result.sampled):
-                out = r.output_ids
-                out.append(tok)
-                r.token_times.append(now)
-                c = r.num_computed_tokens = r.num_computed_tokens + 1
-                if len(out) >= target[r.req_id] or tok == eos:
-                    finished.append(r)
-                elif c % bs == 0:
-                    needs_block[r.req_id] = None
+        if self._decode_step:                        # decodes only: the persistent batch
+            finished = self._decode_batch.advance(result.sampled, now, eos)
+            needs_block.update(dict.fromkeys(self._decode_batch.full_last_block()))
+            if finished:
+                self._decode_batch = None
         else:
             sampled = iter(result.sampled)
             for r, n, sample in zip(self._batch_requests, batch.query_lens, batch.sample):
