@@ -22,8 +22,11 @@ class PrefillFirst(Policy):
         self._oversized = None       # req_id of a prompt longer than the budget, mid-prefill
 
     def schedule(self, view: SchedulerView) -> StepPlan:
-        plan = self._prefills(view)
-        return plan if plan.num_scheduled_tokens else self._decodes(view)
+        if view.waiting or self._oversized in view.by_id:
+            plan = self._prefills(view)
+            if plan.num_scheduled_tokens:
+                return plan
+        return self._decodes(view)
 
     def _prefills(self, view: SchedulerView) -> StepPlan:
         plan, budget, free = StepPlan(), view.max_num_batched_tokens, view.num_free_blocks

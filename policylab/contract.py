@@ -7,6 +7,8 @@ raises `ContractViolation` naming the policy and the rule. Nothing is silently f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_
 from typing import TYPE_CHECKING, AbstractSet, Callable, Mapping
 
 if TYPE_CHECKING:
@@ -86,7 +88,7 @@ class RequestView:
                 f"computed={self.num_computed_tokens}, out={self.num_output_tokens})")
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerView:
     """Everything a policy may read in one step. Lists are in queue order."""
 
@@ -142,18 +144,15 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
     live, sched = view.by_id, plan.num_scheduled_tokens
     if len(sched) > view.max_num_seqs:
         fail("seq_cap", f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
-    if not set(map(type, sched.values())) <= {int}:
-        rid, n = next((rid, n) for rid, n in sched.items() if type(n) is not int)
-        fail("chunk_type", f"request {rid}: token count must be int, got {n!r}")
-    decode_only = is_decode_only(view.decoding, plan)
-    if decode_only:                                      # the steady state: set algebra, no loop
-        if set(sched.values()) != {1}:
-            rid, n = next((rid, n) for rid, n in sched.items() if n != 1)
-            fail("decode_one", f"request {rid} is decoding and must get exactly 1 token, got {n}")
+    decode_only = is_decode_only(view, plan)
+    if decode_only and all(map(is_, sched.values(), repeat(1))):   # the steady state: no loop
         full = view.needs_block        # every decoding request scheduled: all of them
         blocks = len(full) if len(sched) == len(view.decoding) else len(full & sched.keys())
         free = view.num_free_blocks
-    else:
+    else:        # (`is 1` holds for every int 1 in CPython; anything else is checked below)
+        if not set(map(type, sched.values())) <= {int}:
+            rid, n = next((rid, n) for rid, n in sched.items() if type(n) is not int)
+            fail("chunk_type", f"request {rid}: token count must be int, got {n!r}")
         preempt_set = set(plan.preempt)
         if len(preempt_set) != len(plan.preempt):
             fail("unique", f"a request appears twice in the preempt list {plan.preempt}")
@@ -193,7 +192,11 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
     return decode_only
 
 
-def is_decode_only(decoding: AbstractSet[int], plan: StepPlan) -> bool:
+def is_decode_only(view: SchedulerView, plan: StepPlan) -> bool:
     """True when the plan only schedules running decodes (no preemption, no rejection)."""
-    return not plan.preempt and not plan.reject and bool(plan.num_scheduled_tokens) \
-        and plan.num_scheduled_tokens.keys() <= decoding
+    sched = plan.num_scheduled_tokens
+    if plan.preempt or plan.reject or not sched:
+        return False
+    if len(sched) == len(view.running_ids) == len(view.decoding) and tuple(sched) == view.running_ids:
+        return True                    # every running request decodes, in running order: the usual plan
+    return sched.keys() <= view.decoding

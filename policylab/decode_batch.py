@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import repeat
-from operator import add, sub
+from operator import sub
+
+import numpy as np
 
 from policylab.dataplane.base import Batch
 
@@ -27,7 +29,8 @@ class DecodeBatch:
         self._outputs = [r.output_ids for r in rs]
         self._times = [r.token_times for r in rs]
         self._targets = list(map(target_len.__getitem__, ids))
-        self._start = [r.num_computed_tokens for r in rs]
+        self._context = [r.num_computed_tokens for r in rs]      # this step's context lengths
+        self._start = np.array(self._context)
         self._steps = 0                           # steps decoded since the batch formed
         self._first_finish = min(map(sub, self._targets, map(len, self._outputs)))
         n = len(ids)
@@ -35,20 +38,20 @@ class DecodeBatch:
         self._tables = [r.block_table for r in rs]
         self._sampling = [r.sampling for r in rs]
         self._by_phase: dict = {}                 # computed % block_size -> member ids
-        for rid, c in zip(ids, self._start):
+        for rid, c in zip(ids, self._context):
             self._by_phase.setdefault(c % block_size, []).append(rid)
 
     def batch(self) -> Batch:
-        context = list(map(add, self._start, repeat(self._steps)))
-        return Batch(self.ids, self._query_lens, context, self._tables, [], self._sample, self._sampling)
+        return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling)
 
     def advance(self, sampled: list, now: float, eos) -> list:
         """Apply one step's tokens; returns the members that finished (the batch ends with them)."""
         deque(map(list.append, self._outputs, sampled), 0)
         deque(map(list.append, self._times, repeat(now)), 0)
-        s = self._steps = self._steps + 1
-        for r, c in zip(self.requests, self._start):      # a plain loop beats setattr via map
-            r.num_computed_tokens = c + s
+        self._steps += 1
+        self._context = (self._start + self._steps).tolist()     # a fresh list: batches stay as sent
+        for r, c in zip(self.requests, self._context):
+            r.num_computed_tokens = c
         if self._steps < self._first_finish and (eos is None or eos not in sampled):
             return []
         return [r for r, out, target in zip(self.requests, self._outputs, self._targets)

@@ -58,6 +58,7 @@ class Engine:
         self._on_done = None
         self._decode_step = False        # the step being executed schedules running decodes only
         self._decode_batch: Optional[DecodeBatch] = None   # the steady state, kept across steps
+        self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
 
     waiting = property(lambda self: self._waiting)
     running = property(lambda self: self._running)
@@ -173,9 +174,12 @@ class Engine:
             max_num_batched_tokens=self.cfg.max_num_batched_tokens, max_num_seqs=self.cfg.max_num_seqs,
             block_size=kv.block_size, num_free_blocks=kv.num_free, num_total_blocks=kv.num_blocks,
             blocks_needed=self.blocks_needed,
-            blocks_freed_by_preempting=lambda v: kv.freed_by_release(v._r.block_table),
+            blocks_freed_by_preempting=self._blocks_freed_by_preempting,
             plan_kv=self.plan_kv, by_id=self._views_ro, running_ids=running_ids,
             decoding=self._decoding_ro, needs_block=self._needs_block_ro)
+
+    def _blocks_freed_by_preempting(self, v: RequestView) -> int:
+        return self.kv.freed_by_release(v._r.block_table)
 
     def blocks_needed(self, v: RequestView, n: int) -> int:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
@@ -215,7 +219,7 @@ class Engine:
         return needed + len(reclaimed), available
 
     def _schedule(self) -> Optional[Batch]:
-        if not self.waiting and not self.running:
+        if not self._waiting and not self._running:
             self._idle_until_next_arrival()
             return None
         self.kv.epoch += 1
@@ -293,8 +297,7 @@ class Engine:
         batch = self._decode_batch.batch()
         if self.dataplane.needs_token_ids:
             batch.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decode_batch.requests]
-        self._pending_counts = (0, 0)
-        self._check_progress(False)
+        self._pending_counts = (0, 0)          # (a decode step always samples: no liveness check)
         return batch
 
     def _release(self, r: Request) -> None:
@@ -326,42 +329,11 @@ class Engine:
     def _postprocess(self, batch: Batch, result: StepResult) -> None:
         start = self.clock.now
         self.clock.advance(result.duration)
-        now, kv, bs = self.clock.now, self.kv, self.kv.block_size
-        eos = self.dataplane.eos_token_id if self.cfg.stop_at_eos else None
-        finished, prefill_tokens, n_prefill = [], 0, 0
-        target, decoding, needs_block = self.target_len, self._decoding, self._needs_block
-        if self._decode_step:                        # decodes only: the persistent batch
-            finished = self._decode_batch.advance(result.sampled, now, eos)
-            needs_block.update(dict.fromkeys(self._decode_batch.full_last_block()))
-            if finished:
-                self._decode_batch = None
+        if self._decode_step:
+            finished, prefill_tokens, n_prefill = self._postprocess_decodes(result.sampled), 0, 0
         else:
-            sampled = iter(result.sampled)
-            for r, n, sample in zip(self._batch_requests, batch.query_lens, batch.sample):
-                out, rid = r.output_ids, r.req_id
-                if n > 1 or not out:
-                    prefill_tokens += n
-                    n_prefill += 1
-                before = r.num_computed_tokens
-                r.num_computed_tokens = after = before + n
-                if after // bs > before // bs and before < len(r.block_hashes) * bs:
-                    kv.register(r.block_table, r.block_hashes, after, before // bs)   # prompt blocks filled
-                if sample:
-                    tok = next(sampled)
-                    out.append(tok)
-                    r.token_times.append(now)
-                    if len(out) >= target[rid] or tok == eos:
-                        finished.append(r)
-                        continue
-                if out and len(r.prompt_ids) + len(out) - after == 1:   # decoding from now on
-                    decoding[rid] = None                # (also a recompute one token short of the end)
-                    if after % bs == 0:
-                        needs_block[rid] = None
-                    else:
-                        needs_block.pop(rid, None)
-                else:
-                    decoding.pop(rid, None)
-                    needs_block.pop(rid, None)
+            finished, prefill_tokens, n_prefill = self._postprocess_general(batch, result.sampled)
+        now = self.clock.now
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
             self._release(r)
@@ -373,7 +345,50 @@ class Engine:
         self._record(start, result.duration, batch, prefill_tokens, n_prefill)
         self.step_index += 1
         if self.cfg.check_invariants:
-            kv.check()
+            self.kv.check()
+
+    def _postprocess_decodes(self, sampled: list) -> list:
+        """The steady state: the persistent batch takes the tokens; returns the finished requests."""
+        db, needs_block = self._decode_batch, self._needs_block
+        finished = db.advance(sampled, self.clock.now, self._eos)
+        for rid in db.full_last_block():
+            needs_block[rid] = None
+        if finished:
+            self._decode_batch = None
+        return finished
+
+    def _postprocess_general(self, batch: Batch, sampled: list) -> tuple:
+        """Any other step, request by request: (finished requests, prefill tokens, prefill requests)."""
+        now, kv, bs, eos = self.clock.now, self.kv, self.kv.block_size, self._eos
+        finished, prefill_tokens, n_prefill = [], 0, 0
+        target, decoding, needs_block = self.target_len, self._decoding, self._needs_block
+        sampled = iter(sampled)
+        for r, n, sample in zip(self._batch_requests, batch.query_lens, batch.sample):
+            out, rid = r.output_ids, r.req_id
+            if n > 1 or not out:
+                prefill_tokens += n
+                n_prefill += 1
+            before = r.num_computed_tokens
+            r.num_computed_tokens = after = before + n
+            if after // bs > before // bs and before < len(r.block_hashes) * bs:
+                kv.register(r.block_table, r.block_hashes, after, before // bs)   # prompt blocks filled
+            if sample:
+                tok = next(sampled)
+                out.append(tok)
+                r.token_times.append(now)
+                if len(out) >= target[rid] or tok == eos:
+                    finished.append(r)
+                    continue
+            if out and len(r.prompt_ids) + len(out) - after == 1:   # decoding from now on
+                decoding[rid] = None                # (also a recompute one token short of the end)
+                if after % bs == 0:
+                    needs_block[rid] = None
+                else:
+                    needs_block.pop(rid, None)
+            else:
+                decoding.pop(rid, None)
+                needs_block.pop(rid, None)
+        return finished, prefill_tokens, n_prefill
 
     def _record(self, start, duration, batch, prefill_tokens, n_prefill) -> None:
         preempted, rejected = self._pending_counts

@@ -26,7 +26,7 @@ def test_the_decode_only_fast_path_gives_the_same_replay_as_the_general_path(sce
     with it switched off every step takes the general path, and nothing may differ."""
     for policy in (PrefillFirst, Chunked):
         fast = run_checked(policy, scenario, properties=False)
-        with mock.patch.object(contract, "is_decode_only", lambda decoding, plan: False):
+        with mock.patch.object(contract, "is_decode_only", lambda view, plan: False):
             general = run_checked(policy, scenario, properties=False)
         assert fingerprint(fast) == fingerprint(general)
 

@@ -51,11 +51,13 @@ class SimDataPlane:
         """Nothing to allocate: the simulated cache is pure accounting."""
 
     def step_time(self, batch: Batch) -> float:
+        return self._step_time(batch, sum(batch.query_lens), sum(batch.sample))
+
+    def _step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
         q, ctx = batch.query_lens, batch.context_lens
         if self.calibration is not None:
             return self.calibration.predict(np.asarray(q, float), np.asarray(ctx, float))
         s, hw = self.shape, self.hw
-        tokens, sampled = sum(q), sum(batch.sample)
         flops = hw.peak_flops * hw.flops_efficiency
         bw = hw.mem_bandwidth * hw.bw_efficiency
         dense = max((2 * s.dense_params * tokens + 2 * s.hidden * s.vocab * sampled) / flops,
@@ -72,7 +74,12 @@ class SimDataPlane:
     def execute(self, batch: Batch) -> StepResult:
         """Deterministic ids clear of special tokens (lengths come from the trace, not EOS)."""
         salt, span = self.seed * 2246822519, self.vocab_size - 32
-        tokens = [16 + ((rid * 2654435761 + (ctx + n) * 40503 + salt) & 0xFFFFFFFF) % span
-                  for rid, n, ctx, s in zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.sample)
-                  if s]
-        return StepResult(tokens, self.step_time(batch))
+        tokens, sampled = sum(batch.query_lens), sum(batch.sample)
+        if tokens == sampled == len(batch.req_ids):       # decodes only: one token each, all sampled
+            ids = [16 + ((rid * 2654435761 + (ctx + 1) * 40503 + salt) & 0xFFFFFFFF) % span
+                   for rid, ctx in zip(batch.req_ids, batch.context_lens)]
+        else:
+            ids = [16 + ((rid * 2654435761 + (ctx + n) * 40503 + salt) & 0xFFFFFFFF) % span
+                   for rid, n, ctx, s in zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.sample)
+                   if s]
+        return StepResult(ids, self._step_time(batch, tokens, sampled))
