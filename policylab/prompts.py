@@ -12,18 +12,23 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _RESERVED = 16   # keep clear of special-token ids at the bottom of a vocabulary
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer, vectorized."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+_SHIFTS = tuple(np.uint64(k) for k in (30, 27, 31))
+_MULTS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
 
 def _stream(key: int, start: int, count: int, vocab_size: int) -> np.ndarray:
-    base = np.uint64(key)
-    with np.errstate(over="ignore"):
-        x = _mix(np.arange(start, start + count, dtype=np.uint64) * _GOLDEN + base)
-    return (_RESERVED + x % np.uint64(vocab_size - _RESERVED)).astype(np.int32)
+    """Ids in [_RESERVED, vocab_size): splitmix64 of the positions, in place (arrays wrap silently)."""
+    x = np.arange(start, start + count, dtype=np.uint64)
+    x *= _GOLDEN
+    x += np.uint64(key)
+    x ^= x >> _SHIFTS[0]
+    x *= _MULTS[0]
+    x ^= x >> _SHIFTS[1]
+    x *= _MULTS[1]
+    x ^= x >> _SHIFTS[2]
+    x %= np.uint64(vocab_size - _RESERVED)
+    x += np.uint64(_RESERVED)
+    return x.astype(np.int32)
 
 
 def hash_key(*parts) -> int:
