@@ -76,6 +76,15 @@ def test_every_rule_of_validate_plan_has_a_breaking_plan():
     assert rules == set(BAD_PLANS)
 
 
+@pytest.mark.parametrize("count", [True, 1.0, np.int64(1)])
+def test_a_decode_count_equal_to_but_not_the_int_1_breaks_chunk_type(count):
+    """The steady-state check (every count is the int 1) must not let lookalikes through."""
+    engine = engine_after_first_step(lambda: StepPlan({0: count}))
+    with pytest.raises(ContractViolation) as caught:
+        engine.step()
+    assert caught.value.rule == "chunk_type"
+
+
 def test_chunk_bounds_rejects_an_empty_chunk_too():
     engine = engine_after_first_step(lambda: StepPlan({1: 0}))
     with pytest.raises(ContractViolation, match="chunk_bounds"):

@@ -78,3 +78,26 @@ def test_output_blocks_are_published_when_a_request_finishes_and_a_follow_up_hit
     result = second.run()
     assert result.status == "complete"
     assert result.requests[1].num_cached_tokens_total == 12    # the 3 published blocks
+
+
+def test_a_batch_is_never_changed_after_its_step_even_when_the_steady_batch_is_reused():
+    """The persistent decode batch reuses its lists across steps; a data plane that keeps the
+    batches it was sent must still see each one exactly as it ran."""
+    from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
+    from policylab.dataplane.sim import SimDataPlane
+    from policylab.engine import Engine
+
+    class Keeping(SimDataPlane):
+        def execute(self, batch):
+            kept.append((batch, [list(f) for f in (batch.req_ids, batch.query_lens, batch.context_lens)]))
+            return super().execute(batch)
+
+    kept = []
+    plane = Keeping(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    trace = [T(0.0, 20 + 7 * i, 30 + 11 * i) for i in range(5)]
+    result = Engine(trace, PrefillFirst(), plane, CFG).run()
+    assert result.status == "complete"
+    decode_steps = [b for b, _ in kept if set(b.query_lens) == {1}]
+    assert len(decode_steps) > 40 and len({id(b.req_ids) for b in decode_steps}) < len(decode_steps)
+    for batch, as_sent in kept:
+        assert [batch.req_ids, batch.query_lens, batch.context_lens] == as_sent
