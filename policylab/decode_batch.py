@@ -3,8 +3,8 @@
 Most steps of a replay decode the same running requests as the step before (vLLM v1
 keeps its `InputBatch` on the runner for the same reason). While that ordered set stays
 the same, the per-request lists handed to the data plane are reused and a step's
-bookkeeping (one token, one timestamp, one computed token per request) runs as
-C-level passes instead of a Python loop per request. Finishes and full blocks are known
+bookkeeping (one token, one timestamp, one computed token per request) is three tight
+passes (two of them C-level) with no per-request checks. Finishes and full blocks are known
 ahead: each step adds exactly one token to every member, so the step on which a member
 reaches its output length, and the steps on which its last block fills, follow from its
 counts when the batch forms.
