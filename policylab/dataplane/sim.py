@@ -74,12 +74,7 @@ class SimDataPlane:
     def execute(self, batch: Batch) -> StepResult:
         """Deterministic ids clear of special tokens (lengths come from the trace, not EOS)."""
         salt, span = self.seed * 2246822519, self.vocab_size - 32
-        tokens, sampled = sum(batch.query_lens), sum(batch.sample)
-        if tokens == sampled == len(batch.req_ids):       # decodes only: one token each, all sampled
-            ids = [16 + ((rid * 2654435761 + (ctx + 1) * 40503 + salt) & 0xFFFFFFFF) % span
-                   for rid, ctx in zip(batch.req_ids, batch.context_lens)]
-        else:
-            ids = [16 + ((rid * 2654435761 + (ctx + n) * 40503 + salt) & 0xFFFFFFFF) % span
-                   for rid, n, ctx, s in zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.sample)
-                   if s]
-        return StepResult(ids, self._step_time(batch, tokens, sampled))
+        ids = [16 + ((rid * 2654435761 + (ctx + n) * 40503 + salt) & 0xFFFFFFFF) % span
+               for rid, n, ctx, s in zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.sample)
+               if s]
+        return StepResult(ids, self._step_time(batch, sum(batch.query_lens), len(ids)))
