@@ -42,8 +42,25 @@ def sim_plane():
     return SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim"))
 
 
+def replay_engine(n, policy):
+    """(a)'s engine: the generated n-request trace on the sim plane, default budgets."""
+    return Engine(make_trace(n, 5.5, 1000, 200), load_policy(policy), sim_plane(), EngineConfig())
+
+
+def steady_engine(policy, running, outputs):
+    """(b)'s engine, stepped until `running` requests all decode (each has `outputs` tokens to go)."""
+    trace = [TraceRequest(0.0, 64, outputs) for _ in range(running)]
+    cfg = EngineConfig(max_num_seqs=running, max_num_batched_tokens=running * 64)
+    engine = Engine(trace, load_policy(policy), sim_plane(), cfg)
+    for _ in range(300):    # admit and prefill everyone (chunked: 512 tokens a step); then all decode
+        engine.step()
+        if len(engine.running) == running and all(v.is_decode for v in engine._view().running):
+            return engine
+    raise RuntimeError(f"{policy}: never reached {running} running decodes")
+
+
 def bench_replay(n, policy):
-    engine = Engine(make_trace(n, 5.5, 1000, 200), load_policy(policy), sim_plane(), EngineConfig())
+    engine = replay_engine(n, policy)
     t0 = time.perf_counter()
     result = engine.run()
     wall = time.perf_counter() - t0
@@ -53,16 +70,8 @@ def bench_replay(n, policy):
 
 
 def bench_decode_step(policy, running=256, steps=1000):
-    plane = sim_plane()
-    trace = [TraceRequest(0.0, 64, steps + 100) for _ in range(running)]
-    cfg = EngineConfig(max_num_seqs=running, max_num_batched_tokens=running * 64)
-    engine = Engine(trace, load_policy(policy), plane, cfg)
-    for _ in range(300):    # admit and prefill everyone (chunked: 512 tokens a step); then 256 decodes
-        engine.step()
-        if len(engine.running) == running and all(v.is_decode for v in engine._view().running):
-            break
-    else:
-        raise RuntimeError(f"{policy}: never reached {running} running decodes")
+    engine = steady_engine(policy, running, steps + 100)
+    plane = engine.dataplane
     plane_time = 0.0
     execute = plane.execute
 

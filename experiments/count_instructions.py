@@ -1,10 +1,13 @@
 """Control-plane work as CPU instructions counted by valgrind: a speed measure that noise cannot move.
 
 On a shared machine wall-clock ratios of the same code drift by 15-50 % from minute to minute;
-instruction counts repeat to ~0.2 %. Each workload runs twice under `valgrind --tool=callgrind`
-(with and without the measured part) and the difference is divided by the units measured:
+instruction counts repeat to ~0.05 % (one BLAS thread, import-time objects frozen out of the
+garbage collector). Each workload runs twice under `valgrind --tool=callgrind` (with and
+without the measured part) and the difference is divided by the units measured:
   steady  — instructions per engine step with N running decodes (sim data plane included);
   replay  — instructions per request of a K-request sim replay (bench_engine.py's trace).
+The workloads are this checkout's bench_engine.py, so `--against` runs the same workload on
+the other checkout's engine.
 Fewer instructions is not always less time (caches, branch prediction), so confirm a change
 with bench_engine.py too. Needs valgrind (Debian package `valgrind`); slow: ~60x native.
 Usage: python experiments/count_instructions.py [--running 256] [--steps 100] [--requests 300]
@@ -20,30 +23,29 @@ import subprocess
 import sys
 
 WORKLOAD = r"""
-import sys
-sys.path.insert(0, "experiments")
-import bench_engine as b
-from policylab.config import EngineConfig
-from policylab.engine import Engine
-from policylab.request import TraceRequest
+import gc, sys
+sys.path.insert(0, sys.argv[4])   # this script's bench_engine.py: the same workload for every checkout
+from bench_engine import replay_engine, steady_engine
+gc.collect()
+gc.freeze()        # import-time objects out of the collector's way: a full collection landing in
+                   # one run and not the other would otherwise swamp a short measurement
 kind, n, units = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if kind == "steady":
-    engine = Engine([TraceRequest(0.0, 64, 4000) for _ in range(n)], b.load_policy("prefill_first"),
-                    b.sim_plane(), EngineConfig(max_num_seqs=n, max_num_batched_tokens=n * 64))
-    for _ in range(8 + units):
+    engine = steady_engine("prefill_first", n, 4000)
+    for _ in range(units):
         engine.step()
+elif units:
+    assert replay_engine(units, "prefill_first").run().status == "complete"
 else:
-    engine = Engine(b.make_trace(max(units, 1), 5.5, 1000, 200), b.load_policy("prefill_first"),
-                    b.sim_plane(), EngineConfig())
-    if units:
-        assert engine.run().status == "complete"
+    replay_engine(1, "prefill_first")
 """
 
 
 def instructions(checkout: str, kind: str, n: int, units: int) -> int:
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-           sys.executable, "-c", WORKLOAD, kind, str(n), str(units)]
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": checkout}
+           sys.executable, "-c", WORKLOAD, kind, str(n), str(units), os.path.dirname(os.path.abspath(__file__))]
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": checkout,
+           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}   # no spinning BLAS threads in the count
     out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if out.returncode or not found:
@@ -52,7 +54,10 @@ def instructions(checkout: str, kind: str, n: int, units: int) -> int:
 
 
 def per_unit(checkout: str, kind: str, n: int, units: int) -> float:
-    return (instructions(checkout, kind, n, units) - instructions(checkout, kind, n, 0)) / units
+    work = instructions(checkout, kind, n, units) - instructions(checkout, kind, n, 0)
+    if work <= 0:
+        sys.exit(f"{kind}: {units} units measured no work above the baseline; measure more units")
+    return work / units
 
 
 if __name__ == "__main__":

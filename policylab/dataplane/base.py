@@ -3,6 +3,9 @@
 The engine hands a `Batch` (flat, one entry per scheduled request, never padded) to
 `DataPlane.execute`, which returns a `StepResult`: one sampled token for every entry
 whose `sample` flag is set, and the step's duration, which drives the replay clock.
+A batch is read-only to the data plane: in the decode steady state the engine hands the same
+per-request lists (ids, tables, sampling) to consecutive steps, and never changes a batch
+after its step, so a data plane may keep batches it was sent.
 """
 from __future__ import annotations
 
