@@ -22,7 +22,11 @@ class PrefillFirst(Policy):
         self._oversized = None       # req_id of a prompt longer than the budget, mid-prefill
 
     def schedule(self, view: SchedulerView) -> StepPlan:
-        if view.waiting or self._oversized in view.by_id:
+        if self._oversized is not None:          # forget it once its prompt is done (or it left)
+            v = view.by_id.get(self._oversized)
+            if v is None or not v.is_prefill:
+                self._oversized = None
+        if view.waiting or self._oversized is not None:
             plan = self._prefills(view)
             if plan.num_scheduled_tokens:
                 return plan
@@ -54,11 +58,11 @@ class PrefillFirst(Policy):
         return plan
 
     def _decodes(self, view: SchedulerView) -> StepPlan:
-        plan, free = StepPlan(), view.num_free_blocks
+        free = view.num_free_blocks
         if len(view.decoding) == len(view.running) <= view.max_num_batched_tokens \
                 and len(view.needs_block) <= free:       # the steady state: every request decodes
-            plan.num_scheduled_tokens = dict.fromkeys(view.running_ids, 1)
-            return plan
+            return StepPlan(dict.fromkeys(view.running_ids, 1))
+        plan = StepPlan()
         running, head, tail = view.running, 0, len(view.running)
         budget = view.max_num_batched_tokens
         while head < tail and budget > 0:

@@ -3,19 +3,15 @@
 Most steps of a replay decode the same running requests as the step before (vLLM v1
 keeps its `InputBatch` on the runner for the same reason). While that ordered set stays
 the same, the per-request lists handed to the data plane are reused and a step's
-bookkeeping (one token, one timestamp, one computed token per request) is three tight
-passes (two of them C-level) with no per-request checks. Finishes and full blocks are known
+bookkeeping (one token, one timestamp, one computed token per request) is one tight pass
+with no per-request checks. Finishes and full blocks are known
 ahead: each step adds exactly one token to every member, so the step on which a member
 reaches its output length, and the steps on which its last block fills, follow from its
 counts when the batch forms.
 """
 from __future__ import annotations
 
-from collections import deque
-from itertools import repeat
 from operator import sub
-
-import numpy as np
 
 from policylab.dataplane.base import Batch
 
@@ -30,7 +26,6 @@ class DecodeBatch:
         self._times = [r.token_times for r in rs]
         self._targets = list(map(target_len.__getitem__, ids))
         self._context = [r.num_computed_tokens for r in rs]      # this step's context lengths
-        self._start = np.array(self._context)
         self._steps = 0                           # steps decoded since the batch formed
         self._first_finish = min(map(sub, self._targets, map(len, self._outputs)))
         n = len(ids)
@@ -46,12 +41,14 @@ class DecodeBatch:
 
     def advance(self, sampled: list, now: float, eos) -> list:
         """Apply one step's tokens; returns the members that finished (the batch ends with them)."""
-        deque(map(list.append, self._outputs, sampled), 0)
-        deque(map(list.append, self._times, repeat(now)), 0)
         self._steps += 1
-        self._context = (self._start + self._steps).tolist()     # a fresh list: batches stay as sent
-        for r, c in zip(self.requests, self._context):
-            r.num_computed_tokens = c
+        self._context = context = []          # a fresh list: batches stay as sent
+        add = context.append
+        for r, out, times, token in zip(self.requests, self._outputs, self._times, sampled):
+            out.append(token)
+            times.append(now)
+            r.num_computed_tokens = c = r.num_computed_tokens + 1
+            add(c)
         if self._steps < self._first_finish and (eos is None or eos not in sampled):
             return []
         return [r for r, out, target in zip(self.requests, self._outputs, self._targets)

@@ -169,14 +169,12 @@ class Engine:
                                  tuple([views[r.req_id] for r in self._running]),
                                  tuple([r.req_id for r in self._running]))
         waiting, running, running_ids = self._queue_views
-        return SchedulerView(
-            clock=self.clock.now, step=self.step_index, waiting=waiting, running=running,
-            max_num_batched_tokens=self.cfg.max_num_batched_tokens, max_num_seqs=self.cfg.max_num_seqs,
-            block_size=kv.block_size, num_free_blocks=kv.num_free, num_total_blocks=kv.num_blocks,
-            blocks_needed=self.blocks_needed,
-            blocks_freed_by_preempting=self._blocks_freed_by_preempting,
-            plan_kv=self.plan_kv, by_id=self._views_ro, running_ids=running_ids,
-            decoding=self._decoding_ro, needs_block=self._needs_block_ro)
+        return SchedulerView(          # positional, in field order: keywords cost 2.8x here (every step)
+            self.clock.now, self.step_index, waiting, running,
+            self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
+            kv.block_size, kv.num_free, kv.num_blocks,
+            self.blocks_needed, self._blocks_freed_by_preempting, self.plan_kv, self._views_ro,
+            running_ids, self._decoding_ro, self._needs_block_ro)
 
     def _blocks_freed_by_preempting(self, v: RequestView) -> int:
         return self.kv.freed_by_release(v._r.block_table)

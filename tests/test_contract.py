@@ -109,3 +109,21 @@ def test_views_never_expose_the_true_output_length():
     exposed = {name for name in dir(RequestView) if not name.startswith("_")}
     assert not any("output_tokens" == n or "target" in n for n in exposed)
     assert "output_tokens" not in Request.__dataclass_fields__
+
+
+def test_the_view_carries_each_engine_fact_in_its_own_field():
+    """The engine builds the view positionally (hot path); every field must hold its own fact."""
+    engine = engine_after_first_step(lambda: StepPlan({0: 1}))
+    engine.step()                     # request 0 decodes into a third block: 9 of 12 slots used
+    engine.step_index = 7
+    engine.clock.now = 0.5
+    view = engine._view()
+    assert (view.clock, view.step) == (0.5, 7)
+    assert [v.req_id for v in view.waiting] == [1, 2] and [v.req_id for v in view.running] == [0]
+    assert (view.max_num_batched_tokens, view.max_num_seqs, view.block_size) == (24, 2, 4)
+    assert (view.num_free_blocks, view.num_total_blocks) == (3, 6)
+    assert view.blocks_needed(view.by_id[1], 8) == 2
+    assert view.blocks_freed_by_preempting(view.by_id[0]) == 3
+    assert view.plan_kv(StepPlan({1: 8})) == (2, 3)
+    assert sorted(view.by_id) == [0, 1, 2] and view.running_ids == (0,)
+    assert set(view.decoding) == {0} and set(view.needs_block) == set()

@@ -101,3 +101,27 @@ def test_a_batch_is_never_changed_after_its_step_even_when_the_steady_batch_is_r
     assert len(decode_steps) > 40 and len({id(b.req_ids) for b in decode_steps}) < len(decode_steps)
     for batch, as_sent in kept:
         assert [batch.req_ids, batch.query_lens, batch.context_lens] == as_sent
+
+
+def test_sim_token_ids_depend_on_seed_and_position_only_however_the_id_table_grew():
+    """The sim plane's ids come from a table grown on demand; the order of growth must not
+    matter (determinism), and ids stay clear of the special tokens at both ends of the vocab."""
+    from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
+    from policylab.dataplane.base import Batch
+    from policylab.dataplane.sim import SimDataPlane
+
+    def ids(seed, contexts, query_lens=None):
+        plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"), seed=seed)
+        out = []
+        for ctx in contexts:
+            q = query_lens or [1] * len(ctx)
+            out += plane.execute(Batch(list(range(len(ctx))), q, ctx, sample=[True] * len(ctx))).sampled
+        return out, plane.vocab_size
+
+    far_first, vocab = ids(0, [[20_000], [5, 6]])
+    near_first, _ = ids(0, [[5], [6, 20_000]])
+    assert sorted(far_first) == sorted(near_first) and len(set(far_first)) == 3
+    assert ids(1, [[5, 6, 20_000]])[0] != near_first
+    assert ids(0, [[4, 5]], query_lens=[2, 2])[0] == far_first[1:]          # sampled after position 5, 6
+    many, _ = ids(0, [list(range(3000))])
+    assert 16 <= min(many) and max(many) < vocab - 16 and len(set(many)) > 2800   # ~2,860 expected of 31,968

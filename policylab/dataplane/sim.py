@@ -39,6 +39,15 @@ class SimDataPlane:
         if dp.calibration:
             from policylab.calibrate import load_calibration
             self.calibration = load_calibration(dp.calibration)
+        s, flops = self.shape, hardware.peak_flops * hardware.flops_efficiency
+        bw = hardware.mem_bandwidth * hardware.bw_efficiency
+        self._s_per_token = 2 * s.dense_params / flops          # the roofline's terms, in seconds
+        self._s_per_sample = 2 * s.hidden * s.vocab / flops
+        self._s_weights = s.weight_bytes / bw
+        self._s_per_attn_pair = 4.0 * s.layers * s.q_dim / flops
+        self._s_per_kv_token = s.kv_bytes_per_token / bw
+        self._s_overhead = hardware.step_overhead
+        self._next_token: list = []          # position -> id sampled after it (see execute)
 
     def num_kv_blocks(self, block_size: int) -> int:
         free = self.hw.mem_bytes * self.dp.gpu_memory_utilization - self.shape.weight_bytes
@@ -57,24 +66,43 @@ class SimDataPlane:
         q, ctx = batch.query_lens, batch.context_lens
         if self.calibration is not None:
             return self.calibration.predict(np.asarray(q, float), np.asarray(ctx, float))
-        s, hw = self.shape, self.hw
-        flops = hw.peak_flops * hw.flops_efficiency
-        bw = hw.mem_bandwidth * hw.bw_efficiency
-        dense = max((2 * s.dense_params * tokens + 2 * s.hidden * s.vocab * sampled) / flops,
-                    s.weight_bytes / bw)
+        dense = max(self._s_per_token * tokens + self._s_per_sample * sampled, self._s_weights)
         context = sum(ctx)
         if tokens == len(q):                                              # decodes only: n = 1
             attn_work = context + tokens                                  # query x key pairs
         else:
             attn_work = sum(n * (c + (n + 1) / 2) for n, c in zip(q, ctx))
         kv_tokens = context + 2 * tokens                                 # read context, write new
-        return (dense + max(4.0 * s.layers * s.q_dim * attn_work / flops,
-                            s.kv_bytes_per_token * kv_tokens / bw) + hw.step_overhead)
+        return (dense + max(self._s_per_attn_pair * attn_work, self._s_per_kv_token * kv_tokens)
+                + self._s_overhead)
 
     def execute(self, batch: Batch) -> StepResult:
-        """Deterministic ids clear of special tokens (lengths come from the trace, not EOS)."""
-        salt, span = self.seed * 2246822519, self.vocab_size - 32
-        ids = [16 + ((rid * 2654435761 + (ctx + n) * 40503 + salt) & 0xFFFFFFFF) % span
-               for rid, n, ctx, s in zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.sample)
-               if s]
-        return StepResult(ids, self._step_time(batch, sum(batch.query_lens), len(ids)))
+        """Deterministic ids that depend on the position only, clear of special tokens.
+
+        Lengths come from the trace, not EOS, so ids matter only to the prefix cache: like
+        greedy decoding, identical prompts continue identically, and different prompts never
+        share an output block (the hash chain carries the prompt). The id sampled after the
+        token at position p is `_next_token[p]`, so a decode step costs one C-level pass.
+        """
+        ctx, tokens = batch.context_lens, sum(batch.query_lens)
+        if tokens == len(ctx):                   # decodes only: position = context
+            positions = ctx
+        else:
+            positions = [c + n - 1 for c, n, s in zip(ctx, batch.query_lens, batch.sample) if s]
+        try:
+            ids = list(map(self._next_token.__getitem__, positions))
+        except IndexError:
+            self._grow_tokens(max(positions) + 1)
+            ids = list(map(self._next_token.__getitem__, positions))
+        return StepResult(ids, self._step_time(batch, tokens, len(ids)))
+
+    def _grow_tokens(self, size: int) -> None:
+        """Extend the id table to cover `size` positions (doubling; each id a hash of seed and position)."""
+        size = max(size, 2 * len(self._next_token), 4096)
+        pos = np.arange(len(self._next_token), size, dtype=np.uint64)
+        with np.errstate(over="ignore"):               # splitmix64 finaliser, wrapping on purpose
+            z = pos * np.uint64(0x9E3779B97F4A7C15) + np.uint64(self.seed * 0xBF58476D1CE4E5B9 % 2 ** 64)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            z ^= z >> np.uint64(31)
+        self._next_token += (16 + z % np.uint64(self.vocab_size - 32)).astype(np.int64).tolist()
