@@ -136,14 +136,13 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
 
     Returns True when the plan schedules running decodes only (the engine's fast path).
     """
-    def fail(rule: str, detail: str):
-        raise ContractViolation(policy, rule, detail)
-
     if not isinstance(plan, StepPlan):
-        fail("plan_type", f"schedule() must return a StepPlan, got {type(plan).__name__}")
+        raise ContractViolation(policy, "plan_type",
+                                f"schedule() must return a StepPlan, got {type(plan).__name__}")
     live, sched = view.by_id, plan.num_scheduled_tokens
     if len(sched) > view.max_num_seqs:
-        fail("seq_cap", f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
+        raise ContractViolation(policy, "seq_cap",
+                                f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
     decode_only = is_decode_only(view, plan)
     if decode_only and all(map(is_, sched.values(), repeat(1))):   # the steady state: no loop
         full = view.needs_block        # every decoding request scheduled: all of them
@@ -152,27 +151,34 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
     else:        # (`is 1` holds for every int 1 in CPython; anything else is checked below)
         if not set(map(type, sched.values())) <= {int}:
             rid, n = next((rid, n) for rid, n in sched.items() if type(n) is not int)
-            fail("chunk_type", f"request {rid}: token count must be int, got {n!r}")
+            raise ContractViolation(policy, "chunk_type",
+                                    f"request {rid}: token count must be int, got {n!r}")
         preempt_set = set(plan.preempt)
         if len(preempt_set) != len(plan.preempt):
-            fail("unique", f"a request appears twice in the preempt list {plan.preempt}")
+            raise ContractViolation(policy, "unique",
+                                    f"a request appears twice in the preempt list {plan.preempt}")
         for rid in plan.preempt:
             v = live.get(rid)
             if v is None or v.status != "running":
-                fail("preempt_running", f"request {rid} is not running and cannot be preempted")
+                raise ContractViolation(policy, "preempt_running",
+                                        f"request {rid} is not running and cannot be preempted")
             if rid in sched:
-                fail("preempted_scheduled", f"request {rid} is both preempted and scheduled")
+                raise ContractViolation(policy, "preempted_scheduled",
+                                        f"request {rid} is both preempted and scheduled")
         for rid, reason in plan.reject.items():
             v = live.get(rid)
             if v is None or v.status != "waiting":
-                fail("reject_waiting", f"request {rid} is not waiting and cannot be rejected")
+                raise ContractViolation(policy, "reject_waiting",
+                                        f"request {rid} is not waiting and cannot be rejected")
             if rid in sched:
-                fail("rejected_scheduled", f"request {rid} is both rejected and scheduled")
+                raise ContractViolation(policy, "rejected_scheduled",
+                                        f"request {rid} is both rejected and scheduled")
             if not reason or not isinstance(reason, str):
-                fail("reject_reason", f"request {rid} rejected without a reason")
+                raise ContractViolation(policy, "reject_reason", f"request {rid} rejected without a reason")
         if not sched.keys() <= live.keys():
             rid = next(rid for rid in sched if rid not in live)
-            fail("unknown_request", f"request {rid} is neither waiting nor running")
+            raise ContractViolation(policy, "unknown_request",
+                                    f"request {rid} is neither waiting nor running")
         for rid, n in sched.items():
             v = live[rid]
             r = v._r
@@ -180,15 +186,21 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
             left = len(r.prompt_ids) + len(out) - r.num_computed_tokens   # known tokens not in the cache yet
             if left == 1 and out:
                 if n != 1:
-                    fail("decode_one", f"request {rid} is decoding and must get exactly 1 token, got {n}")
+                    raise ContractViolation(policy, "decode_one",
+                                            f"request {rid} is decoding and must get exactly 1 token, got {n}")
             elif not 1 <= n <= (left if r.block_table else v.remaining_tokens):
-                fail("chunk_bounds", f"request {rid} in prefill got {n} tokens, allowed 1..{v.remaining_tokens}")
+                raise ContractViolation(policy, "chunk_bounds",
+                                        f"request {rid} in prefill got {n} tokens, "
+                                        f"allowed 1..{v.remaining_tokens}")
         blocks, free = view.plan_kv(plan)
     total = len(sched) if decode_only else sum(sched.values())
     if total > view.max_num_batched_tokens:
-        fail("token_budget", f"{total} tokens scheduled > max_num_batched_tokens={view.max_num_batched_tokens}")
+        raise ContractViolation(policy, "token_budget",
+                                f"{total} tokens scheduled > "
+                                f"max_num_batched_tokens={view.max_num_batched_tokens}")
     if blocks > free:
-        fail("kv_capacity", f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
+        raise ContractViolation(policy, "kv_capacity",
+                                f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
     return decode_only
 
 

@@ -90,40 +90,47 @@ class BlockManager:
             raise MemoryError("KV cache exhausted: need 1 block, 0 free")
 
     def _take(self, table: list, need: int) -> None:
-        for _ in range(need):
-            if self.free_plain:
-                b = self.free_plain.popleft()
-            else:
-                b, _ = self.free_cached.popitem(last=False)
-                del self.cached[self.block_hash[b]]
-                self.block_hash[b] = None
-            self.ref[b] = 1
+        """Plain free blocks first, then the least recently freed cached ones (evicting their
+        hashes). Every block a request ever holds passes here and through release(): locals."""
+        plain, ref = self.free_plain, self.ref
+        from_plain = min(need, len(plain))
+        for _ in range(from_plain):
+            b = plain.popleft()
+            ref[b] = 1
             table.append(b)
+        if need > from_plain:
+            oldest, cached, block_hash = self.free_cached.popitem, self.cached, self.block_hash
+            for _ in range(need - from_plain):
+                b = oldest(False)[0]
+                del cached[block_hash[b]]
+                block_hash[b] = None
+                ref[b] = 1
+                table.append(b)
 
     def register(self, table: list, hashes: list, num_computed: int, start: int = 0) -> int:
         """Publish full, computed blocks of a table in the prefix cache; returns blocks done."""
         full = min(num_computed // self.block_size, len(hashes))
         if self.prefix_caching:
-            for k in range(start, full):
-                b = table[k]
-                if self.block_hash[b] is None:
-                    h = hashes[k]
-                    if h not in self.cached:
-                        self.cached[h] = b
-                        self.block_hash[b] = h
+            cached, block_hash = self.cached, self.block_hash
+            for b, h in zip(table[start:full], hashes[start:full]):
+                if block_hash[b] is None and h not in cached:
+                    cached[h] = b
+                    block_hash[b] = h
         return max(full, start)
 
     def release(self, table: list) -> int:
         """Drop a table's references (tail first, so tails are evicted before shared heads)."""
+        ref, block_hash, plain, lru = self.ref, self.block_hash, self.free_plain, self.free_cached
         freed = 0
         for b in reversed(table):
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
+            left = ref[b] - 1
+            ref[b] = left
+            if not left:
                 freed += 1
-                if self.block_hash[b] is None:
-                    self.free_plain.append(b)
+                if block_hash[b] is None:
+                    plain.append(b)
                 else:
-                    self.free_cached[b] = None
+                    lru[b] = None
         table.clear()
         return freed
 

@@ -72,7 +72,7 @@ def test_each_broken_rule_is_named_and_nothing_is_committed(rule):
 
 
 def test_every_rule_of_validate_plan_has_a_breaking_plan():
-    rules = set(re.findall(r'fail\("(\w+)"', inspect.getsource(validate_plan)))
+    rules = set(re.findall(r'ContractViolation\(policy, "(\w+)"', inspect.getsource(validate_plan)))
     assert rules == set(BAD_PLANS)
 
 
