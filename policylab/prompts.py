@@ -3,13 +3,22 @@
 Lengths come from the trace; contents are pseudo-random ids derived from the
 request's prefix hashes, so requests that share a prefix in the trace share identical
 tokens (and therefore prefix-cache blocks), at any engine block size.
+
+Each stream (a shared prefix segment, or a request's own tokens) is a window of one seeded
+pool of ids, at an offset its key chooses; its first ids come from the key itself, so two
+streams never begin alike (a prefix-cache chain starts there). A window costs two numpy
+calls instead of a hash per token: every request of a replay pays it on arrival.
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _RESERVED = 16   # keep clear of special-token ids at the bottom of a vocabulary
+_POOL_TOKENS = 1 << 16     # a window wraps around it; chains differ from the first block anyway
+_KEY_TOKENS = 4  # ids taken from a stream's 64-bit key: >= 32 bits of it even with a 256-id vocab
 
 
 _SHIFTS = tuple(np.uint64(k) for k in (30, 27, 31))
@@ -41,6 +50,22 @@ def hash_key(*parts) -> int:
     return h
 
 
+@lru_cache(maxsize=4)
+def _pool(seed: int, vocab_size: int) -> np.ndarray:
+    pool = _stream(hash_key("pool", seed), 0, _POOL_TOKENS, vocab_size)
+    pool.flags.writeable = False
+    return pool
+
+
+def _window(key: int, count: int, vocab_size: int, seed: int) -> np.ndarray:
+    """`count` ids of the stream `key`: its own first ids, then the pool from a key-chosen offset."""
+    offset = key % _POOL_TOKENS
+    ids = _pool(seed, vocab_size).take(np.arange(offset, offset + count), mode="wrap")
+    span = vocab_size - _RESERVED
+    ids[:_KEY_TOKENS] = [_RESERVED + (key >> 16 * k) % span for k in range(min(count, _KEY_TOKENS))]
+    return ids
+
+
 def synthesize_prompt(index: int, prompt_tokens: int, prefix_hashes, vocab_size: int,
                       seed: int = 0, prefix_block_tokens: int = 512) -> np.ndarray:
     """Prompt ids: one segment per prefix hash, then tokens unique to this request."""
@@ -49,8 +74,8 @@ def synthesize_prompt(index: int, prompt_tokens: int, prefix_hashes, vocab_size:
         if pos >= prompt_tokens:
             break
         n = min(prefix_block_tokens, prompt_tokens - pos)
-        parts.append(_stream(hash_key("prefix", seed, h), 0, n, vocab_size))
+        parts.append(_window(hash_key("prefix", seed, h), n, vocab_size, seed))
         pos += n
     if pos < prompt_tokens:
-        parts.append(_stream(hash_key("request", seed, index), pos, prompt_tokens - pos, vocab_size))
+        parts.append(_window(hash_key("request", seed, index), prompt_tokens - pos, vocab_size, seed))
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
