@@ -61,7 +61,7 @@ class PrefillFirst(Policy):
         free = view.num_free_blocks
         if len(view.decoding) == len(view.running) <= view.max_num_batched_tokens \
                 and len(view.needs_block) <= free:       # the steady state: every request decodes
-            return StepPlan(dict.fromkeys(view.running_ids, 1))
+            return StepPlan(view.decode_all)
         plan = StepPlan()
         running, head, tail = view.running, 0, len(view.running)
         budget = view.max_num_batched_tokens

@@ -88,6 +88,24 @@ class RequestView:
                 f"computed={self.num_computed_tokens}, out={self.num_output_tokens})")
 
 
+class ReadOnlyPlanTokens(dict):
+    """A plan mapping the engine built and trusts unread (`SchedulerView.decode_all`): it refuses
+    changes; copies of it (`dict(...)`, `copy`, `deepcopy`, pickle) are plain dicts."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("view.decode_all is read-only; change a copy: dict(view.decode_all)")
+
+    __setitem__ = __delitem__ = __ior__ = update = pop = popitem = clear = setdefault = _refuse
+
+    def copy(self) -> dict:
+        return dict(self)
+
+    def __reduce__(self):
+        return dict, (dict(self),)
+
+
 @dataclass(slots=True)
 class SchedulerView:
     """Everything a policy may read in one step. Lists are in queue order."""
@@ -111,6 +129,10 @@ class SchedulerView:
     decoding: AbstractSet[int]         # running req_ids whose next step is one decode token
     needs_block: AbstractSet[int]      # decoding req_ids whose last KV block is full: one more
                                        # token takes a new block (the others take none)
+    decode_all: ReadOnlyPlanTokens     # read-only {req_id: 1} over `running_ids`, in order: the
+                                       # plan "every running request decodes". Returned as is
+                                       # (`StepPlan(view.decode_all)`), the engine that built it
+                                       # skips re-reading it request by request
 
 
 @dataclass
@@ -144,7 +166,7 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
         raise ContractViolation(policy, "seq_cap",
                                 f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
     decode_only = is_decode_only(view, plan)
-    if decode_only and all(map(is_, sched.values(), repeat(1))):   # the steady state: no loop
+    if decode_only and (sched is view.decode_all or all(map(is_, sched.values(), repeat(1)))):
         full = view.needs_block        # every decoding request scheduled: all of them
         blocks = len(full) if len(sched) == len(view.decoding) else len(full & sched.keys())
         free = view.num_free_blocks
@@ -209,6 +231,7 @@ def is_decode_only(view: SchedulerView, plan: StepPlan) -> bool:
     sched = plan.num_scheduled_tokens
     if plan.preempt or plan.reject or not sched:
         return False
-    if len(sched) == len(view.running_ids) == len(view.decoding) and tuple(sched) == view.running_ids:
+    if len(view.running_ids) == len(view.decoding) and (sched is view.decode_all or (
+            len(sched) == len(view.running_ids) and tuple(sched) == view.running_ids)):
         return True                    # every running request decodes, in running order: the usual plan
     return sched.keys() <= view.decoding

@@ -17,11 +17,13 @@ from policylab.dataplane.base import Batch
 
 
 class DecodeBatch:
-    """The running decodes `ids` (batch order), valid while every step decodes exactly them."""
+    """The running decodes of a plan (batch order), valid while every step decodes exactly them."""
 
-    def __init__(self, ids: list, requests: list, target_len: dict, block_size: int):
+    def __init__(self, plan_tokens, requests: list, target_len: dict, block_size: int):
+        ids = list(plan_tokens)
         rs = [requests[i] for i in ids]
         self.ids, self.requests, self.block_size = ids, rs, block_size
+        self.plan_tokens = plan_tokens     # the plan's mapping: the same one again, the same batch
         self._outputs = [r.output_ids for r in rs]
         self._times = [r.token_times for r in rs]
         self._targets = list(map(target_len.__getitem__, ids))

@@ -15,7 +15,8 @@ import numpy as np
 
 from policylab.clock import make_clock
 from policylab.config import EngineConfig, check_engine_config
-from policylab.contract import ContractViolation, RequestView, SchedulerView, StepPlan, validate_plan
+from policylab.contract import (ContractViolation, ReadOnlyPlanTokens, RequestView, SchedulerView, StepPlan,
+                                validate_plan)
 from policylab.dataplane.base import Batch, DataPlane, StepResult
 from policylab.decode_batch import DecodeBatch
 from policylab.kv import BlockManager, chain_hashes
@@ -165,16 +166,17 @@ class Engine:
     def _view(self) -> SchedulerView:
         kv, views = self.kv, self.views
         if self._queue_views is None:
+            running_ids = tuple([r.req_id for r in self._running])
             self._queue_views = (tuple([views[r.req_id] for r in self._waiting]),
                                  tuple([views[r.req_id] for r in self._running]),
-                                 tuple([r.req_id for r in self._running]))
-        waiting, running, running_ids = self._queue_views
+                                 running_ids, ReadOnlyPlanTokens(dict.fromkeys(running_ids, 1)))
+        waiting, running, running_ids, decode_all = self._queue_views
         return SchedulerView(          # positional, in field order: keywords cost 2.8x here (every step)
             self.clock.now, self.step_index, waiting, running,
             self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
             kv.block_size, kv.num_free, kv.num_blocks,
             self.blocks_needed, self._blocks_freed_by_preempting, self.plan_kv, self._views_ro,
-            running_ids, self._decoding_ro, self._needs_block_ro)
+            running_ids, self._decoding_ro, self._needs_block_ro, decode_all)
 
     def _blocks_freed_by_preempting(self, v: RequestView) -> int:
         return self.kv.freed_by_release(v._r.block_table)
@@ -283,10 +285,10 @@ class Engine:
 
     def _commit_decodes(self, plan: StepPlan) -> Batch:
         """Commit a plan of running decodes only, the steady state: the persistent batch, no loop."""
-        sched = plan.num_scheduled_tokens
-        ids = list(sched)
-        if self._decode_batch is None or self._decode_batch.ids != ids:
-            self._decode_batch = DecodeBatch(ids, self.requests, self.target_len, self.kv.block_size)
+        sched, db = plan.num_scheduled_tokens, self._decode_batch
+        # the view's read-only decode_all, unchanged since the batch formed: the same requests
+        if db is None or not (sched is self._queue_views[3] is db.plan_tokens or list(sched) == db.ids):
+            self._decode_batch = DecodeBatch(sched, self.requests, self.target_len, self.kv.block_size)
         needs_block = self._needs_block
         growing = list(needs_block) if len(sched) == len(self._decoding) else needs_block.keys() & sched.keys()
         for rid in growing:

@@ -1,5 +1,6 @@
 """Every rule of the step contract: a plan that breaks it raises ContractViolation naming the
 rule and the policy, and the engine changes nothing (DESIGN §3: never silently fixed)."""
+import copy
 import inspect
 import re
 
@@ -127,3 +128,29 @@ def test_the_view_carries_each_engine_fact_in_its_own_field():
     assert view.plan_kv(StepPlan({1: 8})) == (2, 3)
     assert sorted(view.by_id) == [0, 1, 2] and view.running_ids == (0,)
     assert set(view.decoding) == {0} and set(view.needs_block) == set()
+    assert dict(view.decode_all) == {0: 1}
+    with pytest.raises(TypeError):
+        view.decode_all[0] = 2                      # read-only: the engine trusts what it built
+    with pytest.raises(TypeError):
+        view.decode_all.update({1: 8})
+    logged = copy.deepcopy(StepPlan(view.decode_all))          # a policy may keep copies of plans
+    assert type(logged.num_scheduled_tokens) is dict and logged.num_scheduled_tokens == {0: 1}
+
+
+def test_a_decode_all_kept_from_an_earlier_step_is_checked_like_any_plan():
+    """Only the current view's decode_all skips the per-request checks; an old one (here naming
+    a request that has finished since) goes through them and breaks a rule."""
+    kept = []
+
+    class Hoarder(Policy):
+        def schedule(self, view):
+            if view.waiting:
+                return StepPlan({v.req_id: v.remaining_tokens for v in view.waiting[:2]})
+            kept.append(view.decode_all)
+            return StepPlan(kept[0])
+
+    dataplane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    trace = [TraceRequest(0.0, 8, 2), TraceRequest(0.0, 8, 9)]
+    result = Engine(trace, Hoarder("hoarder"), dataplane, CFG).run()
+    assert result.partial and "unknown_request" in result.error
+    assert [len(r.output_ids) for r in result.requests] == [2, 2]
