@@ -311,7 +311,7 @@ class Engine:
         have, full = len(r.block_hashes), r.num_tokens // bs
         if kv.prefix_caching and full > have:
             r.block_hashes += chain_hashes(r.token_ids(have * bs, full * bs), bs,
-                                           r.block_hashes[-1] if have else None)
+                                           r.block_hashes[-1] if have else None, have * bs)
             kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, have)
         kv.release(r.block_table)
         self._decoding.pop(r.req_id, None)

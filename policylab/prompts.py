@@ -15,29 +15,11 @@ from functools import lru_cache
 
 import numpy as np
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+from policylab.streams import splitmix64
+
 _RESERVED = 16   # keep clear of special-token ids at the bottom of a vocabulary
 _POOL_TOKENS = 1 << 16     # a window wraps around it; chains differ from the first block anyway
 _KEY_TOKENS = 4  # ids taken from a stream's 64-bit key: >= 32 bits of it even with a 256-id vocab
-
-
-_SHIFTS = tuple(np.uint64(k) for k in (30, 27, 31))
-_MULTS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
-
-
-def _stream(key: int, start: int, count: int, vocab_size: int) -> np.ndarray:
-    """Ids in [_RESERVED, vocab_size): splitmix64 of the positions, in place (arrays wrap silently)."""
-    x = np.arange(start, start + count, dtype=np.uint64)
-    x *= _GOLDEN
-    x += np.uint64(key)
-    x ^= x >> _SHIFTS[0]
-    x *= _MULTS[0]
-    x ^= x >> _SHIFTS[1]
-    x *= _MULTS[1]
-    x ^= x >> _SHIFTS[2]
-    x %= np.uint64(vocab_size - _RESERVED)
-    x += np.uint64(_RESERVED)
-    return x.astype(np.int32)
 
 
 def hash_key(*parts) -> int:
@@ -52,7 +34,8 @@ def hash_key(*parts) -> int:
 
 @lru_cache(maxsize=4)
 def _pool(seed: int, vocab_size: int) -> np.ndarray:
-    pool = _stream(hash_key("pool", seed), 0, _POOL_TOKENS, vocab_size)
+    ids = splitmix64(hash_key("pool", seed), 0, _POOL_TOKENS) % np.uint64(vocab_size - _RESERVED)
+    pool = (ids + np.uint64(_RESERVED)).astype(np.int32)
     pool.flags.writeable = False
     return pool
 

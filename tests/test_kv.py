@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -176,3 +177,23 @@ def test_freed_blocks_are_reused_least_recently_freed_first():
     kv.release(c)
     kv.check()
     assert not any(kv.ref)
+
+
+@given(tokens=st.lists(st.integers(0, 2 ** 17 - 1), min_size=0, max_size=80), block_size=st.sampled_from([1, 4, 16]),
+       split=st.integers(0, 5), position=st.integers(0, 79))
+def test_prefix_hashes_continue_from_a_split_and_change_from_the_first_changed_block_on(
+        tokens, block_size, split, position):
+    """Block k's hash stands for every token up to its end: hashing in two pieces (`prev`,
+    `start`) gives the same list, and changing one token changes that block's hash and every
+    later one, never an earlier one. Zero ids count too (an all-zero block still moves the hash)."""
+    ids = np.array(tokens, np.int32)
+    whole = chain_hashes(ids, block_size)
+    cut = min(split, len(ids) // block_size) * block_size
+    head = chain_hashes(ids[:cut], block_size)
+    assert head + chain_hashes(ids[cut:], block_size, head[-1] if head else None, cut) == whole
+    if position < len(ids):
+        changed = ids.copy()
+        changed[position] = (changed[position] + 1) % 2 ** 17
+        other, k = chain_hashes(changed, block_size), position // block_size
+        assert other[:k] == whole[:k] and all(a != b for a, b in zip(other[k:], whole[k:]))
+    assert len(set(chain_hashes(np.zeros(len(ids), np.int32), block_size))) == len(ids) // block_size

@@ -13,6 +13,7 @@ import numpy as np
 
 from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.base import Batch, StepResult
+from policylab.streams import splitmix64
 
 
 class ModelShape:
@@ -98,11 +99,7 @@ class SimDataPlane:
 
     def _grow_tokens(self, size: int) -> None:
         """Extend the id table to cover `size` positions (doubling; each id a hash of seed and position)."""
-        size = max(size, 2 * len(self._next_token), 4096)
-        pos = np.arange(len(self._next_token), size, dtype=np.uint64)
-        with np.errstate(over="ignore"):               # splitmix64 finaliser, wrapping on purpose
-            z = pos * np.uint64(0x9E3779B97F4A7C15) + np.uint64(self.seed * 0xBF58476D1CE4E5B9 % 2 ** 64)
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            z ^= z >> np.uint64(31)
-        self._next_token += (16 + z % np.uint64(self.vocab_size - 32)).astype(np.int64).tolist()
+        have = len(self._next_token)
+        size = max(size, 2 * have, 4096)
+        ids = splitmix64(self.seed * 0xBF58476D1CE4E5B9, have, size - have) % np.uint64(self.vocab_size - 32)
+        self._next_token += (ids + np.uint64(16)).astype(np.int64).tolist()
