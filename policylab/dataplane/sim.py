@@ -67,15 +67,17 @@ class SimDataPlane:
         q, ctx = batch.query_lens, batch.context_lens
         if self.calibration is not None:
             return self.calibration.predict(np.asarray(q, float), np.asarray(ctx, float))
-        dense = max(self._s_per_token * tokens + self._s_per_sample * sampled, self._s_weights)
+        dense = self._s_per_token * tokens + self._s_per_sample * sampled
+        if dense < self._s_weights:                                      # memory-bound: weights read
+            dense = self._s_weights
         context = sum(ctx)
         if tokens == len(q):                                              # decodes only: n = 1
             attn_work = context + tokens                                  # query x key pairs
         else:
             attn_work = sum(n * (c + (n + 1) / 2) for n, c in zip(q, ctx))
-        kv_tokens = context + 2 * tokens                                 # read context, write new
-        return (dense + max(self._s_per_attn_pair * attn_work, self._s_per_kv_token * kv_tokens)
-                + self._s_overhead)
+        attn = self._s_per_attn_pair * attn_work
+        kv = self._s_per_kv_token * (context + 2 * tokens)               # read context, write new
+        return dense + (attn if attn > kv else kv) + self._s_overhead
 
     def execute(self, batch: Batch) -> StepResult:
         """Deterministic ids that depend on the position only, clear of special tokens.
