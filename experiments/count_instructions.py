@@ -11,7 +11,7 @@ the other checkout's engine.
 Fewer instructions is not always less time (caches, branch prediction), so confirm a change
 with bench_engine.py too. Needs valgrind (Debian package `valgrind`); slow: ~60x native.
 Usage: python experiments/count_instructions.py [--running 256] [--steps 100] [--requests 300]
-                                                [--against OTHER_CHECKOUT]
+                                                [--against OTHER_CHECKOUT]     (0 steps/requests: skip)
 """
 from __future__ import annotations
 
@@ -72,6 +72,8 @@ if __name__ == "__main__":
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for kind, n, units, unit in (("steady", args.running, args.steps, f"step with {args.running} decodes"),
                                  ("replay", 0, args.requests, "request of a sim replay")):
+        if not units:                  # --steps 0 / --requests 0: skip that workload
+            continue
         mine = per_unit(here, kind, n, units)
         line = f"{kind}: {mine:,.0f} instructions per {unit}"
         if args.against:
