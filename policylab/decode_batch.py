@@ -4,45 +4,71 @@ Most steps of a replay decode the same running requests as the step before (vLLM
 keeps its `InputBatch` on the runner for the same reason). While that ordered set stays
 the same, the per-request lists handed to the data plane are reused and a step's
 bookkeeping (one token, one timestamp, one computed token per request) is one tight pass
-with no per-request checks. Finishes and full blocks are known
-ahead: each step adds exactly one token to every member, so the step on which a member
-reaches its output length, and the steps on which its last block fills, follow from its
-counts when the batch forms.
+with no per-request checks. Finishes and full blocks are known ahead: each step adds
+exactly one token to every member, so the step on which a member reaches its output
+length, and the steps on which its last block fills, follow from its counts when it joins.
+Members join at the end (a prefill just completed) and leave (finished) without the batch
+being rebuilt; lists are replaced, never changed in place, so a batch already sent stays
+as it ran.
 """
 from __future__ import annotations
 
+import math
+from itertools import compress
 from operator import sub
 
 from policylab.dataplane.base import Batch
 
 
 class DecodeBatch:
-    """The running decodes of a plan (batch order), valid while every step decodes exactly them."""
+    """Running decodes in batch order, valid while only the engine's decode steps change them."""
 
-    def __init__(self, plan_tokens, requests: list, target_len: dict, block_size: int):
-        ids = list(plan_tokens)
-        rs = [requests[i] for i in ids]
-        self.ids, self.requests, self.block_size = ids, rs, block_size
-        self.plan_tokens = plan_tokens     # the plan's mapping: the same one again, the same batch
-        self._outputs = [r.output_ids for r in rs]
-        self._times = [r.token_times for r in rs]
-        self._targets = list(map(target_len.__getitem__, ids))
-        self._context = [r.num_computed_tokens for r in rs]      # this step's context lengths
+    def __init__(self, requests: list, target_len: dict, block_size: int):
+        self._all, self._target_len, self.block_size = requests, target_len, block_size
+        self.ids: list = []
+        self.requests: list = []
+        self._outputs, self._times, self._targets, self._context = [], [], [], []
+        self._tables, self._sampling, self._query_lens, self._sample = [], [], [], []
         self._steps = 0                           # steps decoded since the batch formed
-        self._first_finish = min(map(sub, self._targets, map(len, self._outputs)))
-        n = len(ids)
-        self._query_lens, self._sample = [1] * n, [True] * n
-        self._tables = [r.block_table for r in rs]
-        self._sampling = [r.sampling for r in rs]
-        self._by_phase: dict = {}                 # computed % block_size -> member ids
-        for rid, c in zip(ids, self._context):
-            self._by_phase.setdefault(c % block_size, []).append(rid)
+        self._first_finish = math.inf             # the step on which the first member can finish
+        self._by_phase: dict = {}                 # (computed - steps) % block_size -> member ids
+        self.plan_tokens = None                   # the plan mapping it last served
+
+    def join(self, ids: list) -> None:
+        """Add running decodes at the end of the batch."""
+        rs = [self._all[i] for i in ids]
+        outputs, context = [r.output_ids for r in rs], [r.num_computed_tokens for r in rs]
+        targets = list(map(self._target_len.__getitem__, ids))
+        self.ids, self.requests = self.ids + ids, self.requests + rs
+        self._outputs, self._targets = self._outputs + outputs, self._targets + targets
+        self._times = self._times + [r.token_times for r in rs]
+        self._context = self._context + context
+        self._tables = self._tables + [r.block_table for r in rs]
+        self._sampling = self._sampling + [r.sampling for r in rs]
+        self._query_lens, self._sample = [1] * len(self.ids), [True] * len(self.ids)
+        self._first_finish = min(self._first_finish, self._steps + min(map(sub, targets, map(len, outputs))))
+        for rid, c in zip(ids, context):
+            self._by_phase.setdefault((c - self._steps) % self.block_size, []).append(rid)
+
+    def leave(self, finished: list) -> None:
+        """Drop finished members."""
+        gone = set(finished)
+        keep = [r not in gone for r in self.requests]
+        self.ids, self.requests = list(compress(self.ids, keep)), list(compress(self.requests, keep))
+        self._outputs, self._times = list(compress(self._outputs, keep)), list(compress(self._times, keep))
+        self._targets, self._context = list(compress(self._targets, keep)), list(compress(self._context, keep))
+        self._tables, self._sampling = list(compress(self._tables, keep)), list(compress(self._sampling, keep))
+        self._query_lens, self._sample = [1] * len(self.ids), [True] * len(self.ids)
+        for r in finished:
+            phase = (r.num_computed_tokens - self._steps) % self.block_size
+            self._by_phase[phase] = [rid for rid in self._by_phase[phase] if rid != r.req_id]
+        self._first_finish = self._steps + min(map(sub, self._targets, map(len, self._outputs)), default=math.inf)
 
     def batch(self) -> Batch:
         return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling)
 
     def advance(self, sampled: list, now: float, eos) -> list:
-        """Apply one step's tokens; returns the members that finished (the batch ends with them)."""
+        """Apply one step's tokens; returns the members that finished (they must `leave`)."""
         self._steps += 1
         self._context = context = []          # a fresh list: batches stay as sent
         add = context.append

@@ -58,7 +58,7 @@ class Engine:
         self._stalled_steps = 0          # consecutive steps with no output token and no request done
         self._on_done = None
         self._decode_step = False        # the step being executed schedules running decodes only
-        self._decode_batch: Optional[DecodeBatch] = None   # the steady state, kept across steps
+        self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
 
     waiting = property(lambda self: self._waiting)
@@ -243,8 +243,10 @@ class Engine:
 
     # ------------------------------------------------------------ commit
     def _commit(self, plan: StepPlan) -> Optional[Batch]:
-        self._decode_batch = None                    # any other step may change its members
         now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
+        sched = plan.num_scheduled_tokens
+        if plan.preempt or not set(self._decode_batch.ids).isdisjoint(sched):   # its members change
+            self._decode_batch = DecodeBatch(reqs, self.target_len, bs)
         for rid, reason in plan.reject.items():
             self._reject(reqs[rid], f"rejected by policy: {reason}")
         preempted = [reqs[rid] for rid in plan.preempt]
@@ -252,7 +254,6 @@ class Engine:
             self._release(r)
             r.num_computed_tokens, r.status = 0, Status.WAITING
             r.num_preemptions += 1
-        sched = plan.num_scheduled_tokens
         starting = [r for r in self.waiting if r.req_id in sched]
         for r in starting:       # take every cache hit before any allocation can evict one
             r.status = Status.RUNNING
@@ -286,17 +287,22 @@ class Engine:
     def _commit_decodes(self, plan: StepPlan) -> Batch:
         """Commit a plan of running decodes only, the steady state: the persistent batch, no loop."""
         sched, db = plan.num_scheduled_tokens, self._decode_batch
-        # the view's read-only decode_all, unchanged since the batch formed: the same requests
-        if db is None or not (sched is self._queue_views[3] is db.plan_tokens or list(sched) == db.ids):
-            self._decode_batch = DecodeBatch(sched, self.requests, self.target_len, self.kv.block_size)
+        if not (sched is self._queue_views[3] is db.plan_tokens):   # (the view's read-only decode_all,
+            ids, have = list(sched), len(db.ids)                    # unchanged: the same requests)
+            if ids[:have] != db.ids:         # not the members, then newly decoding ones: start over
+                db = self._decode_batch = DecodeBatch(self.requests, self.target_len, self.kv.block_size)
+                have = 0
+            if len(ids) > have:
+                db.join(ids[have:])
+            db.plan_tokens = sched
         needs_block = self._needs_block
         growing = list(needs_block) if len(sched) == len(self._decoding) else needs_block.keys() & sched.keys()
         for rid in growing:
             self.kv.grow_one(self.requests[rid].block_table)
             del needs_block[rid]                     # its last block is no longer full
-        batch = self._decode_batch.batch()
+        batch = db.batch()
         if self.dataplane.needs_token_ids:
-            batch.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decode_batch.requests]
+            batch.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in db.requests]
         self._pending_counts = (0, 0)          # (a decode step always samples: no liveness check)
         return batch
 
@@ -354,7 +360,7 @@ class Engine:
         for rid in db.full_last_block():
             needs_block[rid] = None
         if finished:
-            self._decode_batch = None
+            db.leave(finished)
         return finished
 
     def _postprocess_general(self, batch: Batch, sampled: list) -> tuple:
