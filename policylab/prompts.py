@@ -6,8 +6,9 @@ tokens (and therefore prefix-cache blocks), at any engine block size.
 
 Each stream (a shared prefix segment, or a request's own tokens) is a window of one seeded
 pool of ids, at an offset its key chooses; its first ids come from the key itself, so two
-streams never begin alike (a prefix-cache chain starts there). A window costs two numpy
-calls instead of a hash per token: every request of a replay pays it on arrival.
+streams never begin alike, even at the same offset (and a block's prefix hash covers every
+token before it, so streams that begin apart share no block). A window costs two numpy calls
+instead of a hash per token: every request of a replay pays it on arrival.
 """
 from __future__ import annotations
 
