@@ -179,7 +179,7 @@ def test_freed_blocks_are_reused_least_recently_freed_first():
     assert not any(kv.ref)
 
 
-@given(tokens=st.lists(st.integers(0, 2 ** 17 - 1), min_size=0, max_size=80), block_size=st.sampled_from([1, 4, 16]),
+@given(tokens=st.lists(st.integers(0, 2 ** 17 - 1), max_size=80), block_size=st.sampled_from([1, 4, 16]),
        split=st.integers(0, 5), position=st.integers(0, 79))
 def test_prefix_hashes_continue_from_a_split_and_change_from_the_first_changed_block_on(
         tokens, block_size, split, position):
