@@ -125,3 +125,17 @@ def test_sim_token_ids_depend_on_seed_and_position_only_however_the_id_table_gre
     assert ids(0, [[4, 5]], query_lens=[2, 2])[0] == far_first[1:]          # sampled after position 5, 6
     many, _ = ids(0, [list(range(3000))])
     assert 16 <= min(many) and max(many) < vocab - 16 and len(set(many)) > 2800   # ~2,860 expected of 31,968
+
+
+def test_sim_plane_samples_only_where_the_batch_says_even_when_every_chunk_is_one_token():
+    """A one-token prefill chunk that does not complete its prompt samples nothing: a batch of
+    one-token entries is not necessarily all decodes."""
+    from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
+    from policylab.dataplane.base import Batch
+    from policylab.dataplane.sim import SimDataPlane
+
+    plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    mixed = plane.execute(Batch([0, 1, 2], [1, 1, 1], [40, 3, 77], sample=[True, False, True]))
+    alone = plane.execute(Batch([0, 2], [1, 1], [40, 77], sample=[True, True]))
+    assert mixed.sampled == alone.sampled and len(mixed.sampled) == 2
+    assert mixed.duration > alone.duration         # the unsampled chunk still costs compute and KV

@@ -88,7 +88,7 @@ class SimDataPlane:
         token at position p is `_next_token[p]`, so a decode step costs one C-level pass.
         """
         ctx, tokens = batch.context_lens, sum(batch.query_lens)
-        if tokens == len(ctx):                   # decodes only: position = context
+        if tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
             positions = ctx
         else:
             positions = [c + n - 1 for c, n, s in zip(ctx, batch.query_lens, batch.sample) if s]
