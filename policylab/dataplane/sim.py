@@ -60,9 +60,6 @@ class SimDataPlane:
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         """Nothing to allocate: the simulated cache is pure accounting."""
 
-    def step_time(self, batch: Batch) -> float:
-        return self._step_time(batch, sum(batch.query_lens), sum(batch.sample))
-
     def _step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
         q, ctx = batch.query_lens, batch.context_lens
         if self.calibration is not None:
