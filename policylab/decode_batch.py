@@ -25,6 +25,10 @@ class DecodeBatch:
 
     def __init__(self, requests: list, target_len: dict, block_size: int):
         self._all, self._target_len, self.block_size = requests, target_len, block_size
+        self.clear()
+
+    def clear(self) -> None:
+        """Start over, empty (with new lists: batches already sent keep theirs)."""
         self.ids: list = []
         self.requests: list = []
         self._outputs, self._times, self._targets, self._context = [], [], [], []

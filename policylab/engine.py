@@ -246,7 +246,7 @@ class Engine:
         now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
         sched = plan.num_scheduled_tokens
         if plan.preempt or not set(self._decode_batch.ids).isdisjoint(sched):   # its members change
-            self._decode_batch = DecodeBatch(reqs, self.target_len, bs)
+            self._decode_batch.clear()
         for rid, reason in plan.reject.items():
             self._reject(reqs[rid], f"rejected by policy: {reason}")
         preempted = [reqs[rid] for rid in plan.preempt]
@@ -290,7 +290,7 @@ class Engine:
         if not (sched is self._queue_views[3] is db.plan_tokens):   # (the view's read-only decode_all,
             ids, have = list(sched), len(db.ids)                    # unchanged: the same requests)
             if ids[:have] != db.ids:         # not the members, then newly decoding ones: start over
-                db = self._decode_batch = DecodeBatch(self.requests, self.target_len, self.kv.block_size)
+                db.clear()
                 have = 0
             if len(ids) > have:
                 db.join(ids[have:])
