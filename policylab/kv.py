@@ -20,13 +20,14 @@ def chain_hashes(token_ids: np.ndarray, block_size: int, prev: int | None = None
 
     The hash is universal over the prefix: the sum of (id + 1) * W[position] mod 2^64, with
     fixed pseudo-random 64-bit weights W. Two different prefixes (ids below 2^17) get the same
-    hash with probability under 2^-47. It is one cumulative sum over the blocks, not a hash
-    call per block: every prompt pays it on arrival.
+    hash with probability under 2^-47. It is one cumulative sum over the tokens, read at each
+    block's end, not a hash call per block: every prompt pays it on arrival.
     """
-    n = len(token_ids) // block_size
-    end = start + n * block_size
-    ids = np.asarray(token_ids[:n * block_size], np.uint64) + np.uint64(1)      # no id adds nothing
-    hashes = np.cumsum((ids * _weights(end)[start:end]).reshape(n, block_size).sum(axis=1), dtype=np.uint64)
+    end = start + len(token_ids) // block_size * block_size
+    terms = np.array(token_ids[:end - start], np.uint64)       # a fresh array, updated in place
+    terms += np.uint64(1)                                        # so that no id adds nothing
+    terms *= _weights(end)[start:end]
+    hashes = terms.cumsum(out=terms)[block_size - 1::block_size]  # the running sum at each block's end
     if prev is not None:
         hashes += np.uint64(prev)
     return hashes.tolist()
