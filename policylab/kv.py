@@ -7,7 +7,7 @@ Invariant: free + used == total, and at drain every reference count is 0.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 
 import numpy as np
 
@@ -55,12 +55,17 @@ class BlockManager:
         self.block_hash: list = [None] * num_blocks
         self.cached: dict = {}                  # hash -> block id
         self.free_plain = deque(range(num_blocks))   # free, no reusable content
-        self.free_cached: OrderedDict = OrderedDict()  # free, hashed; LRU first
+        # Free, hashed blocks, least recently freed first. A cache hit takes a block out of the
+        # middle: its entry stays and is skipped later (`_stale`), so freeing and reusing a block
+        # touch only the ends of a deque, not an ordered hash table (a cache miss per block).
+        self.free_cached: deque = deque()
+        self._stale = [0] * num_blocks           # per block: its older entries in free_cached
+        self._num_free_cached = 0
         self.epoch = 0                           # bumped by the engine each step (memoizes lookups)
 
     @property
     def num_free(self) -> int:
-        return len(self.free_plain) + len(self.free_cached)
+        return len(self.free_plain) + self._num_free_cached
 
     @property
     def num_used(self) -> int:
@@ -86,11 +91,16 @@ class BlockManager:
 
     def acquire(self, table: list, blocks) -> None:
         """Append cache-hit blocks to a block table, taking a reference on each."""
+        ref = self.ref
         for b in blocks:
-            if self.ref[b] == 0:
-                del self.free_cached[b]
-            self.ref[b] += 1
+            if ref[b] == 0:                      # free: its entry in free_cached goes stale
+                self._stale[b] += 1
+                self._num_free_cached -= 1
+            ref[b] += 1
             table.append(b)
+        if len(self.free_cached) > 2 * self.num_blocks:     # mostly stale entries: drop them
+            self.free_cached = deque(self.free_cached_blocks())
+            self._stale = [0] * self.num_blocks
 
     def grow(self, table: list, num_tokens: int) -> None:
         """Allocate blocks so `table` covers num_tokens tokens."""
@@ -105,7 +115,7 @@ class BlockManager:
             b = self.free_plain.popleft()
             self.ref[b] = 1
             table.append(b)
-        elif self.free_cached:
+        elif self._num_free_cached:
             self._take(table, 1)
         else:
             raise MemoryError("KV cache exhausted: need 1 block, 0 free")
@@ -120,9 +130,14 @@ class BlockManager:
             ref[b] = 1
             table.append(b)
         if need > from_plain:
-            oldest, cached, block_hash = self.free_cached.popitem, self.cached, self.block_hash
+            oldest, stale = self.free_cached.popleft, self._stale
+            cached, block_hash = self.cached, self.block_hash
+            self._num_free_cached -= need - from_plain
             for _ in range(need - from_plain):
-                b = oldest(False)[0]
+                b = oldest()
+                while stale[b]:                  # an entry older than the block's reuse: skip it
+                    stale[b] -= 1
+                    b = oldest()
                 del cached[block_hash[b]]
                 block_hash[b] = None
                 ref[b] = 1
@@ -142,7 +157,7 @@ class BlockManager:
     def release(self, table: list) -> int:
         """Drop a table's references (tail first, so tails are evicted before shared heads)."""
         ref, block_hash, plain, lru = self.ref, self.block_hash, self.free_plain, self.free_cached
-        freed = 0
+        freed, plain_before = 0, len(plain)
         for b in reversed(table):
             left = ref[b] - 1
             ref[b] = left
@@ -151,9 +166,20 @@ class BlockManager:
                 if block_hash[b] is None:
                     plain.append(b)
                 else:
-                    lru[b] = None
+                    lru.append(b)
+        self._num_free_cached += freed - (len(plain) - plain_before)
         table.clear()
         return freed
+
+    def free_cached_blocks(self) -> list:
+        """The free, hashed blocks, least recently freed first (free_cached without stale entries)."""
+        stale, live = list(self._stale), []
+        for b in self.free_cached:
+            if stale[b]:
+                stale[b] -= 1
+            else:
+                live.append(b)
+        return live
 
     def freed_by_release(self, table: list) -> int:
         ref = self.ref
@@ -165,7 +191,10 @@ class BlockManager:
         assert min(self.ref) >= 0, "negative reference count"
         assert used + self.num_free == self.num_blocks, (used, self.num_free, self.num_blocks)
         assert all(self.ref[b] == 0 for b in self.free_plain), "held block in free list"
-        assert all(self.ref[b] == 0 for b in self.free_cached), "held block in cached free list"
+        lru = self.free_cached_blocks()
+        assert len(lru) == self._num_free_cached, "free cached count out of sync"
+        assert all(self.ref[b] == 0 and self.block_hash[b] is not None for b in lru), "held block in LRU"
         assert len(set(self.free_plain)) == len(self.free_plain), "block freed twice"
+        assert len(set(lru)) == len(lru), "block in the LRU twice"
         for h, b in self.cached.items():
             assert self.block_hash[b] == h, "hash map out of sync"

@@ -179,6 +179,43 @@ def test_freed_blocks_are_reused_least_recently_freed_first():
     assert not any(kv.ref)
 
 
+def test_a_block_hit_while_free_moves_to_the_back_of_the_lru_and_stale_entries_stay_bounded():
+    """Hits on free blocks leave stale entries behind in the LRU deque: they are skipped on
+    eviction (the hit block counts as freed at its latest release) and dropped when they pile up."""
+    kv = BlockManager(3, 2)
+    tables, hashes = [], []
+    for k in range(3):
+        table, tokens = [], np.arange(10 * k, 10 * k + 2, dtype=np.int32)
+        kv.grow(table, 2)
+        hashes.append(chain_hashes(tokens, 2))
+        kv.register(table, hashes[-1], 2)
+        tables.append(table)
+    first = tables[0][0]
+    for table in tables:
+        kv.release(table)                 # LRU: the blocks of requests 0, 1, 2
+
+    def hit_and_release():                # request 0's prefix comes back
+        table = []
+        kv.acquire(table, kv.lookup(hashes[0], 1))
+        assert table == [first]
+        kv.check()
+        kv.release(table)                 # request 0's block is now the most recently freed
+
+    hit_and_release()
+    hit_and_release()
+    assert kv.free_cached_blocks()[-1] == first and kv.num_free == 3
+    evicted = []
+    kv.grow(evicted, 4)                   # two blocks: requests 1 and 2 are evicted, 0 stays
+    assert first not in evicted and kv.lookup(hashes[0], 1) == (first,)
+    assert kv.lookup(hashes[1], 1) == () and kv.lookup(hashes[2], 1) == ()
+    kv.release(evicted)
+    for _ in range(20):
+        hit_and_release()
+        assert len(kv.free_cached) <= 2 * kv.num_blocks + 1
+    assert kv.free_cached_blocks() == [first] and kv.num_free == 3
+    kv.check()
+
+
 @given(tokens=st.lists(st.integers(0, 2 ** 17 - 1), max_size=80), block_size=st.sampled_from([1, 4, 16]),
        split=st.integers(0, 5), position=st.integers(0, 79))
 def test_prefix_hashes_continue_from_a_split_and_change_from_the_first_changed_block_on(
