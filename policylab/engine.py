@@ -19,6 +19,7 @@ from policylab.contract import (ContractViolation, ReadOnlyPlanTokens, RequestVi
                                 validate_plan)
 from policylab.dataplane.base import Batch, DataPlane, StepResult
 from policylab.decode_batch import DecodeBatch
+from policylab.heap import FrozenHeap
 from policylab.kv import BlockManager, chain_hashes
 from policylab.policy import Policy
 from policylab.prompts import synthesize_prompt
@@ -77,17 +78,19 @@ class Engine:
         self._on_done = on_request_done
         result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks,
                            self.kv.block_size, self.policy_name)
-        try:
-            while self.num_done < len(self.trace):
-                self.step()
-            self.kv.check()
-        except KeyboardInterrupt:
-            result.status, result.error = "partial", "interrupted (Ctrl-C)"
-        except ContractViolation as e:
-            result.status, result.error = "partial", f"ContractViolation: {e}"
-        except Exception as e:  # a policy or data plane that raises ends the run, results kept
-            result.status, result.error = "partial", f"{type(e).__name__}: {e}"
-        result.steps = self.steps
+        with FrozenHeap() as heap:
+            try:
+                while self.num_done < len(self.trace):
+                    self.step()
+                    heap.freeze_if_due(self.num_done)
+                self.kv.check()
+            except KeyboardInterrupt:
+                result.status, result.error = "partial", "interrupted (Ctrl-C)"
+            except ContractViolation as e:
+                result.status, result.error = "partial", f"ContractViolation: {e}"
+            except Exception as e:  # a policy or data plane that raises ends the run, results kept
+                result.status, result.error = "partial", f"{type(e).__name__}: {e}"
+            result.steps = self.steps
         return result
 
     @property
