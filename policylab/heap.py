@@ -7,7 +7,8 @@ replay (8 full collections, 1.8 s). The engine makes next to no cyclic garbage (
 counting frees it), so the replay moves what is alive to the collector's permanent generation
 (`gc.freeze`) at the start and every `FREEZE_EVERY` finished requests: collections then look
 only at what is newer. Frozen objects are still freed by reference counting; a reference cycle
-made between two freezes is collected after the run.
+made between two freezes is collected after the run, when the heap is unfrozen (unless the caller
+had frozen objects itself: that choice, and everything frozen since, stays).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class FrozenHeap:
     """Context manager around a replay loop; `freeze_if_due(num_done)` once per step."""
 
     def __enter__(self) -> "FrozenHeap":
-        self._owner = gc.get_freeze_count() == 0     # a caller that froze objects keeps them frozen
+        self._owner = gc.get_freeze_count() == 0     # else a caller froze objects: leave them so
         self._next = 0
         self.freeze_if_due(0)
         return self
