@@ -7,8 +7,8 @@ replay (8 full collections, 1.8 s). The engine makes next to no cyclic garbage (
 counting frees it), so the replay moves what is alive to the collector's permanent generation
 (`gc.freeze`) at the start and every `FREEZE_EVERY` finished requests: collections then look
 only at what is newer. Frozen objects are still freed by reference counting; a reference cycle
-made between two freezes is collected after the run, when the heap is unfrozen (unless the caller
-had frozen objects itself: that choice, and everything frozen since, stays).
+that is still uncollected when a freeze comes is collected after the run, when the heap is
+unfrozen (unless the caller had frozen objects itself: that choice, and all frozen since, stays).
 """
 from __future__ import annotations
 
