@@ -32,25 +32,24 @@ class DecodeBatch:
         self.ids: list = []
         self.requests: list = []
         self._outputs, self._times, self._targets, self._context = [], [], [], []
-        self._tables, self._sampling, self._query_lens, self._sample = [], [], [], []
+        self._tables, self._sampling = [], []
         self._steps = 0                           # steps decoded since the batch formed
-        self._first_finish = math.inf             # the step on which the first member can finish
         self._by_phase: dict = {}                 # (computed - steps) % block_size -> member ids
         self.plan_tokens = None                   # the plan mapping it last served
+        self._members_changed()
 
     def join(self, ids: list) -> None:
         """Add running decodes at the end of the batch."""
         rs = [self._all[i] for i in ids]
-        outputs, context = [r.output_ids for r in rs], [r.num_computed_tokens for r in rs]
-        targets = list(map(self._target_len.__getitem__, ids))
+        context = [r.num_computed_tokens for r in rs]
         self.ids, self.requests = self.ids + ids, self.requests + rs
-        self._outputs, self._targets = self._outputs + outputs, self._targets + targets
+        self._outputs = self._outputs + [r.output_ids for r in rs]
+        self._targets = self._targets + list(map(self._target_len.__getitem__, ids))
         self._times = self._times + [r.token_times for r in rs]
         self._context = self._context + context
         self._tables = self._tables + [r.block_table for r in rs]
         self._sampling = self._sampling + [r.sampling for r in rs]
-        self._query_lens, self._sample = [1] * len(self.ids), [True] * len(self.ids)
-        self._first_finish = min(self._first_finish, self._steps + min(map(sub, targets, map(len, outputs))))
+        self._members_changed()
         for rid, c in zip(ids, context):
             self._by_phase.setdefault((c - self._steps) % self.block_size, []).append(rid)
 
@@ -62,10 +61,16 @@ class DecodeBatch:
         self._outputs, self._times = list(compress(self._outputs, keep)), list(compress(self._times, keep))
         self._targets, self._context = list(compress(self._targets, keep)), list(compress(self._context, keep))
         self._tables, self._sampling = list(compress(self._tables, keep)), list(compress(self._sampling, keep))
-        self._query_lens, self._sample = [1] * len(self.ids), [True] * len(self.ids)
+        self._members_changed()
         for r in finished:
             phase = (r.num_computed_tokens - self._steps) % self.block_size
             self._by_phase[phase] = [rid for rid in self._by_phase[phase] if rid != r.req_id]
+
+    def _members_changed(self) -> None:
+        """Per-member constants (one token each, every one sampled), and `_first_finish`: the step
+        on which the first member can reach its output length."""
+        n = len(self.ids)
+        self._query_lens, self._sample = [1] * n, [True] * n
         self._first_finish = self._steps + min(map(sub, self._targets, map(len, self._outputs)), default=math.inf)
 
     def batch(self) -> Batch:
