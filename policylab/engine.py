@@ -248,7 +248,7 @@ class Engine:
     def _commit(self, plan: StepPlan) -> Optional[Batch]:
         now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
         sched = plan.num_scheduled_tokens
-        if plan.preempt or not set(self._decode_batch.ids).isdisjoint(sched):   # its members change
+        if plan.preempt or not sched.keys().isdisjoint(self._decode_batch.ids):   # its members change
             self._decode_batch.clear()
         for rid, reason in plan.reject.items():
             self._reject(reqs[rid], f"rejected by policy: {reason}")
