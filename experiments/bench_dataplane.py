@@ -27,12 +27,12 @@ import torch
 from omegaconf import OmegaConf
 
 from policies.prefill_first import PrefillFirst
-from policylab.config import DataplaneConfig, EngineConfig, ModelConfig
-from policylab.dataplane.base import Batch
+from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
+from policylab.core.batch import Batch
 from policylab.dataplane.torch_plane import TorchDataPlane
 from policylab.dataplane.weights import random_state_dict, to_hf_config
-from policylab.engine import Engine
-from policylab.request import SamplingParams, TraceRequest
+from policylab.core.engine import Engine
+from policylab.core.request import SamplingParams, TraceRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 

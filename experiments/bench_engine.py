@@ -15,10 +15,10 @@ import time
 import numpy as np
 import yaml
 
-from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.sim import SimDataPlane
-from policylab.engine import Engine
-from policylab.request import TraceRequest
+from policylab.core.engine import Engine
+from policylab.core.request import TraceRequest
 from policylab.testing.loader import load_policy as load_policy_spec
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from policylab.contract import RequestView, SchedulerView, StepPlan
-from policylab.policy import Policy
+from policylab.core.contract import RequestView, SchedulerView, StepPlan
+from policylab.core.policy import Policy
 
 
 class _Step:

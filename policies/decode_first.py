@@ -17,7 +17,7 @@ Sources: NVIDIA FasterTransformer (static/request-level batching, GptDecoder); Y
 from __future__ import annotations
 
 from policies.chunked import Chunked
-from policylab.contract import RequestView, SchedulerView
+from policylab.core.contract import RequestView, SchedulerView
 
 
 class DecodeFirst(Chunked):

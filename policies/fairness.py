@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 
 from policies.chunked import Chunked
-from policylab.contract import RequestView, SchedulerView, StepPlan
+from policylab.core.contract import RequestView, SchedulerView, StepPlan
 
 
 class Fairness(Chunked):

@@ -16,7 +16,7 @@ Silberschatz et al., "Operating System Concepts", priority scheduling with aging
 from __future__ import annotations
 
 from policies.chunked import Chunked
-from policylab.contract import RequestView, SchedulerView
+from policylab.core.contract import RequestView, SchedulerView
 
 
 class Priority(Chunked):

@@ -16,7 +16,7 @@ Rank", NeurIPS'24; aging against SJF starvation (Silberschatz et al., OS Concept
 from __future__ import annotations
 
 from policies.priority import Priority
-from policylab.contract import RequestView
+from policylab.core.contract import RequestView
 
 
 class ShortestJobFirst(Priority):

@@ -28,7 +28,7 @@ from __future__ import annotations
 from itertools import chain
 
 from policies.chunked import Chunked
-from policylab.contract import RequestView, SchedulerView, StepPlan
+from policylab.core.contract import RequestView, SchedulerView, StepPlan
 
 LATE_POLICIES = ("serve", "reject")
 

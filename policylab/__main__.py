@@ -1,3 +1,3 @@
-from policylab.cli import main
+from policylab.apps.cli import main
 
 main()

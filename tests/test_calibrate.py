@@ -5,9 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from policylab.calibrate import FEATURES, batch_features, batch_grid, fit, load_calibration, nnls
-from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
-from policylab.dataplane.base import Batch
+from policylab.apps.calibrate import batch_grid, fit, nnls
+from policylab.dataplane.fitted import FEATURES, batch_features, load_calibration
+from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.batch import Batch
 from policylab.dataplane.sim import SimDataPlane
 
 TRUE_W = np.array([2e-3, 4e-5, 3e-5, 1e-4, 2e-5, 5e-5])

@@ -1,7 +1,6 @@
 """Capacity search: bisection on a known curve, then a real search on the simulated data plane."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -11,10 +10,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hypothesis import given, strategies as st
 
-import policylab.capacity as capacity
-from policylab.capacity import CapacityConfig, find_capacity, job_argv, search
-from policylab.cli import CONFIG_DIR
-from policylab.config import RunConfig
+import policylab.apps.capacity as capacity
+from policylab.apps.cli import main
+from policylab.apps.capacity import find_capacity, job_args, search
+from policylab.apps.config import CONFIG_DIR, CapacityConfig
 
 
 def step_curve(threshold: float, calls: list):
@@ -74,19 +73,17 @@ def test_find_capacity_on_the_sim_data_plane(tmp_path):
 
 
 def test_shorthands_and_run_dir_of_the_cli():
-    argv = job_argv(["policylab capacity", "-m", "policy=a,b", "target=0.8", "iters=4", "slo.ttft=1"])
-    assert argv[0] == "policylab capacity" and argv[-1].startswith("hydra.run.dir=outputs/")
-    assert argv[1:-1] == ["-m", "policy=a,b", "capacity.target=0.8", "capacity.iters=4", "slo.ttft=1"]
-    assert job_argv(["p", "hydra.run.dir=x", "lo=2"]) == ["p", "hydra.run.dir=x", "capacity.lo=2"]
+    args = job_args(["-m", "policy=a,b", "target=0.8", "iters=4", "slo.ttft=1"])
+    assert args[-1].startswith("hydra.run.dir=outputs/")
+    assert args[:-1] == ["-m", "policy=a,b", "capacity.target=0.8", "capacity.iters=4", "slo.ttft=1"]
+    assert job_args(["hydra.run.dir=x", "lo=2"]) == ["hydra.run.dir=x", "capacity.lo=2"]
 
 
-@pytest.mark.skipif("capacity" not in {f.name for f in dataclasses.fields(RunConfig)},
-                    reason="CapacityConfig is not registered in RunConfig yet (policylab/config.py)")
 def test_capacity_job_end_to_end(tmp_path, monkeypatch, capsys):
     overrides = ["policy=prefill_first", "trace=poisson", "dataplane=sim", "trace.max_requests=40",
                  "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=2", f"hydra.run.dir={tmp_path}"]
-    monkeypatch.setattr(sys, "argv", ["policylab capacity", *overrides])
-    capacity.main()
+    monkeypatch.setattr(sys, "argv", ["policylab"])
+    main(["capacity", *overrides])
     out = capsys.readouterr().out
     saved = json.loads((tmp_path / "capacity.json").read_text())
     assert saved["search"]["target"] == 0.8 and saved["search"]["iters"] == 2

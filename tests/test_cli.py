@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from policylab.cli import CONFIG_DIR, main
-from policylab.run import run
+from policylab.apps.cli import CONFIG_DIR, main
+from policylab.apps.run import run
 
 
 def config(*overrides):

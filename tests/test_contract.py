@@ -7,12 +7,12 @@ import re
 import numpy as np
 import pytest
 
-from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
-from policylab.contract import ContractViolation, RequestView, StepPlan, validate_plan
+from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.contract import ContractViolation, RequestView, StepPlan, validate_plan
 from policylab.dataplane.sim import SimDataPlane
-from policylab.engine import Engine
-from policylab.policy import Policy
-from policylab.request import Request, TraceRequest
+from policylab.core.engine import Engine
+from policylab.core.policy import Policy
+from policylab.core.request import Request, TraceRequest
 
 # After the first step request 0 (8-token prompt) is decoding and holds 2 of 6 blocks;
 # requests 1 (8 tokens) and 2 (20 tokens) wait. Budget 24 tokens, at most 2 requests.

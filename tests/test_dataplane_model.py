@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from policylab.config import DataplaneConfig, ModelConfig
-from policylab.dataplane.base import Batch
+from policylab.core.config import DataplaneConfig, ModelConfig
+from policylab.core.batch import Batch
 from policylab.dataplane.sampling import filter_logits, sample
 from policylab.dataplane.torch_plane import TorchDataPlane
 from policylab.dataplane.weights import random_state_dict, to_hf_config
-from policylab.request import SamplingParams
+from policylab.core.request import SamplingParams
 
 SMALL = ModelConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=1000)

@@ -6,8 +6,8 @@ import json
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
-from policylab.cli import CONFIG_DIR
-from policylab.fidelity import fidelity
+from policylab.apps.cli import CONFIG_DIR
+from policylab.apps.fidelity import fidelity
 
 SMALL_MODEL = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
                "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=512"]
@@ -35,8 +35,8 @@ def test_calibration_and_fidelity_report_end_to_end(tmp_path):
 
 
 def test_calibration_adds_every_step_of_a_replay(tmp_path):
-    from policylab.calibrate import calibrate
-    from policylab.run import build_engine, dataplane_of
+    from policylab.apps.calibrate import calibrate
+    from policylab.apps.jobs import build_engine, dataplane_of
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[
             "policy=prefill_first", "trace=poisson", "trace.max_requests=6", "trace.max_prompt_tokens=64",

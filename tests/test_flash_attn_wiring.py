@@ -12,7 +12,7 @@ import types
 import torch
 
 from policylab.dataplane.attention import FlashAttention
-from policylab.dataplane.base import Batch
+from policylab.core.batch import Batch
 from tests.test_dataplane_model import SMALL, entry, ids, make_plane
 
 BLOCK = 256    # flash-attn 2's paged kernels need a multiple of 256

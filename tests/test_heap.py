@@ -1,14 +1,14 @@
-"""The replay freezes what is alive for the garbage collector as it goes (policylab.heap),
+"""The replay freezes what is alive for the garbage collector as it goes (policylab.core.gc_freeze),
 and leaves the collector as it found it: cyclic garbage made during the replay is still freed."""
 import gc
 import weakref
 
 from policies.prefill_first import PrefillFirst
-from policylab import heap
-from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core import gc_freeze as heap
+from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.sim import SimDataPlane
-from policylab.engine import Engine
-from policylab.request import TraceRequest as T
+from policylab.core.engine import Engine
+from policylab.core.request import TraceRequest as T
 
 
 class Node:

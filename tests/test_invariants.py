@@ -11,7 +11,7 @@ from policies.decode_first import DecodeFirst
 from policies.fairness import Fairness
 from policies.prefill_first import PrefillFirst
 from policies.priority import Priority
-from policylab.contract import StepPlan
+from policylab.core.contract import StepPlan
 from policylab.testing import InvariantViolation, check_policy, run_checked
 from policylab.testing.strategies import scenarios
 from policylab.testing.suite import (pressure_scenario, pytest_generate_tests,  # noqa: F401

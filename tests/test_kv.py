@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from policylab.kv import BlockManager, chain_hashes
+from policylab.core.kv import BlockManager, chain_hashes
 
 PREFIXES = [np.arange(1000 * k, 1000 * k + 64, dtype=np.int32) for k in range(1, 4)]
 

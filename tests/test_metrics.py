@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from policylab.config import FairnessConfig, SloConfig
-from policylab.run_result import STEP_FIELDS, RunResult
-from policylab.fairness import Events, jain_index, service_difference
-from policylab.metrics import flatten, request_table, step_table, summarize
-from policylab.request import Request, Status, TraceRequest
+from policylab.core.config import FairnessConfig, SloConfig
+from policylab.core.result import STEP_FIELDS, RunResult
+from policylab.analysis.client_fairness import Events, jain_index, service_difference
+from policylab.analysis.metrics import flatten, request_table, step_table, summarize
+from policylab.core.request import Request, Status, TraceRequest
 
 SLO = SloConfig(ttft=1.0, tpot=0.5)
 
@@ -188,7 +188,7 @@ def naive_service_difference(service: Events, backlog: Events, num_clients: int)
 
 @pytest.mark.parametrize("max_cells", [1 << 22, 7, 60])   # one block; one row per block; mixed
 def test_service_difference_matches_reference(monkeypatch, max_cells):
-    import policylab.fairness as fairness
+    import policylab.analysis.client_fairness as fairness
     rng = np.random.default_rng(0)
     n, clients, requests = 300, 6, 40
     service = Events(rng.uniform(0, 100, n), rng.integers(0, clients, n),

@@ -10,13 +10,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from policies.prefill_first import PrefillFirst
-from policylab.compare import collect_runs, find_run_dirs, main as compare_main
-from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.analysis.compare import collect_runs, find_run_dirs, main as compare_main
+from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.sim import SimDataPlane
-from policylab.engine import Engine
-from policylab.plots import downsample_steps, itl_values, write_run_plots
-from policylab.request import TraceRequest
-from policylab.results import write_results
+from policylab.core.engine import Engine
+from policylab.analysis.plots import downsample_steps, itl_values, write_run_plots
+from policylab.core.request import TraceRequest
+from policylab.analysis.results import write_results
 
 LLAMA_8B_SHAPE = ModelConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                              num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
@@ -130,7 +130,7 @@ def test_compare_reports_bad_paths(tmp_path, capsys):
 
 
 def test_copies_of_results_inside_a_wandb_run_are_not_runs(tmp_path):
-    from policylab.compare import find_run_dirs
+    from policylab.analysis.compare import find_run_dirs
     run = tmp_path / "0_chunked_bursty"
     copy = run / "wandb" / "offline-run-1" / "files"
     copy.mkdir(parents=True)

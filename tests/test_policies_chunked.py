@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from policies.chunked import Chunked
-from policylab.config import EngineConfig, FairnessConfig, SloConfig
-from policylab.metrics import request_table, step_table, summarize
-from policylab.request import TraceRequest as T
+from policylab.core.config import EngineConfig, FairnessConfig, SloConfig
+from policylab.analysis.metrics import request_table, step_table, summarize
+from policylab.core.request import TraceRequest as T
 from policylab.testing import Scenario, check_policy
 from policylab.testing.replay import replay
 

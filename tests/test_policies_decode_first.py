@@ -2,8 +2,8 @@
 import pytest
 
 from policies.decode_first import DecodeFirst
-from policylab.config import EngineConfig
-from policylab.request import TraceRequest as T
+from policylab.core.config import EngineConfig
+from policylab.core.request import TraceRequest as T
 from policylab.testing.replay import replay
 
 CFG = EngineConfig(block_size=16, num_blocks=200, max_num_batched_tokens=128, max_num_seqs=4,

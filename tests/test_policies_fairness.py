@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from policies.fairness import Fairness
-from policylab.config import EngineConfig, FairnessConfig
-from policylab.request import TraceRequest as T
+from policylab.core.config import EngineConfig, FairnessConfig
+from policylab.core.request import TraceRequest as T
 from policylab.testing import load_policy
 from policylab.testing.replay import replay
 

@@ -4,8 +4,8 @@ import dataclasses
 import pytest
 
 from policies.sjf import ShortestJobFirst
-from policylab.config import EngineConfig
-from policylab.request import TraceRequest as T
+from policylab.core.config import EngineConfig
+from policylab.core.request import TraceRequest as T
 from policylab.testing.replay import replay
 
 ONE_AT_A_TIME = EngineConfig(block_size=16, num_blocks=400, max_num_batched_tokens=512, max_num_seqs=1)

@@ -6,9 +6,9 @@ import pytest
 
 from policies.chunked import Chunked
 from policies.slo_aware import SloAware
-from policylab.config import EngineConfig, SloConfig
-from policylab.metrics import request_table
-from policylab.request import TraceRequest as T
+from policylab.core.config import EngineConfig, SloConfig
+from policylab.analysis.metrics import request_table
+from policylab.core.request import TraceRequest as T
 from policylab.testing import load_policy
 from policylab.testing.replay import replay
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from policylab.config import EngineConfig
+from policylab.core.config import EngineConfig
 from policylab.dataplane.torch_plane import TorchDataPlane
-from policylab.engine import Engine
-from policylab.request import Status, TraceRequest
+from policylab.core.engine import Engine
+from policylab.core.request import Status, TraceRequest
 from policylab.testing.loader import load_policy, shipped_policy_configs, spec_id
 from tests.test_dataplane_model import SMALL, dataplane
 

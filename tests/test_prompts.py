@@ -1,7 +1,7 @@
 """Synthetic prompt ids: deterministic, clear of special tokens, shared only where the trace says."""
 import numpy as np
 
-from policylab.prompts import _KEY_TOKENS, _POOL_TOKENS, _RESERVED, _window, synthesize_prompt
+from policylab.core.synthetic_prompts import _KEY_TOKENS, _POOL_TOKENS, _RESERVED, _window, synthesize_prompt
 
 
 def test_the_same_request_and_seed_give_the_same_ids_and_another_seed_does_not():

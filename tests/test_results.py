@@ -9,12 +9,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from omegaconf import OmegaConf
 from rich.console import Console
 
-import policylab.results as results
-from policylab.request import Status
-from policylab.results import ResultsWriteError, print_summary, write_results
+import policylab.analysis.results as results
+from policylab.apps.config import PolicySpec, RunConfig
+from policylab.core.config import SloConfig
+from policylab.core.request import Status
+from policylab.analysis.results import ResultsWriteError, print_summary, write_results
 from tests.test_metrics import four_request_run, make_request, summary_of
 
 
@@ -46,13 +47,13 @@ def test_token_times_stay_float_lists_when_nothing_ran(tmp_path):
 
 
 def test_summary_json_is_strict_and_carries_config(tmp_path):
-    cfg = OmegaConf.create({"seed": 3, "slo": {"ttft": 0.6, "tpot": 0.3},
-                            "fairness": {"w_in": 1.0, "w_out": 2.0}, "ref": "${seed}"})
+    cfg = RunConfig(seed=3, slo=SloConfig(ttft=0.6, tpot=0.3), policy=PolicySpec(name="hand"))
     returned = write_results(tmp_path, four_request_run(), cfg)
     summary = strict_json(tmp_path / "summary.json")      # NaN / Infinity would raise
     assert summary == returned
     assert summary["status"] == "complete" and summary["error"] == ""
-    assert summary["config"]["ref"] == 3                   # resolved interpolation
+    assert summary["config"]["seed"] == 3 and summary["config"]["policy"] == {"name": "hand"}
+    assert summary["config"]["slo"] == {"ttft": 0.6, "tpot": 0.3}
     assert summary["slo"] == {"ttft": 0.6, "tpot": 0.3}
     # TTFT ≤ 0.6 s and TPOT ≤ 0.3 s: only request 0 (request 1's TTFT is 1 s), 2/4 with the defaults
     assert summary["slo_attainment"] == pytest.approx(1 / 4)

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from policylab.cli import CONFIG_DIR
-from policylab.compare import collect_runs, find_run_dirs, main as compare_main
+from policylab.apps.cli import CONFIG_DIR
+from policylab.analysis.compare import collect_runs, find_run_dirs, main as compare_main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from policylab.traces import TraceConfig, load_trace
-from policylab.traces.cli import main
+from policylab.apps.trace_cli import main
 
 SHARED = Path(__file__).parents[1].parent / "shared" / "traces"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"public trace samples not found at {SHARED}")

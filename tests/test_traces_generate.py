@@ -7,7 +7,7 @@ import pytest
 
 from policylab.traces import TraceConfig, load_trace
 from policylab.traces.arrivals import ArrivalProcess
-from policylab.traces.cli import main
+from policylab.apps.trace_cli import main
 from policylab.traces.generate import ClientSpec, PrefixPool, generate_trace, multitenant_clients
 from policylab.traces.lengths import LengthDist
 
@@ -115,7 +115,7 @@ def test_readme_commands_regenerate_the_repo_traces_byte_for_byte(tmp_path):
     commands = [line.split() for line in block.splitlines() if line.strip()]
     assert len(commands) == len(REPO_TRACES)
     for words in commands:
-        assert words[:3] == ["python", "-m", "policylab.traces.cli"]
+        assert words[:3] == ["python", "-m", "policylab.apps.trace_cli"]
         out = words[words.index("-o") + 1]
         words[words.index("-o") + 1] = str(tmp_path / Path(out).name)
         assert main(words[3:]) == 0

@@ -5,10 +5,10 @@ import os
 import pytest
 from hypothesis import given, strategies as st
 
-from policylab.request import TraceRequest
+from policylab.core.request import TraceRequest
 from policylab.traces import TraceConfig, TraceError, load_trace, write_native
 from policylab.traces.native import read_native
-from policylab.traces.load import PROJECT_ROOT, resolve_path
+from policylab.traces.load import SHIPPED_TRACES, resolve_path
 
 
 def _write_lines(path, lines):
@@ -113,9 +113,9 @@ def test_load_sorts_and_rebases_to_the_first_arrival(tmp_path):
     assert trace.report.read == trace.report.kept == 3
 
 
-def test_relative_path_tries_cwd_then_project_root(tmp_path, monkeypatch):
+def test_relative_path_tries_cwd_then_shipped_traces(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert resolve_path("traces/poisson.jsonl") == PROJECT_ROOT / "traces" / "poisson.jsonl"
+    assert resolve_path("traces/poisson.jsonl") == SHIPPED_TRACES / "poisson.jsonl"
     (tmp_path / "traces").mkdir()
     _write_lines(tmp_path / "traces" / "poisson.jsonl", ["{" + GOOD + "}"])
     assert resolve_path("traces/poisson.jsonl") == tmp_path / "traces" / "poisson.jsonl"
@@ -135,7 +135,7 @@ def test_raw_request_mirrors_trace_request_field_for_field():
     """RawRequest, a namedtuple derived from TraceRequest, lines up with it for TraceRequest(*raw)."""
     from dataclasses import fields
 
-    from policylab.request import TraceRequest
+    from policylab.core.request import TraceRequest
     from policylab.traces.raw import RawRequest
     trace_fields = [f.name for f in fields(TraceRequest)]
     assert list(RawRequest._fields) == trace_fields[:len(RawRequest._fields)]

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from policylab.request import TraceRequest
+from policylab.core.request import TraceRequest
 from policylab.traces import TraceConfig, TraceError, load_trace
 from policylab.traces.formats import detect_format
 from policylab.traces.parquet import write_parquet
@@ -82,7 +82,7 @@ def test_mooncake_ms_to_seconds_and_hash_ids_to_prefix_hashes(tmp_path):
 
 
 def test_mooncake_prefixes_become_identical_prompt_tokens():
-    from policylab.prompts import synthesize_prompt
+    from policylab.core.synthetic_prompts import synthesize_prompt
     a = synthesize_prompt(0, 1500, (0, 1, 2), 32000, prefix_block_tokens=512)
     b = synthesize_prompt(1, 1100, (0, 1, 3), 32000, prefix_block_tokens=512)
     assert (a[:1024] == b[:1024]).all() and not (a[1024:1100] == b[1024:1100]).all()

@@ -1,7 +1,7 @@
 """TraceConfig transforms: rate scale, first N, window, clipping (counted), sampling, clients, SLO classes."""
 import pytest
 
-from policylab.request import TraceRequest
+from policylab.core.request import TraceRequest
 from policylab.traces import TraceConfig, TraceError, load_trace, write_native
 
 

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from omegaconf import OmegaConf
 
-from policylab.metrics import flatten
-from policylab.plots import write_run_plots
-from policylab.tracking import RUN_INFO_FILE, NullTracker, open_tracker
+from policylab.analysis.metrics import flatten
+from policylab.analysis.plots import write_run_plots
+from policylab.analysis.tracking import RUN_INFO_FILE, NullTracker, open_tracker
+from policylab.apps.config import PolicySpec, RunConfig
+from policylab.core.config import DataplaneConfig, LoggerConfig
+from policylab.traces import TraceConfig
 from tests.test_plots_compare import make_run_dir
 
 BLOCK, HEADER = 32768, 7
@@ -79,12 +81,11 @@ def logged(wandb_file: Path) -> dict:
     return out
 
 
-def run_cfg(logger: dict):
-    return OmegaConf.create({"seed": 0, "policy": {"name": "prefill_first", "chunk": 7},
-                             "trace": {"name": "fixture"}, "dataplane": {"kind": "sim"},
-                             "logger": {"kind": "wandb", "mode": "offline", "project": "policylab-test",
-                                        "entity": None, "group": None, "tags": ["extra"],
-                                        "max_history_points": 2000, "dir": None, **logger}})
+def run_cfg(logger: dict) -> RunConfig:
+    """The typed config the app layer hands the tracker."""
+    return RunConfig(policy=PolicySpec(name="prefill_first", chunk=7), trace=TraceConfig(name="fixture"),
+                     dataplane=DataplaneConfig(kind="sim"),
+                     logger=LoggerConfig(**{"project": "policylab-test", "tags": ["extra"], **logger}))
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Data planes: `torch` runs a real paged-KV transformer, `sim` a roofline cost model."""
 from __future__ import annotations
 
-from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
 
 
 def build_dataplane(dp: DataplaneConfig, model: ModelConfig, hardware: HardwareConfig, seed: int = 0):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from policylab.config import ModelConfig
+from policylab.core.config import ModelConfig
 from policylab.dataplane.packing import PackedInput
 
 

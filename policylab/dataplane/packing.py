@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from policylab.dataplane.base import Batch
+from policylab.core.batch import Batch
 
 
 @dataclass

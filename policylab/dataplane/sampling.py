@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from policylab.prompts import hash_key
-from policylab.request import SamplingParams
+from policylab.core.synthetic_prompts import hash_key
+from policylab.core.request import SamplingParams
 
 
 def draw_seed(seed: int, params: SamplingParams, req_id: int, position: int) -> int:

@@ -4,16 +4,16 @@ No model runs. Each step costs the larger of its compute time and its memory tim
 separately for the dense layers (weights read once per step, 2·params FLOPs per token)
 and for attention (KV read per request, FLOPs growing with chunk × context), plus a
 fixed per-step overhead. Sampled tokens are deterministic ids, so the engine path is
-identical to a real run. A fitted calibration (see `policylab.calibrate`) can replace the
+identical to a real run. A fitted calibration (see `policylab.dataplane.fitted`) can replace the
 roofline with a model measured on the real data plane.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from policylab.config import DataplaneConfig, HardwareConfig, ModelConfig
-from policylab.dataplane.base import Batch, StepResult
-from policylab.streams import splitmix64
+from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.batch import Batch, StepResult
+from policylab.core.rng import splitmix64
 
 
 class ModelShape:
@@ -38,7 +38,7 @@ class SimDataPlane:
         self.needs_token_ids = False
         self.calibration = None
         if dp.calibration:
-            from policylab.calibrate import load_calibration
+            from policylab.dataplane.fitted import load_calibration
             self.calibration = load_calibration(dp.calibration)
         s, flops = self.shape, hardware.peak_flops * hardware.flops_efficiency
         bw = hardware.mem_bandwidth * hardware.bw_efficiency

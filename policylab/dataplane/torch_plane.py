@@ -10,9 +10,9 @@ import time
 
 import torch
 
-from policylab.config import DataplaneConfig, ModelConfig
+from policylab.core.config import DataplaneConfig, ModelConfig
 from policylab.dataplane.attention import make_backend
-from policylab.dataplane.base import Batch, StepResult
+from policylab.core.batch import Batch, StepResult
 from policylab.dataplane.model import CausalLM, head_dim_of
 from policylab.dataplane.packing import pack
 from policylab.dataplane.sampling import sample
@@ -20,14 +20,6 @@ from policylab.dataplane.weights import fuse, load_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_MAX_PARAMS = 2e9       # random float32 weights beyond this would not fit a laptop's RAM
-
-
-def _as(obj, cls):
-    """Hydra hands DictConfigs; the plane works on the typed dataclasses."""
-    if isinstance(obj, cls):
-        return obj
-    from omegaconf import OmegaConf
-    return cls(**(OmegaConf.to_container(obj, resolve=True) if OmegaConf.is_config(obj) else dict(obj)))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -86,7 +78,6 @@ class TorchDataPlane:
 
     @classmethod
     def from_config(cls, dp: DataplaneConfig, model: ModelConfig, seed: int) -> "TorchDataPlane":
-        dp, model = _as(dp, DataplaneConfig), _as(model, ModelConfig)
         if dp.kind != "torch":
             raise ValueError(f"TorchDataPlane built from dataplane.kind='{dp.kind}' (expected torch)")
         device = resolve_device(dp.device)

@@ -17,7 +17,7 @@ import sysconfig
 
 import torch
 
-from policylab.config import ModelConfig
+from policylab.core.config import ModelConfig
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 # model name -> (packaged GGUF file that `path: auto` looks for, pip package that ships it)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.sim import SimDataPlane
-from policylab.engine import Engine
-from policylab.run_result import RunResult
+from policylab.core.engine import Engine
+from policylab.core.result import RunResult
 from policylab.testing.invariants import StepChecker
 from policylab.testing.loader import policy_factory
 from policylab.testing.properties import InvariantViolation

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from policylab.config import EngineConfig
-from policylab.contract import StepPlan
-from policylab.engine import Engine
-from policylab.run_result import RunResult
-from policylab.request import Status
+from policylab.core.config import EngineConfig
+from policylab.core.contract import StepPlan
+from policylab.core.engine import Engine
+from policylab.core.result import RunResult
+from policylab.core.request import Status
 from policylab.testing.properties import InvariantViolation, build_properties
 
 EPS = 1e-9

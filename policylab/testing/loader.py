@@ -14,13 +14,14 @@ import importlib.util
 import inspect
 import sys
 from dataclasses import asdict
+from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
-from policylab.config import FairnessConfig, SloConfig
+from policylab.core.config import FairnessConfig, SloConfig
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-POLICY_CONFIG_DIR = PROJECT_ROOT / "configs" / "policy"
+CONFIG_DIR = Path(str(files("policylab.configs")))   # the repository's configs/, shipped in the wheel
+POLICY_CONFIG_DIR = CONFIG_DIR / "policy"
 
 
 class PolicySpecError(ValueError):

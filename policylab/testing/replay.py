@@ -10,11 +10,11 @@ import copy
 import inspect
 from dataclasses import dataclass
 
-from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.sim import SimDataPlane
-from policylab.engine import Engine
-from policylab.run_result import RunResult
-from policylab.testing.loader import PROJECT_ROOT, policy_factory
+from policylab.core.engine import Engine
+from policylab.core.result import RunResult
+from policylab.testing.loader import CONFIG_DIR, policy_factory
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class _Recorder:
 def model_config(name: str) -> ModelConfig:
     """A ModelConfig from configs/model/<name>.yaml."""
     from omegaconf import OmegaConf
-    path = PROJECT_ROOT / "configs" / "model" / f"{name}.yaml"
+    path = CONFIG_DIR / "model" / f"{name}.yaml"
     return ModelConfig(**OmegaConf.to_container(OmegaConf.load(path)))
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from policylab.config import EngineConfig
-from policylab.request import TraceRequest
+from policylab.core.config import EngineConfig
+from policylab.core.request import TraceRequest
 from policylab.testing.harness import Scenario
 
 CLIENTS = ("alice", "bob", "carol")

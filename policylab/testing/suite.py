@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
-from policylab.config import EngineConfig
-from policylab.request import TraceRequest
+from policylab.core.config import EngineConfig
+from policylab.core.request import TraceRequest
 from policylab.testing.harness import Scenario, check_policy
 from policylab.testing.loader import shipped_policy_configs, spec_id
 from policylab.testing.strategies import scenarios

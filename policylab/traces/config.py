@@ -4,13 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from omegaconf import MISSING
-
 
 @dataclass
 class TraceConfig:
     name: str = "file"
-    path: str = MISSING                      # required; relative: to the cwd, else to the project root
+    path: str = ""                           # required; relative: to the cwd, else to the project root
     format: str = "auto"                     # auto | native | azure | mooncake | burstgpt | vidur | parquet
     rate_scale: float = 1.0                  # >1 compresses inter-arrival times (more load)
     max_requests: Optional[int] = None       # keep the first N requests (after window and sampling)

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from policylab.request import TraceRequest
+from policylab.core.request import TraceRequest
 from policylab.traces.arrivals import ArrivalProcess
 from policylab.traces.lengths import LengthDist
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from importlib.resources import files
 from pathlib import Path
-
-from omegaconf.errors import MissingMandatoryValue
 
 from policylab.traces.errors import TraceError
 from policylab.traces.formats import detect_format, read_requests
 from policylab.traces.transforms import TraceReport, apply_transforms, check_config
 
 log = logging.getLogger("policylab.traces")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]   # parent of the `policylab` package
+SHIPPED_TRACES = Path(str(files("policylab.shipped_traces")))   # the repository's traces/, in the wheel too
 
 
 class LoadedTrace(list):
@@ -23,12 +22,15 @@ class LoadedTrace(list):
 
 
 def resolve_path(path) -> Path:
-    """A relative path is looked up in the cwd first, then in the project root."""
+    """A relative path is looked up in the cwd first; `traces/NAME` then among the shipped traces."""
     text = "" if path is None else str(path)
     if text in ("", "???"):
         raise TraceError("trace config", None, "trace.path", "no trace file given: add trace.path=FILE")
     p = Path(text).expanduser()
-    candidates = [p] if p.is_absolute() else list(dict.fromkeys([Path.cwd() / p, PROJECT_ROOT / p]))
+    candidates = [p]
+    if not p.is_absolute():
+        shipped = [SHIPPED_TRACES.joinpath(*p.parts[1:])] if p.parts[0] == "traces" and len(p.parts) > 1 else []
+        candidates = list(dict.fromkeys([Path.cwd() / p, *shipped]))
     for c in candidates:
         if c.is_file():
             return c
@@ -48,10 +50,7 @@ def _plain(value):
 def load_trace(cfg, seed: int = 0) -> LoadedTrace:
     """Requests of the trace `cfg` selects, sorted by arrival, first at 0.0 s (or relative to the
     window's start_time), with cfg's transforms applied. `.report` says what was skipped/clipped."""
-    try:
-        given = cfg.path
-    except MissingMandatoryValue:   # Hydra: `path: ???` left unset (trace=file and friends)
-        given = None
+    given = cfg.path
     check_config(cfg)
     path, name = resolve_path(given), str(given)
     fmt = detect_format(path, name) if cfg.format == "auto" else cfg.format

@@ -2,7 +2,7 @@
 `output_length` and `hash_ids`, one id per 512-token block; equal ids mean a shared prefix.
 
 The ids become `prefix_hashes`; replayed with `prefix_block_tokens=512` each id turns into the
-same 512 synthetic tokens in every request that has it (policylab/prompts.py), so Mooncake's
+same 512 synthetic tokens in every request that has it (policylab/core/synthetic_prompts.py), so Mooncake's
 shared prefixes become prefix-cache hits at whatever block size the engine uses.
 """
 from __future__ import annotations

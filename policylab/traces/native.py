@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from policylab.request import TraceRequest
+from policylab.core.request import TraceRequest
 from policylab.traces import fields as F
 from policylab.traces.errors import TraceError
 from policylab.traces.raw import RawRequest

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from policylab.request import TraceRequest
+from policylab.core.request import TraceRequest
 from policylab.traces.errors import TraceError
 from policylab.traces.raw import RawRequest
 from policylab.traces.native import OPTIONAL, REQUIRED, record_of, request_from_record

@@ -1,6 +1,6 @@
 """RawRequest: a request as a reader yields it, before transforms.
 
-A namedtuple built from policylab.request.TraceRequest's own fields (same names, order and
+A namedtuple built from policylab.core.request.TraceRequest's own fields (same names, order and
 defaults; less `prompt_ids`, which only `generate` sets): about five times cheaper to build than
 the frozen dataclass, which matters for million-row traces. Arrival times are in seconds from
 any origin (the transforms rebase them). The transforms build each final TraceRequest once, as
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import namedtuple
 from dataclasses import MISSING, fields
 
-from policylab.request import TraceRequest
+from policylab.core.request import TraceRequest
 
 _FIELDS = [f for f in fields(TraceRequest) if f.name != "prompt_ids"]
 RawRequest = namedtuple("RawRequest", [f.name for f in _FIELDS],

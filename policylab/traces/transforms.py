@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policylab.request import TraceRequest
+from policylab.core.request import TraceRequest
 from policylab.traces.errors import TraceError
 
 CLIENT_ASSIGNMENTS = ("keep", "column", "round_robin", "zipf")

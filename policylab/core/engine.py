@@ -13,18 +13,18 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from policylab.clock import make_clock
-from policylab.config import EngineConfig, check_engine_config
-from policylab.contract import (ContractViolation, ReadOnlyPlanTokens, RequestView, SchedulerView, StepPlan,
+from policylab.core.clock import make_clock
+from policylab.core.config import EngineConfig, check_engine_config
+from policylab.core.contract import (ContractViolation, ReadOnlyPlanTokens, RequestView, SchedulerView, StepPlan,
                                 validate_plan)
-from policylab.dataplane.base import Batch, DataPlane, StepResult
-from policylab.decode_batch import DecodeBatch
-from policylab.heap import FrozenHeap
-from policylab.kv import BlockManager, chain_hashes
-from policylab.policy import Policy
-from policylab.prompts import synthesize_prompt
-from policylab.request import Request, SamplingParams, Status, TraceRequest
-from policylab.run_result import STEP_FIELDS, RunResult
+from policylab.core.batch import Batch, DataPlane, StepResult
+from policylab.core.decode_batch import DecodeBatch
+from policylab.core.gc_freeze import FrozenHeap
+from policylab.core.kv import BlockManager, chain_hashes
+from policylab.core.policy import Policy
+from policylab.core.synthetic_prompts import synthesize_prompt
+from policylab.core.request import Request, SamplingParams, Status, TraceRequest
+from policylab.core.result import STEP_FIELDS, RunResult
 
 
 class Engine:

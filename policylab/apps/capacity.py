@@ -7,7 +7,6 @@ log scale (rates span orders of magnitude); a bracket that misses the capacity i
 by its own width up to `widen` times first. Attainment is assumed to fall as load rises.
 The job writes capacity.json, the curve as capacity.csv, and capacity.png into its
 Hydra output directory, and returns the capacity in req/s (an objective for sweepers).
-Module-level imports are stdlib only, so policylab.config can import CapacityConfig.
 """
 from __future__ import annotations
 
@@ -19,21 +18,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
+from policylab.apps.config import CapacityConfig, typed_config
+from policylab.apps.jobs import build_engine, expand_shorthands, guarded_job, replay
+
 if TYPE_CHECKING:
     import pandas as pd
 
 
 SHORTHANDS = ("target", "lo", "hi", "iters", "widen")    # `target=0.9` means `capacity.target=0.9`
 RUN_DIR = "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}_capacity_${policy.name}_${trace.name}"
-
-
-@dataclass
-class CapacityConfig:
-    target: float = 0.9     # SLO attainment to hold (share of all requests)
-    lo: float = 0.5         # rate_scale bracket to start from
-    hi: float = 8.0
-    iters: int = 7          # bisection steps inside the bracket (precision: (hi/lo)^(1/2^iters))
-    widen: int = 3          # times the bracket may move by ×/÷ (hi/lo) when the capacity is outside it
 
 
 @dataclass
@@ -80,8 +73,7 @@ def search(evaluate: Callable[[float], dict], cap: CapacityConfig) -> tuple[str,
 
 def replay_at(cfg, scale: float) -> dict:
     """Replay `cfg`'s trace at `rate_scale=scale`: rate and the metrics the curve needs."""
-    from policylab.results import summarize_run
-    from policylab.run import build_engine, replay
+    from policylab.analysis.results import summarize_run
     cfg = copy.deepcopy(cfg)
     cfg.trace.rate_scale = float(scale)
     engine = build_engine(cfg)
@@ -100,8 +92,9 @@ def replay_at(cfg, scale: float) -> dict:
 def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
                   evaluate: Optional[Callable[[float], dict]] = None) -> CapacityResult:
     """Search, then write capacity.json, capacity.csv and capacity.png into `out_dir`."""
+    cfg = typed_config(cfg)
     import pandas as pd
-    from policylab.plots import save
+    from policylab.analysis.plots import save
     def logged(scale: float) -> dict:
         row = (evaluate or (lambda s: replay_at(cfg, s)))(scale)
         print(f"  rate_scale {scale:8.4f}: {_fmt(row['rate'], '.3f')} req/s, SLO attainment "
@@ -169,12 +162,10 @@ def headline(result: CapacityResult) -> str:
 
 
 def capacity_job(cfg) -> float:
-    """The Hydra job body (see `main`): search, print the capacity, return it in req/s."""
-    from policylab.cli import guarded_job
-    from policylab.run import typed
-
+    """The Hydra job body: search, print the capacity, return it in req/s."""
+    cfg = typed_config(cfg)
     def search(out_dir: Path):
-        cap = typed(CapacityConfig, cfg.capacity)
+        cap = cfg.capacity
         print(f"capacity search: {cfg.policy.name} on {cfg.trace.name}, target {cap.target:.0%}, "
               f"rate_scale in [{cap.lo}, {cap.hi}], {cap.iters} bisection steps", file=sys.stderr)
         return cap, find_capacity(cfg, cap, out_dir), out_dir
@@ -188,18 +179,9 @@ def capacity_job(cfg) -> float:
     return float(result.rate or 0.0)
 
 
-def job_argv(argv: list) -> list:
+def job_args(args: list) -> list:
     """`target=0.9` → `capacity.target=0.9`; a run dir named after the job unless one is given."""
-    from policylab.cli import expand_shorthands
-    args = expand_shorthands(argv[1:], "capacity", SHORTHANDS)
+    args = expand_shorthands(args, "capacity", SHORTHANDS)
     if not any(a.startswith("hydra.run.dir=") for a in args):
         args.append(RUN_DIR)
-    return argv[:1] + args
-
-
-def main() -> None:
-    """Entry point for cli.py's HYDRA_JOBS (argv: program name, then Hydra overrides)."""
-    import hydra
-    from policylab.cli import CONFIG_DIR
-    sys.argv = job_argv(sys.argv)
-    hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(capacity_job)()
+    return args

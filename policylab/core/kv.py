@@ -11,7 +11,7 @@ from collections import deque
 
 import numpy as np
 
-from policylab.streams import splitmix64
+from policylab.core.rng import splitmix64
 
 
 def chain_hashes(token_ids: np.ndarray, block_size: int, prev: int | None = None, start: int = 0) -> list:

@@ -2,7 +2,7 @@
 
 Figures are built on `matplotlib.figure.Figure` with the Agg canvas, never pyplot, so
 plotting changes no global backend and works in sweeps, threads and headless jobs. The
-CDF figure takes several runs at once, so `policylab.compare` overlays runs with it.
+CDF figure takes several runs at once, so `policylab.analysis.compare` overlays runs with it.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from policylab.metrics import flat_token_times
+from policylab.analysis.metrics import flat_token_times
 
 MAX_TIMELINE_POINTS = 2000
 TOKEN_RATE_BINS = 200

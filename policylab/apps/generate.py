@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from policylab.config import DataplaneConfig, EngineConfig, ModelConfig
-from policylab.engine import Engine
-from policylab.request import SamplingParams, TraceRequest
+from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
+from policylab.core.engine import Engine
+from policylab.core.request import SamplingParams, TraceRequest
 
 
 def generate_ids(plane, prompts: list, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),

@@ -12,8 +12,8 @@ from operator import is_
 from typing import TYPE_CHECKING, AbstractSet, Callable, Mapping
 
 if TYPE_CHECKING:
-    from policylab.kv import BlockManager
-    from policylab.request import Request
+    from policylab.core.kv import BlockManager
+    from policylab.core.request import Request
 
 
 class ContractViolation(Exception):

@@ -5,7 +5,7 @@ blocks or mutates requests. The engine validates the plan, then carries it out.
 """
 from __future__ import annotations
 
-from policylab.contract import SchedulerView, StepPlan
+from policylab.core.contract import SchedulerView, StepPlan
 
 
 class Policy:

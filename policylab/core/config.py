@@ -1,20 +1,14 @@
-"""Typed Hydra configuration (structured configs registered in Hydra's ConfigStore).
+"""Plain typed configuration of the core, the data planes and the analysis.
 
-The YAML files under `configs/` pick group options; these dataclasses give every
-field a type and a default so a typo or a wrong type fails before the run starts.
-Group options whose fields differ per option (policy, dataplane, model, hardware,
-logger) are typed by their own dataclasses, validated when they are built.
+These dataclasses know nothing of Hydra: the app layer (`policylab.apps.config`) registers
+them as structured configs and converts the composed config into them once, so every layer
+below reads ordinary attributes (an OmegaConf node costs a resolver call per read).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
-
-from policylab.capacity import CapacityConfig
-from policylab.traces.config import TraceConfig
 
 
 @dataclass
@@ -105,40 +99,6 @@ class LoggerConfig:
     tags: list = field(default_factory=list)
     max_history_points: int = 2000
     dir: Optional[str] = None       # None: the run directory
-
-
-@dataclass
-class GenerateConfig:
-    """`python -m policylab generate prompt=...`: one real prompt through the full engine."""
-    prompt: str = "The capital of France is"
-    max_new_tokens: int = 48
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    chat: bool = False              # wrap the prompt as a user turn of the model's chat template
-
-
-@dataclass
-class RunConfig:
-    seed: int = 0
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    slo: SloConfig = field(default_factory=SloConfig)
-    fairness: FairnessConfig = field(default_factory=FairnessConfig)
-    trace: TraceConfig = field(default_factory=TraceConfig)
-    policy: Any = MISSING           # {_target_: importable Policy class, name: ..., **params}
-    dataplane: DataplaneConfig = field(default_factory=DataplaneConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    capacity: CapacityConfig = field(default_factory=CapacityConfig)   # `policylab capacity` search
-    generate: GenerateConfig = field(default_factory=GenerateConfig)   # `policylab generate`
-    progress: bool = True        # progress bar over requests
-    plots: bool = True           # PNG plots in the run directory
-
-
-def register() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
 
 
 def check_engine_config(cfg: EngineConfig) -> None:

@@ -15,14 +15,13 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from policylab.config import FairnessConfig, SloConfig
-from policylab.run_result import RunResult
-from policylab.metrics import (MAX_LISTED_REJECTIONS, flat_token_times, json_safe, request_table,
+from policylab.core.config import FairnessConfig, SloConfig
+from policylab.core.result import RunResult
+from policylab.analysis.metrics import (MAX_LISTED_REJECTIONS, flat_token_times, json_safe, request_table,
                                step_table, summarize)
 
 
@@ -40,7 +39,7 @@ def summarize_run(result: RunResult, cfg=None) -> tuple:
 def write_results(run_dir, result: RunResult, cfg=None) -> dict:
     """Write the three result files of `result` into `run_dir`; return the summary written.
 
-    `cfg` is the run's config (OmegaConf DictConfig, dict or RunConfig dataclass); its `slo`
+    `cfg` is the run's typed config (a RunConfig dataclass, or a dict); its `slo`
     and `fairness` sections drive the metrics (defaults when absent) and the resolved config
     is stored under `summary["config"]`.
     """
@@ -85,8 +84,6 @@ def plain_config(cfg):
         return None
     if dataclasses.is_dataclass(cfg):
         return json_safe(dataclasses.asdict(cfg))
-    if isinstance(cfg, DictConfig):
-        return json_safe(OmegaConf.to_container(cfg, resolve=True))
     return json_safe(dict(cfg))
 
 

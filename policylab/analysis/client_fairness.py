@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from policylab.config import FairnessConfig
+from policylab.core.config import FairnessConfig
 
 MAX_CELLS = 1 << 22   # time rows × clients held at once: bounds memory with many clients
 
@@ -120,7 +120,7 @@ def _block_difference(rows, client, value, is_backlog, n_rows, ids, served, wait
 
 def client_fairness(table: pd.DataFrame, token_time: np.ndarray, token_row: np.ndarray,
                     cfg: FairnessConfig, end_time: float) -> dict:
-    """Fairness of one replay from its request table (see `policylab.metrics.request_table`).
+    """Fairness of one replay from its request table (see `policylab.analysis.metrics.request_table`).
 
     `token_time`/`token_row` are every output token's time and table row, flattened.
     Requests arriving after `end_time` never arrived (a run cut short) and are not backlogged.

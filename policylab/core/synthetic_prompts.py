@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from policylab.streams import splitmix64
+from policylab.core.rng import splitmix64
 
 _RESERVED = 16   # keep clear of special-token ids at the bottom of a vocabulary
 _POOL_TOKENS = 1 << 16     # a window wraps around it; chains differ from the first block anyway

@@ -12,10 +12,10 @@ from itertools import chain
 import numpy as np
 import pandas as pd
 
-from policylab.config import FairnessConfig, SloConfig
-from policylab.run_result import STEP_FIELDS, RunResult
-from policylab.fairness import client_fairness
-from policylab.request import Status
+from policylab.core.config import FairnessConfig, SloConfig
+from policylab.core.result import STEP_FIELDS, RunResult
+from policylab.analysis.client_fairness import client_fairness
+from policylab.core.request import Status
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
 LATENCIES = ("ttft", "tpot", "e2e", "normalized_latency", "queueing_delay")

@@ -9,58 +9,16 @@ is saved as JSON; `dataplane=sim dataplane.calibration=FILE` replays with it.
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from policylab.dataplane.base import Batch
-from policylab.request import SamplingParams
-
-FEATURES = ("const", "tokens", "prefill_attn", "decode_seqs", "decode_kv", "sampled")
-
-
-def batch_features(q: np.ndarray, ctx: np.ndarray) -> np.ndarray:
-    """Feature vector of one batch given per-request query and context lengths."""
-    decode = (q == 1) & (ctx > 0)
-    prefill = ~decode
-    return np.array([
-        1.0,
-        q.sum(),
-        float(np.dot(q[prefill], ctx[prefill] + (q[prefill] + 1) / 2)) / 1e3,
-        decode.sum(),
-        ctx[decode].sum() / 1e3,
-        float(len(q)),
-    ])
-
-
-@dataclass
-class Calibration:
-    weights: np.ndarray     # seconds per unit of each feature
-    meta: dict
-
-    def predict(self, q: np.ndarray, ctx: np.ndarray) -> float:
-        return float(batch_features(q, ctx) @ self.weights)
-
-    def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps({"features": list(FEATURES), "weights": self.weights.tolist(),
-                                          **self.meta}, indent=2))
-
-
-def load_calibration(path) -> Calibration:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"calibration file not found: {p} (make one with `python -m policylab calibrate`)")
-    data = json.loads(p.read_text())
-    if data.get("features") != list(FEATURES):
-        raise ValueError(f"{p}: features {data.get('features')} do not match this version's {list(FEATURES)}")
-    return Calibration(np.asarray(data["weights"], dtype=float),
-                       {k: v for k, v in data.items() if k not in ("features", "weights")})
-
+from policylab.core.batch import Batch
+from policylab.core.request import SamplingParams
+from policylab.dataplane.fitted import FEATURES, Calibration, batch_features
 
 def batch_grid(max_tokens: int, max_seqs: int, max_len: int) -> list:
     """(query_lens, context_lens) shapes: prefill chunks, decode batches and mixed batches."""

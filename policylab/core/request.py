@@ -1,7 +1,7 @@
 """Engine-side request state.
 
 The engine owns and mutates `Request`; policies only ever see it through
-`policylab.contract.RequestView`. The true output length of a trace request is
+`policylab.core.contract.RequestView`. The true output length of a trace request is
 deliberately *not* stored here: the engine keeps it apart so no policy can read it.
 """
 from __future__ import annotations

@@ -99,7 +99,7 @@ def cmd_inspect(a) -> int:
     print(reqs.report.summary())
     print(format_stats(trace_stats(reqs, a.prefix_block_tokens), a.prefix_block_tokens))
     if a.plot:
-        from policylab.traces.plot import plot_trace
+        from policylab.analysis.trace_plot import plot_trace
         print(f"plot            {plot_trace(reqs, a.plot, title=a.file)}")
     return 0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from policylab.plots import cdf_figure, latency_samples, save
+from policylab.analysis.plots import cdf_figure, latency_samples, save
 
 CDF_FILE = "cdf_compare.png"
 
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
                write_html(df, best, common, out), out / "compare.csv"]
     print("wrote " + ", ".join(str(p) for p in written))
     if args.wandb_online:
-        from policylab.tracking import create_report
+        from policylab.analysis.tracking import create_report
         print(create_report(list(map(Path, df["run_dir"])), [c.path for c in COLUMNS], out / "compare.md"))
     else:
         print("W&B report: skipped (offline; pass --wandb-online with a logged-in W&B API to create one)")

@@ -6,18 +6,20 @@ and KV size on both and reports the relative error of each latency metric.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
 
-from policylab.calibrate import Calibration, calibrate, load_calibration
-from policylab.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.analysis.results import summarize_run
+from policylab.apps.calibrate import calibrate
+from policylab.apps.config import RunConfig, typed_config
+from policylab.apps.jobs import build_engine, build_policy, dataplane_of, replay
+from policylab.core.config import DataplaneConfig
+from policylab.core.engine import Engine
+from policylab.dataplane.fitted import Calibration, load_calibration
 from policylab.dataplane.sim import SimDataPlane
-from policylab.engine import Engine
-from policylab.results import summarize_run
-from policylab.run import build_engine, build_policy, dataplane_of, replay, typed
 from policylab.traces import load_trace
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -38,7 +40,8 @@ def error_table(real: dict, sim: dict, real_again: dict) -> pd.DataFrame:
     return df
 
 
-def fidelity(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
+def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
+    cfg = typed_config(cfg)
     if cfg.dataplane.kind != "torch":
         raise ValueError("fidelity compares against the real data plane: use dataplane=torch")
     path = cfg.dataplane.calibration
@@ -49,10 +52,8 @@ def fidelity(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     real = replay(real_engine, cfg.progress)
     again_engine = build_engine(cfg, real_plane)     # the same replay once more: measurement noise
     again = replay(again_engine, cfg.progress)
-    sim_plane = SimDataPlane(typed(ModelConfig, cfg.model), typed(HardwareConfig, cfg.hardware),
-                             DataplaneConfig(kind="sim", calibration=path), cfg.seed)
-    engine_cfg = EngineConfig(**{**OmegaConf.to_container(cfg.engine, resolve=True),
-                                 "num_blocks": real_engine.kv.num_blocks})
+    sim_plane = SimDataPlane(cfg.model, cfg.hardware, DataplaneConfig(kind="sim", calibration=path), cfg.seed)
+    engine_cfg = dataclasses.replace(cfg.engine, num_blocks=real_engine.kv.num_blocks)
     sim_engine = Engine(load_trace(cfg.trace, seed=cfg.seed), build_policy(cfg.policy), sim_plane,
                         engine_cfg, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
     sim = replay(sim_engine, cfg.progress)

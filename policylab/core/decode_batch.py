@@ -17,7 +17,7 @@ import math
 from itertools import compress
 from operator import sub
 
-from policylab.dataplane.base import Batch
+from policylab.core.batch import Batch
 
 
 class DecodeBatch:

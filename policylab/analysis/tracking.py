@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 
-from policylab.metrics import flatten
-from policylab.plots import downsample_steps
+from policylab.analysis.metrics import flatten
+from policylab.analysis.plots import downsample_steps
+from policylab.analysis.results import plain_config
 
 RESULT_FILES = ("summary.json", "requests.parquet", "steps.parquet")
 RUN_INFO_FILE = "wandb_run.json"    # where compare finds the W&B run of a run directory
@@ -33,8 +33,11 @@ class NullTracker:
         pass
 
 
-def open_tracker(cfg, run_dir):
-    """The tracker `cfg.logger` asks for; a NullTracker (and one warning) if W&B cannot start."""
+def open_tracker(cfg, run_dir, group: str | None = None):
+    """The tracker `cfg.logger` asks for; a NullTracker (and one warning) if W&B cannot start.
+
+    `cfg` is the typed run config (dataclasses); `group` is the W&B group when
+    `cfg.logger.group` is unset (the app passes the sweep's name in a multirun)."""
     logger = cfg.logger
     if logger.kind == "none" or logger.mode == "disabled":
         return NullTracker()
@@ -43,7 +46,7 @@ def open_tracker(cfg, run_dir):
     if logger.mode not in ("offline", "online"):
         raise ValueError(f"logger.mode must be 'offline', 'online' or 'disabled', got '{logger.mode}'")
     try:
-        return WandbTracker(cfg, Path(run_dir))
+        return WandbTracker(cfg, Path(run_dir), group)
     except Exception as e:
         _warn(f"W&B did not start ({type(e).__name__}: {e})", run_dir)
         return NullTracker()
@@ -54,17 +57,8 @@ def _warn(what: str, run_dir) -> None:
           file=sys.stderr)
 
 
-def sweep_group() -> str | None:
-    """In a Hydra multirun: the sweep directory's last two parts (e.g. `2025-01-02_10-11-12`)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return None
-    return "_".join(Path(HydraConfig.get().sweep.dir).parts[-2:])
-
-
 class WandbTracker:
-    def __init__(self, cfg, run_dir: Path):
+    def __init__(self, cfg, run_dir: Path, group: str | None = None):
         import wandb
         self.wandb, self.run_dir, self.failed, self.partial = wandb, run_dir, False, False
         logger = cfg.logger
@@ -72,9 +66,9 @@ class WandbTracker:
         wandb_dir.mkdir(parents=True, exist_ok=True)
         tags = [str(cfg.policy.name), str(cfg.trace.name), *map(str, logger.tags)]
         self.run = wandb.init(
-            project=logger.project, entity=logger.entity, group=logger.group or sweep_group(),
+            project=logger.project, entity=logger.entity, group=logger.group or group,
             name=run_dir.name, tags=list(dict.fromkeys(tags)), dir=str(wandb_dir), mode=logger.mode,
-            config=OmegaConf.to_container(cfg, resolve=True), reinit="finish_previous",
+            config=plain_config(cfg), reinit="finish_previous",
             settings=wandb.Settings(silent=True, console="off", disable_git=True, save_code=False,
                                     x_disable_stats=cfg.dataplane.kind != "torch"))
         self.run.define_metric(f"{STEP_PREFIX}*", step_metric=f"{STEP_PREFIX}clock")

@@ -1,0 +1,1 @@
+"""The Hydra configs, shipped inside the package as `policylab.configs` (see pyproject.toml)."""

@@ -1,0 +1,1 @@
+"""Apps: the command line and its Hydra jobs. The only layer that imports Hydra."""

@@ -1,0 +1,104 @@
+"""`python -m policylab SUBCOMMAND ...`: Hydra jobs (run, capacity, ...) and plain tools (trace, compare).
+
+Hydra rejects a bare subcommand word before its overrides, so the word is taken off
+argv here and the rest handed to the `@hydra.main` function. Each job turns the composed
+config into typed dataclasses once (`typed_config`) and passes only those down.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from policylab.apps.config import CONFIG_DIR, register, typed_config
+from policylab.apps.jobs import expand_shorthands, fail, guarded_job
+
+register()
+hydra_job = hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+
+
+@hydra_job
+def run_main(cfg: DictConfig) -> float:
+    from policylab.apps.run import run
+    summary = guarded_job(lambda run_dir: run(cfg, run_dir))
+    if summary.get("status") != "complete":
+        raise SystemExit(1)
+    return float(summary.get("goodput") or 0.0)   # objective for Hydra sweepers (Optuna)
+
+
+@hydra_job
+def calibrate_main(cfg: DictConfig) -> None:
+    from policylab.apps.calibrate import calibrate
+    from policylab.apps.jobs import build_engine, dataplane_of
+
+    def body(run_dir: Path):
+        run = typed_config(cfg)
+        plane = dataplane_of(run)
+        return calibrate(plane, run.engine, run_dir, run.seed, build_engine(run, plane))
+    guarded_job(body)
+
+
+@hydra_job
+def fidelity_main(cfg: DictConfig) -> None:
+    from policylab.apps.fidelity import fidelity
+    guarded_job(lambda run_dir: fidelity(cfg, run_dir))
+
+
+@hydra_job
+def generate_main(cfg: DictConfig) -> None:
+    from policylab.apps.generate import generate_text
+
+    def body(run_dir: Path) -> None:
+        run = typed_config(cfg)
+        g = run.generate
+        text = generate_text(run.model, run.dataplane, g.prompt, g.max_new_tokens, g.temperature, g.top_k,
+                             g.top_p, run.seed, g.chat, run.engine)
+        print(f"{g.prompt}\n--- {run.model.name} ---\n{text}")
+    guarded_job(body)
+
+
+@hydra_job
+def capacity_main(cfg: DictConfig) -> float:
+    from policylab.apps.capacity import capacity_job
+    return capacity_job(cfg)
+
+
+TOOLS = {
+    "trace": "policylab.apps.trace_cli",
+    "compare": "policylab.analysis.compare",
+}
+HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main,
+              "capacity": capacity_main, "generate": generate_main}
+USAGE = """usage: python -m policylab COMMAND ...
+
+  run        replay a trace under a policy (Hydra overrides: policy=chunked trace=bursty ...; -m for sweeps)
+  trace      inspect, convert or generate arrival traces (python -m policylab trace --help)
+  calibrate  profile the real data plane (a grid of batches + a replay of the trace), fit the sim
+  fidelity   replay on the real data plane and on the calibrated sim; report per-metric error
+  capacity   highest arrival rate meeting the SLOs (same overrides as run, plus target=0.9 lo= hi= iters=)
+  generate   complete a real prompt through the full engine (model=smollm2-135m prompt="...")
+  compare    table, CDFs, markdown and HTML of run or multirun directories (compare --help)
+"""
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command, rest = argv[0], argv[1:]
+    if command == "generate":
+        rest = expand_shorthands(rest, "generate", ("prompt", "max_new_tokens", "temperature", "chat"))
+    elif command == "capacity":
+        from policylab.apps.capacity import job_args
+        rest = job_args(rest)
+    if command in HYDRA_JOBS:
+        sys.argv = [f"policylab {command}"] + rest
+        HYDRA_JOBS[command]()
+    elif command in TOOLS:
+        raise SystemExit(importlib.import_module(TOOLS[command]).main(rest))
+    else:
+        fail(f"unknown command '{command}'\n{USAGE}")

@@ -1,0 +1,1 @@
+"""The project's generated traces, shipped inside the package as `policylab.shipped_traces`."""
