@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from policylab.core.batch import Batch
+from policylab.core.kv import blocks_for
 from policylab.core.request import SamplingParams
 from policylab.dataplane.fitted import FEATURES, Calibration, batch_features
 
@@ -42,7 +43,7 @@ def spread(mean: int, n: int, max_len: int) -> list:
 def _make_batch(q: list, ctx: list, num_blocks: int, block_size: int, vocab: int, rng) -> Batch:
     """A batch whose block tables are scattered over the cache, as after a while of serving."""
     free = iter(rng.permutation(num_blocks).tolist())
-    tables = [[next(free) for _ in range(-(-(n + c) // block_size))] for n, c in zip(q, ctx)]
+    tables = [[next(free) for _ in range(blocks_for(n + c, block_size))] for n, c in zip(q, ctx)]
     return Batch(list(range(len(q))), list(q), list(ctx), tables,
                  [rng.integers(16, vocab, n).astype(np.int32) for n in q],
                  [True] * len(q), [SamplingParams()] * len(q))
@@ -51,7 +52,7 @@ def _make_batch(q: list, ctx: list, num_blocks: int, block_size: int, vocab: int
 def profile(dataplane, grid: list, block_size: int = 16, repeats: int = 5, warmup: int = 2,
             seed: int = 0, progress=None) -> pd.DataFrame:
     """Time every batch shape of the grid on a data plane; one row per shape (median time)."""
-    need = max(sum(-(-(n + c) // block_size) for n, c in zip(q, ctx)) for q, ctx in grid)
+    need = max(sum(blocks_for(n + c, block_size) for n, c in zip(q, ctx)) for q, ctx in grid)
     num_blocks = max(need, dataplane.num_kv_blocks(block_size))
     dataplane.allocate_kv(num_blocks, block_size)
     rng = np.random.default_rng(seed)

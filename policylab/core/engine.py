@@ -20,7 +20,7 @@ from policylab.core.contract import (ContractViolation, ReadOnlyPlanTokens, Requ
 from policylab.core.batch import Batch, DataPlane, StepResult
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.gc_freeze import FrozenHeap
-from policylab.core.kv import BlockManager, chain_hashes
+from policylab.core.kv import BlockManager, blocks_for, chain_hashes
 from policylab.core.policy import Policy
 from policylab.core.synthetic_prompts import synthesize_prompt
 from policylab.core.request import Request, SamplingParams, Status, TraceRequest
@@ -188,11 +188,11 @@ class Engine:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
         r = v._r
         if r.block_table:        # running: no cache lookup, just the tail of its table
-            need = -(-(r.num_computed_tokens + n) // self.kv.block_size) - len(r.block_table)
+            need = blocks_for(r.num_computed_tokens + n, self.kv.block_size) - len(r.block_table)
             return need if need > 0 else 0
         hits = v.cached_blocks()
         total = r.num_computed_tokens + len(hits) * self.kv.block_size + n
-        new = -(-total // self.kv.block_size) - len(r.block_table) - len(hits)
+        new = blocks_for(total, self.kv.block_size) - len(r.block_table) - len(hits)
         return max(new, 0) + (self.kv.reclaim_cost(hits) if hits else 0)
 
     def plan_kv(self, plan: StepPlan) -> tuple:
@@ -211,11 +211,11 @@ class Engine:
         for rid, n in plan.num_scheduled_tokens.items():
             r = reqs[rid]
             table = r.block_table
-            if table:                # the same arithmetic as blocks_needed, inlined: hot path
-                need = (r.num_computed_tokens + n + bs - 1) // bs - len(table)
+            if table:                # the same arithmetic as blocks_needed
+                need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
             else:
                 hits = self.views[rid].cached_blocks()
-                need = -(-(r.num_computed_tokens + len(hits) * bs + n) // bs) - len(hits)
+                need = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(hits)
                 reclaimed.update(b for b in hits if ref[b] == released[b])
             if need > 0:
                 needed += need

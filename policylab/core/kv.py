@@ -14,6 +14,11 @@ import numpy as np
 from policylab.core.rng import splitmix64
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold `num_tokens` tokens: the one block-count formula (a ceiling division)."""
+    return -(-num_tokens // block_size)
+
+
 def chain_hashes(token_ids: np.ndarray, block_size: int, prev: int | None = None, start: int = 0) -> list:
     """Prefix hashes of the full blocks of `token_ids`, positions start, start+1, ... of a sequence
     whose first `start` tokens hash to `prev`: block k's hash stands for every token up to its end.
@@ -104,7 +109,7 @@ class BlockManager:
 
     def grow(self, table: list, num_tokens: int) -> None:
         """Allocate blocks so `table` covers num_tokens tokens."""
-        need = -(-num_tokens // self.block_size) - len(table)
+        need = blocks_for(num_tokens, self.block_size) - len(table)
         if need > self.num_free:
             raise MemoryError(f"KV cache exhausted: need {need} blocks, {self.num_free} free")
         self._take(table, need)

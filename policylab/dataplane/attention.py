@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from policylab.core.kv import blocks_for
 from policylab.dataplane.packing import PackedInput
 
 
@@ -65,7 +66,7 @@ def _group(packed: PackedInput, entries: np.ndarray, num_blocks: int, kv_heads: 
     qpos = ctx[:, None] + t                                           # position of each query
     mask = np.arange(num_keys)[None, None, :] <= qpos[:, :, None]     # causal over the whole context
     keep = (np.arange(max_q)[None, :] < q[:, None]).reshape(-1)
-    tables = packed.block_tables_np[entries, :-(-num_keys // bs)]
+    tables = packed.block_tables_np[entries, :blocks_for(num_keys, bs)]
     gather = (tables[:, None, :] + np.arange(kv_heads)[None, :, None] * num_blocks).reshape(-1)
 
     def dev(x, dtype):

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from policylab.core.batch import Batch
+from policylab.core.kv import blocks_for
 
 
 @dataclass
@@ -55,7 +56,7 @@ def pack(batch: Batch, block_size: int, device: torch.device) -> PackedInput:
     ctx = np.asarray(batch.context_lens, dtype=np.int64)
     seq = q + ctx
     n_blocks = [len(t) for t in batch.block_tables]
-    need = -(-seq // block_size)
+    need = blocks_for(seq, block_size)
     short = np.nonzero(np.asarray(n_blocks) < need)[0]
     if len(short):
         i = int(short[0])
