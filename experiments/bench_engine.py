@@ -4,13 +4,22 @@
     mean ~1,000, outputs mean ~200) with prefill_first — wall seconds (target ≤ 20 s);
 (b) control-plane time per step with 256 running decodes (engine + policy + validation,
     data plane excluded) — µs per step (target ≤ 150 µs).
+(c) the user's path: `python -m policylab run policy=P trace=file trace.path=<20,000-request
+    conversation-shaped trace> dataplane=sim` as the CLI runs it (Hydra compose, typed config,
+    replay, result files, plots, the default offline W&B logger), in-process, with the split
+    between trace load, replay, results, plots and W&B (target ≤ 20 s end to end).
 Usage: python experiments/bench_engine.py [--requests 20000] [--policy prefill_first] [--repeat 1]
+       [--only a,b,c]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+import tempfile
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import yaml
@@ -94,6 +103,71 @@ def bench_decode_step(policy, running=256, steps=1000):
           f"{control / plane_time:.1f}x: the steadier number under load)")
 
 
+CONVERSATION = ["--kind", "poisson", "--rate", "5.5", "--prompt-len", "lognormal:mean=1150,p90=2300,max=8000",
+                "--output-len", "lognormal:mean=210,p90=450,max=2000", "--seed", "0"]   # Azure-conversation-like
+
+
+@contextmanager
+def timed_calls(split: dict):
+    """Time what the run job calls, where the job looks the callees up (module attributes)."""
+    import policylab.analysis.plots as plots
+    import policylab.analysis.results as results
+    import policylab.analysis.tracking as tracking
+    import policylab.apps.jobs as jobs
+    import policylab.apps.run as run
+
+    def wrap(fn, bucket):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                split[bucket] = split.get(bucket, 0.0) + time.perf_counter() - t
+        return timed
+
+    def open_tracker(*args, **kwargs):
+        tracker = wrap(original["open_tracker"], "W&B")(*args, **kwargs)
+        tracker.log_run, tracker.finish = wrap(tracker.log_run, "W&B"), wrap(tracker.finish, "W&B")
+        return tracker
+
+    targets = [(jobs, "load_trace", "trace load"), (run, "replay", "replay"), (results, "write_results", "results"),
+               (plots, "write_run_plots", "plots")]
+    original = {name: getattr(mod, name) for mod, name, _ in targets} | {"open_tracker": tracking.open_tracker}
+    for mod, name, bucket in targets:
+        setattr(mod, name, wrap(getattr(mod, name), bucket))
+    tracking.open_tracker = open_tracker
+    try:
+        yield
+    finally:
+        for mod, name, _ in targets:
+            setattr(mod, name, original[name])
+        tracking.open_tracker = original["open_tracker"]
+
+
+def bench_cli(n, policy):
+    """(c): the run job exactly as `python -m policylab run ...` composes it, timed end to end."""
+    from policylab.apps.cli import main
+    from policylab.apps.trace_cli import main as trace_main
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "conversation.jsonl"
+        trace_main(["generate", "-n", str(n), *CONVERSATION, "-o", str(trace)])
+        split = {}
+        argv = ["run", f"policy={policy}", "trace=file", f"trace.path={trace}", "dataplane=sim",
+                f"hydra.run.dir={tmp}/run", "progress=false"]
+        with timed_calls(split):
+            t0 = time.perf_counter()
+            try:
+                main(argv)
+            except SystemExit as e:
+                if e.code:
+                    raise
+            wall = time.perf_counter() - t0
+    parts = ", ".join(f"{k} {v:.2f} s" for k, v in split.items())
+    print(f"(c) CLI run job, {n} requests, {policy}: {wall:.2f} s end to end ({parts}; "
+          f"the rest {wall - sum(split.values()):.2f} s: compose, build, summary table)")
+    return wall
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=20000)
@@ -101,9 +175,15 @@ if __name__ == "__main__":
     ap.add_argument("--repeat", type=int, default=1,
                     help="replays of (a), each from a fresh engine: on a shared, noisy machine one "
                          "number says little; the min is the least disturbed, the median the typical")
+    ap.add_argument("--only", default="a,b,c", help="which measurements to run (comma-separated)")
     args = ap.parse_args()
-    bench_decode_step(args.policy)
-    walls = sorted(bench_replay(args.requests, args.policy) for _ in range(args.repeat))
-    if args.repeat > 1:
-        print(f"(a) {args.repeat} replays: min {walls[0]:.2f} s, median {statistics.median(walls):.2f} s, "
-              f"max {walls[-1]:.2f} s wall")
+    only = set(args.only.split(","))
+    if "b" in only:
+        bench_decode_step(args.policy)
+    for part, bench in (("a", bench_replay), ("c", bench_cli)):
+        if part not in only:
+            continue
+        walls = sorted(bench(args.requests, args.policy) for _ in range(args.repeat))
+        if args.repeat > 1:
+            print(f"({part}) {args.repeat} runs: min {walls[0]:.2f} s, median {statistics.median(walls):.2f} s, "
+                  f"max {walls[-1]:.2f} s wall", file=sys.stdout)

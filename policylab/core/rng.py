@@ -3,7 +3,7 @@
 Value i of stream `key` depends on (key, i) only, so callers can grow, slice or cache a
 stream in any order and still get the same numbers: determinism without keeping a
 generator's state. Used for synthetic prompt ids, the sim plane's sampled ids and the
-prefix-hash weights.
+prefix-hash weights. `hash_key` turns names and numbers into a stream's key.
 """
 from __future__ import annotations
 
@@ -25,3 +25,13 @@ def splitmix64(key: int, start: int, count: int) -> np.ndarray:
     x *= _MULTS[1]
     x ^= x >> _SHIFTS[2]
     return x
+
+
+def hash_key(*parts) -> int:
+    """Stable 64-bit key from ints/strings (Python's hash() is salted for strings)."""
+    h = 1469598103934665603
+    for p in parts:
+        for byte in str(p).encode():
+            h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+        h = ((h ^ 0xFF) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h

@@ -16,21 +16,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from policylab.core.rng import splitmix64
+from policylab.core.rng import hash_key, splitmix64
 
 _RESERVED = 16   # keep clear of special-token ids at the bottom of a vocabulary
 _POOL_TOKENS = 1 << 16     # a window wraps around it; chains differ from the first block anyway
 _KEY_TOKENS = 4  # ids taken from a stream's 64-bit key: >= 32 bits of it even with a 256-id vocab
-
-
-def hash_key(*parts) -> int:
-    """Stable 64-bit key from ints/strings (Python's hash() is salted for strings)."""
-    h = 1469598103934665603
-    for p in parts:
-        for byte in str(p).encode():
-            h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-        h = ((h ^ 0xFF) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return h
 
 
 @lru_cache(maxsize=4)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from policylab.core.synthetic_prompts import hash_key
+from policylab.core.rng import hash_key
 from policylab.core.request import SamplingParams
 
 

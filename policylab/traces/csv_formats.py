@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
-from policylab.traces import fields as F
+import policylab.traces.fields as F
 from policylab.traces.errors import TraceError, shown
 from policylab.traces.raw import RawRequest
 

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator, Optional
 
-from policylab.traces import fields as F
+import policylab.traces.fields as F
 from policylab.traces.csv_formats import read_azure, read_burstgpt, read_vidur
 from policylab.traces.errors import TraceError
 from policylab.traces.mooncake import read_mooncake

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator, Optional
 
-from policylab.traces import fields as F
+import policylab.traces.fields as F
 from policylab.traces.errors import TraceError
 from policylab.traces.raw import RawRequest
 

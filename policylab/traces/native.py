@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from policylab.core.request import TraceRequest
-from policylab.traces import fields as F
+import policylab.traces.fields as F
 from policylab.traces.errors import TraceError
 from policylab.traces.raw import RawRequest
 
