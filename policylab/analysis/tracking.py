@@ -112,7 +112,10 @@ class WandbTracker:
             print(f"W&B table 'requests' holds the first {limit:,} of {len(requests):,} requests; "
                   "requests.parquet (also saved to the W&B run) has all", file=sys.stderr)
         shown = requests.head(limit).drop(columns=[c for c in TABLE_COLUMNS_LEFT_OUT if c in requests])
-        return self.wandb.Table(dataframe=shown.reset_index(drop=True))
+        # rows as plain lists (missing values None): W&B's dataframe path reads every cell through
+        # pandas, 2.5x slower for the same table (5 s of a 20k-request run's logging)
+        rows = shown.astype(object).where(shown.notna(), None).to_numpy().tolist()
+        return self.wandb.Table(columns=list(shown.columns), data=rows)
 
     def finish(self) -> None:
         """Finish the run and stop W&B's service process: only then is the `.wandb` log
