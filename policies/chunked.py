@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from policylab.core.contract import RequestView, SchedulerView, StepPlan
-from policylab.core.policy import Policy
+from policylab import Policy, RequestView, SchedulerView, StepPlan
 
 
 class _Step:

@@ -16,8 +16,8 @@ Sources: NVIDIA FasterTransformer (static/request-level batching, GptDecoder); Y
 """
 from __future__ import annotations
 
+from policylab import RequestView, SchedulerView
 from policies.chunked import Chunked
-from policylab.core.contract import RequestView, SchedulerView
 
 
 class DecodeFirst(Chunked):

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from policylab import RequestView, SchedulerView, StepPlan
 from policies.chunked import Chunked
-from policylab.core.contract import RequestView, SchedulerView, StepPlan
 
 
 class Fairness(Chunked):

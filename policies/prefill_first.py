@@ -12,8 +12,8 @@ Sources: vLLM v0 `Scheduler._schedule_default`; nano-vLLM `Scheduler.schedule`.
 """
 from __future__ import annotations
 
-from policylab.core.contract import SchedulerView, StepPlan
-from policylab.core.policy import Policy
+from policylab import Policy, SchedulerView, StepPlan
+
 
 
 class PrefillFirst(Policy):

@@ -15,8 +15,8 @@ Silberschatz et al., "Operating System Concepts", priority scheduling with aging
 """
 from __future__ import annotations
 
+from policylab import RequestView, SchedulerView
 from policies.chunked import Chunked
-from policylab.core.contract import RequestView, SchedulerView
 
 
 class Priority(Chunked):

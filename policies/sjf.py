@@ -15,8 +15,8 @@ Rank", NeurIPS'24; aging against SJF starvation (Silberschatz et al., OS Concept
 """
 from __future__ import annotations
 
+from policylab import RequestView
 from policies.priority import Priority
-from policylab.core.contract import RequestView
 
 
 class ShortestJobFirst(Priority):

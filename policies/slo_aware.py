@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from itertools import chain
 
+from policylab import RequestView, SchedulerView, StepPlan
 from policies.chunked import Chunked
-from policylab.core.contract import RequestView, SchedulerView, StepPlan
 
 LATE_POLICIES = ("serve", "reject")
 

@@ -1,4 +1,4 @@
-"""The package's layers (docs/design.md §0): each imports only downward, and nothing cycles.
+"""The package's layers (DESIGN §10): each imports only downward, and nothing cycles.
 
 Every import is read from the source, deferred ones inside functions included, so a lazy
 import cannot hide an upward edge. `from A import b` is an edge to `A.b` when that is a
