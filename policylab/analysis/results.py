@@ -36,12 +36,14 @@ def summarize_run(result: RunResult, cfg=None) -> tuple:
     return requests, steps, summarize(requests, steps, result, slo, fairness)
 
 
-def write_results(run_dir, result: RunResult, cfg=None) -> dict:
+def write_results(run_dir, result: RunResult, cfg=None, extra: dict | None = None) -> dict:
     """Write the three result files of `result` into `run_dir`; return the summary written.
 
     `cfg` is the run's typed config (a RunConfig dataclass, or a dict); its `slo`
     and `fairness` sections drive the metrics (defaults when absent) and the resolved config
-    is stored under `summary["config"]`.
+    is stored under `summary["config"]`; `extra` entries are added to the summary.
+    Each file is attempted even when an earlier one failed (a full disk may still take the small
+    summary); the summary then lists the files that are missing, and the error names them all.
     """
     run_dir = Path(run_dir)
     try:
@@ -49,11 +51,23 @@ def write_results(run_dir, result: RunResult, cfg=None) -> dict:
     except OSError as e:
         raise ResultsWriteError(f"cannot create results directory {run_dir}: {e}") from e
     requests, steps, summary = summarize_run(result, cfg)
+    summary.update(json_safe(extra or {}))
     summary["config"] = plain_config(cfg)
-    _atomic_write(run_dir / "requests.parquet", lambda f: pq.write_table(_requests_arrow(requests), f))
-    _atomic_write(run_dir / "steps.parquet", lambda f: steps.to_parquet(f, index=False))
+    failures = []
+    for name, write in (("requests.parquet", lambda f: pq.write_table(_requests_arrow(requests), f)),
+                        ("steps.parquet", lambda f: steps.to_parquet(f, index=False))):
+        try:
+            _atomic_write(run_dir / name, write)
+        except ResultsWriteError as e:
+            failures.append(str(e))
+            summary.setdefault("missing_files", []).append(name)
     text = json.dumps(summary, indent=2, allow_nan=False, default=str) + "\n"
-    _atomic_write(run_dir / "summary.json", lambda f: f.write(text.encode()))
+    try:
+        _atomic_write(run_dir / "summary.json", lambda f: f.write(text.encode()))
+    except ResultsWriteError as e:
+        failures.append(str(e))
+    if failures:
+        raise ResultsWriteError("; ".join(failures))
     return summary
 
 
@@ -88,16 +102,20 @@ def plain_config(cfg):
 
 
 def _atomic_write(path: Path, write: Callable) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")   # (per process: concurrent writers)
     try:
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise ResultsWriteError(f"could not write results file {path}: {e.strerror or e}") from e
+    except (OSError, OverflowError, ValueError, pa.ArrowException) as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        why = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
+        raise ResultsWriteError(f"could not write results file {path}: {why}") from e
 
 
 def _ms(x) -> str:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 SHORTHANDS = ("target", "lo", "hi", "iters", "widen")    # `target=0.9` means `capacity.target=0.9`
-RUN_DIR = "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}_capacity_${policy.name}_${trace.name}"
+RUN_DIR = "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}-${policylab_pid:}_capacity_${policy.name}_${trace.name}"
 
 
 @dataclass

@@ -6,7 +6,9 @@ config into typed dataclasses once (`typed_config`) and passes only those down.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import math
 import sys
 from pathlib import Path
 
@@ -14,10 +16,25 @@ import hydra
 from omegaconf import DictConfig
 
 from policylab.apps.config import CONFIG_DIR, register, typed_config
-from policylab.apps.jobs import expand_shorthands, fail, guarded_job
+from policylab.apps.jobs import check_output_dir_writable, expand_shorthands, fail, guarded_job, in_multirun
 
 register()
-hydra_job = hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+
+
+def hydra_job(job):
+    """`@hydra.main` over `job`; in a sweep, a job that fails or ends partial returns NaN instead
+    of exiting, so the launcher (basic, joblib, ...) runs every other job, and the sweep report
+    (sweep_report.py) names the failed ones at the end. A stop signal (exit code >= 128) still
+    ends the sweep."""
+    @functools.wraps(job)
+    def sweep_safe(cfg: DictConfig):
+        try:
+            return job(cfg)
+        except SystemExit as e:
+            if not in_multirun() or not isinstance(e.code, int) or e.code == 0 or e.code >= 128:
+                raise
+            return math.nan
+    return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(sweep_safe)
 
 
 @hydra_job
@@ -96,6 +113,7 @@ def main(argv=None) -> None:
         from policylab.apps.capacity import job_args
         rest = job_args(rest)
     if command in HYDRA_JOBS:
+        check_output_dir_writable(rest)
         sys.argv = [f"policylab {command}"] + rest
         HYDRA_JOBS[command]()
     elif command in TOOLS:

@@ -7,6 +7,7 @@ result down, so the engine, the data planes and the policies never see an OmegaC
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -63,6 +64,9 @@ class RunConfig:
 
 def register() -> None:
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    # the launching process's id in output directory names (configs/config.yaml): unique among
+    # concurrent runs, where the time alone is shared by runs started in the same second
+    OmegaConf.register_new_resolver("policylab_pid", os.getpid, use_cache=True, replace=True)
 
 
 class PolicySpec(dict):

@@ -2,6 +2,8 @@
 progress bar, and user errors turned into one clear message."""
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -9,11 +11,16 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
 from policylab.apps.config import RunConfig
+from policylab.apps.signals import ReplaySignals
 from policylab.core.engine import Engine
 from policylab.core.policy import Policy
 from policylab.core.result import RunResult
 from policylab.dataplane import build_dataplane
 from policylab.traces import TraceError, load_trace
+
+
+PREVIOUS_RESULTS = ("summary.json", "requests.parquet", "steps.parquet", "capacity.json", "capacity.csv",
+                    "error.txt", "traceback.txt")
 
 
 class RunError(Exception):
@@ -26,12 +33,56 @@ def fail(message: str, code: int = 2):
 
 
 def guarded_job(body):
-    """Run a Hydra job body in its output directory, with user errors turned into one message."""
+    """Run a Hydra job body in its output directory, with user errors turned into one message.
+
+    Result files an earlier run left in the directory are set aside first (`*.previous.*`), so a
+    re-run that fails never leaves an old "complete" summary beside the new config. A failed
+    job's message is also written to `error.txt`, where the sweep report (sweep_report.py) reads it.
+    """
     from policylab.analysis.results import ResultsWriteError
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    set_aside_previous_results(run_dir)
+    code = 2
     try:
-        return body(Path(HydraConfig.get().runtime.output_dir))
-    except (RunError, TraceError, ResultsWriteError, ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        return body(run_dir)
+    except (RunError, TraceError, ResultsWriteError, ValueError, OSError) as e:
+        message = str(e)
+    except KeyboardInterrupt as e:   # a stop signal before the replay started (ReplaySignals)
+        name = str(e) or "SIGINT"
+        message = f"stopped ({name}) before the replay started: nothing to keep"
+        code = 128 + getattr(signal.Signals, name, signal.SIGINT)
+    try:
+        (run_dir / "error.txt").write_text(message + "\n")
+    except OSError:
+        pass                        # (an unwritable run directory is the message itself)
+    fail(message, code)
+
+
+def check_output_dir_writable(overrides: list) -> None:
+    """Hydra itself would end with a logging traceback: refuse an output directory that cannot be
+    created, naming it (the nearest existing folder above the configured one must be writable)."""
+    multirun = any(a in ("-m", "--multirun") for a in overrides)
+    key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+    given = next((a[len(key):] for a in overrides if a.startswith(key)), "multirun" if multirun else "outputs")
+    folder = Path(given.split("${", 1)[0] or ".").expanduser().absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        fail(f"cannot write the output directory {given.rstrip('/')}: {existing} is not a writable folder "
+             f"(set {key}DIR to a folder you can write)")
+
+
+def set_aside_previous_results(run_dir: Path) -> None:
+    for name in PREVIOUS_RESULTS:
+        old = run_dir / name
+        if old.is_file():
+            old.replace(old.with_name(f"{old.stem}.previous{old.suffix}"))
+            print(f"note: {old} of an earlier run in this directory renamed to *.previous{old.suffix}",
+                  file=sys.stderr)
+
+
+def in_multirun() -> bool:
+    from hydra.types import RunMode
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def expand_shorthands(args: list, section: str, keys) -> list:
@@ -44,7 +95,9 @@ def build_policy(spec: dict) -> Policy:
     try:
         policy = instantiate(dict(spec), _convert_="all")
     except Exception as e:
-        raise RunError(f"cannot build policy from {dict(spec)}: {e}") from None
+        cause = e.__cause__ or e          # (Hydra wraps the policy's own error in two lines)
+        raise RunError(f"cannot build policy from {dict(spec)}: {type(cause).__name__}: "
+                       f"{str(cause).splitlines()[-1] if str(cause) else ''}") from None
     if not callable(getattr(policy, "schedule", None)):
         raise RunError(f"policy {type(policy).__name__} has no schedule(view) method")
     return policy
@@ -54,20 +107,42 @@ def dataplane_of(cfg: RunConfig):
     return build_dataplane(cfg.dataplane, cfg.model, cfg.hardware, cfg.seed)
 
 
-def build_engine(cfg: RunConfig, dataplane=None) -> Engine:
-    trace = load_trace(cfg.trace, seed=cfg.seed)
+def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
+    trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     return Engine(trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg), cfg.engine,
                   seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
 
 
-def replay(engine: Engine, progress: bool = True) -> RunResult:
-    """Run the engine with a progress bar over requests (finished + rejected)."""
-    if not progress:
-        return engine.run()
-    from tqdm import tqdm
-    with tqdm(total=len(engine.trace), unit="req", desc=engine.policy_name, file=sys.stderr,
-              dynamic_ncols=True, mininterval=0.5) as bar:
-        return engine.run(on_request_done=lambda _: bar.update())
+def replay(engine: Engine, progress: bool = True, signals: ReplaySignals | None = None) -> RunResult:
+    """Run the engine with a progress bar over requests (finished + rejected).
+
+    With `signals`, a stop signal ends the replay like Ctrl-C, and from the moment the engine
+    returns, signals only get noted (`shield`): the caller writes the results undisturbed.
+    """
+    result = None
+    try:
+        try:
+            if not progress:
+                result = engine.run()
+            else:
+                from tqdm import tqdm
+                with tqdm(total=len(engine.trace), unit="req", desc=engine.policy_name, file=sys.stderr,
+                          dynamic_ncols=True, mininterval=0.5) as bar:
+                    result = engine.run(on_request_done=lambda _: bar.update())
+        finally:
+            if signals is not None:
+                signals.shield()
+    except BaseException as e:    # a signal landing just outside the engine's own guard
+        if result is None:
+            result = salvage(engine, e)
+    return result
+
+
+def salvage(engine: Engine, e: BaseException) -> RunResult:
+    """The engine's requests and steps so far, as a partial result."""
+    error = f"interrupted ({e or 'Ctrl-C'})" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+    return RunResult(engine.trace, engine.requests, engine.steps, engine.kv.num_blocks, engine.kv.block_size,
+                     engine.policy_name, "partial", error)
 
 
 def sweep_group() -> str | None:

@@ -7,6 +7,7 @@ broken contract, a raising policy, Ctrl-C) returns what it has, marked partial.
 from __future__ import annotations
 
 import math
+import traceback
 from collections import Counter
 from types import MappingProxyType
 from typing import Callable, Optional
@@ -84,12 +85,13 @@ class Engine:
                     self.step()
                     heap.freeze_if_due(self.num_done)
                 self.kv.check()
-            except KeyboardInterrupt:
-                result.status, result.error = "partial", "interrupted (Ctrl-C)"
+            except KeyboardInterrupt as e:      # Ctrl-C, or a stop signal the app turned into one
+                result.status, result.error = "partial", f"interrupted ({e or 'Ctrl-C'})"
             except ContractViolation as e:
                 result.status, result.error = "partial", f"ContractViolation: {e}"
-            except Exception as e:  # a policy or data plane that raises ends the run, results kept
+            except BaseException as e:  # a policy or data plane that raises (even sys.exit): results kept
                 result.status, result.error = "partial", f"{type(e).__name__}: {e}"
+                result.traceback = traceback.format_exc()
             result.steps = self.steps
         return result
 

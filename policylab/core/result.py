@@ -18,6 +18,7 @@ class RunResult:
     policy: str
     status: str = "complete"         # complete | partial
     error: str = ""
+    traceback: str = ""              # of the exception that ended a partial run (none for Ctrl-C)
 
     @property
     def partial(self) -> bool:

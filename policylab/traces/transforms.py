@@ -31,6 +31,13 @@ class TraceReport:
     clipped_outputs: int = 0
     kept: int = 0
 
+    def as_dict(self) -> dict:
+        """JSON-ready counts for summary.json: rows skipped by reason, requests dropped or clipped."""
+        return {"file": self.file, "format": self.format, "read": self.read, "kept": self.kept,
+                "skipped": dict(sorted(self.skipped.items())), "out_of_window": self.out_of_window,
+                "sampled_out": self.sampled_out, "over_max_requests": self.over_max_requests,
+                "clipped_prompts": self.clipped_prompts, "clipped_outputs": self.clipped_outputs}
+
     def summary(self) -> str:
         parts = [f"{self.kept} requests from {self.file} ({self.format}, {self.read} read)"]
         parts += [f"skipped {n}: {why}" for why, n in sorted(self.skipped.items())]
