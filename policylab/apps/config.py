@@ -8,7 +8,8 @@ result down, so the engine, the data planes and the policies never see an OmegaC
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
+from difflib import get_close_matches
 from importlib.resources import files
 from typing import Any
 
@@ -17,7 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from policylab.core.config import (DataplaneConfig, EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig,
-                                   ModelConfig, SloConfig)
+                                   ModelConfig, SloConfig, check_engine_config, check_slo_config)
 from policylab.traces.config import TraceConfig
 
 CONFIG_DIR = str(files("policylab.configs"))   # the repository's configs/, shipped in the wheel
@@ -95,4 +96,25 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(f"config: {e}".splitlines()[0]) from None
     run.policy = PolicySpec(OmegaConf.to_container(cfg.policy, resolve=True))
+    check_run_config(run)
     return run
+
+
+def check_run_config(run: RunConfig) -> None:
+    """Refuse, before anything runs, keys no typed group has (`+trace.max_request=10`, a typo
+    Hydra's own hint suggests, was silently ignored) and values the engine or metrics cannot use."""
+    for group in fields(run):
+        node = getattr(run, group.name)
+        if is_dataclass(node):
+            known = {f.name for f in fields(node)}
+            unknown = sorted(k for k in vars(node) if k not in known)
+            if unknown:
+                close = get_close_matches(unknown[0], known, n=1)
+                raise ConfigError(f"config: {group.name}.{unknown[0]} is not a key of {group.name}"
+                                  + (f" (did you mean {group.name}.{close[0]}?)" if close else
+                                     f"; it has {', '.join(sorted(known))}"))
+    try:
+        check_engine_config(run.engine)
+        check_slo_config(run.slo, run.fairness)
+    except ValueError as e:
+        raise ConfigError(f"config: {e}") from None

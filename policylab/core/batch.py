@@ -51,3 +51,10 @@ class DataPlane(Protocol):
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         """Called once by the engine with the block count it will manage, before the first step."""
         ...
+
+
+def bad_duration(dataplane, batch: Batch, duration) -> ValueError:
+    """The error for a step duration that is not a finite number >= 0 (DESIGN §5: it drives the clock)."""
+    return ValueError(f"data plane {type(dataplane).__name__} returned a step duration of {duration!r} s for a "
+                      f"batch of {len(batch)} requests ({batch.num_tokens} tokens, "
+                      f"{sum(batch.context_lens)} context tokens): durations must be finite and >= 0")

@@ -6,6 +6,7 @@ below reads ordinary attributes (an OmegaConf node costs a resolver call per rea
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -111,3 +112,24 @@ def check_engine_config(cfg: EngineConfig) -> None:
                          f"{cfg.max_num_batched_tokens}: every running decode needs a token of the budget")
     if cfg.num_blocks is not None and cfg.num_blocks < 1:
         raise ValueError(f"engine.num_blocks must be >= 1 or null, got {cfg.num_blocks}")
+    if cfg.max_tokens is not None and cfg.max_tokens < 1:
+        raise ValueError(f"engine.max_tokens must be >= 1 or null, got {cfg.max_tokens}")
+    if cfg.predictor not in ("none", "oracle"):
+        raise ValueError(f"engine.predictor must be 'none' or 'oracle', got '{cfg.predictor}'")
+    if not 0 <= cfg.predictor_noise < math.inf:
+        raise ValueError(f"engine.predictor_noise must be a finite number >= 0 (lognormal sigma), "
+                         f"got {cfg.predictor_noise}")
+    if cfg.clock not in ("virtual", "wall"):
+        raise ValueError(f"engine.clock must be 'virtual' or 'wall', got '{cfg.clock}'")
+
+
+def check_slo_config(slo: SloConfig, fairness: FairnessConfig) -> None:
+    """SLOs are positive seconds and fairness weights finite and >= 0 (a NaN SLO meets nothing)."""
+    for name in ("ttft", "tpot"):
+        value = getattr(slo, name)
+        if not 0 < value < math.inf:
+            raise ValueError(f"slo.{name} must be a finite number of seconds > 0, got {value}")
+    for name in ("w_in", "w_out"):
+        value = getattr(fairness, name)
+        if not 0 <= value < math.inf:
+            raise ValueError(f"fairness.{name} must be a finite number >= 0, got {value}")

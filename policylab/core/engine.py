@@ -18,13 +18,13 @@ from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
 from policylab.core.contract import (ContractViolation, ReadOnlyPlanTokens, RequestView, SchedulerView, StepPlan,
                                 validate_plan)
-from policylab.core.batch import Batch, DataPlane, StepResult
+from policylab.core.batch import Batch, DataPlane, StepResult, bad_duration
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import BlockManager, blocks_for, chain_hashes
 from policylab.core.policy import Policy
 from policylab.core.synthetic_prompts import synthesize_prompt
-from policylab.core.request import Request, SamplingParams, Status, TraceRequest
+from policylab.core.request import NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals
 from policylab.core.result import STEP_FIELDS, RunResult
 
 
@@ -33,6 +33,7 @@ class Engine:
                  seed: int = 0, prefix_block_tokens: int = 512,
                  sampling: SamplingParams = SamplingParams()):
         self.trace = sorted(trace, key=lambda t: t.arrival_time)
+        check_arrivals(self.trace)
         self.policy, self.dataplane, self.cfg, self.seed = policy, dataplane, cfg, seed
         self.policy_name = getattr(policy, "name", type(policy).__name__)
         self.prefix_block_tokens, self.sampling = prefix_block_tokens, sampling
@@ -106,7 +107,10 @@ class Engine:
         self._admit()
         batch = self._schedule()
         if batch is not None:
-            self._postprocess(batch, self.dataplane.execute(batch))
+            result = self.dataplane.execute(batch)
+            if not 0.0 <= result.duration < math.inf:     # (NaN fails too) a NaN clock would hang
+                raise bad_duration(self.dataplane, batch, result.duration)   # the replay forever
+            self._postprocess(batch, result)
 
     # ------------------------------------------------------------- admit
     def _admit(self) -> None:
@@ -118,7 +122,10 @@ class Engine:
     def _arrive(self, i: int) -> None:
         t: TraceRequest = self.trace[i]
         cfg = self.cfg
-        if t.prompt_ids is not None:
+        reason = self._never_fits(t)     # by arithmetic: no token or hash is built for a request
+        if reason:                       # that can never run (a 2e8-token prompt took 114 s)
+            ids = NO_TOKENS
+        elif t.prompt_ids is not None:
             ids = np.asarray(t.prompt_ids, dtype=np.int32)
         else:
             ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, self.dataplane.vocab_size,
@@ -128,7 +135,6 @@ class Engine:
                     t.tpot_slo, self._predict(t.output_tokens), self.sampling)
         self.requests[i] = r
         self.target_len[i] = min(t.output_tokens, max_tokens)
-        reason = self._never_fits(t)
         if reason:
             return self._reject(r, reason)
         if self.kv.prefix_caching:

@@ -21,6 +21,20 @@ class Status(str, enum.Enum):
     REJECTED = "rejected"
 
 
+MAX_ARRIVAL_S = 1e9      # 31 years: beyond it float64 seconds lose sub-microsecond precision (at 1e17
+                         # every latency is 0.0), so traces must be rebased (DESIGN §9 readers do)
+MAX_TOKENS = 10**12      # token counts past it are refused by the readers (int64 columns overflow)
+NO_TOKENS = np.zeros(0, dtype=np.int32)   # the prompt of a request rejected on arrival
+
+
+def check_arrivals(trace: list) -> None:
+    """A trace sorted by arrival must start at >= 0 s and end within MAX_ARRIVAL_S."""
+    if trace and not (0.0 <= trace[0].arrival_time and trace[-1].arrival_time <= MAX_ARRIVAL_S):
+        bad = trace[0] if not 0.0 <= trace[0].arrival_time else trace[-1]
+        raise ValueError(f"trace: arrival_time {bad.arrival_time!r} s is outside [0, {MAX_ARRIVAL_S:g}] s "
+                         "(arrivals are seconds from the trace's start)")
+
+
 @dataclass(frozen=True)
 class TraceRequest:
     """One request of an arrival trace (native format, DESIGN §9)."""

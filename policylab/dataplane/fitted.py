@@ -7,6 +7,7 @@ and fits it (`policylab.apps.calibrate`) imports it from here, never the other w
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,11 +44,26 @@ class Calibration:
 
 
 def load_calibration(path) -> Calibration:
+    """A calibration file, checked: every problem is one line naming the file and the key."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"calibration file not found: {p} (make one with `python -m policylab calibrate`)")
-    data = json.loads(p.read_text())
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: not a calibration JSON file ({e})") from None
+    if not isinstance(data, dict) or "features" not in data or "weights" not in data:
+        raise ValueError(f"{p}: expected a JSON object with 'features' and 'weights' "
+                         f"(written by `python -m policylab calibrate`), got {type(data).__name__}"
+                         + (f" with keys {sorted(data)[:6]}" if isinstance(data, dict) else ""))
     if data.get("features") != list(FEATURES):
         raise ValueError(f"{p}: features {data.get('features')} do not match this version's {list(FEATURES)}")
-    return Calibration(np.asarray(data["weights"], dtype=float),
+    weights = data["weights"]
+    if not (isinstance(weights, list) and len(weights) == len(FEATURES)
+            and all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights)):
+        raise ValueError(f"{p}: 'weights' must be a list of {len(FEATURES)} numbers, got {weights!r:.80}")
+    if not all(0 <= w < math.inf for w in weights):    # (NaN fails): a step must cost a finite time >= 0
+        raise ValueError(f"{p}: 'weights' must be finite and >= 0 (seconds per unit of {list(FEATURES)}), "
+                         f"got {weights}")
+    return Calibration(np.asarray(weights, dtype=float),
                        {k: v for k, v in data.items() if k not in ("features", "weights")})

@@ -9,11 +9,15 @@ roofline with a model measured on the real data plane.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
 from policylab.core.batch import Batch, StepResult
 from policylab.core.rng import splitmix64
+
+MIN_VOCAB = 32    # ids 0..15 and the top 16 are left out of sampled ids (special tokens)
 
 
 class ModelShape:
@@ -31,8 +35,29 @@ class ModelShape:
         self.kv_bytes_per_token = 2 * m.num_hidden_layers * kv * m.dtype_bytes
 
 
+def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneConfig) -> None:
+    """Refuse parameters that would give a step a duration that is not finite and >= 0 (a NaN
+    step_overhead hung the virtual clock; mem_bandwidth=0 divided by zero)."""
+    for name in ("peak_flops", "mem_bandwidth", "mem_bytes", "flops_efficiency", "bw_efficiency"):
+        value = getattr(hw, name)
+        if not (isinstance(value, (int, float)) and 0 < value < math.inf):
+            raise ValueError(f"hardware.{name} must be a finite number > 0, got {value!r}")
+    if not (isinstance(hw.step_overhead, (int, float)) and 0 <= hw.step_overhead < math.inf):
+        raise ValueError(f"hardware.step_overhead must be a finite number >= 0 (seconds), got {hw.step_overhead!r}")
+    if not 0 < dp.gpu_memory_utilization <= 1:
+        raise ValueError(f"dataplane.gpu_memory_utilization must be in (0, 1], got {dp.gpu_memory_utilization!r}")
+    if model.vocab_size <= MIN_VOCAB:
+        raise ValueError(f"model.vocab_size must be > {MIN_VOCAB} (sampled ids stay clear of special tokens), "
+                         f"got {model.vocab_size}")
+    for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "dtype_bytes"):
+        if getattr(model, name) < 1:
+            raise ValueError(f"model.{name} must be >= 1, got {getattr(model, name)}")
+
+
 class SimDataPlane:
     def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig, seed: int = 0):
+        check_cost_parameters(model, hardware, dp)
         self.shape, self.hw, self.dp, self.seed = ModelShape(model), hardware, dp, seed
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
         self.needs_token_ids = False
@@ -100,5 +125,5 @@ class SimDataPlane:
         """Extend the id table to cover `size` positions (doubling; each id a hash of seed and position)."""
         have = len(self._next_token)
         size = max(size, 2 * have, 4096)
-        ids = splitmix64(self.seed * 0xBF58476D1CE4E5B9, have, size - have) % np.uint64(self.vocab_size - 32)
+        ids = splitmix64(self.seed * 0xBF58476D1CE4E5B9, have, size - have) % np.uint64(self.vocab_size - MIN_VOCAB)
         self._next_token += (ids + np.uint64(16)).astype(np.int64).tolist()

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from policylab.core.request import MAX_TOKENS
 from policylab.traces.errors import TraceError, shown
 
 
@@ -32,8 +33,9 @@ def json_records(path: Path, name: str):
 
 
 def positive_int(value, file, line, field, kind="field") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TraceError(file, line, field, f"expected a positive integer, got {shown(value)}", kind=kind)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS:
+        raise TraceError(file, line, field, f"expected a positive integer up to {MAX_TOKENS:.0e}, "
+                                            f"got {shown(value)}", kind=kind)
     return value
 
 
@@ -57,8 +59,9 @@ def optional_seconds(value, file, line, field):
 
 
 def integer(value, file, line, field) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TraceError(file, line, field, f"expected an integer, got {shown(value)}")
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_TOKENS:
+        raise TraceError(file, line, field, f"expected an integer of at most {MAX_TOKENS:.0e} in size, "
+                                            f"got {shown(value)}")
     return value
 
 
@@ -93,10 +96,14 @@ def cell_number(cell: str, file, line, column) -> float:
 def cell_count(cell: str, file, line, column) -> int:
     """A token count cell: a whole number (0 and negatives pass; the caller skips and counts them)."""
     try:
-        return int(cell)
+        count = int(cell)
     except ValueError:
         value = cell_number(cell, file, line, column)
         if not value.is_integer():
             raise TraceError(file, line, column, f"expected a whole number of tokens, got {shown(cell)}",
                              kind="column") from None
-        return int(value)
+        count = int(value)
+    if count > MAX_TOKENS:
+        raise TraceError(file, line, column, f"expected at most {MAX_TOKENS:.0e} tokens, got {shown(cell)}",
+                         kind="column")
+    return count

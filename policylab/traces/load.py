@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
 
+from policylab.core.request import MAX_ARRIVAL_S
 from policylab.traces.errors import TraceError
 from policylab.traces.formats import detect_format, read_requests
 from policylab.traces.transforms import TraceReport, apply_transforms, check_config
@@ -61,6 +62,10 @@ def load_trace(cfg, seed: int = 0) -> LoadedTrace:
     trace.report = report
     if not trace:
         raise TraceError(name, None, None, f"no requests left to replay ({report.summary()})")
+    last = max(t.arrival_time for t in trace)
+    if last > MAX_ARRIVAL_S:
+        raise TraceError(name, None, "arrival_time", f"a request arrives {last:.6g} s after the trace's first; "
+                         f"at most {MAX_ARRIVAL_S:g} s (31 years) keeps latencies exact in float64 seconds")
     log.log(logging.WARNING if report.skipped or report.clipped_prompts or report.clipped_outputs
             else logging.INFO, "trace: %s", report.summary())
     return trace
