@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 from policylab.apps.config import CapacityConfig, typed_config
-from policylab.apps.jobs import build_engine, expand_shorthands, guarded_job, replay
+from policylab.apps.jobs import RunError, build_engine, expand_shorthands, guarded_job, replay
+from policylab.apps.run import write_traceback
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -86,7 +87,7 @@ def replay_at(cfg, scale: float) -> dict:
             "ttft_p50": summary["ttft"]["p50"], "ttft_p99": summary["ttft"]["p99"],
             "tpot_p50": summary["tpot"]["p50"], "tpot_p99": summary["tpot"]["p99"],
             "preemptions": summary["preemptions"], "rejected": summary["counts"]["rejected"],
-            "status": summary["status"], "error": summary["error"]}
+            "status": summary["status"], "error": summary["error"], "traceback": result.traceback}
 
 
 def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
@@ -95,26 +96,48 @@ def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
     cfg = typed_config(cfg)
     import pandas as pd
     from policylab.analysis.plots import save
+    rows_so_far = []
+
     def logged(scale: float) -> dict:
         row = (evaluate or (lambda s: replay_at(cfg, s)))(scale)
+        trace_text = row.pop("traceback", "")
         print(f"  rate_scale {scale:8.4f}: {_fmt(row['rate'], '.3f')} req/s, SLO attainment "
               f"{_fmt(row['slo_attainment'], '.1%')}, p99 TTFT {_fmt(row['ttft_p99'], '.3f')} s"
-              + (f"  [{row['status']}: {row['error']}]" if row["status"] != "complete" else ""),
+              + (f"  [{row['status']}: {row['error']}]" if row.get("status", "complete") != "complete" else ""),
               file=sys.stderr)
+        rows_so_far.append(row)
+        if row.get("status", "complete") != "complete":   # a crash is not "attainment too low": stop and say so
+            where = f" (traceback: {write_traceback(out_dir, trace_text)})" if trace_text else ""
+            raise PolicyFailed(f"capacity: policy {cfg.policy.name} failed at rate_scale {scale:g}: "
+                               f"{row['error']}{where}")
         return row
 
-    status, scale, rows = search(logged, cap)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        status, scale, rows = search(logged, cap)
+    except PolicyFailed as e:
+        _write_json(out_dir, cfg, cap, {"status": "failed", "partial": True, "error": str(e),
+                                        "rate_scale": None, "rate": None})
+        pd.DataFrame(rows_so_far).to_csv(out_dir / "capacity.csv", index=False)
+        raise
     curve = pd.DataFrame(rows).sort_values("rate_scale").reset_index(drop=True)
     rate = None if scale is None else curve.loc[curve["rate_scale"] == scale, "rate"].iloc[0]
     result = CapacityResult(status, scale, rate, cap.target, curve)
-    out_dir.mkdir(parents=True, exist_ok=True)
     curve.to_csv(out_dir / "capacity.csv", index=False)
-    (out_dir / "capacity.json").write_text(json.dumps(
-        {"status": status, "rate_scale": scale, "rate": rate, "policy": cfg.policy.name,
-         "trace": cfg.trace.name, "slo": {"ttft": cfg.slo.ttft, "tpot": cfg.slo.tpot},
-         "search": asdict(cap)}, indent=2) + "\n")
+    _write_json(out_dir, cfg, cap, {"status": status, "partial": False, "error": "", "rate_scale": scale,
+                                    "rate": rate})
     save(curve_figure(result, cfg), out_dir / "capacity.png")
     return result
+
+
+class PolicyFailed(RunError):
+    """A replay of the search ended partial: the policy (or the data plane) failed."""
+
+
+def _write_json(out_dir: Path, cfg, cap: CapacityConfig, outcome: dict) -> None:
+    (out_dir / "capacity.json").write_text(json.dumps(
+        {**outcome, "policy": cfg.policy.name, "trace": cfg.trace.name,
+         "slo": {"ttft": cfg.slo.ttft, "tpot": cfg.slo.tpot}, "search": asdict(cap)}, indent=2, default=float) + "\n")
 
 
 def _fmt(x, spec: str) -> str:

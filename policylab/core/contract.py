@@ -6,10 +6,13 @@ raises `ContractViolation` naming the policy and the rule. Nothing is silently f
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_
-from typing import TYPE_CHECKING, AbstractSet, Callable, Mapping
+from typing import TYPE_CHECKING, AbstractSet, Mapping, NamedTuple
+
+from policylab.core.kv import blocks_for
 
 if TYPE_CHECKING:
     from policylab.core.kv import BlockManager
@@ -25,57 +28,64 @@ class ContractViolation(Exception):
 
 
 class RequestView:
-    """Read-only window on one live request. Never exposes the true output length."""
+    """Read-only window on one live request. Never exposes the true output length.
 
-    __slots__ = ("_r", "_kv", "_hit_step", "_hit_blocks")
+    Its slots are hidden (their descriptors are taken off the class below): no attribute of a
+    view leads to the engine's `Request` or block manager, and no attribute of it can be set.
+    """
+
+    __slots__ = ("_r", "_kv", "_hit")
 
     def __init__(self, request: "Request", kv: "BlockManager"):
-        self._r, self._kv = request, kv
-        self._hit_step, self._hit_blocks = -1, ()
+        _set_request(self, request)
+        _set_kv(self, kv)
+        _set_hit(self, (-1, ()))
 
-    req_id = property(lambda s: s._r.req_id)
-    arrival_time = property(lambda s: s._r.arrival_time)
-    client = property(lambda s: s._r.client)
-    priority = property(lambda s: s._r.priority)
-    ttft_slo = property(lambda s: s._r.ttft_slo)
-    tpot_slo = property(lambda s: s._r.tpot_slo)
-    max_tokens = property(lambda s: s._r.max_tokens)
-    predicted_output_tokens = property(lambda s: s._r.predicted_output_tokens)
-    prompt_len = property(lambda s: len(s._r.prompt_ids))
-    num_output_tokens = property(lambda s: len(s._r.output_ids))
-    num_tokens = property(lambda s: s._r.num_tokens)
-    num_computed_tokens = property(lambda s: s._r.num_computed_tokens)
-    num_blocks = property(lambda s: len(s._r.block_table))
-    num_preemptions = property(lambda s: s._r.num_preemptions)
-    first_scheduled_time = property(lambda s: s._r.first_scheduled_time)
-    first_token_time = property(lambda s: s._r.token_times[0] if s._r.token_times else None)
-    last_token_time = property(lambda s: s._r.token_times[-1] if s._r.token_times else None)
-    status = property(lambda s: s._r.status.value)
+    req_id = property(lambda s: _request(s).req_id)
+    arrival_time = property(lambda s: _request(s).arrival_time)
+    client = property(lambda s: _request(s).client)
+    priority = property(lambda s: _request(s).priority)
+    ttft_slo = property(lambda s: _request(s).ttft_slo)
+    tpot_slo = property(lambda s: _request(s).tpot_slo)
+    max_tokens = property(lambda s: _request(s).max_tokens)
+    predicted_output_tokens = property(lambda s: _request(s).predicted_output_tokens)
+    prompt_len = property(lambda s: len(_request(s).prompt_ids))
+    num_output_tokens = property(lambda s: len(_request(s).output_ids))
+    num_tokens = property(lambda s: _request(s).num_tokens)
+    num_computed_tokens = property(lambda s: _request(s).num_computed_tokens)
+    num_blocks = property(lambda s: len(_request(s).block_table))
+    num_preemptions = property(lambda s: _request(s).num_preemptions)
+    first_scheduled_time = property(lambda s: _request(s).first_scheduled_time)
+    first_token_time = property(lambda s: _request(s).token_times[0] if _request(s).token_times else None)
+    last_token_time = property(lambda s: _request(s).token_times[-1] if _request(s).token_times else None)
+    status = property(lambda s: _request(s).status.value)
 
     def cached_blocks(self) -> tuple:
         """Prefix-cache blocks this request would reuse if scheduled now (memoized per step)."""
-        r = self._r
+        r = _request(self)
         if r.block_table or r.num_computed_tokens:
             return ()
-        if self._hit_step != self._kv.epoch:
-            self._hit_step = self._kv.epoch
-            self._hit_blocks = self._kv.lookup(r.block_hashes, (r.num_tokens - 1) // self._kv.block_size)
-        return self._hit_blocks
+        kv = _kv(self)
+        step, blocks = _hit(self)
+        if step != kv.epoch:
+            blocks = kv.lookup(r.block_hashes, (r.num_tokens - 1) // kv.block_size)
+            _set_hit(self, (kv.epoch, blocks))
+        return blocks
 
     @property
     def num_cached_tokens(self) -> int:
         """Tokens served from the prefix cache if scheduled now (always leaves one to compute)."""
-        return len(self.cached_blocks()) * self._kv.block_size
+        return len(self.cached_blocks()) * _kv(self).block_size
 
     @property
     def remaining_tokens(self) -> int:
         """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
-        r = self._r
+        r = _request(self)
         return r.num_tokens - r.num_computed_tokens - self.num_cached_tokens
 
     @property
     def is_decode(self) -> bool:
-        r = self._r
+        r = _request(self)
         out = r.output_ids
         return bool(out) and len(r.prompt_ids) + len(out) - r.num_computed_tokens == 1
 
@@ -86,6 +96,18 @@ class RequestView:
     def __repr__(self) -> str:
         return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "
                 f"computed={self.num_computed_tokens}, out={self.num_output_tokens})")
+
+
+def _hide_slot(cls, name: str) -> tuple:
+    """(get, set) of a slot whose descriptor is removed from the class: only this module reaches it."""
+    descriptor = cls.__dict__[name]
+    delattr(cls, name)
+    return descriptor.__get__, descriptor.__set__
+
+
+(request_of, _set_request), (_kv, _set_kv) = _hide_slot(RequestView, "_r"), _hide_slot(RequestView, "_kv")
+_hit, _set_hit = _hide_slot(RequestView, "_hit")      # (kv epoch, blocks) of the memoized cache lookup
+_request = request_of     # the engine's Request behind a view: for the engine and validate_plan only
 
 
 class ReadOnlyPlanTokens(dict):
@@ -106,9 +128,14 @@ class ReadOnlyPlanTokens(dict):
         return dict, (dict(self),)
 
 
-@dataclass(slots=True)
-class SchedulerView:
-    """Everything a policy may read in one step. Lists are in queue order."""
+class SchedulerView(NamedTuple):
+    """Everything a policy may read in one step. Lists are in queue order.
+
+    Immutable (a named tuple: built positionally in one C call, every step), and every value in
+    it is read-only: tuples, read-only mappings and views. The engine validates a plan against
+    the view it built, so a policy cannot raise its own limits, and no attribute leads from a
+    view to engine state (the methods below reach requests through hidden slots).
+    """
 
     clock: float
     step: int
@@ -119,9 +146,6 @@ class SchedulerView:
     block_size: int
     num_free_blocks: int
     num_total_blocks: int
-    blocks_needed: Callable[[RequestView, int], int]
-    blocks_freed_by_preempting: Callable[[RequestView], int]
-    plan_kv: Callable[["StepPlan"], tuple]   # exact (blocks needed, blocks available) of a whole plan
     by_id: Mapping[int, RequestView]   # every waiting and running request, read-only
     # Whole-batch facts for policies that serve hundreds of decodes per step: set operations
     # on these (read-only, live) replace a loop over views.
@@ -133,6 +157,49 @@ class SchedulerView:
                                        # plan "every running request decodes". Returned as is
                                        # (`StepPlan(view.decode_all)`), the engine that built it
                                        # skips re-reading it request by request
+
+    def blocks_needed(self, v: RequestView, n: int) -> int:
+        """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
+        r, bs = _request(v), _kv(v).block_size
+        if r.block_table:        # running: no cache lookup, just the tail of its table
+            need = blocks_for(r.num_computed_tokens + n, bs) - len(r.block_table)
+            return need if need > 0 else 0
+        hits = v.cached_blocks()
+        new = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(r.block_table) - len(hits)
+        return max(new, 0) + (_kv(v).reclaim_cost(hits) if hits else 0)
+
+    def blocks_freed_by_preempting(self, v: RequestView) -> int:
+        return _kv(v).freed_by_release(_request(v).block_table)
+
+    def plan_kv(self, plan: "StepPlan") -> tuple:
+        """Exact (blocks needed, blocks available) of a whole plan, its preemptions included.
+
+        A cache hit on a block that nobody holds after the preemptions takes a free block
+        (counted once even when several requests hit it). Every id must be in `by_id`.
+        """
+        live, sched = self.by_id, plan.num_scheduled_tokens
+        if not sched and not plan.preempt:
+            return 0, self.num_free_blocks
+        kv = _kv(live[next(iter(sched or plan.preempt))])
+        bs, ref = kv.block_size, kv.ref
+        released = Counter()
+        for rid in plan.preempt:
+            released.update(_request(live[rid]).block_table)
+        available = self.num_free_blocks + sum(1 for b, k in released.items() if ref[b] == k)
+        needed, reclaimed = 0, set()
+        for rid, n in sched.items():
+            v = live[rid]
+            r = _request(v)
+            table = r.block_table
+            if table:                # the same arithmetic as blocks_needed
+                need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
+            else:
+                hits = v.cached_blocks()
+                need = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(hits)
+                reclaimed.update(b for b in hits if ref[b] == released[b])
+            if need > 0:
+                needed += need
+        return needed + len(reclaimed), available
 
 
 @dataclass
@@ -203,7 +270,7 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
                                     f"request {rid} is neither waiting nor running")
         for rid, n in sched.items():
             v = live[rid]
-            r = v._r
+            r = _request(v)
             out = r.output_ids
             left = len(r.prompt_ids) + len(out) - r.num_computed_tokens   # known tokens not in the cache yet
             if left == 1 and out:
@@ -231,7 +298,7 @@ def is_decode_only(view: SchedulerView, plan: StepPlan) -> bool:
     sched = plan.num_scheduled_tokens
     if plan.preempt or plan.reject or not sched:
         return False
-    if len(view.running_ids) == len(view.decoding) and (sched is view.decode_all or (
-            len(sched) == len(view.running_ids) and tuple(sched) == view.running_ids)):
+    if len(view.running_ids) == len(view.decoding) and len(sched) == len(view.running_ids) and (
+            sched is view.decode_all or tuple(sched) == view.running_ids):
         return True                    # every running request decodes, in running order: the usual plan
     return sched.keys() <= view.decoding

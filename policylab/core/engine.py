@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import traceback
-from collections import Counter
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -21,7 +20,7 @@ from policylab.core.contract import (ContractViolation, ReadOnlyPlanTokens, Requ
 from policylab.core.batch import Batch, DataPlane, StepResult, bad_duration
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.gc_freeze import FrozenHeap
-from policylab.core.kv import BlockManager, blocks_for, chain_hashes
+from policylab.core.kv import BlockManager, chain_hashes
 from policylab.core.policy import Policy
 from policylab.core.synthetic_prompts import synthesize_prompt
 from policylab.core.request import NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals
@@ -185,49 +184,8 @@ class Engine:
         return SchedulerView(          # positional, in field order: keywords cost 2.8x here (every step)
             self.clock.now, self.step_index, waiting, running,
             self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
-            kv.block_size, kv.num_free, kv.num_blocks,
-            self.blocks_needed, self._blocks_freed_by_preempting, self.plan_kv, self._views_ro,
+            kv.block_size, kv.num_free, kv.num_blocks, self._views_ro,
             running_ids, self._decoding_ro, self._needs_block_ro, decode_all)
-
-    def _blocks_freed_by_preempting(self, v: RequestView) -> int:
-        return self.kv.freed_by_release(v._r.block_table)
-
-    def blocks_needed(self, v: RequestView, n: int) -> int:
-        """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
-        r = v._r
-        if r.block_table:        # running: no cache lookup, just the tail of its table
-            need = blocks_for(r.num_computed_tokens + n, self.kv.block_size) - len(r.block_table)
-            return need if need > 0 else 0
-        hits = v.cached_blocks()
-        total = r.num_computed_tokens + len(hits) * self.kv.block_size + n
-        new = blocks_for(total, self.kv.block_size) - len(r.block_table) - len(hits)
-        return max(new, 0) + (self.kv.reclaim_cost(hits) if hits else 0)
-
-    def plan_kv(self, plan: StepPlan) -> tuple:
-        """Exact (blocks needed, blocks available) of a whole plan, its preemptions included.
-
-        A cache hit on a block that nobody holds after the preemptions takes a free block
-        (counted once even when several requests hit it).
-        """
-        kv, bs, reqs = self.kv, self.kv.block_size, self.requests
-        released = Counter()
-        for rid in plan.preempt:
-            released.update(reqs[rid].block_table)
-        ref = kv.ref
-        available = kv.num_free + sum(1 for b, k in released.items() if ref[b] == k)
-        needed, reclaimed = 0, set()
-        for rid, n in plan.num_scheduled_tokens.items():
-            r = reqs[rid]
-            table = r.block_table
-            if table:                # the same arithmetic as blocks_needed
-                need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
-            else:
-                hits = self.views[rid].cached_blocks()
-                need = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(hits)
-                reclaimed.update(b for b in hits if ref[b] == released[b])
-            if need > 0:
-                needed += need
-        return needed + len(reclaimed), available
 
     def _schedule(self) -> Optional[Batch]:
         if not self._waiting and not self._running:

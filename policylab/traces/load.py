@@ -1,9 +1,12 @@
 """`load_trace`: the one entry point the engine uses (read any format, then transform)."""
 from __future__ import annotations
 
+import gzip
 import logging
+import zlib
 from collections import Counter
 from collections.abc import Mapping
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
 
@@ -48,16 +51,31 @@ def _plain(value):
     return value
 
 
+@contextmanager
+def unreadable_as_trace_error(name: str, fmt: str):
+    """A binary file, bad UTF-8 or a broken `.gz` becomes one TraceError naming the file."""
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        raise TraceError(name, None, None, f"not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset "
+                         f"{e.start} of a chunk): expected a CSV or JSON-lines trace") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise TraceError(name, None, None, f"not a valid, complete gzip file ({e})") from None
+    except OSError as e:
+        raise TraceError(name, None, None, f"cannot read the file ({e.strerror or e})") from None
+
+
 def load_trace(cfg, seed: int = 0) -> LoadedTrace:
     """Requests of the trace `cfg` selects, sorted by arrival, first at 0.0 s (or relative to the
     window's start_time), with cfg's transforms applied. `.report` says what was skipped/clipped."""
     given = cfg.path
     check_config(cfg)
     path, name = resolve_path(given), str(given)
-    fmt = detect_format(path, name) if cfg.format == "auto" else cfg.format
-    report = TraceReport(name, fmt, skipped=Counter())
-    client_column = cfg.client_column if cfg.client_assignment == "column" else None
-    raw = list(read_requests(path, name, fmt, report.skipped, client_column, _plain(cfg.extra)))
+    with unreadable_as_trace_error(name, cfg.format):
+        fmt = detect_format(path, name) if cfg.format == "auto" else cfg.format
+        report = TraceReport(name, fmt, skipped=Counter())
+        client_column = cfg.client_column if cfg.client_assignment == "column" else None
+        raw = list(read_requests(path, name, fmt, report.skipped, client_column, _plain(cfg.extra)))
     trace = LoadedTrace(apply_transforms(raw, cfg, seed, report))
     trace.report = report
     if not trace:

@@ -1,7 +1,8 @@
 """Parquet traces with the native columns, for traces too large for JSONL.
 
 Read in record batches (never the whole file at once) and validated like native JSONL;
-error "lines" are 1-based row numbers. Missing optional columns and nulls take the defaults.
+error "lines" are 1-based row numbers. Missing optional columns and nulls take the defaults;
+an unknown column is an error, as an unknown key is in JSONL.
 """
 from __future__ import annotations
 
@@ -25,8 +26,12 @@ def read_parquet(path: Path, name: str, skipped: Counter,
         pf = pq.ParquetFile(path)
     except Exception as e:   # pyarrow raises several types for a non-parquet file
         raise TraceError(name, None, None, f"not a readable parquet file ({e})") from None
-    wanted = [c for c in REQUIRED + OPTIONAL + ((client_column,) if client_column else ())
-              if c in pf.schema_arrow.names]
+    allowed = REQUIRED + OPTIONAL + ((client_column,) if client_column else ())
+    unknown = [c for c in pf.schema_arrow.names if c not in allowed]
+    if unknown:     # as native JSONL refuses an unknown key: a typo must not silently drop a field
+        raise TraceError(name, None, unknown[0], f"unknown column; a native parquet trace has {', '.join(allowed)}",
+                         kind="column")
+    wanted = [c for c in allowed if c in pf.schema_arrow.names]
     row = 0
     for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
         for rec in batch.to_pylist():
