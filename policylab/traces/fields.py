@@ -33,7 +33,9 @@ def json_records(path: Path, name: str):
 
 
 def positive_int(value, file, line, field, kind="field") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TraceError(file, line, field, f"expected a positive integer, got {shown(value)}", kind=kind)
+    if value > MAX_TOKENS:
         raise TraceError(file, line, field, f"expected a positive integer up to {MAX_TOKENS:.0e}, "
                                             f"got {shown(value)}", kind=kind)
     return value
@@ -59,7 +61,9 @@ def optional_seconds(value, file, line, field):
 
 
 def integer(value, file, line, field) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_TOKENS:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(file, line, field, f"expected an integer, got {shown(value)}")
+    if abs(value) > MAX_TOKENS:
         raise TraceError(file, line, field, f"expected an integer of at most {MAX_TOKENS:.0e} in size, "
                                             f"got {shown(value)}")
     return value
