@@ -108,8 +108,8 @@ def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
         rows_so_far.append(row)
         if row.get("status", "complete") != "complete":   # a crash is not "attainment too low": stop and say so
             where = f" (traceback: {write_traceback(out_dir, trace_text)})" if trace_text else ""
-            raise PolicyFailed(f"capacity: policy {cfg.policy.name} failed at rate_scale {scale:g}: "
-                               f"{row['error']}{where}")
+            what = "interrupted" if row["error"].startswith("interrupted") else f"policy {cfg.policy.name} failed"
+            raise PolicyFailed(f"capacity: {what} at rate_scale {scale:g}: {row['error']}{where}")
         return row
 
     out_dir.mkdir(parents=True, exist_ok=True)

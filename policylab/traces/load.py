@@ -52,17 +52,29 @@ def _plain(value):
 
 
 @contextmanager
-def unreadable_as_trace_error(name: str, fmt: str):
+def unreadable_as_trace_error(path: Path, name: str):
     """A binary file, bad UTF-8 or a broken `.gz` becomes one TraceError naming the file."""
     try:
         yield
     except UnicodeDecodeError as e:
-        raise TraceError(name, None, None, f"not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset "
-                         f"{e.start} of a chunk): expected a CSV or JSON-lines trace") from None
+        line, column, byte = _first_non_utf8(path, e)
+        raise TraceError(name, line, None, f"not UTF-8 text (byte 0x{byte:02x} at column {column}): "
+                         "expected a CSV or JSON-lines trace") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise TraceError(name, None, None, f"not a valid, complete gzip file ({e})") from None
     except OSError as e:
         raise TraceError(name, None, None, f"cannot read the file ({e.strerror or e})") from None
+
+
+def _first_non_utf8(path: Path, error: UnicodeDecodeError) -> tuple:
+    """(line, column, byte) of the first byte that is not UTF-8 (the decoder only knows its chunk)."""
+    with (gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")) as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return line_no, e.start + 1, raw[e.start]
+    return None, error.start + 1, error.object[error.start]
 
 
 def load_trace(cfg, seed: int = 0) -> LoadedTrace:
@@ -71,7 +83,7 @@ def load_trace(cfg, seed: int = 0) -> LoadedTrace:
     given = cfg.path
     check_config(cfg)
     path, name = resolve_path(given), str(given)
-    with unreadable_as_trace_error(name, cfg.format):
+    with unreadable_as_trace_error(path, name):
         fmt = detect_format(path, name) if cfg.format == "auto" else cfg.format
         report = TraceReport(name, fmt, skipped=Counter())
         client_column = cfg.client_column if cfg.client_assignment == "column" else None
