@@ -3,7 +3,7 @@ the CLI job, hashes to the digest recorded when the package was restructured int
 
 A change that moves these on purpose (a new cost model, a policy fix) updates the table here
 and says why in its commit. The digest covers every column of requests.parquet and every
-summary number (not the config echo, not wall-clock fields).
+summary number (not the config echo, the input's trace_report, or wall-clock fields).
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def replay_digest(run_dir) -> str:
     requests = pd.read_parquet(run_dir / "requests.parquet")
     summary = json.loads((run_dir / "summary.json").read_text())
     h = hashlib.sha256(requests.to_csv(index=False, float_format=repr).encode())
-    numbers = {k: v for k, v in summary.items() if k != "config" and "wall" not in k}
+    numbers = {k: v for k, v in summary.items()     # (trace_report describes the input, not the replay)
+               if k not in ("config", "trace_report") and "wall" not in k}
     h.update(json.dumps(numbers, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
 
