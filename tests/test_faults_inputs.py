@@ -134,6 +134,12 @@ def test_the_view_and_request_views_refuse_writes_and_lead_nowhere():
             setattr(v, name, 1)
     for name in ("_r", "_kv", "_hit", "__dict__"):
         assert not hasattr(v, name)
+    before = v.prompt_len
+    try:
+        type(v).__init__(v, object(), None)          # re-initializing a live view cannot rebind it
+    except TypeError:
+        pass
+    assert v.prompt_len == before
     assert getattr(e.policy.view.blocks_needed, "__self__", None) is e.policy.view   # a method of the view
 
 

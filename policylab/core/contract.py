@@ -36,10 +36,12 @@ class RequestView:
 
     __slots__ = ("_r", "_kv", "_hit")
 
-    def __init__(self, request: "Request", kv: "BlockManager"):
+    def __new__(cls, request: "Request", kv: "BlockManager"):   # (no __init__: calling it again on
+        self = object.__new__(cls)                                 # a live view cannot rebind it)
         _set_request(self, request)
         _set_kv(self, kv)
         _set_hit(self, (-1, ()))
+        return self
 
     req_id = property(lambda s: _request(s).req_id)
     arrival_time = property(lambda s: _request(s).arrival_time)
