@@ -49,7 +49,7 @@ def guarded_job(body):
         message = str(e)
     except KeyboardInterrupt as e:   # a stop signal before the replay started (ReplaySignals)
         name = str(e) or "SIGINT"
-        message = f"stopped ({name}) before the replay started: nothing to keep"
+        message = f"stopped ({name}) before any results were written"
         code = 128 + getattr(signal.Signals, name, signal.SIGINT)
     try:
         (run_dir / "error.txt").write_text(message + "\n")
@@ -72,6 +72,7 @@ def check_output_dir_writable(overrides: list) -> None:
 
 
 def set_aside_previous_results(run_dir: Path) -> None:
+    """Rename result files of an earlier run in `run_dir` to `*.previous.*` (compare skips them)."""
     for name in PREVIOUS_RESULTS:
         old = run_dir / name
         if old.is_file():

@@ -41,8 +41,11 @@ class ReplaySignals:
         if self.armed:
             self.armed = False
             raise KeyboardInterrupt(signal.Signals(signum).name)
-        print(f"{signal.Signals(signum).name} received: finishing the results files first",
-              file=sys.stderr, flush=True)
+        try:
+            print(f"{signal.Signals(signum).name} received: finishing the results files first",
+                  file=sys.stderr, flush=True)
+        except OSError:
+            pass                    # (after SIGHUP the terminal may be gone)
 
     def shield(self) -> None:
         """From now on signals are only noted: results are being written."""
