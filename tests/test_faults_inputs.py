@@ -195,6 +195,8 @@ def test_an_unwritable_output_directory_is_one_line(tmp_path, capsys):
     ("engine.max_tokens=-5", "engine.max_tokens must be >= 1 or null"),
     ("slo.ttft=-1", "slo.ttft must be a finite number of seconds > 0"),
     ("slo.tpot=nan", "slo.tpot must be a finite number of seconds > 0"),
+    ("hardware.mem_bandwidth=0", "hardware.mem_bandwidth must be a finite number > 0"),
+    ("model.vocab_size=16", "model.vocab_size must be > 32"),
 ])
 def test_bad_config_values_are_refused_before_the_run(override, expected):
     with pytest.raises(ConfigError) as error:

@@ -116,5 +116,8 @@ def check_run_config(run: RunConfig) -> None:
     try:
         check_engine_config(run.engine)
         check_slo_config(run.slo, run.fairness)
+        if run.dataplane.kind == "sim":       # (before a long trace is read, not after)
+            from policylab.dataplane.sim import check_cost_parameters
+            check_cost_parameters(run.model, run.hardware, run.dataplane)
     except ValueError as e:
         raise ConfigError(f"config: {e}") from None
