@@ -164,6 +164,25 @@ def test_a_policy_cannot_raise_its_own_limits():
         engine(RaisesItsOwnLimits(), trace=trace).step()
 
 
+class TampersWithDecodeAll(PrefillFirst):
+    """Swaps a running id of view.decode_all for a waiting one through dict's own methods."""
+
+    def schedule(self, view):
+        plan = super().schedule(view)
+        if plan.num_scheduled_tokens is view.decode_all and view.waiting and view.running_ids[0] in view.decode_all:
+            dict.pop(view.decode_all, view.running_ids[0])
+            dict.__setitem__(view.decode_all, view.waiting[0].req_id, 1)
+        return plan
+
+
+def test_a_decode_all_changed_behind_its_back_schedules_only_the_engines_running_ids():
+    trace = [TraceRequest(0.01 * i, 60, 30) for i in range(12)]
+    reference = engine(trace=trace).run()
+    result = engine(TampersWithDecodeAll(), trace=trace, check_invariants=True).run()
+    assert result.status == "complete", result.error
+    assert [r.token_times for r in result.requests] == [r.token_times for r in reference.requests]
+
+
 # ------------------------------------------------------------- 11. bad files
 @pytest.mark.parametrize("name, content, expected", [
     ("binary.jsonl", b"\x00\x01\xa3\xff\xfe" * 20, r":1: not UTF-8 text \(byte 0xa3 at column 3\)"),

@@ -257,7 +257,8 @@ class Engine:
         """Commit a plan of running decodes only, the steady state: the persistent batch, no loop."""
         sched, db = plan.num_scheduled_tokens, self._decode_batch
         if not (sched is self._queue_views[3] is db.plan_tokens):   # (the view's read-only decode_all,
-            ids, have = list(sched), len(db.ids)                    # unchanged: the same requests)
+            ids = list(self._queue_views[2] if sched is self._queue_views[3] else sched)   # unchanged: the
+            have = len(db.ids)             # same requests; decode_all's ids come from the engine's tuple)
             if ids[:have] != db.ids:         # not the members, then newly decoding ones: start over
                 db.clear()
                 have = 0
