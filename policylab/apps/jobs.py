@@ -141,7 +141,7 @@ def replay(engine: Engine, progress: bool = True, signals: ReplaySignals | None 
 
 def salvage(engine: Engine, e: BaseException) -> RunResult:
     """The engine's requests and steps so far, as a partial result."""
-    error = f"interrupted ({e or 'Ctrl-C'})" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+    error = f"interrupted ({str(e) or 'Ctrl-C'})" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
     return RunResult(engine.trace, engine.requests, engine.steps, engine.kv.num_blocks, engine.kv.block_size,
                      engine.policy_name, "partial", error)
 

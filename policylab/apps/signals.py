@@ -40,7 +40,7 @@ class ReplaySignals:
         self.received.append(signum)
         if self.armed:
             self.armed = False
-            raise KeyboardInterrupt(signal.Signals(signum).name)
+            raise KeyboardInterrupt() if signum == signal.SIGINT else KeyboardInterrupt(signal.Signals(signum).name)
         try:
             print(f"{signal.Signals(signum).name} received: finishing the results files first",
                   file=sys.stderr, flush=True)

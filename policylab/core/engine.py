@@ -86,7 +86,7 @@ class Engine:
                     heap.freeze_if_due(self.num_done)
                 self.kv.check()
             except KeyboardInterrupt as e:      # Ctrl-C, or a stop signal the app turned into one
-                result.status, result.error = "partial", f"interrupted ({e or 'Ctrl-C'})"
+                result.status, result.error = "partial", f"interrupted ({str(e) or 'Ctrl-C'})"
             except ContractViolation as e:
                 result.status, result.error = "partial", f"ContractViolation: {e}"
             except BaseException as e:  # a policy or data plane that raises (even sys.exit): results kept
