@@ -1,11 +1,15 @@
 """Scheduling may change timing, never content: every shipped policy yields the same greedy
-output tokens per request on the real data plane (chunks, prefix hits and preemptions included)."""
+output tokens per request on the real data plane (chunks, prefix hits and preemptions included).
+
+The real plane computes the tokens and the sim's cost model times the steps
+(`dataplane.step_time=model`), so which requests have arrived at each decision, and hence the
+preemptions this test needs, do not depend on the machine's speed."""
 from __future__ import annotations
 
 import pytest
 
-from policylab.core.config import EngineConfig
-from policylab.dataplane.torch_plane import TorchDataPlane
+from policylab.core.config import EngineConfig, HardwareConfig
+from policylab.dataplane import build_dataplane
 from policylab.core.engine import Engine
 from policylab.core.request import Status, TraceRequest
 from policylab.testing.loader import load_policy, shipped_policy_configs, spec_id
@@ -21,7 +25,7 @@ CFG = EngineConfig(block_size=4, num_blocks=24, max_num_batched_tokens=32, max_n
 
 @pytest.fixture(scope="module")
 def plane():
-    return TorchDataPlane.from_config(dataplane(), SMALL, seed=0)
+    return build_dataplane(dataplane(step_time="model"), SMALL, HardwareConfig(), seed=0)
 
 
 def outputs(plane, policy) -> tuple:
@@ -41,3 +45,18 @@ def test_every_shipped_policy_produces_the_same_tokens(plane):
         preemptions += preempted
         assert got == reference, f"{spec_id(spec)} changed the generated tokens"
     assert preemptions > 0, "no policy preempted: the KV cache is too large to exercise recompute"
+
+
+def test_modelled_step_times_make_the_schedule_machine_independent(plane):
+    """Same trace twice, one replay slowed down: identical step records, each step timed by the model."""
+    import time
+    fast = Engine(TRACE, load_policy("chunked"), plane, CFG, seed=0, prefix_block_tokens=32).run()
+    execute = plane.plane.execute
+    plane.plane.execute = lambda batch: (time.sleep(0.002), execute(batch))[1]
+    try:
+        slow = Engine(TRACE, load_policy("chunked"), plane, CFG, seed=0, prefix_block_tokens=32).run()
+    finally:
+        plane.plane.execute = execute
+    assert fast.steps == slow.steps
+    assert [r.output_ids for r in fast.requests] == [r.output_ids for r in slow.requests]
+    assert min(fast.steps["duration"]) >= HardwareConfig().step_overhead      # the sim's, not measured

@@ -88,6 +88,7 @@ class DataplaneConfig:
     cuda_graphs: bool = False       # CUDA decode fast path (ignored on CPU)
     calibration: Optional[str] = None     # sim: fitted cost-model file replacing the roofline
     threads: Optional[int] = None   # torch on CPU: intra-op threads (None: torch default)
+    step_time: str = "measured"     # torch: measured | model (sim cost model times each step: machine-independent)
 
 
 @dataclass

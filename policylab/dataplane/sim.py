@@ -85,6 +85,10 @@ class SimDataPlane:
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         """Nothing to allocate: the simulated cache is pure accounting."""
 
+    def step_time(self, batch: Batch) -> float:
+        """The modelled duration of `batch` (also times real-plane steps: dataplane.step_time=model)."""
+        return self._step_time(batch, sum(batch.query_lens), sum(map(bool, batch.sample)))
+
     def _step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
         q, ctx = batch.query_lens, batch.context_lens
         if self.calibration is not None:

@@ -1,0 +1,29 @@
+"""`dataplane.step_time=model`: the real plane computes the tokens, a cost model times the step.
+
+A replay on the real plane is timed by its measured step durations (DESIGN §5), so which
+requests have arrived when the policy decides, and hence preemptions and batch shapes,
+depend on the machine's speed and load. With a modelled step time the virtual clock
+advances by the sim's cost of the same batch (roofline of `model` on `hardware`, or
+`dataplane.calibration`): the replay is deterministic on any machine while the tokens are
+still the real model's. Tests of the real plane use it; so can a researcher who wants
+real outputs under a reproducible schedule.
+"""
+from __future__ import annotations
+
+from policylab.core.batch import Batch, StepResult
+
+STEP_TIMES = ("measured", "model")
+
+
+class ModeledStepTime:
+    """Delegates everything to `plane`; only `execute`'s duration comes from `cost_model`."""
+
+    def __init__(self, plane, cost_model):
+        self.plane, self.cost_model = plane, cost_model
+
+    def __getattr__(self, name):            # vocab_size, num_kv_blocks, allocate_kv, forward, ...
+        return getattr(self.plane, name)
+
+    def execute(self, batch: Batch) -> StepResult:
+        result = self.plane.execute(batch)
+        return StepResult(result.sampled, self.cost_model.step_time(batch))
