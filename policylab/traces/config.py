@@ -11,6 +11,8 @@ class TraceConfig:
     path: str = ""                           # required; relative: to the cwd, else to the project root
     format: str = "auto"                     # auto | native | azure | mooncake | burstgpt | vidur | parquet
     rate_scale: float = 1.0                  # >1 compresses inter-arrival times (more load)
+    repeat: int = 1                          # tile the trace N times (a longer steady state at high load)
+    replicate: int = 0                       # 0: the trace as read; K >= 1: K-th block-bootstrap resample
     max_requests: Optional[int] = None       # keep the first N requests (after window and sampling)
     start_time: Optional[float] = None       # time window [start_time, end_time) in trace seconds
     end_time: Optional[float] = None

@@ -1,5 +1,5 @@
 """Trace transforms from TraceConfig, applied once after reading, in this order:
-sort → rebase to the first request → time window → sampling → first N → rate scale →
+sort → rebase to the first request → time window → sampling → first N → repeat → replicate → rate scale →
 client assignment → SLO classes → length clipping. Every request dropped or changed is counted
 in the TraceReport so the run summary can say so.
 """
@@ -13,6 +13,7 @@ import numpy as np
 
 from policylab.core.request import TraceRequest
 from policylab.traces.errors import TraceError
+from policylab.traces.replicate import resample, tile
 
 CLIENT_ASSIGNMENTS = ("keep", "column", "round_robin", "zipf")
 
@@ -70,6 +71,10 @@ def check_config(cfg) -> None:
         raise _bad("client_assignment", f"must be one of {CLIENT_ASSIGNMENTS}, got '{cfg.client_assignment}'")
     if cfg.client_assignment == "column" and not cfg.client_column:
         raise _bad("client_column", "client_assignment=column needs the column name in trace.client_column")
+    if cfg.repeat < 1:
+        raise _bad("repeat", f"must be >= 1, got {cfg.repeat}")
+    if cfg.replicate < 0:
+        raise _bad("replicate", f"must be >= 0 (0: the trace as read), got {cfg.replicate}")
     if cfg.num_clients < 1:
         raise _bad("num_clients", f"must be >= 1, got {cfg.num_clients}")
     if cfg.prefix_block_tokens < 1:
@@ -135,6 +140,7 @@ def apply_transforms(reqs: list, cfg, seed: int, report: TraceReport) -> list:
     if cfg.max_requests is not None and len(reqs) > cfg.max_requests:
         report.over_max_requests = len(reqs) - cfg.max_requests
         reqs, times = reqs[:cfg.max_requests], times[:cfg.max_requests]
+    reqs, times = resample(*tile(reqs, times, cfg.repeat), cfg.replicate, seed)
     base = times[0] if times and cfg.start_time is None else 0.0
     clients = _clients(reqs, cfg, np.random.default_rng([seed, 2]))
     classes, slo = _slo_classes(clients, cfg, np.random.default_rng([seed, 3])), _slo_table(cfg)
