@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from omegaconf import OmegaConf
 
 from policies.prefill_first import PrefillFirst
-from policylab.analysis.compare import collect_runs, find_run_dirs, main as compare_main
+from policylab.analysis.compare import main as compare_main
+from policylab.analysis.run_table import collect_runs, find_run_dirs
 from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
@@ -24,7 +24,7 @@ LLAMA_8B_SHAPE = ModelConfig(hidden_size=4096, intermediate_size=14336, num_hidd
 
 
 def make_run_dir(run_dir, n=60, rate=40.0, seed=0, num_blocks=96, ttft_slo=0.5, name="prefill_first",
-                 overrides=None):
+                 overrides=None, trace_cfg=None):
     """Replay a seeded Poisson trace on the sim data plane and write the run's result files.
 
     A small KV cache (`num_blocks` of 16 tokens) forces preemptions; `overrides` are written
@@ -34,9 +34,8 @@ def make_run_dir(run_dir, n=60, rate=40.0, seed=0, num_blocks=96, ttft_slo=0.5, 
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
     trace = [TraceRequest(float(a), int(rng.integers(16, 400)), int(rng.integers(2, 80)),
                           client=f"c{i % 3}") for i, a in enumerate(arrivals)]
-    cfg = OmegaConf.create({"seed": seed, "policy": {"name": name},
-                            "slo": {"ttft": ttft_slo, "tpot": 0.05},
-                            "fairness": {"w_in": 1.0, "w_out": 2.0}, "trace": {"name": "fixture"}})
+    cfg = {"seed": seed, "policy": {"name": name}, "slo": {"ttft": ttft_slo, "tpot": 0.05},
+           "fairness": {"w_in": 1.0, "w_out": 2.0}, "trace": trace_cfg or {"name": "fixture"}}
     dataplane = SimDataPlane(LLAMA_8B_SHAPE, HardwareConfig(), DataplaneConfig(kind="sim"), seed)
     engine = Engine(trace, PrefillFirst(name=name), dataplane,
                     EngineConfig(num_blocks=num_blocks, max_num_batched_tokens=512), seed=seed)
@@ -106,8 +105,9 @@ def test_collect_runs_reads_summaries_and_varying_overrides(multirun):
 def test_compare_writes_table_cdfs_markdown_html(multirun, tmp_path, capsys):
     out = tmp_path / "cmp"
     assert compare_main([str(multirun), "-o", str(out)]) == 0
-    assert {p.name for p in out.iterdir()} == {"compare.md", "compare.html", "compare.csv",
-                                               "cdf_compare.png"}
+    assert {p.name for p in out.iterdir()} == {"compare.md", "compare.html", "compare.csv", "runs.csv",
+                                               "cdf_compare.png", "cdf_compare.csv", "per_slo_class.csv",
+                                               "per_client.csv"}
     df = pd.read_csv(out / "compare.csv")
     assert len(df) == 3
     printed = capsys.readouterr().out
@@ -117,9 +117,9 @@ def test_compare_writes_table_cdfs_markdown_html(multirun, tmp_path, capsys):
     table = [[c.strip() for c in line.strip("|").split("|")]
              for line in (out / "compare.md").read_text().splitlines() if line.startswith("| ")]
     column = [h.startswith("preemptions") for h in table[0]].index(True)
-    assert table[1 + fewest][column] == f"**{int(df.loc[fewest, 'preemptions'])}**"
+    assert table[1 + fewest][column] == f"**{int(df.loc[fewest, 'preemptions'])} ≈**"   # n = 1: no interval
     assert table[1 + most][column] == str(int(df.loc[most, "preemptions"]))
-    assert "<b>" in (out / "compare.html").read_text()
+    assert "font-weight: bold" in (out / "compare.html").read_text()
 
 
 def test_compare_reports_bad_paths(tmp_path, capsys):
@@ -130,7 +130,6 @@ def test_compare_reports_bad_paths(tmp_path, capsys):
 
 
 def test_copies_of_results_inside_a_wandb_run_are_not_runs(tmp_path):
-    from policylab.analysis.compare import find_run_dirs
     run = tmp_path / "0_chunked_bursty"
     copy = run / "wandb" / "offline-run-1" / "files"
     copy.mkdir(parents=True)

@@ -11,7 +11,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from policylab.apps.cli import CONFIG_DIR
-from policylab.analysis.compare import collect_runs, find_run_dirs, main as compare_main
+from policylab.analysis.compare import main as compare_main
+from policylab.analysis.run_table import collect_runs, find_run_dirs
 
 ROOT = Path(__file__).resolve().parent.parent
 

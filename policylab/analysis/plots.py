@@ -40,7 +40,7 @@ def write_run_plots(run_dir) -> list[Path]:
     summary = read_summary(run_dir)
     label = summary.get("policy") or run_dir.name
     slo = summary.get("slo") or {}
-    return [save(cdf_figure({label: latency_samples(requests)}, slo, f"{label}: latency CDFs"),
+    return [save(cdf_figure({label: latency_samples(requests)}, slo_lines(requests), f"{label}: latency CDFs"),
                  run_dir / "latency_cdf.png"),
             save(latency_over_time_figure(requests, slo, label), run_dir / "latency_over_time.png"),
             save(timeline_figure(steps, label), run_dir / "timeline.png")]
@@ -64,25 +64,55 @@ def itl_values(requests: pd.DataFrame) -> np.ndarray:
     return np.diff(times)[rows[1:] == rows[:-1]]
 
 
-def cdf_figure(runs: dict, slo: dict, title: str) -> Figure:
-    """One panel per CDF_METRICS entry, one line per run: `runs` maps a label to latency_samples."""
+def line_styles(labels) -> dict:
+    """A distinct (colour, line style) per label for any number of labels: tab10 colours up to
+    10, evenly spaced colours of a colormap beyond, each paired with one of four dash patterns."""
+    from matplotlib import colormaps
+    labels = list(dict.fromkeys(labels))
+    colors = [f"C{i}" for i in range(len(labels))] if len(labels) <= 10 else \
+        [colormaps["turbo"](x) for x in np.linspace(0.05, 0.95, len(labels))]
+    dashes = ("-", "--", "-.", ":")
+    return {label: {"color": c, "linestyle": dashes[i % len(dashes)]} for i, (label, c) in enumerate(zip(labels, colors))}
+
+
+def slo_lines(requests: pd.DataFrame) -> dict:
+    """The distinct SLOs the requests carry (per-request or the global default), per CDF panel."""
+    return {"TTFT": sorted(requests["ttft_slo"].dropna().unique()),
+            "TPOT": sorted(requests["tpot_slo"].dropna().unique())}
+
+
+def cdf_figure(runs: dict, slos: dict, title: str, styles: dict | None = None) -> Figure:
+    """One panel per CDF_METRICS entry, one line per run: `runs` maps a label to latency_samples,
+    `slos` a panel name to its SLO values in seconds (each drawn as a dashed line)."""
     fig = Figure(figsize=(15, 4.6 + 0.25 * len(runs)), layout="constrained")
     fig.suptitle(title)
-    slo_lines = {"TTFT": slo.get("ttft"), "TPOT": slo.get("tpot")}
-    colors = {label: f"C{i % 10}" for i, label in enumerate(runs)}
-    for ax, (metric, (factor, unit)) in zip(fig.subplots(1, len(CDF_METRICS)), CDF_METRICS.items()):
+    styles = styles or line_styles(runs)
+    cdf_row(fig.subplots(1, len(CDF_METRICS)), runs, slos, styles)
+    handles = [Line2D([], [], **styles[label]) for label in runs]
+    fig.legend(handles, list(runs), loc="outside lower center", ncols=min(len(runs), 3), fontsize="small")
+    return fig
+
+
+def cdf_row(axes, runs: dict, slos: dict, styles: dict, what: str = "") -> None:
+    """Draw the CDF_METRICS panels of `runs` (Axes.ecdf) into `axes`, SLOs as dashed lines."""
+    for ax, (metric, (factor, unit)) in zip(axes, CDF_METRICS.items()):
         drawn = []
         for label, samples in runs.items():
-            values, shares = cdf_points(np.asarray(samples.get(metric, ()), dtype=float) * factor)
-            if values.size:
-                ax.step(values, shares, where="post", color=colors[label])
+            every = np.asarray(samples.get(metric, ()), dtype=float) * factor
+            values, shares = cdf_points(every)
+            if values.size:     # each drawn point weighs the samples it stands for: exact shares
+                ax.ecdf(values, weights=np.diff(np.rint(shares * every.size), prepend=0), **styles[label])
                 drawn.append(values)
-        title, limit = f"{metric} CDF", slo_lines.get(metric)
-        if limit and drawn and limit * factor > SLO_OFF_SCALE * max(v[-1] for v in drawn):
-            title += f" (SLO {limit * factor:g} {unit}: off the scale)"    # a line would squash the data
-        elif limit:
-            ax.axvline(limit * factor, color="black", linestyle="--", linewidth=1,
-                       label=f"SLO {limit * factor:g} {unit}")
+        title, off = f"{what}{metric} CDF", []
+        for i, limit in enumerate(slos.get(metric) or ()):
+            if drawn and limit * factor > SLO_OFF_SCALE * max(v[-1] for v in drawn):
+                off.append(f"{limit * factor:g}")            # a line would squash the data
+            else:
+                ax.axvline(limit * factor, color="black", linestyle=("--", ":", "-.")[i % 3], linewidth=1,
+                           label=f"SLO {limit * factor:g} {unit}")
+        if off:
+            title += f" (SLO {', '.join(off)} {unit}: off the scale)"
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small", loc="lower right")
         log = bool(drawn) and _tail_heavy(np.concatenate(drawn))
         if log:
@@ -92,9 +122,6 @@ def cdf_figure(runs: dict, slo: dict, title: str) -> Figure:
         ax.set(title=title, xlabel=f"{metric} ({unit}{', log scale' if log else ''})",
                ylabel="fraction of samples", ylim=(0, 1.02))
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=c) for c in colors.values()]
-    fig.legend(handles, list(runs), loc="outside lower center", ncols=min(len(runs), 3), fontsize="small")
-    return fig
 
 
 def cdf_points(samples: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
@@ -130,9 +157,10 @@ def latency_over_time_figure(requests: pd.DataFrame, slo: dict, label: str) -> F
                            alpha=0.6, label=f"{what} ({mask.sum():,})", rasterized=True)
         ax.set(ylabel=f"{name} (s)", title=f"{name} per finished request")
         ax.grid(alpha=0.3)
-    if slo.get("ttft"):
-        top.axhline(slo["ttft"], color="black", linestyle="--", linewidth=1,
-                    label=f"TTFT SLO {slo['ttft']:g} s")
+    for i, limit in enumerate(slo_lines(requests)["TTFT"] if "ttft_slo" in requests else [slo.get("ttft")]):
+        if limit:
+            top.axhline(limit, color="black", linestyle=("--", ":", "-.")[i % 3], linewidth=1,
+                        label=f"TTFT SLO {limit:g} s")
     dropped = requests[requests["status"] != "finished"]
     if len(dropped):
         top.scatter(dropped["arrival_time"], np.zeros(len(dropped)), marker="x", s=18, color="black",

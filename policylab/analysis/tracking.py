@@ -7,6 +7,7 @@ are complete either way. `import wandb` is slow, so it happens only inside `Wand
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from policylab.analysis.metrics import flatten
-from policylab.analysis.plots import downsample_steps
+from policylab.analysis.plots import MEANS, STEP_AGGREGATION, SUMS, downsample_steps
 from policylab.analysis.results import plain_config
 
 RESULT_FILES = ("summary.json", "requests.parquet", "steps.parquet")
@@ -29,15 +30,19 @@ class NullTracker:
     def log_run(self, run_dir, summary: dict) -> None:
         pass
 
+    def log_result(self, summary: dict, tables: dict, images) -> None:
+        pass
+
     def finish(self) -> None:
         pass
 
 
-def open_tracker(cfg, run_dir, group: str | None = None):
+def open_tracker(cfg, run_dir, group: str | None = None, name: str | None = None):
     """The tracker `cfg.logger` asks for; a NullTracker (and one warning) if W&B cannot start.
 
     `cfg` is the typed run config (dataclasses); `group` is the W&B group when
-    `cfg.logger.group` is unset (the app passes the sweep's name in a multirun)."""
+    `cfg.logger.group` is unset (the app passes the sweep's name in a multirun); `name` the
+    run's name (the app adds a sweep job's overrides; default: the run directory's name)."""
     logger = cfg.logger
     if logger.kind == "none" or logger.mode == "disabled":
         return NullTracker()
@@ -46,10 +51,27 @@ def open_tracker(cfg, run_dir, group: str | None = None):
     if logger.mode not in ("offline", "online"):
         raise ValueError(f"logger.mode must be 'offline', 'online' or 'disabled', got '{logger.mode}'")
     try:
-        return WandbTracker(cfg, Path(run_dir), group)
+        return WandbTracker(cfg, Path(run_dir), group, name)
     except Exception as e:
         _warn(f"W&B did not start ({type(e).__name__}: {e})", run_dir)
         return NullTracker()
+
+
+def engine_summary(steps: pd.DataFrame) -> dict:
+    """Whole-run aggregates of the step history for the W&B summary, which would otherwise hold
+    each `engine/*` key's last step: totals of counts and time, mean and max of levels."""
+    out = {}
+    for key, how in STEP_AGGREGATION.items():
+        if key not in steps or steps.empty:
+            continue
+        if how == SUMS:
+            out[f"{STEP_PREFIX}{key}"] = float(steps[key].sum())
+        elif how == MEANS:
+            out[f"{STEP_PREFIX}{key}"] = float(steps[key].mean())
+            out[f"{STEP_PREFIX}{key}_max"] = float(steps[key].max())
+        else:
+            out[f"{STEP_PREFIX}{key}"] = float(steps[key].iloc[-1] + steps["duration"].iloc[-1])  # clock: the end
+    return out
 
 
 def _warn(what: str, run_dir) -> None:
@@ -58,7 +80,7 @@ def _warn(what: str, run_dir) -> None:
 
 
 class WandbTracker:
-    def __init__(self, cfg, run_dir: Path, group: str | None = None):
+    def __init__(self, cfg, run_dir: Path, group: str | None = None, name: str | None = None):
         import wandb
         self.wandb, self.run_dir, self.failed, self.partial = wandb, run_dir, False, False
         logger = cfg.logger
@@ -67,7 +89,7 @@ class WandbTracker:
         tags = [str(cfg.policy.name), str(cfg.trace.name), *map(str, logger.tags)]
         self.run = wandb.init(
             project=logger.project, entity=logger.entity, group=logger.group or group,
-            name=run_dir.name, tags=list(dict.fromkeys(tags)), dir=str(wandb_dir), mode=logger.mode,
+            name=name or run_dir.name, tags=list(dict.fromkeys(tags)), dir=str(wandb_dir), mode=logger.mode,
             config=plain_config(cfg), reinit="finish_previous",
             settings=wandb.Settings(silent=True, console="off", disable_git=True, save_code=False,
                                     x_disable_stats=cfg.dataplane.kind != "torch"))
@@ -93,11 +115,13 @@ class WandbTracker:
 
     def _log(self, run_dir: Path, summary: dict) -> None:
         wandb, run = self.wandb, self.run
-        steps = downsample_steps(pd.read_parquet(run_dir / "steps.parquet"), self.max_points)
+        all_steps = pd.read_parquet(run_dir / "steps.parquet")
+        steps = downsample_steps(all_steps, self.max_points)
         for row in steps.to_dict("records"):
             run.log({f"{STEP_PREFIX}{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
         metrics = flatten({k: v for k, v in summary.items() if k != "config"})
         run.summary.update({k: v for k, v in metrics.items() if v is not None})
+        run.summary.update(engine_summary(all_steps))
         requests = pd.read_parquet(run_dir / "requests.parquet")
         media = {"requests": self._table(requests)}
         media.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted(run_dir.glob("*.png"))})
@@ -105,6 +129,18 @@ class WandbTracker:
         for name in RESULT_FILES:      # files in the W&B run's folder are uploaded with it
             if (run_dir / name).exists():
                 shutil.copy2(run_dir / name, Path(run.dir) / name)
+
+    def log_result(self, summary: dict, tables: dict, images) -> None:
+        """A job's own result (capacity search, load sweep): summary values, tables, PNGs."""
+        if self.failed:
+            return
+        try:
+            self.run.summary.update({k: v for k, v in flatten(summary).items() if v is not None})
+            media = {name: self.wandb.Table(dataframe=df.reset_index(drop=True)) for name, df in tables.items()}
+            media.update({f"plots/{Path(p).stem}": self.wandb.Image(str(p)) for p in images})
+            self.run.log(media)
+        except Exception as e:
+            self._fail(e)
 
     def _table(self, requests: pd.DataFrame):
         limit = self.wandb.Table.MAX_ROWS
@@ -132,9 +168,30 @@ class WandbTracker:
             _warn(f"W&B logging failed ({type(e).__name__}: {e})", self.run_dir)
 
 
+class ReportError(Exception):
+    """Why `compare --wandb-online` could not create the report: one sentence, no traceback."""
+
+
+def _logged_in_api(wandb):
+    """The W&B public API, or ReportError when W&B is offline or nobody is logged in."""
+    mode = os.environ.get("WANDB_MODE", "")
+    if mode in ("offline", "disabled", "dryrun"):
+        raise ReportError(f"W&B is {mode} here (WANDB_MODE={mode}); unset WANDB_MODE to reach the W&B server")
+    try:
+        api = wandb.Api()
+    except Exception as e:       # wandb raises UsageError (no key) or a network error, first
+        raise ReportError(f"not logged in to W&B or the server is unreachable ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else 'no detail'}); run `wandb login` "
+                          "or set WANDB_API_KEY") from None
+    if not api.api_key:
+        raise ReportError("not logged in to W&B: run `wandb login` or set WANDB_API_KEY")
+    return api
+
+
 def create_report(run_dirs: list[Path], metric_paths: list[tuple], markdown: Path) -> str:
-    """A W&B report of these runs (table, bar charts of the metrics, run comparer): its URL,
-    or why it was skipped. Runs logged offline must be uploaded (`wandb sync`) first."""
+    """A W&B report of these runs (table, bar charts of the metrics, run comparer): its URL, or
+    why there is nothing to report. Runs logged offline must be uploaded (`wandb sync`) first.
+    Raises ReportError when the report cannot be made (no reports API, offline, not logged in)."""
     infos = [json.loads((d / RUN_INFO_FILE).read_text()) for d in run_dirs if (d / RUN_INFO_FILE).exists()]
     if not infos:
         return f"W&B report: skipped (no run has a {RUN_INFO_FILE}: they were run with logger=none)"
@@ -142,10 +199,8 @@ def create_report(run_dirs: list[Path], metric_paths: list[tuple], markdown: Pat
         import wandb
         import wandb_workspaces.reports.v2 as wr
     except ImportError:
-        return "W&B report: skipped (the reports API needs `pip install wandb-workspaces`)"
-    api = wandb.Api()
-    if not api.api_key:
-        return "W&B report: skipped (not logged in: run `wandb login` or set WANDB_API_KEY)"
+        raise ReportError("the W&B reports API is not installed: pip install wandb-workspaces") from None
+    api = _logged_in_api(wandb)
     offline = [i["dir"] for i in infos if i["mode"] != "online"]
     entity, project = infos[0]["entity"] or api.default_entity, infos[0]["project"]
     ids = ", ".join(repr(i["id"]) for i in infos)
@@ -155,7 +210,10 @@ def create_report(run_dirs: list[Path], metric_paths: list[tuple], markdown: Pat
     grid = wr.PanelGrid(runsets=[runset], panels=[*panels, wr.RunComparer(diff_only="split")])
     report = wr.Report(entity=entity, project=project, title=f"policylab: comparison of {len(infos)} runs",
                        blocks=[wr.MarkdownBlock(text=_without_images(markdown.read_text())), grid])
-    report.save()
+    try:
+        report.save()
+    except Exception as e:
+        raise ReportError(f"W&B did not save the report ({type(e).__name__}: {str(e)[:200]})") from None
     hint = f" ({len(offline)} runs were logged offline: `wandb sync` them to fill it)" if offline else ""
     return f"W&B report: {report.url}{hint}"
 

@@ -38,6 +38,14 @@ class CapacityResult:
     target: float
     curve: pd.DataFrame             # one row per evaluated scale, sorted by rate
 
+    @property
+    def interval(self) -> tuple:
+        """(highest passing, lowest failing above it) rate in req/s: where the capacity lies."""
+        c = self.curve
+        passed = None if self.rate_scale is None else self.rate
+        above = c[(c["rate_scale"] > (self.rate_scale or 0)) & ~c["meets"]]["rate"]
+        return passed, (above.min() if len(above) else None)
+
 
 def search(evaluate: Callable[[float], dict], cap: CapacityConfig) -> tuple[str, Optional[float], list]:
     """Bisection on rate_scale; `evaluate(scale)` returns a row with `slo_attainment`.
@@ -52,7 +60,8 @@ def search(evaluate: Callable[[float], dict], cap: CapacityConfig) -> tuple[str,
         if scale not in rows:
             rows[scale] = evaluate(scale)
         attainment = rows[scale]["slo_attainment"]
-        return attainment is not None and attainment >= cap.target
+        rows[scale]["meets"] = attainment is not None and attainment >= cap.target
+        return rows[scale]["meets"]
 
     lo, hi, factor = cap.lo, cap.hi, cap.hi / cap.lo
     for _ in range(cap.widen):
@@ -87,6 +96,7 @@ def replay_at(cfg, scale: float) -> dict:
             "ttft_p50": summary["ttft"]["p50"], "ttft_p99": summary["ttft"]["p99"],
             "tpot_p50": summary["tpot"]["p50"], "tpot_p99": summary["tpot"]["p99"],
             "preemptions": summary["preemptions"], "rejected": summary["counts"]["rejected"],
+            "replay_s": summary["makespan"],
             "status": summary["status"], "error": summary["error"], "traceback": result.traceback}
 
 
@@ -125,7 +135,7 @@ def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
     result = CapacityResult(status, scale, rate, cap.target, curve)
     curve.to_csv(out_dir / "capacity.csv", index=False)
     _write_json(out_dir, cfg, cap, {"status": status, "partial": False, "error": "", "rate_scale": scale,
-                                    "rate": rate})
+                                    "rate": rate, "interval": result.interval})
     save(curve_figure(result, cfg), out_dir / "capacity.png")
     return result
 
@@ -194,12 +204,41 @@ def capacity_job(cfg) -> float:
         return cap, find_capacity(cfg, cap, out_dir), out_dir
     cap, result, out_dir = guarded_job(search)
     print(f"capacity of {cfg.policy.name} on {cfg.trace.name}: {headline(result)}")
+    low, high = result.interval
+    print(f"  bisection interval: [{_fmt(low, '.3f')}, {_fmt(high, '.3f')}] req/s "
+          f"(passes at the first, fails at the second)")
+    _warn_short_replay(result, cap, cfg)
+    _log(cfg, out_dir, result)
     if result.status == "below_range":
         print(f"  lower capacity.lo (now {cap.lo}) or raise capacity.widen to find it", file=sys.stderr)
     elif result.status == "above_range":
         print(f"  raise capacity.hi (now {cap.hi}) or capacity.widen to find it", file=sys.stderr)
     print(f"results: {out_dir}")
     return float(result.rate or 0.0)
+
+
+def _warn_short_replay(result: CapacityResult, cap: CapacityConfig, cfg) -> None:
+    """A replay of a few seconds at the found rate measures a transient, not a steady state."""
+    if result.rate_scale is None:
+        return
+    seconds = result.curve.loc[result.curve["rate_scale"] == result.rate_scale, "replay_s"].iloc[0]
+    if seconds < cap.min_replay_s:
+        times = math.ceil(cap.min_replay_s / seconds) * cfg.trace.repeat
+        print(f"warning: at the capacity the replay lasts {seconds:.1f} s, under capacity.min_replay_s="
+              f"{cap.min_replay_s:g} s: it measures a transient; lengthen the trace with trace.repeat={times} "
+              "(tiles it) or use a longer trace", file=sys.stderr)
+
+
+def _log(cfg, out_dir: Path, result: CapacityResult) -> None:
+    """The search as a W&B run of its own (curve table, figure, capacity in the summary)."""
+    from policylab.analysis.tracking import open_tracker
+    from policylab.apps.jobs import run_name, sweep_group
+    tracker = open_tracker(cfg, out_dir, sweep_group(), run_name(out_dir))
+    low, high = result.interval
+    tracker.log_result({"capacity": {"rate": result.rate, "rate_scale": result.rate_scale, "status": result.status,
+                                      "interval_low": low, "interval_high": high, "target": result.target}},
+                       {"capacity_curve": result.curve}, [out_dir / "capacity.png"])
+    tracker.finish()
 
 
 def job_args(args: list) -> list:

@@ -39,11 +39,11 @@ def hydra_job(job):
 
 @hydra_job
 def run_main(cfg: DictConfig) -> float:
-    from policylab.apps.run import run
+    from policylab.apps.run import objective_value, run
     summary = guarded_job(lambda run_dir: run(cfg, run_dir))
     if summary.get("status") != "complete":
         raise SystemExit(1)
-    return float(summary.get("goodput") or 0.0)   # objective for Hydra sweepers (Optuna)
+    return objective_value(summary, cfg.objective)     # for Hydra sweepers (Optuna)
 
 
 @hydra_job

@@ -32,6 +32,7 @@ class CapacityConfig:
     hi: float = 8.0
     iters: int = 7          # bisection steps inside the bracket (precision: (hi/lo)^(1/2^iters))
     widen: int = 3          # times the bracket may move by ×/÷ (hi/lo) when the capacity is outside it
+    min_replay_s: float = 30.0   # a replay shorter than this at the capacity is warned about (a transient)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)   # `policylab capacity` search
     generate: GenerateConfig = field(default_factory=GenerateConfig)   # `policylab generate`
+    objective: str = "goodput"   # summary key `run` returns to sweepers (Optuna): slo_attainment, ttft.p99, ...
     progress: bool = True        # progress bar over requests
     plots: bool = True           # PNG plots in the run directory
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from policylab.apps.config import RunConfig, typed_config
-from policylab.apps.jobs import build_engine, replay, sweep_group
+from policylab.apps.jobs import build_engine, in_parallel_launcher, replay, run_name, sweep_group
 from policylab.apps.signals import ReplaySignals
 from policylab.traces import load_trace
 
@@ -18,13 +18,14 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     """Replay and write the results; a stop signal (SIGINT/SIGTERM/SIGHUP) ends the replay, the
     results are still written (marked partial), then the job exits with 128 + the signal number."""
     cfg = typed_config(cfg)
+    from policylab.analysis.compare_stats import light_load
     from policylab.analysis.results import print_summary, write_results
     from policylab.analysis.tracking import open_tracker
 
     with ReplaySignals() as signals:
         trace = load_trace(cfg.trace, seed=cfg.seed)
         engine = build_engine(cfg, trace=trace)
-        tracker = open_tracker(cfg, run_dir, sweep_group())
+        tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
         result = replay(engine, cfg.progress, signals)
         if result.traceback:
             result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
@@ -38,7 +39,16 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         write_run_plots(run_dir)
     tracker.log_run(run_dir, summary)
     tracker.finish()
-    print_summary(summary)
+    if in_parallel_launcher():     # jobs side by side: one line each, never interleaved tables
+        attainment, goodput = summary["slo_attainment"], summary["goodput"]
+        print(f"{run_dir.name}: SLO attainment {'—' if attainment is None else f'{attainment:.1%}'}, goodput "
+              f"{'—' if goodput is None else f'{goodput:.3f}'} req/s (table: python -m policylab compare {run_dir})")
+    else:
+        print_summary(summary)
+    light = light_load((summary["kv_utilization"]["max"] or 0) * 100, summary["queueing_delay"]["p99"],
+                       cfg.slo.ttft)            # per-request SLOs may be tighter: the global one is the bar
+    if light:
+        print(f"warning: {light}", file=sys.stderr)
     print(f"results: {run_dir}")
     if result.partial:
         print(f"run ended early: {result.error} — partial results written to {run_dir}", file=sys.stderr)
@@ -54,3 +64,16 @@ def write_traceback(run_dir: Path, text: str) -> Path:
     except OSError as e:
         print(f"could not write {path}: {e}\n{text}", file=sys.stderr)
     return path
+
+
+def objective_value(summary: dict, key: str) -> float:
+    """The summary value `key` names (`goodput`, `ttft.p99`, `throughput/output_tokens_per_s`):
+    what `run` returns to a Hydra sweeper. An unknown key fails with the keys there are."""
+    from policylab.analysis.metrics import flatten
+    from policylab.apps.jobs import fail
+    values = {k.replace("/", "."): v for k, v in flatten({k: v for k, v in summary.items() if k != "config"}).items()}
+    name = str(key).replace("/", ".")
+    numeric = [k for k, v in values.items() if v is None or isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if name not in numeric:
+        fail(f"objective={key}: not a numeric summary key; one of {', '.join(numeric[:40])}, ...")
+    return float("nan") if values[name] is None else float(values[name])

@@ -1,0 +1,132 @@
+"""The runs `compare` reads: one row per run directory, with what makes runs comparable.
+
+Every run is placed on three axes read from its summary's resolved config and its Hydra
+overrides: the **trace** (name plus any trace override but the load and the replicate), the
+**load** (`trace.rate_scale`) and the **configuration** (policy plus every other varying
+override). Runs that share all three and differ only in `seed` / `trace.replicate` are
+replicates of one measurement (`policylab.analysis.compare_stats` pools them).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+REPLICATE_KEYS = ("seed", "trace.replicate")
+LOAD_KEY = "trace.rate_scale"
+
+
+@dataclass(frozen=True)
+class Column:
+    label: str
+    path: tuple            # keys into summary.json
+    scale: float           # summary unit → shown unit
+    better: str            # min | max | "" (context, never marked best)
+    digits: int
+
+
+COLUMNS = (
+    Column("TTFT p50 (ms)", ("ttft", "p50"), 1e3, "min", 1),
+    Column("TTFT p99 (ms)", ("ttft", "p99"), 1e3, "min", 1),
+    Column("TPOT p50 (ms)", ("tpot", "p50"), 1e3, "min", 2),
+    Column("TPOT p99 (ms)", ("tpot", "p99"), 1e3, "min", 2),
+    Column("ITL p99 (ms)", ("itl", "p99"), 1e3, "min", 2),
+    Column("E2E p99 (s)", ("e2e", "p99"), 1.0, "min", 3),
+    Column("goodput (req/s)", ("goodput",), 1.0, "max", 3),
+    Column("SLO attainment (%)", ("slo_attainment",), 100.0, "max", 1),
+    Column("throughput (out tok/s)", ("throughput", "output_tokens_per_s"), 1.0, "max", 1),
+    Column("preemptions", ("preemptions",), 1.0, "min", 0),
+    Column("queueing p99 (s)", ("queueing_delay", "p99"), 1.0, "", 3),
+    Column("KV peak (%)", ("kv_utilization", "max"), 100.0, "", 1),
+)
+METRICS = [c.label for c in COLUMNS]
+IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]
+
+
+class CompareError(Exception):
+    """Bad input (no runs, unreadable summary): printed as one line."""
+
+
+def natural_key(path) -> list:
+    """`2_x` before `10_x`: Hydra job numbers sort as numbers (one line; no library needed)."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def find_dirs(paths, marker: str) -> list[Path]:
+    """Every directory holding `marker` at or below `paths` (W&B's copies left out), natural order."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise CompareError(f"{path}: no such directory")
+        below = [path] if (path / marker).is_file() else \
+            sorted((p.parent for p in path.rglob(marker) if "wandb" not in p.relative_to(path).parts),
+                   key=natural_key)   # W&B keeps a copy of each run's files under wandb/
+        found += [p for p in below if p not in found]
+    return found
+
+
+def find_run_dirs(paths) -> list[Path]:
+    found = find_dirs(paths, "summary.json")
+    if not found:
+        raise CompareError(f"{' '.join(map(str, paths))}: no run directory (one with a summary.json) in it")
+    return found
+
+
+def read_overrides(run_dir: Path) -> list[str]:
+    path = run_dir / ".hydra" / "overrides.yaml"
+    return [str(o) for o in yaml.safe_load(path.read_text()) or []] if path.exists() else []
+
+
+def summary_value(summary: dict, path: tuple):
+    for key in path:
+        summary = summary.get(key) if isinstance(summary, dict) else None
+    return summary
+
+
+def read_summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CompareError(f"{run_dir / 'summary.json'}: unreadable ({e})") from None
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
+    """One row per run (IDENTITY columns, metric columns in shown units, `rate` in req/s and the
+    global TTFT SLO), and the overrides common to all runs (left out of the labels)."""
+    overrides = [read_overrides(d) for d in run_dirs]
+    common = [o for o in overrides[0] if all(o in os for os in overrides)] if overrides else []
+    rows = []
+    for run_dir, own in zip(run_dirs, overrides):
+        summary = read_summary(run_dir)
+        config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
+        trace = config.get("trace") if isinstance(config.get("trace"), dict) else {}
+        policy = summary.get("policy", "?")
+        varying = [o for o in own if o not in common]
+        params = [o for o in varying if _key(o) not in (*REPLICATE_KEYS, LOAD_KEY, "policy", "trace")
+                  and not _key(o).startswith("trace.")]
+        trace_params = [o for o in varying if _key(o).startswith("trace.")
+                        and _key(o) not in (*REPLICATE_KEYS, LOAD_KEY)]
+        counts = summary.get("counts") or {}
+        duration = summary.get("trace_duration")
+        row = {"trace": " ".join([str(trace.get("name", "?")), *trace_params]),
+               "load": float(trace.get("rate_scale", 1.0)),
+               "label": " ".join([policy, *params]), "policy": policy, "params": " ".join(params),
+               "replicate": f"seed={config.get('seed', '?')} replicate={trace.get('replicate', 0)}",
+               "status": summary.get("status", "?"), "run_dir": str(run_dir),
+               "rate": counts.get("requests", 0) / duration if duration else None,
+               "ttft_slo": (summary.get("slo") or {}).get("ttft")}
+        for c in COLUMNS:
+            value = summary_value(summary, c.path)
+            row[c.label] = None if value is None else value * c.scale
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=[*IDENTITY, "rate", "ttft_slo", *METRICS])
+    df[METRICS + ["rate", "ttft_slo"]] = df[METRICS + ["rate", "ttft_slo"]].apply(pd.to_numeric, errors="coerce")
+    return df, common
