@@ -188,3 +188,83 @@ def test_logger_none_never_imports_wandb(tmp_path, monkeypatch, capsys):
 def test_unknown_logger_kind_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="logger.kind must be 'wandb' or 'none', got 'tensorboard'"):
         open_tracker(run_cfg({"kind": "tensorboard"}), tmp_path)
+
+
+def test_engine_summary_holds_whole_run_aggregates_not_the_last_step(logged_run):
+    run_dir, _, _, log = logged_run
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    assert log["summary"]["engine/kv_utilization"] == pytest.approx(steps["kv_utilization"].mean())
+    assert log["summary"]["engine/kv_utilization_max"] == pytest.approx(steps["kv_utilization"].max())
+    assert log["summary"]["engine/preempted"] == steps["preempted"].sum() > 0
+    assert log["summary"]["engine/duration"] == pytest.approx(steps["duration"].sum())
+
+
+def stub_wandb(monkeypatch, api):
+    """A `wandb` whose Api() is `api` (a class, or a function raising), and a recording reports API."""
+    import types
+    saved = []
+    wandb = types.ModuleType("wandb")
+    wandb.Api = api
+    wr = types.ModuleType("wandb_workspaces.reports.v2")
+    for name in ("Runset", "BarPlot", "SummaryMetric", "PanelGrid", "RunComparer", "MarkdownBlock"):
+        setattr(wr, name, lambda *a, _n=name, **k: (_n, a, k))
+
+    class Report:
+        def __init__(self, **kwargs):
+            self.kwargs, self.url = kwargs, "https://wandb.ai/me/policylab/reports/r1"
+
+        def save(self):
+            saved.append(self)
+    wr.Report = Report
+    parent = types.ModuleType("wandb_workspaces")
+    parent.reports = types.ModuleType("wandb_workspaces.reports")
+    parent.reports.v2 = wr
+    for name, module in (("wandb", wandb), ("wandb_workspaces", parent),
+                         ("wandb_workspaces.reports", parent.reports), ("wandb_workspaces.reports.v2", wr)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    return saved
+
+
+def run_with_info(tmp_path, mode="offline"):
+    run_dir = make_run_dir(tmp_path / "0_a", n=10)
+    (run_dir / RUN_INFO_FILE).write_text(json.dumps({"id": "abc123", "project": "policylab", "entity": None,
+                                                     "mode": mode, "dir": str(run_dir / "wandb")}))
+    (tmp_path / "compare.md").write_text("# table\n![cdf](cdf.png)\n")
+    return run_dir
+
+
+def test_create_report_builds_a_report_of_the_runs(tmp_path, monkeypatch):
+    from policylab.analysis.tracking import create_report
+
+    class Api:
+        api_key, default_entity = "key", "me"
+    saved = stub_wandb(monkeypatch, Api)
+    message = create_report([run_with_info(tmp_path)], [("goodput",), ("ttft", "p99")], tmp_path / "compare.md")
+    assert message.startswith("W&B report: https://wandb.ai/me/policylab/reports/r1") and "wandb sync" in message
+    (report,) = saved
+    assert report.kwargs["entity"] == "me" and report.kwargs["project"] == "policylab"
+    markdown, grid = report.kwargs["blocks"]
+    assert markdown[2]["text"] == "# table"                      # local image links left out
+    runset, panels = grid[2]["runsets"][0], grid[2]["panels"]
+    assert "'abc123'" in runset[2]["filters"]
+    assert [p[2]["title"] for p in panels[:2]] == ["goodput", "ttft/p99"] and panels[2][0] == "RunComparer"
+
+
+@pytest.mark.parametrize("why, api, env", [
+    ("not logged in", "raises", None), ("not logged in", "no key", None), ("W&B is offline here", "ok", "offline")])
+def test_compare_wandb_online_fails_with_one_sentence(tmp_path, monkeypatch, capsys, why, api, env):
+    from policylab.analysis.compare import main as compare_main
+
+    def raises():
+        raise RuntimeError("api_key not configured (no-tty). call wandb.login(key=[your_api_key])")
+    apis = {"raises": raises, "no key": type("Api", (), {"api_key": None}),
+            "ok": type("Api", (), {"api_key": "k", "default_entity": "me"})}
+    saved = stub_wandb(monkeypatch, apis[api])
+    if env:
+        monkeypatch.setenv("WANDB_MODE", env)
+    run_with_info(tmp_path)
+    assert compare_main([str(tmp_path / "0_a"), "-o", str(tmp_path / "cmp"), "--wandb-online"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(err) == 1 and err[0].startswith("error: W&B report not created: ") and why in err[0]
+    assert "Traceback" not in err[0] and saved == [] and (tmp_path / "cmp" / "compare.md").is_file()

@@ -93,7 +93,8 @@ class WandbTracker:
             config=plain_config(cfg), reinit="finish_previous",
             settings=wandb.Settings(silent=True, console="off", disable_git=True, save_code=False,
                                     x_disable_stats=cfg.dataplane.kind != "torch"))
-        self.run.define_metric(f"{STEP_PREFIX}*", step_metric=f"{STEP_PREFIX}clock")
+        # history sets no summary for engine/*: engine_summary puts whole-run aggregates there
+        self.run.define_metric(f"{STEP_PREFIX}*", step_metric=f"{STEP_PREFIX}clock", summary="none")
         self.max_points = logger.max_history_points
         info = {"id": self.run.id, "project": self.run.project, "entity": logger.entity,
                 "mode": logger.mode, "dir": str(Path(self.run.dir).parent),
