@@ -81,10 +81,14 @@ def test_shorthands_and_run_dir_of_the_cli():
 
 def test_capacity_job_end_to_end(tmp_path, monkeypatch, capsys):
     overrides = ["policy=prefill_first", "trace=poisson", "dataplane=sim", "trace.max_requests=40",
-                 "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=2", f"hydra.run.dir={tmp_path}"]
+                 "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=2", f"hydra.run.dir={tmp_path}", "logger=none"]
     monkeypatch.setattr(sys, "argv", ["policylab"])
     main(["capacity", *overrides])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     saved = json.loads((tmp_path / "capacity.json").read_text())
+    low, high = saved["interval"]
+    assert low == saved["rate"] < high and f"bisection interval: [{low:.3f}, {high:.3f}] req/s" in out
+    assert "measures a transient; lengthen the trace with trace.repeat=" in captured.err   # 40 requests: seconds
     assert saved["search"]["target"] == 0.8 and saved["search"]["iters"] == 2
     assert f"{saved['rate']:.3f} req/s" in out and math.isfinite(saved["rate"])

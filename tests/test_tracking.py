@@ -268,3 +268,20 @@ def test_compare_wandb_online_fails_with_one_sentence(tmp_path, monkeypatch, cap
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert len(err) == 1 and err[0].startswith("error: W&B report not created: ") and why in err[0]
     assert "Traceback" not in err[0] and saved == [] and (tmp_path / "cmp" / "compare.md").is_file()
+
+
+def test_a_job_result_is_logged_with_its_table_and_figure(tmp_path):
+    run_dir = make_run_dir(tmp_path / "capacity", n=10)
+    (png,) = write_run_plots(run_dir)[:1]
+    tracker = open_tracker(run_cfg({}), run_dir, name="capacity_prefill_first_fixture trace.max_requests=10")
+    tracker.log_result({"capacity": {"rate": 12.5, "status": "found"}},
+                       {"capacity_curve": pd.DataFrame({"rate": [1.0, 2.0], "slo_attainment": [1.0, 0.5]})}, [png])
+    tracker.finish()
+    info = json.loads((run_dir / RUN_INFO_FILE).read_text())
+    (wandb_file,) = Path(info["dir"]).glob("run-*.wandb")
+    log = logged(wandb_file)
+    assert log["summary"]["capacity/rate"] == 12.5 and log["summary"]["capacity/status"] == "found"
+    media = [row for _, row in log["history"] if "capacity_curve/path" in row]
+    assert len(media) == 1 and "plots/latency_cdf/path" in media[0]
+    names = [r.run.display_name for r in wandb_records(wandb_file) if r.WhichOneof("record_type") == "run"]
+    assert names[0] == "capacity_prefill_first_fixture trace.max_requests=10"
