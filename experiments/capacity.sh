@@ -21,3 +21,4 @@ table = pd.DataFrame(rows).sort_values("capacity (req/s)", ascending=False, na_p
 table.to_csv(Path(sys.argv[1]) / "capacity_summary.csv", index=False)
 print(table.to_string(index=False))
 PYTHON
+"$PY" -m policylab compare "$SWEEP"      # every policy's attainment-vs-rate curve in one figure

@@ -65,7 +65,7 @@ def _markdown_sections(agg, metrics, marks, heading: str) -> list[str]:
 
 def write_markdown(out: Path, agg, marks, common, notes, breakdowns: dict, figures: list[Path]) -> Path:
     metrics = [c.label for c in COLUMNS]
-    lines = [f"# Comparison of {int(agg['n'].sum())} runs ({len(agg)} configurations × trace × load)", ""]
+    lines = [f"# Comparison of {int(agg['n'].sum())} runs ({len(agg)} configuration-and-load cells)", ""]
     if common:
         lines += [f"Common overrides: `{' '.join(common)}`", ""]
     lines += [LEGEND, ""]
