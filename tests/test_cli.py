@@ -30,6 +30,13 @@ def test_run_writes_the_three_result_files_and_prints_the_summary(tmp_path, caps
         assert text in out
 
 
+def test_run_warns_when_the_load_is_too_light_for_policies_to_differ(tmp_path, capsys):
+    run(config("policy=chunked", "trace.max_requests=40"), tmp_path / "light")
+    assert "warning: light load: KV peaked at" in capsys.readouterr().err
+    run(config("policy=chunked", "trace.rate_scale=30", "engine.num_blocks=300"), tmp_path / "heavy")
+    assert "light load" not in capsys.readouterr().err
+
+
 class Exploding:
     """A policy that raises mid-run."""
 
