@@ -60,6 +60,10 @@ def _markdown_sections(agg, metrics, marks, heading: str) -> list[str]:
         rate = group["rate"].mean() if "rate" in group else None
         lines += [f"{heading} {group_title(trace, load, rate)}", "",
                   display_table(group, metrics, marks, lambda t: f"**{t}**").to_markdown(index=False), ""]
+        ties = [f"{m}: {group.at[i, 'label']} ≈ {', '.join(marks[(i, m)].overlaps)}"
+                for m in metrics for i in group.index if (i, m) in marks and marks[(i, m)].overlaps]
+        if ties:
+            lines += ["Best within noise (95% intervals overlap): " + "; ".join(ties) + ".", ""]
     return lines
 
 
