@@ -136,3 +136,18 @@ def test_copies_of_results_inside_a_wandb_run_are_not_runs(tmp_path):
     (run / "summary.json").write_text("{}")
     (copy / "summary.json").write_text("{}")
     assert find_run_dirs([tmp_path]) == [run]
+
+
+def test_cdf_lines_are_axes_ecdf_thinned_to_exact_points():
+    from matplotlib.figure import Figure
+
+    from policylab.analysis.plots import MAX_CDF_POINTS, cdf_row, line_styles
+    samples = np.random.default_rng(0).lognormal(size=3 * MAX_CDF_POINTS)
+    axes = Figure().subplots(1, 3)
+    cdf_row(axes, {"run": {"TTFT": samples}}, {"TTFT": [0.5, 5.0]}, line_styles(["run"]))
+    (line,) = [ln for ln in axes[0].get_lines() if ln.get_label() != "SLO 0.5 s" and "SLO" not in ln.get_label()]
+    x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+    assert len(x) <= 2 * MAX_CDF_POINTS + 2                           # thinned: no line of 12,000 steps
+    exact = np.searchsorted(np.sort(samples), x[1:-1], side="right") / samples.size
+    assert np.allclose(y[1:-1], exact)                              # every drawn step at its exact share
+    assert {ln.get_label() for ln in axes[0].get_lines()} >= {"SLO 0.5 s", "SLO 5 s"}   # per-request SLOs
