@@ -92,3 +92,30 @@ def test_capacity_job_end_to_end(tmp_path, monkeypatch, capsys):
     assert "measures a transient; lengthen the trace with trace.repeat=" in captured.err   # 40 requests: seconds
     assert saved["search"]["target"] == 0.8 and saved["search"]["iters"] == 2
     assert f"{saved['rate']:.3f} req/s" in out and math.isfinite(saved["rate"])
+
+
+def fake_curve(threshold: float):
+    """A replay stand-in: attainment falls from 1 to 0.5 above `threshold` (rate_scale); 10 req/s per scale."""
+    def evaluate(scale):
+        ok = scale <= threshold
+        return {"rate_scale": scale, "rate": 10.0 * scale, "slo_attainment": 1.0 if ok else 0.5,
+                "goodput": 10.0 * scale, "ttft_p50": 0.1, "ttft_p99": 0.2 if ok else 3.0, "tpot_p50": 0.01,
+                "tpot_p99": 0.02, "preemptions": 0, "rejected": 0, "replay_s": 60.0 / scale,
+                "status": "complete", "error": ""}
+    return evaluate
+
+
+def test_compare_overlays_the_capacity_curves_of_several_searches(tmp_path, capsys):
+    from policylab.analysis.compare import main as compare_main
+    for name, threshold in (("prefill_first", 1.5), ("chunked", 3.0)):
+        cfg = sim_config(f"policy={name}")
+        result = find_capacity(cfg, CapacityConfig(lo=0.5, hi=8.0, iters=4), tmp_path / name, fake_curve(threshold))
+        low, high = result.interval
+        assert low <= 10 * threshold < high and high / low < 16 ** (1 / 16) * 1.0001
+    assert compare_main([str(tmp_path), "-o", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert "capacity of chunked" in out and "bisection interval [" in out
+    curves = pd.read_csv(tmp_path / "cmp" / "capacity_compare.csv")
+    assert set(curves["policy"]) == {"prefill_first", "chunked"} and set(curves["search_status"]) == {"found"}
+    assert set(curves["status"]) == {"complete"}                   # each replay's own status is kept
+    assert (tmp_path / "cmp" / "capacity_compare.png").stat().st_size > 20_000

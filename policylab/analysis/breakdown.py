@@ -2,7 +2,8 @@
 
 A trace may give each request its own SLOs (the interactive and batch classes of
 `multitenant`); a run's single attainment number hides which class pays for a policy's
-choices. A class is named by its SLO pair (`TTFT≤0.5s TPOT≤50ms`), as requests.parquet
+choices. Attainment and percentiles follow DESIGN §6 (SLOs per request; latency percentiles
+over finished requests). A class is named by its SLO pair (`TTFT≤0.5s TPOT≤50ms`), as requests.parquet
 stores the pair, not the trace's class name. Replicates are pooled as in `compare_stats`.
 """
 from __future__ import annotations

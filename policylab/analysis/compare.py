@@ -62,7 +62,7 @@ def compare_runs(run_dirs, out: Path) -> tuple:
 
 
 def print_capacities(curves) -> None:
-    for (label, status), c in curves.groupby(["label", "status"], sort=False):
+    for (label, status), c in curves.groupby(["label", "search_status"], sort=False):
         rate = c["capacity_rate"].iloc[0]
         above = c[c["rate"] > (rate if rate == rate else 0)]["rate"]
         interval = f"[{rate:.3f}, {above.min():.3f}] req/s" if rate == rate and len(above) else "—"

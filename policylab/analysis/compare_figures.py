@@ -5,7 +5,8 @@
   the CSV holds each line's quantiles at 0, 0.5, ..., 100 %.
 - `metric_vs_load`: SLO attainment, goodput, TTFT p99 and TPOT p99 against the offered rate,
   one line per configuration with its 95% interval as a band, one row per trace.
-- `capacity_compare`: every capacity search's attainment-vs-rate curve in one figure.
+- `capacity_compare`: every capacity search's attainment-vs-rate curve in one figure
+  (capacity as DESIGN §6 defines it).
 """
 from __future__ import annotations
 
@@ -96,8 +97,8 @@ def read_capacity(capacity_dirs) -> pd.DataFrame:
         info = json.loads((d / "capacity.json").read_text())
         curve = pd.read_csv(d / "capacity.csv")
         curve["label"] = f"{info['policy']} [{d.name}]" if len(capacity_dirs) > 1 else info["policy"]
-        for key in ("policy", "trace", "status", "target"):
-            curve[key] = info.get(key, info.get("search", {}).get(key))
+        curve["policy"], curve["trace"], curve["search_status"] = info["policy"], info["trace"], info["status"]
+        curve["target"] = info.get("search", {}).get("target")
         curve["capacity_rate"] = info.get("rate")
         frames.append(curve)
     return pd.concat(frames, ignore_index=True)
@@ -118,7 +119,8 @@ def capacity_compare(curves: pd.DataFrame, out: Path) -> list[Path]:
     for target in curves["target"].dropna().unique():
         ax.axhline(target * 100, color="black", linewidth=1, linestyle="--", label=f"target {target:.0%}")
     ax.set(xscale="log", ylim=(0, 105), xlabel="arrival rate (req/s, log scale)", ylabel="SLO attainment (%)",
-           title="capacity searches: SLO attainment against the arrival rate (vertical: each capacity)")
+           title="capacity searches: SLO attainment against the arrival rate\n"
+                 "(dashed black: target; vertical lines: each policy's capacity)")
     ax.grid(alpha=0.3)
     _legend(fig, styles)
     curves.to_csv(out / "capacity_compare.csv", index=False)

@@ -4,7 +4,10 @@ Runs that share trace, load and configuration are replicates (`run_table`). Each
 reported as the replicates' mean with a two-sided 95% Student-t interval
 (mean ± t(0.975, n−1) · s / √n; none with one replicate). A configuration is marked best
 only against the others at the same trace and load, and the mark says whether its interval
-overlaps another configuration's: then the ranking is within noise.
+overlaps another configuration's: then the ranking is within noise. The metrics pooled are
+a run's DESIGN §6 aggregates; pooling replicates is the "same seed → same result" of
+DESIGN §8 turned around: only a replicate that changes the input (`trace.replicate`) adds
+information.
 """
 from __future__ import annotations
 
