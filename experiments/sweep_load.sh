@@ -13,4 +13,4 @@ POLICIES=${ONLY_POLICIES:-$POLICIES}
 
 "$PY" -m policylab run -m "policy=$POLICIES" "trace=$TRACE" dataplane=sim "trace.rate_scale=${LOADS:-1,4,16}" \
     "trace.replicate=${REPLICATES:-1,2,3}" hydra/launcher=joblib progress=false "hydra.sweep.dir=$SWEEP" "${ARGS[@]}"
-"$PY" -m policylab compare "$SWEEP"
+"$PY" -m policylab compare "$SWEEP" --log-wandb      # the pooled table and figures as a W&B run too

@@ -285,3 +285,20 @@ def test_a_job_result_is_logged_with_its_table_and_figure(tmp_path):
     assert len(media) == 1 and "plots/latency_cdf/path" in media[0]
     names = [r.run.display_name for r in wandb_records(wandb_file) if r.WhichOneof("record_type") == "run"]
     assert names[0] == "capacity_prefill_first_fixture trace.max_requests=10"
+
+
+def test_compare_logs_the_comparison_as_a_wandb_run(tmp_path, capsys):
+    from policylab.analysis.compare import main as compare_main
+    sweep = tmp_path / "2026-01-02" / "10-11-12"
+    for job, blocks in ((0, 400), (1, 60)):
+        make_run_dir(sweep / f"{job}_prefill_first_fixture", n=20, num_blocks=blocks,
+                     overrides=[f"engine.num_blocks={blocks}"])
+    assert compare_main([str(sweep), "-o", str(tmp_path / "cmp"), "--log-wandb"]) == 0
+    assert "W&B comparison run: " in capsys.readouterr().out
+    (wandb_file,) = (tmp_path / "cmp" / "wandb").glob("offline-run-*/run-*.wandb")
+    log = logged(wandb_file)
+    assert log["group"] == "2026-01-02_10-11-12"
+    media = [row for _, row in log["history"] if "compare/path" in row]
+    assert len(media) == 1 and "per_slo_class/path" in media[0] and "figures/cdf_compare/path" in media[0]
+    files = wandb_file.parent / "files"
+    assert (files / "compare.md").is_file() and (files / "compare.csv").is_file()

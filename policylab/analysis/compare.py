@@ -69,6 +69,12 @@ def print_capacities(curves) -> None:
         print(f"capacity of {label}: {status}, {rate:.3f} req/s, bisection interval {interval}")
 
 
+def sweep_group(dirs) -> str | None:
+    """The W&B group `run` gave a sweep's jobs (its directory's last two parts), when all share one."""
+    parents = {Path(d).resolve().parent for d in dirs}
+    return "_".join(parents.pop().parts[-2:]) if len(parents) == 1 else None
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m policylab compare", description=(
         "Compare run and capacity directories: grouped table with 95%% CIs over replicates, per-SLO-class "
@@ -77,6 +83,9 @@ def parse_args(argv):
     p.add_argument("-o", "--out", type=Path, help="output folder (default: <first path>/compare)")
     p.add_argument("--wandb-online", action="store_true",
                    help="also create a W&B report of the runs (needs `wandb login`, wandb-workspaces)")
+    p.add_argument("--log-wandb", action="store_true",
+                   help="log the comparison (tables, figures, files) as a W&B run of its own; offline "
+                        "unless --wandb-online")
     return p.parse_args(argv)
 
 
@@ -108,6 +117,11 @@ def main(argv=None) -> int:
         files += [write_markdown(out, agg, marks, common, notes, tables, figures),
                   write_html(out, agg, marks, common, notes, tables, figures)]
     print("wrote " + ", ".join(str(p) for p in files))
+    if args.log_wandb:
+        from policylab.analysis.tracking import log_comparison
+        named = {"compare": agg, **{f"per_{k.replace(' ', '_').lower()}": t for k, t in tables.items()}} \
+            if agg is not None else {}
+        print(log_comparison(out, named, figures, sweep_group(run_dirs or capacity_dirs), args.wandb_online))
     if not args.wandb_online:
         print("W&B report: skipped (offline; pass --wandb-online with a logged-in W&B API to create one)")
         return 0

@@ -189,6 +189,30 @@ def _logged_in_api(wandb):
     return api
 
 
+def log_comparison(out: Path, tables: dict, images: list, group: str | None, online: bool = False) -> str:
+    """`compare --log-wandb`: the comparison as a W&B run of its own (job type `compare`, in the
+    sweep's group): the grouped table with CIs and the per-class tables as W&B tables, the
+    figures as images, and every file of `out`. What it says, never raises: W&B never fails compare."""
+    try:
+        import wandb
+        run = wandb.init(project="policylab", job_type="compare", group=group, name=f"compare {group or out.name}",
+                         dir=str(out), mode="online" if online else "offline", reinit="finish_previous",
+                         settings=wandb.Settings(silent=True, console="off", disable_git=True, save_code=False,
+                                                 x_disable_stats=True))
+        media = {name: wandb.Table(dataframe=df.reset_index(drop=True)) for name, df in tables.items()}
+        media.update({f"figures/{Path(p).stem}": wandb.Image(str(p)) for p in images})
+        run.log(media)
+        for path in sorted(out.glob("*.*")):
+            if path.is_file():
+                shutil.copy2(path, Path(run.dir) / path.name)
+        where = run.url if online else f"{Path(run.dir).parent} (upload: wandb sync {Path(run.dir).parent})"
+        run.finish()
+        wandb.teardown()
+        return f"W&B comparison run: {where}"
+    except Exception as e:
+        return f"W&B comparison run: not logged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+
+
 def create_report(run_dirs: list[Path], metric_paths: list[tuple], markdown: Path) -> str:
     """A W&B report of these runs (table, bar charts of the metrics, run comparer): its URL, or
     why there is nothing to report. Runs logged offline must be uploaded (`wandb sync`) first.
