@@ -62,10 +62,12 @@ def compare_runs(run_dirs, out: Path) -> tuple:
 
 
 def print_capacities(curves) -> None:
+    """Each search's capacity and its bisection interval (passes at the low end, fails at the high)."""
+    import pandas as pd
     for (label, status), c in curves.groupby(["label", "search_status"], sort=False):
         rate = c["capacity_rate"].iloc[0]
-        above = c[c["rate"] > (rate if rate == rate else 0)]["rate"]
-        interval = f"[{rate:.3f}, {above.min():.3f}] req/s" if rate == rate and len(above) else "—"
+        above = c[c["rate"] > rate]["rate"] if pd.notna(rate) else c["rate"].iloc[:0]
+        interval = f"[{rate:.3f}, {above.min():.3f}] req/s" if len(above) else "—"
         print(f"capacity of {label}: {status}, {rate:.3f} req/s, bisection interval {interval}")
 
 
@@ -77,7 +79,7 @@ def sweep_group(dirs) -> str | None:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m policylab compare", description=(
-        "Compare run and capacity directories: grouped table with 95%% CIs over replicates, per-SLO-class "
+        "Compare run and capacity directories: grouped table with 95% CIs over replicates, per-SLO-class "
         "and per-client tables, CDFs, metric-vs-load and capacity figures (PNG + CSV), markdown and HTML."))
     p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR")
     p.add_argument("-o", "--out", type=Path, help="output folder (default: <first path>/compare)")
