@@ -146,20 +146,15 @@ def salvage(engine: Engine, e: BaseException) -> RunResult:
                      engine.policy_name, "partial", error)
 
 
-def _multirun() -> bool:
-    from hydra.types import RunMode
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def sweep_group() -> str | None:
     """In a Hydra multirun: the sweep directory's last two parts (e.g. `2025-01-02_10-11-12`)."""
-    return "_".join(Path(HydraConfig.get().sweep.dir).parts[-2:]) if _multirun() else None
+    return "_".join(Path(HydraConfig.get().sweep.dir).parts[-2:]) if in_multirun() else None
 
 
 def run_name(run_dir: Path) -> str:
     """The run directory's name, plus a sweep job's overrides but policy and trace (already in
     it): W&B run names then say what was swept (`4_chunked_multitenant trace.rate_scale=16 ...`)."""
-    if not _multirun():
+    if not in_multirun():
         return run_dir.name
     return " ".join([run_dir.name, *(o for o in HydraConfig.get().overrides.task
                                      if not o.startswith(("policy=", "trace=")))])
@@ -167,4 +162,4 @@ def run_name(run_dir: Path) -> str:
 
 def in_parallel_launcher() -> bool:
     """A multirun whose jobs run side by side (joblib, Ray, ...): their terminal output interleaves."""
-    return _multirun() and not str(HydraConfig.get().launcher.get("_target_", "")).endswith("BasicLauncher")
+    return in_multirun() and not str(HydraConfig.get().launcher.get("_target_", "")).endswith("BasicLauncher")
