@@ -16,6 +16,8 @@ run in Triton's interpreter (TRITON_INTERPRET=1 set before the import), which th
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -79,7 +81,7 @@ def _prefill_kernel(q_ptr, o_ptr, k_cache, v_cache, table_ptr, q_start_ptr, q_le
                     stride_qt, stride_qh, stride_table, stride_cb, stride_ct, stride_ch, scale,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+                    CAUSAL: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
     tile, head, entry = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_head = head // GROUP
     q_start, q_len = tl.load(q_start_ptr + entry), tl.load(q_len_ptr + entry)
@@ -88,7 +90,7 @@ def _prefill_kernel(q_ptr, o_ptr, k_cache, v_cache, table_ptr, q_start_ptr, q_le
     m, d, n = tile * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, D_PAD), tl.arange(0, BLOCK_N)
     q_mask = (m[:, None] < q_len) & (d[None, :] < HEAD_DIM)
     q_rows = (q_start + m).to(tl.int64)[:, None] * stride_qt + head * stride_qh + d[None, :]
-    q = tl.load(q_ptr + q_rows, mask=q_mask, other=0.0)
+    q = tl.load(q_ptr + q_rows, mask=q_mask, other=0.0).to(DOT_DTYPE)
     q_pos = ctx_len + m                                         # absolute position of each query
     last_key = tl.minimum(ctx_len + (tile + 1) * BLOCK_M, seq_len) if CAUSAL else seq_len
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -100,19 +102,22 @@ def _prefill_kernel(q_ptr, o_ptr, k_cache, v_cache, table_ptr, q_start_ptr, q_le
         block = tl.load(table_ptr + entry * stride_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         row = block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
         kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(k_cache + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_cache + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale        # [BLOCK_M, BLOCK_N]
         seen = valid[None, :] & (pos[None, :] <= q_pos[:, None]) if CAUSAL else valid[None, :]
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
-        v = tl.load(v_cache + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        v = tl.load(v_cache + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(o_ptr + q_rows, out.to(o_ptr.dtype.element_ty), mask=q_mask)
+
+
+DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 def _pow2(n: int, at_least: int = 1) -> int:
@@ -160,10 +165,13 @@ def paged_prefill(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_c
     if out.stride() != q.stride():
         raise ValueError("paged_prefill writes out at q's rows: give both the same strides")
     group = heads // k_cache.shape[2]
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"   # fp32: no TF32 rounding in the dots
+    # Triton's interpreter (3.9) computes bfloat16 dots wrongly: there they run in float32
+    interpreted_bf16 = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    dot_dtype = tl.float32 if interpreted_bf16 else DOT_DTYPES[q.dtype]
+    precision = "ieee" if dot_dtype == tl.float32 else "tf32"   # fp32: no TF32 rounding in the dots
     grid = (triton.cdiv(max_q, block_m), heads, len(q_lens))
     _prefill_kernel[grid](
         q, out, k_cache, v_cache, block_tables, q_starts, q_lens, ctx_lens, q.stride(0), q.stride(1),
         block_tables.stride(0), *_cache_strides(k_cache), dim ** -0.5,
         GROUP=group, HEAD_DIM=dim, D_PAD=_pow2(dim, 16), BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, PRECISION=precision)
+        BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, DOT_DTYPE=dot_dtype, PRECISION=precision)
