@@ -45,12 +45,13 @@ def reference_attention(q, k, v, ctx):
 ENTRIES = [(0, 19), (9, 5), (0, 1), (12, 1), (37, 1)]
 
 
-@pytest.mark.parametrize("dtype,block_size,head_dim", [
-    (torch.float32, 4, 32), (torch.float32, 1, 32), (torch.float32, 5, 24),
-    (torch.bfloat16, 16, 32), (torch.float16, 3, 32)])
-def test_kernels_match_dense_reference(dtype, block_size, head_dim):
+@pytest.mark.parametrize("dtype,block_size,head_dim,kv_heads", [
+    (torch.float32, 4, 32, 2), (torch.float32, 1, 32, 2), (torch.float32, 5, 24, 6),
+    (torch.bfloat16, 16, 32, 2), (torch.float16, 3, 32, 3)])
+def test_kernels_match_dense_reference(dtype, block_size, head_dim, kv_heads):
+    """Six query heads over 2 KV heads (GQA, groups of 3), 6 (MHA) or 3; block sizes from 1 to 16."""
     gen = torch.Generator().manual_seed(block_size)
-    heads, kv_heads = 6, 2
+    heads = 6
     num_blocks = sum(-(-(c + n) // block_size) for c, n in ENTRIES) + 8      # a few blocks stay unused
     rnd = lambda *shape: torch.randn(*shape, generator=gen).to(device=DEVICE, dtype=dtype)  # noqa: E731
     k_cache, v_cache = (torch.zeros(num_blocks, block_size, kv_heads, head_dim, device=DEVICE, dtype=dtype)

@@ -34,6 +34,7 @@ class TritonAttention:
         on_gpu = device.type == "cuda"
         self.block_m = 64 if on_gpu else 16      # small tiles keep the interpreter quick on CPU
         self.block_n = 32 if on_gpu else 16
+        self.decode_block_n = None if on_gpu else 16     # None: sized by the kernel wrapper
 
     def plan(self, packed: PackedInput, cache_shape: tuple) -> dict:
         is_decode = packed.query_lens == 1
@@ -62,9 +63,10 @@ class TritonAttention:
         if "decode" in meta:
             rows, tables, seq_lens = meta["decode"]
             if rows is None:
-                kernels.paged_decode(q, out, k_cache, v_cache, tables, seq_lens, block_n=self.block_n)
+                kernels.paged_decode(q, out, k_cache, v_cache, tables, seq_lens, block_n=self.decode_block_n)
             else:
                 decoded = q.new_empty((len(rows), *q.shape[1:]))
-                kernels.paged_decode(q[rows], decoded, k_cache, v_cache, tables, seq_lens, block_n=self.block_n)
+                kernels.paged_decode(q[rows], decoded, k_cache, v_cache, tables, seq_lens,
+                                     block_n=self.decode_block_n)
                 out[rows] = decoded
         return out

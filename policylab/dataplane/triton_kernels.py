@@ -17,6 +17,7 @@ run in Triton's interpreter (TRITON_INTERPRET=1 set before the import), which th
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 import triton
@@ -143,11 +144,13 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def paged_decode(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 block_tables: torch.Tensor, seq_lens: torch.Tensor, block_n: int = 32) -> None:
-    """q/out [B, heads, D], one query per sequence, attending to its first seq_lens[b] tokens."""
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, block_n: Optional[int] = None) -> None:
+    """q/out [B, heads, D], one query per sequence, attending to its first seq_lens[b] tokens.
+    By default a tile of keys holds at most 8k (head, key, dim) products, to stay in registers."""
     batch, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
+    block_n = block_n or max(16, min(64, 8192 // (_pow2(group) * _pow2(dim))))
     _decode_kernel[(batch, kv_heads)](
         q, out, k_cache, v_cache, block_tables, seq_lens, q.stride(0), q.stride(1), out.stride(0),
         out.stride(1), block_tables.stride(0), *_cache_strides(k_cache), dim ** -0.5,
