@@ -7,7 +7,11 @@ is first imported (nothing else in the suite imports it). POLICYLAB_TEST_DEVICE=
 same tests compiled on a GPU."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from tests.test_dataplane_model import DEVICE
 
@@ -188,6 +192,21 @@ def test_broken_kernels_are_caught(monkeypatch, variant):
         got, want = ours.forward(batch, all_logits=True), ref.forward(batch, all_logits=True)
         mismatched.append(not torch.allclose(got, want, atol=ATOL, rtol=0))
     assert any(mismatched), f"'{variant}' went unnoticed"
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the kernels compile when the other tests run them")
+@pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None,
+                    reason="this triton wheel has no NVIDIA backend")
+def test_launched_kernels_compile_for_hopper():
+    """What the backend launches compiles, through ptxas, for an H100/H200 (sm_90): no GPU is
+    needed to catch a kernel that Triton cannot lower (tests/compile_triton_kernels.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "tests.compile_triton_kernels", "bfloat16", "float32"], env=env, text=True,
+                         capture_output=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [line.split(":")[0] for line in run.stdout.splitlines()] == \
+        [f"{dtype} {kernel}" for dtype in ("bfloat16", "float32")
+         for kernel in ("_store_kv_kernel", "_prefill_kernel", "_decode_kernel")], run.stdout
 
 
 def test_triton_backend_refuses_cpu_without_the_interpreter(monkeypatch):

@@ -121,6 +121,14 @@ def _prefill_kernel(q_ptr, o_ptr, k_cache, v_cache, table_ptr, q_start_ptr, q_le
 DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
+def dot_types(dtype: torch.dtype, interpreted: bool) -> tuple:
+    """The prefill dots' operand type and input precision. Float32 dots skip TF32 rounding (greedy
+    tokens must equal the torch backend's); Triton's interpreter (3.9) computes bfloat16 dots wrongly,
+    so there they run in float32."""
+    dot_dtype = tl.float32 if interpreted and dtype == torch.bfloat16 else DOT_DTYPES[dtype]
+    return dot_dtype, "ieee" if dot_dtype == tl.float32 else "tf32"
+
+
 def _pow2(n: int, at_least: int = 1) -> int:
     return max(triton.next_power_of_2(n), at_least)
 
@@ -168,13 +176,11 @@ def paged_prefill(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_c
     if out.stride() != q.stride():
         raise ValueError("paged_prefill writes out at q's rows: give both the same strides")
     group = heads // k_cache.shape[2]
-    # Triton's interpreter (3.9) computes bfloat16 dots wrongly: there they run in float32
-    interpreted_bf16 = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-    dot_dtype = tl.float32 if interpreted_bf16 else DOT_DTYPES[q.dtype]
-    precision = "ieee" if dot_dtype == tl.float32 else "tf32"   # fp32: no TF32 rounding in the dots
+    dot_dtype, precision = dot_types(q.dtype, os.environ.get("TRITON_INTERPRET") == "1")
     grid = (triton.cdiv(max_q, block_m), heads, len(q_lens))
     _prefill_kernel[grid](
         q, out, k_cache, v_cache, block_tables, q_starts, q_lens, ctx_lens, q.stride(0), q.stride(1),
         block_tables.stride(0), *_cache_strides(k_cache), dim ** -0.5,
         GROUP=group, HEAD_DIM=dim, D_PAD=_pow2(dim, 16), BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, DOT_DTYPE=dot_dtype, PRECISION=precision)
+        BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, DOT_DTYPE=dot_dtype, PRECISION=precision,
+        num_warps=8, num_stages=2)   # sm_90, 64x32 tiles: no register spills up to head_dim 128 in fp32
