@@ -41,7 +41,8 @@ def reference_attention(q, k, v, ctx):
     heads, kv_heads = q.shape[1], k.shape[1]
     k, v = (x.float().repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * q.shape[-1] ** -0.5
-    future = torch.arange(k.shape[0], device=q.device)[None, :] > ctx + torch.arange(q.shape[0], device=q.device)[:, None]
+    keys, queries = (torch.arange(n, device=q.device) for n in (k.shape[0], q.shape[0]))
+    future = keys[None, :] > ctx + queries[:, None]
     return torch.einsum("hqk,khd->qhd", scores.masked_fill(future, float("-inf")).softmax(-1), v)
 
 
@@ -96,7 +97,7 @@ def test_kernels_match_dense_reference(dtype, block_size, head_dim, kv_heads):
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEVICE)  # noqa: E731
     kernels.paged_prefill(q, out, k_cache, v_cache, tables[prefill], i32([int(starts[e]) for e in prefill]),
                           i32([ENTRIES[e][1] for e in prefill]), i32([ENTRIES[e][0] for e in prefill]),
-                          max_q=19, block_m=8, block_n=16)        # 19 queries: three tiles, one partial
+                          max_q=19, block_m=16, block_n=16)       # 19 queries: two tiles, one partial
     decoded = torch.empty(len(decode), heads, head_dim, device=DEVICE, dtype=dtype)
     kernels.paged_decode(q[starts[decode].to(DEVICE)], decoded, k_cache, v_cache, tables[decode],
                          i32([sum(ENTRIES[e]) for e in decode]), block_n=16)
@@ -108,7 +109,7 @@ def test_kernels_match_dense_reference(dtype, block_size, head_dim, kv_heads):
 
 
 def triton_plane(num_blocks: int = 64) -> TorchDataPlane:
-    plane = TorchDataPlane.from_config(dataplane(attention="triton"), SMALL, 0)
+    plane = TorchDataPlane.from_config(dataplane(attention="triton", cuda_graphs=False), SMALL, 0)
     plane.allocate_kv(num_blocks, BS)
     return plane
 
@@ -146,7 +147,7 @@ def test_mixed_batches_match_torch_backend_and_hf():
 def test_engine_run_matches_torch_backend_step_by_step():
     """Chunked prefill, decodes, preemption and recompute: every step's logits (all rows) equal
     the torch backend's on the same batch, so the greedy outputs are the same too."""
-    ours, ref = TorchDataPlane.from_config(dataplane(attention="triton"), SMALL, 0), torch_plane(20)
+    ours, ref = TorchDataPlane.from_config(dataplane(attention="triton", cuda_graphs=False), SMALL, 0), torch_plane(20)
     seen, forward = [], ours.forward
 
     def checked_forward(batch, all_logits=False):
@@ -171,15 +172,24 @@ def test_engine_run_matches_torch_backend_step_by_step():
 def _broken(monkeypatch, name: str) -> None:
     """Swap one kernel launch for a deliberately wrong one."""
     decode, prefill = kernels.paged_decode, kernels.paged_prefill
-    if name == "decode context one short":
-        monkeypatch.setattr(kernels, "paged_decode", lambda q, o, kc, vc, t, s, **kw: decode(q, o, kc, vc, t, s - 1, **kw))
-    elif name == "prefill context one long":
-        monkeypatch.setattr(kernels, "paged_prefill",
-                            lambda q, o, kc, vc, t, st, ln, ctx, m, **kw: prefill(q, o, kc, vc, t, st, ln, ctx + 1, m, **kw))
-    elif name == "wrong block-table row":
-        monkeypatch.setattr(kernels, "paged_decode", lambda q, o, kc, vc, t, s, **kw: decode(q, o, kc, vc, t.roll(1, 0), s, **kw))
-    elif name == "missing causal mask":
-        monkeypatch.setattr(kernels, "paged_prefill", lambda *a, **kw: prefill(*a, **{**kw, "causal": False}))
+
+    def context_one_short(q, out, k_cache, v_cache, tables, seq_lens, **kw):
+        decode(q, out, k_cache, v_cache, tables, seq_lens - 1, **kw)
+
+    def context_one_long(q, out, k_cache, v_cache, tables, starts, lens, ctx, max_q, **kw):
+        prefill(q, out, k_cache, v_cache, tables, starts, lens, ctx + 1, max_q, **kw)
+
+    def wrong_table_row(q, out, k_cache, v_cache, tables, seq_lens, **kw):
+        decode(q, out, k_cache, v_cache, tables.roll(1, 0), seq_lens, **kw)
+
+    def no_causal_mask(*args, **kw):
+        prefill(*args, **{**kw, "causal": False})
+
+    target, wrong = {"decode context one short": ("paged_decode", context_one_short),
+                     "prefill context one long": ("paged_prefill", context_one_long),
+                     "wrong block-table row": ("paged_decode", wrong_table_row),
+                     "missing causal mask": ("paged_prefill", no_causal_mask)}[name]
+    monkeypatch.setattr(kernels, target, wrong)
 
 
 @pytest.mark.parametrize("variant", ["decode context one short", "prefill context one long",
@@ -201,8 +211,8 @@ def test_launched_kernels_compile_for_hopper():
     """What the backend launches compiles, through ptxas, for an H100/H200 (sm_90): no GPU is
     needed to catch a kernel that Triton cannot lower (tests/compile_triton_kernels.py)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "tests.compile_triton_kernels", "bfloat16", "float32"], env=env, text=True,
-                         capture_output=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+    run = subprocess.run([sys.executable, "-m", "tests.compile_triton_kernels", "bfloat16", "float32"], env=env,
+                         text=True, capture_output=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert [line.split(":")[0] for line in run.stdout.splitlines()] == \
         [f"{dtype} {kernel}" for dtype in ("bfloat16", "float32")
