@@ -45,6 +45,11 @@ def test_decode_inputs_pad_to_the_bucket_with_harmless_rows():
     assert got.input_ids.dtype == got.slot_mapping.dtype == np.int64 and got.seq_lens.dtype == np.int32
 
 
+def test_a_short_block_table_is_the_same_clear_error_as_eager():
+    with pytest.raises(ValueError, match="cannot hold 9 tokens"):
+        decode_inputs(decodes([5, 8], [[7, 3], [1, 2]]), block_size=4, bucket=2)
+
+
 def test_static_buffers_take_a_step_and_keep_the_rest():
     buffers = StaticDecodeBuffers(max_batch=8, width=6, vocab_size=5, dtype=torch.float32, device=torch.device("cpu"))
     buffers.block_tables.fill_(4)                                  # what an earlier, wider step left

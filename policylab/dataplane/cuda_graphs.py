@@ -69,7 +69,13 @@ def _pad(x: np.ndarray, size: int, value, dtype) -> np.ndarray:
 def decode_inputs(batch: Batch, block_size: int, bucket: int) -> DecodeInputs:
     n = len(batch)
     ctx = np.asarray(batch.context_lens, dtype=np.int64)          # each entry's one query sits at ctx
-    tables = np.zeros((n, max(len(t) for t in batch.block_tables)), dtype=np.int32)
+    lengths = np.fromiter((len(t) for t in batch.block_tables), dtype=np.int64, count=n)
+    short = np.nonzero(lengths * block_size <= ctx)[0]
+    if len(short):                                                 # as pack() says it
+        i = int(short[0])
+        raise ValueError(f"batch entry {i} (req {batch.req_ids[i]}): {lengths[i]} KV blocks cannot "
+                         f"hold {int(ctx[i]) + 1} tokens at block_size={block_size}")
+    tables = np.zeros((n, lengths.max()), dtype=np.int32)
     for i, t in enumerate(batch.block_tables):
         tables[i, :len(t)] = t
     slots = tables[np.arange(n), ctx // block_size].astype(np.int64) * block_size + ctx % block_size
