@@ -104,7 +104,7 @@ def test_kernels_match_dense_reference(dtype, block_size, head_dim, kv_heads):
     out[starts[decode].to(DEVICE)] = decoded
     want = torch.cat([reference_attention(qe, ke, ve, ctx) for qe, ke, ve, (ctx, _)
                       in zip(queries, keys, values, ENTRIES)])
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    tol = (1e-5 if DEVICE == "cpu" else 1e-4) if dtype == torch.float32 else 2e-2   # GPU: other summation orders
     torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
 
 
