@@ -13,7 +13,9 @@ process, steadier under contention) and the ratios, plus single-step times (a de
 and a long prefill) that size the default CPU run.
 
     .venv/bin/python experiments/bench_dataplane.py [--requests 64 --prompt 128 --output 128]
-    python experiments/bench_dataplane.py --device cuda --model qwen2-0.5b    # on a GPU (bf16)
+    python experiments/bench_dataplane.py --device cuda --model qwen2-0.5b \
+        --planes torch,triton,triton+graphs                                   # on a GPU (bf16)
+--planes compares several planes (attention backend, CUDA-graph decodes) against one HF run.
 """
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ def run_hf(hf, prompts, lengths, args) -> tuple:
     return timed(generate)
 
 
-def step_time(plane, batch: Batch, repeats: int = 5) -> float:
+def step_time(plane, batch: Batch, repeats: int = 10) -> float:
     plane.execute(batch)                                             # warm-up
     return statistics.median(plane.execute(batch).duration for _ in range(repeats))
 
@@ -111,6 +113,28 @@ def step_times(plane, args) -> None:
     print(f"step time, one 512-token prefill:             {step_time(plane, prefill) * 1e3:.1f} ms")
 
 
+def plane_config(name: str, args) -> DataplaneConfig:
+    """--planes entries: torch | triton | flash_attn, with +graphs for CUDA-graph decodes."""
+    attention, _, graphs = name.partition("+")
+    if attention not in ("torch", "triton", "flash_attn") or graphs not in ("", "graphs"):
+        raise SystemExit(f"--planes: unknown plane '{name}' (torch, triton, triton+graphs, flash_attn)")
+    return DataplaneConfig(device=args.device, dtype=args.dtype, threads=args.threads, attention=attention,
+                           cuda_graphs=bool(graphs))
+
+
+def environment(plane) -> str:
+    where = f"{torch.cuda.get_device_name(plane.device)} (CUDA {torch.version.cuda})" \
+        if plane.device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    import transformers
+    return (f"torch {torch.__version__}, triton {triton_version}, transformers {transformers.__version__} "
+            f"on {where}, {plane.dtype}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=64)
@@ -123,37 +147,40 @@ def main() -> None:
     ap.add_argument("--model", default="tiny", help="configs/model/NAME.yaml, with random weights")
     ap.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     ap.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
+    ap.add_argument("--planes", default="torch",
+                    help="comma-separated planes to compare with HF: torch, triton, triton+graphs (CUDA)")
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs of each; the best counts")
     args = ap.parse_args()
     args.hf_batch = args.hf_batch or args.requests
     model_cfg = model_config(args.model)
-    plane = TorchDataPlane.from_config(DataplaneConfig(device=args.device, dtype=args.dtype,
-                                                       threads=args.threads), model_cfg, 0)
+    planes = {name: TorchDataPlane.from_config(plane_config(name, args), model_cfg, 0)
+              for name in args.planes.split(",")}
+    first = next(iter(planes.values()))
     m = model_cfg
-    where = torch.cuda.get_device_name(plane.device) if plane.device.type == "cuda" else \
-        f"{torch.get_num_threads()} CPU threads"
-    print(f"torch {torch.__version__} on {where}, {plane.dtype}; model {m.name} (random weights): "
-          f"hidden {m.hidden_size}, {m.num_hidden_layers} layers, vocab {m.vocab_size}")
-    lengths, hf = output_lengths(args), hf_model(model_cfg, plane)
-    ours, theirs = [], []
+    print(f"{environment(first)}; model {m.name} (random weights): hidden {m.hidden_size}, "
+          f"{m.num_hidden_layers} layers, vocab {m.vocab_size}")
+    lengths, hf = output_lengths(args), hf_model(model_cfg, first)
+    ours, theirs = {name: [] for name in planes}, []
     for _ in range(args.repeats):
-        ours.append(run_ours(plane, lengths, args))
-        theirs.append(run_hf(hf, ours[-1][2], lengths, args))
-    ours_wall, ours_cpu = min(r[0] for r in ours), min(r[1] for r in ours)
-    hf_wall, hf_cpu = min(r[0] for r in theirs), min(r[1] for r in theirs)
-    ours_out, hf_out = ours[0][3], theirs[0][2]
+        for name, plane in planes.items():
+            ours[name].append(run_ours(plane, lengths, args))
+        theirs.append(run_hf(hf, ours[next(iter(planes))][-1][2], lengths, args))
     tokens = sum(lengths)
-    same = sum(a == b for a, b in zip(ours_out, hf_out))
+    hf_wall, hf_cpu = min(r[0] for r in theirs), min(r[1] for r in theirs)
     print(f"{args.requests} requests x {args.prompt} prompt x {args.output} (+-{args.output_spread:.0%}) "
           f"output tokens = {tokens} useful output tokens; best of {args.repeats} runs")
-    for name, wall, cpu in (("ours (engine + prefill_first)", ours_wall, ours_cpu),
-                            (f"hf generate (static, batch {args.hf_batch})", hf_wall, hf_cpu)):
-        print(f"{name:38s} wall {wall:7.2f} s {tokens / wall:7.0f} tok/s | cpu {cpu:7.2f} s "
-              f"{tokens / cpu:7.0f} tok/cpu-s")
-    print(f"speedup ours / hf: wall {hf_wall / ours_wall:.2f}x, cpu {hf_cpu / ours_cpu:.2f}x; "
-          f"identical greedy outputs: {same}/{args.requests}")
-    plane.allocate_kv(64 * -(-(args.prompt + 1) // 16), 16)
-    step_times(plane, args)
+    print(f"{f'hf generate (static, batch {args.hf_batch})':38s} wall {hf_wall:7.2f} s {tokens / hf_wall:7.0f} tok/s"
+          f" | cpu {hf_cpu:7.2f} s {tokens / hf_cpu:7.0f} tok/cpu-s")
+    for name, runs in ours.items():
+        wall, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
+        same = sum(a == b for a, b in zip(runs[0][3], theirs[0][2]))
+        print(f"{f'ours: {name}':38s} wall {wall:7.2f} s {tokens / wall:7.0f} tok/s | cpu {cpu:7.2f} s "
+              f"{tokens / cpu:7.0f} tok/cpu-s | {hf_wall / wall:.2f}x hf (cpu {hf_cpu / cpu:.2f}x); "
+              f"identical greedy outputs: {same}/{args.requests}")
+    for name, plane in planes.items():
+        print(f"-- {name}")
+        plane.allocate_kv(64 * -(-(args.prompt + 1) // 16), 16)
+        step_times(plane, args)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class DataplaneConfig:
     dtype: str = "auto"             # auto: float32 on CPU, bfloat16 on CUDA
     kv_cache_gb: float = 0.25       # torch on CPU: KV cache size
     gpu_memory_utilization: float = 0.9   # torch on CUDA / sim: share of device memory for weights + KV
-    cuda_graphs: bool = False       # CUDA decode fast path (ignored on CPU)
+    cuda_graphs: Optional[bool] = None    # decode steps replay CUDA graphs; None: on CUDA with attention=triton
     calibration: Optional[str] = None     # sim: fitted cost-model file replacing the roofline
     threads: Optional[int] = None   # torch on CPU: intra-op threads (None: torch default)
     step_time: str = "measured"     # torch: measured | model (sim cost model times each step: machine-independent)

@@ -188,4 +188,12 @@ def make_backend(name: str, device: torch.device):
             raise ValueError("dataplane.attention=flash_attn runs on CUDA only; this run uses "
                              f"device '{device}'. Use dataplane.attention=torch")
         return FlashAttention()
-    raise ValueError(f"dataplane.attention must be 'torch' or 'flash_attn', got '{name}'")
+    if name == "triton":
+        try:
+            from policylab.dataplane.triton_attention import TritonAttention, check_runnable
+        except ImportError as e:
+            raise ImportError("dataplane.attention=triton needs the triton package (pip install -e "
+                              "'.[triton]'; CUDA builds of torch ship it); use dataplane.attention=torch") from e
+        check_runnable(device)
+        return TritonAttention(device)
+    raise ValueError(f"dataplane.attention must be 'torch', 'flash_attn' or 'triton', got '{name}'")

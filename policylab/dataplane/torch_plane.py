@@ -13,6 +13,7 @@ import torch
 from policylab.core.config import DataplaneConfig, ModelConfig
 from policylab.dataplane.attention import make_backend
 from policylab.core.batch import Batch, StepResult
+from policylab.dataplane.cuda_graphs import DecodeGraphRunner, capture_cuda_graph, cuda_graphs_wanted
 from policylab.dataplane.model import CausalLM, head_dim_of
 from policylab.dataplane.packing import pack
 from policylab.dataplane.sampling import sample
@@ -73,6 +74,8 @@ class TorchDataPlane:
         self.vocab_size, self.eos_token_id = cfg.vocab_size, cfg.eos_token_id
         self.needs_token_ids = True
         self.backend = make_backend(dp.attention, device)
+        self.use_cuda_graphs = cuda_graphs_wanted(dp.cuda_graphs, device, self.backend)
+        self.graphs: DecodeGraphRunner | None = None     # built with the KV cache it reads
         self.kv_caches: list = []
         self.block_size = 0
 
@@ -88,8 +91,6 @@ class TorchDataPlane:
             torch.set_num_threads(dp.threads)
         if device.type == "cpu":
             keep_freed_memory()
-        if dp.cuda_graphs and device.type == "cuda":
-            print("[policylab] dataplane.cuda_graphs is not implemented yet: decodes run eagerly")
         dtype = resolve_dtype(dp.dtype, device)
         cfg, sd, path = load_weights(model, seed)
         with torch.device("meta"):           # no throw-away init of the full model
@@ -141,6 +142,11 @@ class TorchDataPlane:
         self.kv = kv
         self.kv_caches = [(views[0, i], views[1, i]) for i in range(c.num_hidden_layers)]
         self.block_size = block_size
+        if self.use_cuda_graphs:
+            max_len = min(c.max_position_embeddings, num_blocks * block_size)
+            with torch.inference_mode():
+                self.graphs = DecodeGraphRunner(self.model, self.kv_caches, self.backend, block_size, max_len,
+                                                self.device, capture_cuda_graph(torch.cuda.graph_pool_handle()))
 
     # ---------------------------------------------------------------- step
     @torch.inference_mode()
@@ -148,6 +154,8 @@ class TorchDataPlane:
         """Logits of the sampled entries (or of every token): for tests and tools."""
         if not self.kv_caches:
             raise RuntimeError("allocate_kv must be called before the first step")
+        if self.graphs is not None and self.graphs.accepts(batch):
+            return self.graphs.run(batch, all_logits)
         packed = pack(batch, self.block_size, self.device)
         return self.model(packed, self.kv_caches, self.backend, all_logits)
 
