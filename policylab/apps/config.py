@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from policylab.cluster.config import ClusterConfig, check_cluster_config
 from policylab.core.config import (DataplaneConfig, EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig,
                                    ModelConfig, SloConfig, check_engine_config, check_slo_config)
 from policylab.traces.config import TraceConfig
@@ -54,6 +55,9 @@ class RunConfig:
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     policy: Any = MISSING           # {_target_: importable Policy class, name: ..., **params}
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)   # replicas, P/D split, link
+    router: Any = None              # {_target_: importable Router class, ...}: who gets each arrival
+    decode_router: Any = None       # P/D: who decodes each prefilled request
     dataplane: DataplaneConfig = field(default_factory=DataplaneConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -98,6 +102,9 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(f"config: {e}".splitlines()[0]) from None
     run.policy = PolicySpec(OmegaConf.to_container(cfg.policy, resolve=True))
+    for key in ("router", "decode_router"):
+        if cfg.get(key) is not None:
+            setattr(run, key, PolicySpec(OmegaConf.to_container(cfg[key], resolve=True)))
     check_run_config(run)
     return run
 
@@ -118,6 +125,7 @@ def check_run_config(run: RunConfig) -> None:
     try:
         check_engine_config(run.engine)
         check_slo_config(run.slo, run.fairness)
+        check_cluster_config(run.cluster)
         if run.dataplane.kind == "sim":       # (before a long trace is read, not after)
             from policylab.dataplane.sim import check_cost_parameters
             check_cost_parameters(run.model, run.hardware, run.dataplane)
