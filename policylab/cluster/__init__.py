@@ -7,7 +7,7 @@ stepping API), below the analysis and the apps.
 from policylab.cluster.config import ClusterConfig, LinkConfig
 from policylab.cluster.driver import Cluster, Replica
 from policylab.cluster.result import ClusterResult
-from policylab.cluster.router import ClusterView, ReplicaView, RouteRequest, Router, validate_route
+from policylab.cluster.router import ClusterView, ReplicaView, RouteRequest, Router, RouteViolation, validate_route
 
 __all__ = ["Cluster", "ClusterConfig", "ClusterResult", "ClusterView", "LinkConfig", "Replica", "ReplicaView",
-           "RouteRequest", "Router", "validate_route"]
+           "RouteRequest", "Router", "RouteViolation", "validate_route"]

@@ -43,6 +43,7 @@ class Disaggregation:
         self.cluster = cluster
         self.pool = [v for v in cluster.views if v.role == "decode"]
         self.pending = {v.index: deque() for v in self.pool}     # decode replica -> (req_id, since)
+        self.in_transit: set = set()      # finished on a prefill replica, not yet on a decode one
 
     def front_output_tokens(self, i: int) -> int:
         return min(self.cluster.trace[i].output_tokens, 1)
@@ -58,6 +59,7 @@ class Disaggregation:
         r, t = replica.engine.requests[req_id], self.cluster.trace[req_id]
         if r.status is not Status.FINISHED or min(t.output_tokens, r.max_tokens) <= len(r.output_ids):
             return False
+        self.in_transit.add(req_id)
         self.cluster.push(replica.engine.clock.now, self._route, req_id)
         return True
 
@@ -108,3 +110,4 @@ class Disaggregation:
         engine.clock.idle_until(now)
         engine.receive_prefilled(r, min(t.output_tokens, r.max_tokens))
         cluster.requests[req_id] = r
+        self.in_transit.discard(req_id)

@@ -4,8 +4,8 @@ Either latency + bytes / bandwidth, or a measured profile: Vidur's `send_recv.cs
 (../shared/profiles/vidur/network/<node>/send_recv.csv), read as published: `size` in bytes
 (Vidur divides it by 2 × hidden size to get tokens of fp16 activations), times in ms, one row per
 size and `devices_per_node` (1: the two GPUs on different nodes, 2: on one node). The median
-time is interpolated linearly between sizes; beyond the largest size it grows at the bandwidth
-of the two largest sizes.
+time is interpolated linearly between sizes; beyond the largest size it grows in proportion,
+at the throughput measured at the largest size (a KV cache of a long prompt is often larger).
 """
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ class LinkModel:
         sizes, times = self.sizes, self.times
         if num_bytes <= sizes[-1]:
             return float(np.interp(num_bytes, sizes, times))
-        slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
-        return float(times[-1] + (num_bytes - sizes[-1]) * slope)
+        return float(times[-1] * num_bytes / sizes[-1])      # the largest size's throughput
 
 
 def read_send_recv(path: Path, devices_per_node: int) -> tuple:

@@ -1,9 +1,9 @@
 """The routing contract: a router sees a read-only cluster view and returns a replica id.
 
 The same discipline as the step contract (DESIGN §3): the view is read-only, the driver
-validates every choice with `validate_route`, and a broken rule raises `ContractViolation`
-naming the router and the rule. A request that no replica could ever hold is rejected with a
-reason by the driver before any router is asked.
+validates every choice with `validate_route`, and a broken rule raises `RouteViolation` (a
+`ContractViolation`) naming the router and the rule. A request that no replica could ever hold
+is rejected with a reason by the driver before any router is asked.
 """
 from __future__ import annotations
 
@@ -16,6 +16,17 @@ from policylab.core.kv import chain_hashes
 
 if TYPE_CHECKING:
     from policylab.core.engine import Engine
+
+
+class RouteViolation(ContractViolation):
+    """A router broke the routing contract: a ContractViolation whose message names a router."""
+
+    def __init__(self, router: str, rule: str, detail: str):
+        super().__init__(router, rule, detail)
+        self.args = (f"router '{router}' broke rule '{rule}': {detail}",)
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,15 +126,15 @@ def validate_route(replicas: list, eligible: tuple, request: RouteRequest, choic
     """Refuse a choice that is not a replica of the cluster's pool, or one that can never hold the
     request (`eligible`: the view's replicas, those that can)."""
     if type(choice) is not int:
-        raise ContractViolation(router, "route_type", f"route() must return a replica index (int), got {choice!r}")
+        raise RouteViolation(router, "route_type", f"route() must return a replica index (int), got {choice!r}")
     if any(v.index == choice for v in eligible):
         return
     chosen = next((v for v in replicas if v.index == choice), None)
     why = chosen.can_ever_hold(request, output_tokens) if chosen is not None else ""
     if why:
-        raise ContractViolation(router, "never_fits", f"request {request.req_id} routed to replica {choice}, "
+        raise RouteViolation(router, "never_fits", f"request {request.req_id} routed to replica {choice}, "
                                 f"which can never hold it: {why}")
-    raise ContractViolation(router, "unknown_replica", f"request {request.req_id} routed to replica {choice}; "
+    raise RouteViolation(router, "unknown_replica", f"request {request.req_id} routed to replica {choice}; "
                             f"the candidates are {[v.index for v in eligible]}")
 
 
