@@ -87,6 +87,9 @@ class WandbTracker:
         wandb_dir = Path(logger.dir or run_dir)
         wandb_dir.mkdir(parents=True, exist_ok=True)
         tags = [str(cfg.policy.name), str(cfg.trace.name), *map(str, logger.tags)]
+        cluster = getattr(cfg, "cluster", None)
+        if cluster is not None and cluster.is_cluster:     # cluster figures: summary keys cluster/...
+            tags += [f"router:{cfg.router.name}", f"replicas:{cluster.size}"]
         self.run = wandb.init(
             project=logger.project, entity=logger.entity, group=logger.group or group,
             name=name or run_dir.name, tags=list(dict.fromkeys(tags)), dir=str(wandb_dir), mode=logger.mode,
