@@ -109,5 +109,6 @@ class Disaggregation:
         engine.kv.register(table, r.block_hashes, r.num_computed_tokens)    # cacheable here from now on
         engine.clock.idle_until(now)
         engine.receive_prefilled(r, min(t.output_tokens, r.max_tokens))
+        cluster.refresh(index)
         cluster.requests[req_id] = r
         self.in_transit.discard(req_id)

@@ -59,6 +59,7 @@ class Cluster:
         self.views = [ReplicaView(r.index, r.role, r.hardware, r.engine, hashes) for r in replicas]
         self._front = [v for v in self.views if v.role != "decode"]      # who admits arrivals
         self._engines = [r.engine for r in replicas]
+        self._times = [math.inf] * len(replicas)      # next step time per replica
         for r in replicas:
             r.engine.take_arrivals_from(partial(self._next_event_time, r.engine))
         self.pd = disaggregation
@@ -89,8 +90,8 @@ class Cluster:
 
     def _advance(self) -> None:
         """One turn: the next arrival if it is due by the earliest step or event, else that event,
-        else that step."""
-        times = [e.next_step_time() for e in self._engines]
+        else that step. `_times` holds each replica's next step time, refreshed where it changes."""
+        times = self._times
         t_step = min(times)
         t_event = self._events[0][0] if self._events else INF
         trace, i = self.trace, self.next_arrival
@@ -102,12 +103,18 @@ class Cluster:
             handle(arg, t_event)
         elif t_step < INF:
             k = times.index(t_step)
-            self._engines[k].step()
+            engine = self._engines[k]
+            engine.step()
+            times[k] = engine.next_step_time()
             if self.pd is not None:
                 self.pd.after_step(self.replicas[k])
         else:
             raise RuntimeError(f"cluster stalled with {len(self.trace) - self.num_done} requests unfinished: "
                                "no replica has work and nothing is due to arrive")
+
+    def refresh(self, index: int) -> None:
+        """Replica `index` got work from outside its own step (an arrival, a KV transfer)."""
+        self._times[index] = self._engines[index].next_step_time()
 
     def push(self, time: float, handle: Callable, arg) -> None:
         """Schedule `handle(arg, time)` (P/D handoffs and transfers)."""
@@ -118,7 +125,7 @@ class Cluster:
         """For a replica whose policy waits for something to arrive: the next time anything happens
         elsewhere in the cluster (None: nothing can, and the replica broke work conservation)."""
         now = engine.clock.now
-        candidates = [e.next_step_time() for e in self._engines if e is not engine]
+        candidates = [t for t, e in zip(self._times, self._engines) if e is not engine]
         if self.next_arrival < len(self.trace):
             candidates.append(self.trace[self.next_arrival].arrival_time)
         if self._events:
@@ -153,6 +160,7 @@ class Cluster:
             return self._reject(i, why)
         engine = self._engines[choice]
         engine.deliver(i)
+        self.refresh(choice)
         self.requests[i] = engine.requests[i]
         self.placement["replica"][i] = choice
 
