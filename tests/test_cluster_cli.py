@@ -65,3 +65,16 @@ def test_bad_cluster_configs_fail_in_one_line(overrides, message, capsys):
         main(["run", "trace=multitenant", "dataplane=sim", "logger=none", "progress=false", "plots=false",
               *overrides, "hydra.run.dir=/tmp/policylab-test-unused"])
     assert message in capsys.readouterr().err
+
+
+def test_capacity_search_over_cluster_configurations(tmp_path, monkeypatch, capsys):
+    import sys
+    monkeypatch.setattr(sys, "argv", ["policylab"])
+    rates = {}
+    for replicas in (1, 3):
+        out = tmp_path / str(replicas)
+        main(["capacity", "policy=prefill_first", "trace=poisson", "dataplane=sim", "trace.max_requests=60",
+              "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=3", f"cluster.replicas={replicas}",
+              "router=least_loaded", f"hydra.run.dir={out}"])
+        rates[replicas] = json.loads((out / "capacity.json").read_text())["rate"]
+    assert rates[3] > 1.5 * rates[1]          # three replicas hold well over the load of one

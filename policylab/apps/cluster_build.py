@@ -41,7 +41,7 @@ def build_cluster(cfg: RunConfig, trace=None) -> Cluster:
         replicas.append(Replica(k, role, hw.name, engine))
     pd = Disaggregation(build_router(cfg.decode_router, "decode_router"), LinkModel(c.link),
                         ModelShape(cfg.model).kv_bytes_per_token, cfg.seed) if c.disaggregated else None
-    return Cluster(trace, replicas, build_router(cfg.router, "router"), pd, cfg.trace.prefix_block_tokens)
+    return Cluster(trace, replicas, build_router(cfg.router, "router"), pd)
 
 
 def build_router(spec, key: str):

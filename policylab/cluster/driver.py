@@ -38,8 +38,7 @@ class Replica:
 
 
 class Cluster:
-    def __init__(self, trace: list, replicas: list, router: Router, disaggregation=None,
-                 prefix_block_tokens: int = 512):
+    def __init__(self, trace: list, replicas: list, router: Router, disaggregation=None):
         """`trace` sorted by arrival, as every replica's engine was built on it (same indices)."""
         self.trace, self.replicas, self.router = trace, replicas, router
         self.router_name = getattr(router, "name", type(router).__name__)
@@ -52,10 +51,7 @@ class Cluster:
         self._events: list = []          # (time, sequence, handler, argument): P/D handoffs
         self._sequence = 0
         self._on_done = None
-        engine0 = replicas[0].engine
-        synthesize = lambda i: synthesize_prompt(i, trace[i].prompt_tokens, trace[i].prefix_hashes,
-                                                 engine0.dataplane.vocab_size, engine0.seed, prefix_block_tokens)
-        hashes = prompt_hash_cache(replicas, synthesize)
+        hashes = prompt_hash_cache(replicas, partial(prompt_ids, trace, replicas[0].engine))
         self.views = [ReplicaView(r.index, r.role, r.hardware, r.engine, hashes) for r in replicas]
         self._front = [v for v in self.views if v.role != "decode"]      # who admits arrivals
         self._engines = [r.engine for r in replicas]
@@ -180,6 +176,15 @@ class Cluster:
         self.num_done += 1
         if self._on_done:
             self._on_done(req_id)
+
+
+def prompt_ids(trace: list, engine: Engine, i: int) -> np.ndarray:
+    """Request i's prompt as every replica's engine makes it on arrival (same seed everywhere)."""
+    t = trace[i]
+    if t.prompt_ids is not None:
+        return np.asarray(t.prompt_ids, dtype=np.int32)
+    return synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, engine.dataplane.vocab_size, engine.seed,
+                             engine.prefix_block_tokens)
 
 
 def merged_steps(parts: list) -> dict:

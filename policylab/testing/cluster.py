@@ -44,7 +44,7 @@ def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: in
     pd = Disaggregation((decode_router_factory or router_factory)(), LinkModel(link),
                         ModelShape(model).kv_bytes_per_token, seed) if prefill else None
     cls = CheckedCluster if checked else Cluster
-    return cls(trace, built, router_factory(), pd, prefix_block_tokens)
+    return cls(trace, built, router_factory(), pd)
 
 
 class CheckedCluster(Cluster):
