@@ -39,9 +39,10 @@ def test_router_sweep_and_compare_show_the_cluster_figures(tmp_path, capsys):
 
 
 def test_disaggregated_run_records_transfer_and_roles(tmp_path):
-    summary = run(config("cluster.prefill_replicas=1", "cluster.decode_replicas=2", "cluster.link.bandwidth=1e9"),
-                  tmp_path)
+    summary = run(config("cluster.prefill_replicas=1", "cluster.decode_replicas=2", "cluster.link.bandwidth=1e9",
+                         "decode_router=power_of_two"), tmp_path)       # a bare router name works here too
     assert summary["status"] == "complete" and summary["counts"]["finished"] == 80
+    assert summary["config"]["decode_router"]["name"] == "power_of_two"
     roles = [r["role"] for r in summary["cluster"]["replicas"].values()]
     assert roles == ["prefill", "decode", "decode"] and summary["cluster"]["transfer_time"]["p50"] > 1e-3
     requests = pd.read_parquet(tmp_path / "requests.parquet")

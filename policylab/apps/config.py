@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from difflib import get_close_matches
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -104,7 +105,7 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
     run.policy = PolicySpec(OmegaConf.to_container(cfg.policy, resolve=True))
     for key in ("router", "decode_router"):
         if cfg.get(key) is not None:
-            setattr(run, key, PolicySpec(OmegaConf.to_container(cfg[key], resolve=True)))
+            setattr(run, key, PolicySpec(_router_node(cfg, key)))
     check_run_config(run)
     return run
 
@@ -131,3 +132,17 @@ def check_run_config(run: RunConfig) -> None:
             check_cost_parameters(run.model, run.hardware, run.dataplane)
     except ValueError as e:
         raise ConfigError(f"config: {e}") from None
+
+
+def _router_node(cfg: DictConfig, key: str) -> dict:
+    """A router group node as a dict; a bare name (`decode_router=least_loaded`, a value and not a
+    group override, since decode_router is the router group under another package) is read from
+    configs/router/NAME.yaml, its ${seed} resolved against the run."""
+    node = cfg[key]
+    if isinstance(node, str):
+        path = Path(CONFIG_DIR) / "router" / f"{node}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+            raise ConfigError(f"{key}={node}: no configs/router/{node}.yaml (known: {', '.join(known)})")
+        node = OmegaConf.create({"seed": cfg.seed, key: OmegaConf.load(path)})[key]
+    return OmegaConf.to_container(node, resolve=True)
