@@ -48,7 +48,7 @@ def test_one_replica_replays_exactly_as_the_engine(policy):
 
 
 @given(scenarios(max_requests=16), st.sampled_from(ROUTERS), st.sampled_from([(2, 0, 0), (3, 0, 0), (0, 1, 1), (0, 2, 1)]),
-       st.sampled_from(["prefill_first", "chunked", "decode_first"]))
+       st.sampled_from(["prefill_first", "chunked", "decode_first", "slo_aware"]))
 def test_cluster_invariants_on_generated_scenarios(scenario, router, shape, policy):
     replicas, prefill, decode = shape
     check_cluster(lambda: build_cluster(scenario.trace, policy, router, scenario.engine, replicas=replicas,

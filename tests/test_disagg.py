@@ -70,3 +70,26 @@ def test_a_file_that_is_not_a_profile_fails_in_one_line(tmp_path):
     bad.write_text("size,time\n1,2\n")
     with pytest.raises(ValueError, match="not a Vidur send_recv profile"):
         LinkModel(LinkConfig(kind="profile", profile=str(bad)))
+
+
+class RejectsArrivingDecodes:
+    """Prefill-first, except that a request arriving with its prompt computed is rejected."""
+
+    def __init__(self, name="rejects_decodes"):
+        from policies.prefill_first import PrefillFirst
+        self.name, self.inner = name, PrefillFirst()
+
+    def schedule(self, view):
+        from policylab.core.contract import StepPlan
+        late = {v.req_id: "too late to decode" for v in view.waiting if v.num_computed_tokens}
+        return StepPlan(reject=late) if late else self.inner.schedule(view)
+
+    def on_finished(self, view):
+        pass
+
+
+def test_a_decode_side_rejection_frees_the_received_kv():
+    trace = [TraceRequest(0.01 * k, 160, 8) for k in range(4)]
+    result = check_cluster(lambda: build_cluster(trace, RejectsArrivingDecodes, RoundRobin, CFG, prefill=1,
+                                                 decode=1, checked=True))
+    assert [r.reject_reason for r in result.requests] == ["rejected by policy: too late to decode"] * 4
