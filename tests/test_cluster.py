@@ -13,7 +13,7 @@ from policies.routers.prefix_affinity import PrefixAffinity
 from policies.routers.random import RandomRouter
 from policies.routers.round_robin import RoundRobin
 from policies.routers.session import Session
-from policylab.cluster import Router
+from policylab import Router
 from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest

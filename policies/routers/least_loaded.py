@@ -4,7 +4,7 @@ plus the decode tokens a scheduler can know are owed).
 Source: Vidur's `lor` (least outstanding requests) global scheduler, generalised from requests
 to tokens, as llm-d's load-aware scorer and SGLang's shortest-queue fallback weigh queued work.
 """
-from policylab.cluster.router import ClusterView, RouteRequest, Router
+from policylab import ClusterView, RouteRequest, Router
 
 
 class LeastLoaded(Router):

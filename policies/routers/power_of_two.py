@@ -5,7 +5,7 @@ the `power_of_two` policy of SGLang's router.
 """
 import numpy as np
 
-from policylab.cluster.router import ClusterView, RouteRequest, Router
+from policylab import ClusterView, RouteRequest, Router
 
 
 class PowerOfTwo(Router):

@@ -5,7 +5,7 @@ Source: SGLang's cache-aware router (sgl-router: prefix match unless the load im
 threshold, then shortest queue) and llm-d's prefix-cache scorer. Here the prefix length is read
 from each replica's real prefix cache (a side-effect-free lookup), not an approximate tree.
 """
-from policylab.cluster.router import ClusterView, RouteRequest, Router
+from policylab import ClusterView, RouteRequest, Router
 
 
 class PrefixAffinity(Router):

@@ -4,7 +4,7 @@ Source: Vidur's `random` global scheduler; the baseline of Mitzenmacher's power-
 """
 import numpy as np
 
-from policylab.cluster.router import ClusterView, RouteRequest, Router
+from policylab import ClusterView, RouteRequest, Router
 
 
 class RandomRouter(Router):

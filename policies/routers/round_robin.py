@@ -3,7 +3,7 @@
 Source: the default of most serving front ends, e.g. Vidur's `round_robin` global scheduler
 and llm-d's / NGINX's round-robin balancing.
 """
-from policylab.cluster.router import ClusterView, RouteRequest, Router
+from policylab import ClusterView, RouteRequest, Router
 
 
 class RoundRobin(Router):

@@ -4,7 +4,7 @@ later one to the same replica (while it can hold the request; else the least loa
 Source: session affinity of serving gateways (llm-d's session-affinity scorer, Dynamo's KV-aware
 routing of multi-turn conversations): a conversation's turns find their own earlier KV.
 """
-from policylab.cluster.router import ClusterView, RouteRequest, Router
+from policylab import ClusterView, RouteRequest, Router
 
 
 class Session(Router):

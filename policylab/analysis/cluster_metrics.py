@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -34,8 +36,9 @@ def replica_blocks_per_step(steps: dict, result) -> np.ndarray | None:
     return np.asarray(result.replica_blocks, dtype=np.float64)[np.asarray(steps["replica"], dtype=np.int64)]
 
 
-def cluster_summary(requests: pd.DataFrame, steps: pd.DataFrame, result: ClusterResult,
-                    makespan: float, trace_duration: float, goodput: float) -> dict:
+def cluster_summary(requests: pd.DataFrame, steps: pd.DataFrame, result: ClusterResult, makespan: float,
+                    trace_duration: float, goodput: float, distribution: Callable) -> dict:
+    """The `cluster` section of summary.json; `distribution` is metrics.distribution (DESIGN §6)."""
     per_replica, busy = {}, []
     for part in result.replicas:
         k = part.index
@@ -59,7 +62,6 @@ def cluster_summary(requests: pd.DataFrame, steps: pd.DataFrame, result: Cluster
            "load_imbalance": float(busy.max() / busy.mean()) if busy.size and busy.mean() > 0 else None,
            "goodput_per_gpu": goodput / len(result.replicas) if goodput is not None else None}
     if (requests["decode_replica"] >= 0).any():
-        from policylab.analysis.metrics import distribution
         handed = requests[requests["decode_replica"] >= 0]
         out["transfer_time"] = distribution(handed["transfer_time"].to_numpy())
         out["kv_wait"] = distribution(handed["kv_wait"].to_numpy())

@@ -170,7 +170,8 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
     }
     if isinstance(result, ClusterResult):
         summary["router"] = result.router
-        summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"])
+        summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"],
+                                             distribution)
     return json_safe(summary)
 
 

@@ -4,6 +4,7 @@ cluster.decode_replicas=D`): one engine per replica, each with its own policy in
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import OmegaConf
 
@@ -19,14 +20,19 @@ from policylab.dataplane.sim import ModelShape
 from policylab.traces import load_trace
 
 
-def build_cluster(cfg: RunConfig, trace=None) -> Cluster:
-    from policylab.apps.jobs import RunError, build_policy    # jobs imports this module
+class ClusterConfigError(ValueError):
+    """A cluster config that cannot run (printed as one line by the job guard)."""
+
+
+def build_cluster(cfg: RunConfig, make_policy: Callable[[], object], trace=None) -> Cluster:
+    """`make_policy()` builds a fresh step policy for each replica (jobs.build_policy); `trace`:
+    the run's trace if already loaded."""
     c = cfg.cluster
     check_cluster_config(c)
     if cfg.dataplane.kind != "sim":
-        raise RunError(f"cluster runs need dataplane=sim (got dataplane.kind={cfg.dataplane.kind})")
+        raise ClusterConfigError(f"cluster runs need dataplane=sim (got dataplane.kind={cfg.dataplane.kind})")
     if cfg.engine.clock != "virtual":
-        raise RunError(f"cluster runs need engine.clock=virtual (got {cfg.engine.clock})")
+        raise ClusterConfigError(f"cluster runs need engine.clock=virtual (got {cfg.engine.clock})")
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     trace = sorted(trace, key=lambda t: t.arrival_time)
     roles = ["prefill"] * c.prefill_replicas + ["decode"] * c.decode_replicas if c.disaggregated \
@@ -35,7 +41,7 @@ def build_cluster(cfg: RunConfig, trace=None) -> Cluster:
     front = prefill_trace(trace) if c.disaggregated else trace
     replicas = []
     for k, (role, hw) in enumerate(zip(roles, hardware)):
-        engine = Engine(front if role == "prefill" else trace, build_policy(cfg.policy),
+        engine = Engine(front if role == "prefill" else trace, make_policy(),
                         build_dataplane(cfg.dataplane, cfg.model, hw, cfg.seed), cfg.engine,
                         seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
         replicas.append(Replica(k, role, hw.name, engine))
@@ -47,15 +53,14 @@ def build_cluster(cfg: RunConfig, trace=None) -> Cluster:
 def build_router(spec, key: str):
     """The router a `_target_` dict names (`router=NAME`: configs/router/NAME.yaml)."""
     from hydra.utils import instantiate
-    from policylab.apps.jobs import RunError
     if not spec:
-        raise RunError(f"no {key}: choose one, e.g. {key}=round_robin (configs/router/)")
+        raise ClusterConfigError(f"no {key}: choose one, e.g. {key}=round_robin (configs/router/)")
     try:
         router = instantiate(dict(spec), _convert_="all")
     except Exception as e:
-        raise RunError(f"cannot build {key} from {dict(spec)}: {e}") from None
+        raise ClusterConfigError(f"cannot build {key} from {dict(spec)}: {e}") from None
     if not callable(getattr(router, "route", None)):
-        raise RunError(f"{key} {type(router).__name__} has no route(request, view) method")
+        raise ClusterConfigError(f"{key} {type(router).__name__} has no route(request, view) method")
     return router
 
 

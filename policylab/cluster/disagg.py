@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from policylab.cluster.link import LinkModel
-from policylab.cluster.router import RouteRequest, Router
+from policylab.core.routing import RouteRequest, Router
 from policylab.core.admission import predict_output
 from policylab.core.kv import blocks_for
 from policylab.core.request import Request, Status

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from policylab.cluster.result import ClusterResult, ReplicaResult
-from policylab.cluster.router import ClusterView, ReplicaView, RouteRequest, Router, prompt_hash_cache, \
+from policylab.core.routing import ClusterView, ReplicaView, RouteRequest, Router, prompt_hash_cache, \
     validate_route
 from policylab.core.engine import Engine
 from policylab.core.gc_freeze import FrozenHeap

@@ -1,5 +1,9 @@
 """The routing contract: a router sees a read-only cluster view and returns a replica id.
 
+It sits in the core beside the step contract, so router plugins (policies/routers/) import it
+through the front door (`from policylab import Router, ...`) as policies do; the cluster loop
+that applies it is `policylab.cluster`.
+
 The same discipline as the step contract (DESIGN §3): the view is read-only, the driver
 validates every choice with `validate_route`, and a broken rule raises `RouteViolation` (a
 `ContractViolation`) naming the router and the rule. A request that no replica could ever hold
@@ -111,7 +115,8 @@ class ClusterView:
 
 
 class Router:
-    """Base class of router plugins (`router=NAME`, `policies/routers/NAME.py`)."""
+    """Base class of router plugins (`router=NAME`, `policies/routers/NAME.py`): `route` returns
+    the index of one of `view.replicas`."""
 
     def __init__(self, name: Optional[str] = None, seed: int = 0):
         self.name = name or type(self).__name__
