@@ -51,7 +51,7 @@ class Disaggregation:
     def never_fits_decode(self, request: RouteRequest) -> str:
         """Why no decode replica could ever hold the whole request ("" if one can)."""
         out = self.cluster.trace[request.req_id].output_tokens
-        whys = [v.can_ever_hold(request, out) for v in self.pool]
+        whys = [v.never_fits(request, out) for v in self.pool]
         return "" if not all(whys) else f"no decode replica can ever hold it ({whys[0]})"
 
     def hand_off(self, replica, req_id: int) -> bool:

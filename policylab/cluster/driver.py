@@ -138,10 +138,10 @@ class Cluster:
     def choose(self, router: Router, pool: list, request: RouteRequest, output_tokens: int, now: float):
         """The replica `router` picks for `request` among those of `pool` that can ever hold it
         (validated), or the reason why none can."""
-        eligible = tuple(v for v in pool if not v.can_ever_hold(request, output_tokens))
+        eligible = tuple(v for v in pool if not v.never_fits(request, output_tokens))
         if not eligible:
             biggest = max(pool, key=lambda v: (v.num_total_blocks, -v.index))
-            return None, f"no replica can ever hold it (largest: {biggest.can_ever_hold(request, output_tokens)})"
+            return None, f"no replica can ever hold it (largest: {biggest.never_fits(request, output_tokens)})"
         choice = router.route(request, ClusterView(now, eligible))
         validate_route(self.views, eligible, request, choice, getattr(router, "name", type(router).__name__),
                        output_tokens)

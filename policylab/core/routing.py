@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-from policylab.core.admission import never_fits
+from policylab.core import admission
 from policylab.core.contract import ContractViolation
 from policylab.core.kv import chain_hashes
 
@@ -92,11 +92,11 @@ class ReplicaView:
         hashes = self._prompt_hashes(request.req_id, kv.block_size)
         return len(kv.lookup(hashes, (request.prompt_tokens - 1) // kv.block_size)) * kv.block_size
 
-    def can_ever_hold(self, request: RouteRequest, output_tokens: int) -> str:
+    def never_fits(self, request: RouteRequest, output_tokens: int) -> str:
         """Why this replica can never run the request ("" if it can); `output_tokens` as the driver knows it."""
         e = self._engine
-        return never_fits(request.prompt_tokens, output_tokens, e.cfg.max_model_len, e.kv.num_blocks,
-                          e.kv.block_size)
+        return admission.never_fits(request.prompt_tokens, output_tokens, e.cfg.max_model_len,
+                                    e.kv.num_blocks, e.kv.block_size)
 
     def __repr__(self) -> str:
         return f"ReplicaView({self.index}, {self.role}, {self.hardware}, waiting={self.num_waiting}, " \
@@ -135,7 +135,7 @@ def validate_route(replicas: list, eligible: tuple, request: RouteRequest, choic
     if any(v.index == choice for v in eligible):
         return
     chosen = next((v for v in replicas if v.index == choice), None)
-    why = chosen.can_ever_hold(request, output_tokens) if chosen is not None else ""
+    why = chosen.never_fits(request, output_tokens) if chosen is not None else ""
     if why:
         raise RouteViolation(router, "never_fits", f"request {request.req_id} routed to replica {choice}, "
                                 f"which can never hold it: {why}")
