@@ -35,8 +35,7 @@ def mark_partial(result: RunResult, error: BaseException) -> None:
     result.status = "partial"
     if isinstance(error, KeyboardInterrupt):
         result.error = f"interrupted ({str(error) or 'Ctrl-C'})"
-    elif isinstance(error, ContractViolation):
-        result.error = f"{type(error).__name__}: {error}"
-    else:
-        result.error = f"{type(error).__name__}: {error}"
+        return
+    result.error = f"{type(error).__name__}: {error}"
+    if not isinstance(error, ContractViolation):      # a broken contract says it all in one line
         result.traceback = traceback.format_exc()
