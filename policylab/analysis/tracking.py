@@ -16,6 +16,7 @@ import pandas as pd
 
 from policylab.analysis.metrics import flatten
 from policylab.analysis.plots import MEANS, STEP_AGGREGATION, SUMS, downsample_steps
+from policylab.cluster.config import is_cluster
 from policylab.analysis.results import plain_config
 
 RESULT_FILES = ("summary.json", "requests.parquet", "steps.parquet")
@@ -88,7 +89,7 @@ class WandbTracker:
         wandb_dir.mkdir(parents=True, exist_ok=True)
         tags = [str(cfg.policy.name), str(cfg.trace.name), *map(str, logger.tags)]
         cluster = getattr(cfg, "cluster", None)
-        if cluster is not None and cluster.is_cluster:     # cluster figures: summary keys cluster/...
+        if cluster is not None and is_cluster(cluster):     # cluster figures: summary keys cluster/...
             tags += [f"router:{cfg.router.name}", f"replicas:{cluster.size}"]
         self.run = wandb.init(
             project=logger.project, entity=logger.entity, group=logger.group or group,

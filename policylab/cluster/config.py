@@ -35,7 +35,12 @@ class ClusterConfig:
 
     @property
     def is_cluster(self) -> bool:
-        return self.size > 1 or self.disaggregated
+        return is_cluster(self)
+
+
+def is_cluster(c) -> bool:
+    """More than the single engine? (Reads plain fields only: works on a composed config node too.)"""
+    return c.replicas > 1 or c.prefill_replicas > 0 or c.decode_replicas > 0
 
 
 def check_cluster_config(c: ClusterConfig) -> None:
