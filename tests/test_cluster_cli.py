@@ -34,7 +34,7 @@ def test_router_sweep_and_compare_show_the_cluster_figures(tmp_path, capsys):
     assert figures["goodput_per_gpu"] == pytest.approx(summary["goodput"] / 3)
     assert compare([str(tmp_path)]) == 0
     table = pd.read_csv(tmp_path / "compare" / "compare.csv")
-    assert set(table["params"]) == {"router=round_robin", "router=prefix_affinity"}
+    assert set(table["label"]) == {"prefill_first router=round_robin", "prefill_first router=prefix_affinity"}
     assert table["load imbalance"].notna().all() and table["goodput/GPU (req/s)"].notna().all()
 
 

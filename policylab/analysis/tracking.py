@@ -16,8 +16,8 @@ import pandas as pd
 
 from policylab.analysis.metrics import flatten
 from policylab.analysis.plots import MEANS, STEP_AGGREGATION, SUMS, downsample_steps
-from policylab.cluster.config import is_cluster
 from policylab.analysis.results import plain_config
+from policylab.cluster.config import is_cluster
 
 RESULT_FILES = ("summary.json", "requests.parquet", "steps.parquet")
 RUN_INFO_FILE = "wandb_run.json"    # where compare finds the W&B run of a run directory
