@@ -59,7 +59,7 @@ def test_heterogeneous_hardware_by_name(tmp_path):
     (["cluster.replicas=2", "cluster.hardware=[h100]"], "cluster.hardware lists 1 entries for 2 replicas"),
     (["cluster.replicas=2", "cluster.hardware=[h100,tpu9]"], "unknown hardware 'tpu9'"),
     (["cluster.prefill_replicas=2"], "cluster.decode_replicas >= 1"),
-    (["cluster.replicas=2", "dataplane=torch"], "cluster runs need dataplane=sim"),
+    (["cluster.prefill_replicas=1", "cluster.decode_replicas=1", "dataplane=torch"], "P/D runs need dataplane=sim"),
 ])
 def test_bad_cluster_configs_fail_in_one_line(overrides, message, capsys):
     with pytest.raises(SystemExit):
