@@ -38,11 +38,12 @@ def test_router_sweep_and_compare_show_the_cluster_figures(tmp_path, capsys):
     assert table["load imbalance"].notna().all() and table["goodput/GPU (req/s)"].notna().all()
 
 
-def test_disaggregated_run_records_transfer_and_roles(tmp_path):
+def test_disaggregated_run_records_transfer_and_roles(tmp_path, capsys):
     summary = run(config("cluster.prefill_replicas=1", "cluster.decode_replicas=2", "cluster.link.bandwidth=1e9",
                          "decode_router=power_of_two"), tmp_path)       # a bare router name works here too
     assert summary["status"] == "complete" and summary["counts"]["finished"] == 80
     assert summary["config"]["decode_router"]["name"] == "power_of_two"
+    assert "3 replicas, router round_robin" in capsys.readouterr().out.replace("\n", " ")
     roles = [r["role"] for r in summary["cluster"]["replicas"].values()]
     assert roles == ["prefill", "decode", "decode"] and summary["cluster"]["transfer_time"]["p50"] > 1e-3
     requests = pd.read_parquet(tmp_path / "requests.parquet")
