@@ -51,6 +51,7 @@ class Cluster:
         self._events: list = []          # (time, sequence, handler, argument): P/D handoffs
         self._sequence = 0
         self._on_done = None
+        self._rooms: dict = {}           # id(pool) -> (pool tuple, tokens that fit on all of it)
         hashes = prompt_hash_cache(replicas, partial(prompt_ids, trace, replicas[0].engine))
         self.views = [ReplicaView(r.index, r.role, r.hardware, r.engine, hashes) for r in replicas]
         self._front = [v for v in self.views if v.role != "decode"]      # who admits arrivals
@@ -138,7 +139,9 @@ class Cluster:
     def choose(self, router: Router, pool: list, request: RouteRequest, output_tokens: int, now: float):
         """The replica `router` picks for `request` among those of `pool` that can ever hold it
         (validated), or the reason why none can."""
-        eligible = tuple(v for v in pool if not v.never_fits(request, output_tokens))
+        everyone, room = self._pool_room(pool)
+        total = request.prompt_tokens + output_tokens
+        eligible = everyone if total <= room else tuple(v for v in pool if not v.never_fits(request, output_tokens))
         if not eligible:
             biggest = max(pool, key=lambda v: (v.num_total_blocks, -v.index))
             return None, f"no replica can ever hold it (largest: {biggest.never_fits(request, output_tokens)})"
@@ -146,6 +149,15 @@ class Cluster:
         validate_route(self.views, eligible, request, choice, getattr(router, "name", type(router).__name__),
                        output_tokens)
         return choice, ""
+
+    def _pool_room(self, pool: list) -> tuple:
+        """(the pool as a tuple, the most tokens a request may have to fit on every replica of it):
+        the usual request skips the per-replica check. Replicas never change size."""
+        key = id(pool)
+        if key not in self._rooms:
+            self._rooms[key] = (tuple(pool), min(min(v.max_model_len, v.num_total_blocks * v.block_size)
+                                                 for v in pool))
+        return self._rooms[key]
 
     def _route(self, i: int) -> None:
         t, request = self.trace[i], self.route_request(i)

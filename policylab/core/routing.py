@@ -64,6 +64,7 @@ class ReplicaView:
     num_free_blocks = property(lambda s: s._engine.kv.num_free)
     num_total_blocks = property(lambda s: s._engine.kv.num_blocks)
     block_size = property(lambda s: s._engine.kv.block_size)
+    max_model_len = property(lambda s: s._engine.cfg.max_model_len)
 
     @property
     def outstanding_prefill_tokens(self) -> int:
