@@ -23,6 +23,7 @@ from policylab.analysis.run_table import COLUMNS, CompareError, collect_runs, fi
 
 PRINTED = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)", "ITL p99 (ms)",
            "E2E p99 (s)", "preemptions", "KV peak (%)")
+CLUSTER_PRINTED = ("prefix hit (%)", "load imbalance", "goodput/GPU (req/s)")   # when a run is a cluster
 
 
 def print_table(agg, marks, common) -> None:
@@ -33,7 +34,9 @@ def print_table(agg, marks, common) -> None:
         console = Console(width=240)
     title = f"{int(agg['n'].sum())} runs, {CI_NOTE}; * = best in its trace and load, ≈ = within noise"
     table = Table(title=title + (f" (common: {' '.join(common)})" if common else ""), title_justify="left")
-    shown = display_table(agg, PRINTED, marks, lambda t: f"[bold green]{t}*[/]")
+    cluster = tuple(m for m in CLUSTER_PRINTED[1:] if m in agg and agg[m].notna().any())
+    printed = PRINTED + (CLUSTER_PRINTED[:1] + cluster if cluster else ())
+    shown = display_table(agg, printed, marks, lambda t: f"[bold green]{t}*[/]")
     for i, h in enumerate(shown.columns):
         table.add_column(h.replace(" (", "\n("), justify="left" if i == 0 else "right")
     for (trace, load), group in agg.groupby(GROUP, sort=False):

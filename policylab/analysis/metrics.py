@@ -15,6 +15,8 @@ import pandas as pd
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import STEP_FIELDS, RunResult
 from policylab.analysis.client_fairness import client_fairness
+from policylab.analysis.cluster_metrics import add_placement, cluster_summary, replica_blocks_per_step
+from policylab.cluster.result import ClusterResult
 from policylab.core.request import Status
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
@@ -57,10 +59,10 @@ def request_table(result: RunResult, slo: SloConfig) -> pd.DataFrame:
     df["queueing_delay"] = df["first_scheduled_time"].to_numpy() - arrival
     df["slo_met"] = finished & (ttft <= df["ttft_slo"].to_numpy()) & (
         (generated <= 1) | (tpot <= df["tpot_slo"].to_numpy()))
-    return df[["req_id", "client", "priority", "arrival_time", "prompt_tokens", "output_tokens",
-               "generated_tokens", "status", "reason", "first_scheduled_time",
-               "first_token_time", "finish_time", *LATENCIES, "preemptions", "cached_tokens",
-               "ttft_slo", "tpot_slo", "slo_met", "token_times"]]
+    return add_placement(df[["req_id", "client", "priority", "arrival_time", "prompt_tokens", "output_tokens",
+                             "generated_tokens", "status", "reason", "first_scheduled_time",
+                             "first_token_time", "finish_time", *LATENCIES, "preemptions", "cached_tokens",
+                             "ttft_slo", "tpot_slo", "slo_met", "token_times"]], result)
 
 
 def _request_row(t, r) -> tuple:
@@ -89,7 +91,11 @@ def step_table(result: RunResult) -> pd.DataFrame:
                              dtype=np.float64 if k in ("clock", "duration") else np.int64)
                for k in STEP_FIELDS}
     df = pd.DataFrame({"step": np.arange(len(columns["clock"]), dtype=np.int64), **columns})
-    df["kv_utilization"] = df["kv_used_blocks"] / result.num_blocks if result.num_blocks else NAN
+    blocks = replica_blocks_per_step(result.steps, result)      # a cluster: each row's own replica
+    if blocks is not None:
+        df["replica"] = np.asarray(result.steps["replica"], dtype=np.int64)
+    df["kv_utilization"] = df["kv_used_blocks"] / (result.num_blocks if blocks is None else blocks) \
+        if result.num_blocks else NAN
     return df
 
 
@@ -162,6 +168,10 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         "rejections": [{"req_id": int(i), "client": c, "reason": why} for i, c, why in
                        zip(rejected["req_id"], rejected["client"], rejected["reason"])],
     }
+    if isinstance(result, ClusterResult):
+        summary["router"] = result.router
+        summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"],
+                                             distribution)
     return json_safe(summary)
 
 

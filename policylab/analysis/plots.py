@@ -33,17 +33,23 @@ STEP_AGGREGATION = {"clock": "first", "duration": SUMS, "batch_size": MEANS,
 
 
 def write_run_plots(run_dir) -> list[Path]:
-    """Write latency_cdf.png, latency_over_time.png and timeline.png into `run_dir`."""
+    """Write latency_cdf.png, latency_over_time.png and timeline.png into `run_dir` (and
+    cluster_timeline.png for a cluster run)."""
     run_dir = Path(run_dir)
     requests = pd.read_parquet(run_dir / "requests.parquet")
     steps = pd.read_parquet(run_dir / "steps.parquet")
     summary = read_summary(run_dir)
     label = summary.get("policy") or run_dir.name
     slo = summary.get("slo") or {}
-    return [save(cdf_figure({label: latency_samples(requests)}, slo_lines(requests), f"{label}: latency CDFs"),
-                 run_dir / "latency_cdf.png"),
-            save(latency_over_time_figure(requests, slo, label), run_dir / "latency_over_time.png"),
-            save(timeline_figure(steps, label), run_dir / "timeline.png")]
+    written = [save(cdf_figure({label: latency_samples(requests)}, slo_lines(requests), f"{label}: latency CDFs"),
+                    run_dir / "latency_cdf.png"),
+               save(latency_over_time_figure(requests, slo, label), run_dir / "latency_over_time.png"),
+               save(timeline_figure(steps, label), run_dir / "timeline.png")]
+    if "replica" in steps:
+        from policylab.analysis.cluster_plots import cluster_timeline_figure
+        roles = {k: v["role"] for k, v in (summary.get("cluster") or {}).get("replicas", {}).items()}
+        written.append(save(cluster_timeline_figure(steps, label, roles), run_dir / "cluster_timeline.png"))
+    return written
 
 
 def read_summary(run_dir: Path) -> dict:

@@ -155,6 +155,12 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
                      "of prompt tokens served from cached blocks")
     overview.add_row("fairness", f"Jain {_num(fair.get('jain_index'), '.3f')}, max service diff "
                      f"{_num(fair.get('service_difference_max'), ',.0f')}")
+    cluster = summary.get("cluster")
+    if cluster:
+        busy = ", ".join(f"{_num(100 * (r.get('utilization') or 0), '.0f')} %" for r in cluster["replicas"].values())
+        overview.add_row("cluster", f"{cluster['num_replicas']} replicas, router {summary.get('router')}: "
+                         f"busy {busy}; load imbalance {_num(cluster.get('load_imbalance'), '.3f')}, "
+                         f"goodput/GPU {_num(cluster.get('goodput_per_gpu'), ',.3f')} req/s")
     console.print(latency)
     console.print(overview)
     rejections = summary.get("rejections") or []

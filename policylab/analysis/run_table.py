@@ -42,6 +42,9 @@ COLUMNS = (
     Column("preemptions", ("preemptions",), 1.0, "min", 0),
     Column("queueing p99 (s)", ("queueing_delay", "p99"), 1.0, "", 3),
     Column("KV peak (%)", ("kv_utilization", "max"), 100.0, "", 1),
+    Column("prefix hit (%)", ("prefix_cache_hit_rate",), 100.0, "max", 1),
+    Column("load imbalance", ("cluster", "load_imbalance"), 1.0, "min", 3),       # cluster runs only
+    Column("goodput/GPU (req/s)", ("cluster", "goodput_per_gpu"), 1.0, "max", 3),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]

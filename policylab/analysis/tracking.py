@@ -17,6 +17,7 @@ import pandas as pd
 from policylab.analysis.metrics import flatten
 from policylab.analysis.plots import MEANS, STEP_AGGREGATION, SUMS, downsample_steps
 from policylab.analysis.results import plain_config
+from policylab.cluster.config import is_cluster
 
 RESULT_FILES = ("summary.json", "requests.parquet", "steps.parquet")
 RUN_INFO_FILE = "wandb_run.json"    # where compare finds the W&B run of a run directory
@@ -87,6 +88,9 @@ class WandbTracker:
         wandb_dir = Path(logger.dir or run_dir)
         wandb_dir.mkdir(parents=True, exist_ok=True)
         tags = [str(cfg.policy.name), str(cfg.trace.name), *map(str, logger.tags)]
+        cluster = getattr(cfg, "cluster", None)
+        if cluster is not None and is_cluster(cluster):     # cluster figures: summary keys cluster/...
+            tags += [f"router:{cfg.router.name}", f"replicas:{cluster.size}"]
         self.run = wandb.init(
             project=logger.project, entity=logger.entity, group=logger.group or group,
             name=name or run_dir.name, tags=list(dict.fromkeys(tags)), dir=str(wandb_dir), mode=logger.mode,

@@ -11,12 +11,14 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from difflib import get_close_matches
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from policylab.cluster.config import ClusterConfig, check_cluster_config
 from policylab.core.config import (DataplaneConfig, EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig,
                                    ModelConfig, SloConfig, check_engine_config, check_slo_config)
 from policylab.traces.config import TraceConfig
@@ -54,6 +56,9 @@ class RunConfig:
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     policy: Any = MISSING           # {_target_: importable Policy class, name: ..., **params}
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)   # replicas, P/D split, link
+    router: Any = None              # {_target_: importable Router class, ...}: who gets each arrival
+    decode_router: Any = None       # P/D: who decodes each prefilled request
     dataplane: DataplaneConfig = field(default_factory=DataplaneConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -98,6 +103,9 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(f"config: {e}".splitlines()[0]) from None
     run.policy = PolicySpec(OmegaConf.to_container(cfg.policy, resolve=True))
+    for key in ("router", "decode_router"):
+        if cfg.get(key) is not None:
+            setattr(run, key, PolicySpec(_router_node(cfg, key)))
     check_run_config(run)
     return run
 
@@ -118,8 +126,23 @@ def check_run_config(run: RunConfig) -> None:
     try:
         check_engine_config(run.engine)
         check_slo_config(run.slo, run.fairness)
+        check_cluster_config(run.cluster)
         if run.dataplane.kind == "sim":       # (before a long trace is read, not after)
             from policylab.dataplane.sim import check_cost_parameters
             check_cost_parameters(run.model, run.hardware, run.dataplane)
     except ValueError as e:
         raise ConfigError(f"config: {e}") from None
+
+
+def _router_node(cfg: DictConfig, key: str) -> dict:
+    """A router group node as a dict; a bare name (`decode_router=least_loaded`, a value and not a
+    group override, since decode_router is the router group under another package) is read from
+    configs/router/NAME.yaml, its ${seed} resolved against the run."""
+    node = cfg[key]
+    if isinstance(node, str):
+        path = Path(CONFIG_DIR) / "router" / f"{node}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+            raise ConfigError(f"{key}={node}: no configs/router/{node}.yaml (known: {', '.join(known)})")
+        node = OmegaConf.create({"seed": cfg.seed, key: OmegaConf.load(path)})[key]
+    return OmegaConf.to_container(node, resolve=True)

@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
 from policylab.apps.config import RunConfig
+from policylab.cluster.config import is_cluster
 from policylab.apps.signals import ReplaySignals
 from policylab.core.engine import Engine
 from policylab.core.policy import Policy
@@ -109,6 +110,10 @@ def dataplane_of(cfg: RunConfig):
 
 
 def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
+    """The run's engine, or its cluster of engines (`cluster.*`: same run/trace interface)."""
+    if is_cluster(cfg.cluster):
+        from policylab.apps.cluster_build import build_cluster
+        return build_cluster(cfg, lambda: build_policy(cfg.policy), trace)
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     return Engine(trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg), cfg.engine,
                   seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)

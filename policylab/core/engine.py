@@ -7,12 +7,12 @@ broken contract, a raising policy, Ctrl-C) returns what it has, marked partial.
 from __future__ import annotations
 
 import math
-import traceback
 from types import MappingProxyType
 from typing import Callable, Optional
 
 import numpy as np
 
+from policylab.core.admission import never_fits, predict_output
 from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
 from policylab.core.contract import (ContractViolation, ReadOnlyPlanTokens, RequestView, SchedulerView, StepPlan,
@@ -24,7 +24,7 @@ from policylab.core.kv import BlockManager, chain_hashes
 from policylab.core.policy import Policy
 from policylab.core.synthetic_prompts import synthesize_prompt
 from policylab.core.request import NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals
-from policylab.core.result import STEP_FIELDS, RunResult
+from policylab.core.result import STEP_FIELDS, RunResult, mark_partial
 
 
 class Engine:
@@ -53,6 +53,7 @@ class Engine:
         self._decoding_ro = MappingProxyType(self._decoding).keys()
         self._needs_block_ro = MappingProxyType(self._needs_block).keys()
         self.next_arrival = 0
+        self._next_arrival_time = self._next_trace_arrival   # when more work can come (None: never)
         self.num_done = 0
         self.step_index = 0
         self._step_rows: list = []      # one tuple per executed step, in STEP_FIELDS order
@@ -76,24 +77,47 @@ class Engine:
 
     # ---------------------------------------------------------------- loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
-        self._on_done = on_request_done
-        result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks,
-                           self.kv.block_size, self.policy_name)
+        result = self.begin(on_request_done)
         with FrozenHeap() as heap:
             try:
                 while self.num_done < len(self.trace):
                     self.step()
                     heap.freeze_if_due(self.num_done)
                 self.kv.check()
-            except KeyboardInterrupt as e:      # Ctrl-C, or a stop signal the app turned into one
-                result.status, result.error = "partial", f"interrupted ({str(e) or 'Ctrl-C'})"
-            except ContractViolation as e:
-                result.status, result.error = "partial", f"ContractViolation: {e}"
-            except BaseException as e:  # a policy or data plane that raises (even sys.exit): results kept
-                result.status, result.error = "partial", f"{type(e).__name__}: {e}"
-                result.traceback = traceback.format_exc()
+            except BaseException as e:  # Ctrl-C or a stop signal, a broken contract, a policy or data
+                mark_partial(result, e)  # plane that raises (even sys.exit): results so far kept
             result.steps = self.steps
         return result
+
+    # ---------------------------------- stepping API: a driver (policylab.cluster) runs engines
+    def begin(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
+        """Start a run that a driver steps (`step()` while work is left); the result it fills."""
+        self._on_done = on_request_done
+        return RunResult(self.trace, self.requests, {}, self.kv.num_blocks,
+                         self.kv.block_size, self.policy_name)
+
+    def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
+        """Make this engine a replica: requests come only through `deliver`/`receive_prefilled`, and
+        when its policy waits for arrivals it idles until `next_event_time()` (None: nothing left)."""
+        self.next_arrival = len(self.trace)
+        self._next_arrival_time = next_event_time
+
+    def deliver(self, i: int) -> None:
+        """Request i of the trace arrives now: a router chose this replica for it."""
+        self.clock.idle_until(self.trace[i].arrival_time)
+        self._arrive(i)
+
+    def receive_prefilled(self, r: Request, target_len: int) -> None:
+        """A request prefilled elsewhere joins the waiting queue with its prompt's KV in
+        `r.block_table` (blocks of this cache, taken when its transfer began): it decodes here."""
+        self.requests[r.req_id], self.target_len[r.req_id] = r, target_len
+        self.views[r.req_id] = RequestView(r, self.kv)
+        self._waiting.append(r)
+        self._queue_views = None
+
+    def next_step_time(self) -> float:
+        """When this engine's next step starts: now while requests wait or run, else never."""
+        return self.clock.now if self._waiting or self._running else math.inf
 
     @property
     def steps(self) -> dict:
@@ -121,7 +145,8 @@ class Engine:
     def _arrive(self, i: int) -> None:
         t: TraceRequest = self.trace[i]
         cfg = self.cfg
-        reason = self._never_fits(t)     # by arithmetic: no token or hash is built for a request
+        reason = never_fits(t.prompt_tokens, t.output_tokens, cfg.max_model_len, self.kv.num_blocks,
+                            self.kv.block_size)   # by arithmetic: no token or hash is built for a request
         if reason:                       # that can never run (a 2e8-token prompt took 114 s)
             ids = NO_TOKENS
         elif t.prompt_ids is not None:
@@ -131,7 +156,7 @@ class Engine:
                                     self.seed, self.prefix_block_tokens)
         max_tokens = t.max_tokens or cfg.max_tokens or max(cfg.max_model_len - t.prompt_tokens, 1)
         r = Request(i, t.arrival_time, ids, max_tokens, t.client, t.priority, t.ttft_slo,
-                    t.tpot_slo, self._predict(t.output_tokens), self.sampling)
+                    t.tpot_slo, predict_output(cfg, self._rng, t.output_tokens), self.sampling)
         self.requests[i] = r
         self.target_len[i] = min(t.output_tokens, max_tokens)
         if reason:
@@ -142,25 +167,9 @@ class Engine:
         self._waiting.append(r)
         self._queue_views = None
 
-    def _predict(self, true_len: int) -> Optional[int]:
-        if self.cfg.predictor == "none":
-            return None
-        if self.cfg.predictor != "oracle":
-            raise ValueError(f"engine.predictor must be 'none' or 'oracle', got '{self.cfg.predictor}'")
-        noise = self._rng.lognormal(0.0, self.cfg.predictor_noise) if self.cfg.predictor_noise else 1.0
-        return max(1, round(true_len * noise))
-
-    def _never_fits(self, t: TraceRequest) -> str:
-        total = t.prompt_tokens + t.output_tokens
-        if total > self.cfg.max_model_len:
-            return (f"prompt ({t.prompt_tokens}) + output ({t.output_tokens}) tokens exceed "
-                    f"max_model_len={self.cfg.max_model_len}")
-        need = math.ceil(total / self.kv.block_size)
-        if need > self.kv.num_blocks:
-            return f"needs {need} KV blocks, the whole cache has {self.kv.num_blocks}"
-        return ""
-
     def _reject(self, r: Request, reason: str) -> None:
+        if r.block_table:          # waiting with KV: prefilled elsewhere (receive_prefilled)
+            self._release(r)
         r.status, r.reject_reason, r.finish_time = Status.REJECTED, reason, self.clock.now
         self._done(r)
 
@@ -198,7 +207,7 @@ class Engine:
         if self._decode_step:
             return self._commit_decodes(plan)
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
-            if self.running or self.next_arrival >= len(self.trace):
+            if self.running or self._next_arrival_time() is None:
                 raise ContractViolation(self.policy_name, "work_conservation",
                                         "empty plan while requests wait and nothing else can arrive "
                                         "or run; the replay would never end")
@@ -207,8 +216,12 @@ class Engine:
         return self._commit(plan)
 
     def _idle_until_next_arrival(self) -> None:
-        if self.next_arrival < len(self.trace):
-            self.clock.idle_until(self.trace[self.next_arrival].arrival_time)
+        t = self._next_arrival_time()
+        if t is not None:
+            self.clock.idle_until(t)
+
+    def _next_trace_arrival(self) -> Optional[float]:
+        return self.trace[self.next_arrival].arrival_time if self.next_arrival < len(self.trace) else None
 
     # ------------------------------------------------------------ commit
     def _commit(self, plan: StepPlan) -> Optional[Batch]:

@@ -1,7 +1,10 @@
 """What a replay returns: every trace request's fate and the per-step records (DESIGN §6 inputs)."""
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
+
+from policylab.core.contract import ContractViolation
 
 STEP_FIELDS = ("clock", "duration", "batch_size", "prefill_tokens", "decode_tokens",
                "num_prefill_reqs", "num_decode_reqs", "kv_used_blocks", "waiting", "running",
@@ -23,3 +26,16 @@ class RunResult:
     @property
     def partial(self) -> bool:
         return self.status != "complete"
+
+
+def mark_partial(result: RunResult, error: BaseException) -> None:
+    """A run that ended early keeps its results, with what stopped it in one line: Ctrl-C or a
+    stop signal the app turned into one, a broken contract, or anything a policy or data plane
+    raised (even sys.exit; its traceback kept). Call it inside the `except` block."""
+    result.status = "partial"
+    if isinstance(error, KeyboardInterrupt):
+        result.error = f"interrupted ({str(error) or 'Ctrl-C'})"
+        return
+    result.error = f"{type(error).__name__}: {error}"
+    if not isinstance(error, ContractViolation):      # a broken contract says it all in one line
+        result.traceback = traceback.format_exc()

@@ -1,0 +1,73 @@
+"""Typed building of a cluster run (`cluster.replicas=N`, or `cluster.prefill_replicas=P
+cluster.decode_replicas=D`): one engine per replica, each with its own policy instance, data plane
+(its own hardware) and KV cache, the router plugins and the P/D link."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from omegaconf import OmegaConf
+
+from policylab.apps.config import CONFIG_DIR, RunConfig
+from policylab.cluster import Cluster, Replica
+from policylab.cluster.config import check_cluster_config
+from policylab.cluster.disagg import Disaggregation, prefill_trace
+from policylab.cluster.link import LinkModel
+from policylab.core.config import HardwareConfig
+from policylab.core.engine import Engine
+from policylab.dataplane import build_dataplane
+from policylab.dataplane.sim import ModelShape
+from policylab.traces import load_trace
+
+
+class ClusterConfigError(ValueError):
+    """A cluster config that cannot run (printed as one line by the job guard)."""
+
+
+def build_cluster(cfg: RunConfig, make_policy: Callable[[], object], trace=None) -> Cluster:
+    """`make_policy()` builds a fresh step policy for each replica (jobs.build_policy); `trace`:
+    the run's trace if already loaded."""
+    c = cfg.cluster
+    check_cluster_config(c)
+    if cfg.dataplane.kind != "sim" and c.disaggregated:       # a real plane would have to copy KV tensors
+        raise ClusterConfigError(f"P/D runs need dataplane=sim (got dataplane.kind={cfg.dataplane.kind})")
+    if cfg.engine.clock != "virtual":
+        raise ClusterConfigError(f"cluster runs need engine.clock=virtual (got {cfg.engine.clock})")
+    trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
+    trace = sorted(trace, key=lambda t: t.arrival_time)
+    roles = ["prefill"] * c.prefill_replicas + ["decode"] * c.decode_replicas if c.disaggregated \
+        else ["colocated"] * c.size
+    hardware = [hardware_config(name) for name in c.hardware] or [cfg.hardware] * c.size
+    front = prefill_trace(trace) if c.disaggregated else trace
+    replicas = []
+    for k, (role, hw) in enumerate(zip(roles, hardware)):
+        engine = Engine(front if role == "prefill" else trace, make_policy(),
+                        build_dataplane(cfg.dataplane, cfg.model, hw, cfg.seed), cfg.engine,
+                        seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
+        replicas.append(Replica(k, role, hw.name, engine))
+    pd = Disaggregation(build_router(cfg.decode_router, "decode_router"), LinkModel(c.link),
+                        ModelShape(cfg.model).kv_bytes_per_token, cfg.seed) if c.disaggregated else None
+    return Cluster(trace, replicas, build_router(cfg.router, "router"), pd)
+
+
+def build_router(spec, key: str):
+    """The router a `_target_` dict names (`router=NAME`: configs/router/NAME.yaml)."""
+    from hydra.utils import instantiate
+    if not spec:
+        raise ClusterConfigError(f"no {key}: choose one, e.g. {key}=round_robin (configs/router/)")
+    try:
+        router = instantiate(dict(spec), _convert_="all")
+    except Exception as e:
+        raise ClusterConfigError(f"cannot build {key} from {dict(spec)}: {e}") from None
+    if not callable(getattr(router, "route", None)):
+        raise ClusterConfigError(f"{key} {type(router).__name__} has no route(request, view) method")
+    return router
+
+
+def hardware_config(name: str) -> HardwareConfig:
+    """configs/hardware/NAME.yaml as a HardwareConfig (cluster.hardware lists names)."""
+    path = Path(CONFIG_DIR) / "hardware" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ValueError(f"cluster.hardware: unknown hardware '{name}' (known: {', '.join(known)})")
+    return HardwareConfig(**OmegaConf.to_container(OmegaConf.load(path)))

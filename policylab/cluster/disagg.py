@@ -1,0 +1,114 @@
+"""Prefill/decode disaggregation (DistServe, Splitwise, Mooncake): a request is prefilled on a
+prefill replica, its KV blocks move over a link to a decode replica, and it decodes there.
+
+- The prefill replicas' engines are built on the trace with one output token per request, so a
+  request finishes there when its prompt is computed and its first token exists. **TTFT is
+  counted then**, at the end of prefill, as DistServe and vLLM's disaggregated prefill do: the
+  token exists and could be streamed; the transfer delays the second token (it is in TPOT).
+- At that moment the decode router (a plugin, `decode_router=`) picks a decode replica, which
+  takes the request's prompt blocks from its own cache (FIFO per replica). If they do not fit,
+  the request waits until a step of that replica frees enough: that wait is `kv_wait`.
+- The transfer then takes `transfer_time` (the link model, from the prompt's KV bytes); after
+  it the request joins the decode replica's waiting queue with its prompt already computed,
+  one token to decode next. Both times are per-request columns of requests.parquet.
+- The prefill replica frees the request's blocks when it finishes there, so the request is on
+  one replica at a time; the handoff is ordered (prefill end ≤ decode arrival).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+
+import numpy as np
+
+from policylab.cluster.link import LinkModel
+from policylab.core.routing import RouteRequest, Router
+from policylab.core.admission import predict_output
+from policylab.core.kv import blocks_for
+from policylab.core.request import Request, Status
+
+
+def prefill_trace(trace: list) -> list:
+    """The trace a prefill replica's engine is built on: every request ends after one token."""
+    return [replace(t, output_tokens=min(t.output_tokens, 1)) for t in trace]
+
+
+class Disaggregation:
+    def __init__(self, router: Router, link: LinkModel, kv_bytes_per_token: float, seed: int = 0):
+        self.router, self.link, self.kv_bytes_per_token = router, link, kv_bytes_per_token
+        self._rng = np.random.default_rng(seed)        # decode-side output predictions
+        self.cluster = None
+
+    def attach(self, cluster) -> None:
+        self.cluster = cluster
+        self.pool = [v for v in cluster.views if v.role == "decode"]
+        self.pending = {v.index: deque() for v in self.pool}     # decode replica -> (req_id, since)
+        self.in_transit: set = set()      # finished on a prefill replica, not yet on a decode one
+
+    def front_output_tokens(self, i: int) -> int:
+        return min(self.cluster.trace[i].output_tokens, 1)
+
+    def never_fits_decode(self, request: RouteRequest) -> str:
+        """Why no decode replica could ever hold the whole request ("" if one can)."""
+        out = self.cluster.trace[request.req_id].output_tokens
+        whys = [v.never_fits(request, out) for v in self.pool]
+        return "" if not all(whys) else f"no decode replica can ever hold it ({whys[0]})"
+
+    def hand_off(self, replica, req_id: int) -> bool:
+        """A prefill replica finished `req_id`: schedule its move to decode (False: it is done)."""
+        r, t = replica.engine.requests[req_id], self.cluster.trace[req_id]
+        if r.status is not Status.FINISHED or min(t.output_tokens, r.max_tokens) <= len(r.output_ids):
+            return False
+        self.in_transit.add(req_id)
+        self.cluster.push(replica.engine.clock.now, self._route, req_id)
+        return True
+
+    def _route(self, req_id: int, now: float) -> None:
+        cluster = self.cluster
+        request = cluster.route_request(req_id, prefilled=True)
+        choice, why = cluster.choose(self.router, self.pool, request, cluster.trace[req_id].output_tokens, now)
+        if choice is None:        # never_fits_decode() let it in, so this cannot happen
+            raise RuntimeError(f"request {req_id}: {why}")
+        cluster.placement["decode_replica"][req_id] = choice
+        self.pending[choice].append((req_id, now))
+        self._take_blocks(choice, now)
+
+    def after_step(self, replica) -> None:
+        if replica.role == "decode" and self.pending[replica.index]:
+            self._take_blocks(replica.index, replica.engine.clock.now)
+
+    def _take_blocks(self, index: int, now: float) -> None:
+        """Start the transfers of this decode replica's waiting handoffs, in order, while their
+        prompt blocks fit in its free KV blocks."""
+        cluster, queue = self.cluster, self.pending[index]
+        kv = cluster.replicas[index].engine.kv
+        while queue:
+            req_id, since = queue[0]
+            prompt = cluster.trace[req_id].prompt_tokens
+            if blocks_for(prompt, kv.block_size) > kv.num_free:
+                return
+            queue.popleft()
+            table: list = []
+            kv.grow(table, prompt)
+            transfer = self.link.transfer_time(prompt * self.kv_bytes_per_token)
+            cluster.placement["kv_wait"][req_id] = now - since
+            cluster.placement["transfer_time"][req_id] = transfer
+            cluster.push(now + transfer, self._arrive, (req_id, index, table))
+
+    def _arrive(self, arg: tuple, now: float) -> None:
+        """The KV has arrived: the request joins the decode replica, its prompt computed."""
+        req_id, index, table = arg
+        cluster = self.cluster
+        engine, p, t = cluster.replicas[index].engine, cluster.requests[req_id], cluster.trace[req_id]
+        r = Request(req_id, p.arrival_time, p.prompt_ids, p.max_tokens, p.client, p.priority, p.ttft_slo,
+                    p.tpot_slo, predict_output(engine.cfg, self._rng, t.output_tokens), p.sampling,
+                    output_ids=list(p.output_ids), num_computed_tokens=len(p.prompt_ids), block_table=table,
+                    block_hashes=list(p.block_hashes), first_scheduled_time=p.first_scheduled_time,
+                    token_times=list(p.token_times), num_preemptions=p.num_preemptions,
+                    num_cached_tokens_total=p.num_cached_tokens_total)
+        engine.kv.register(table, r.block_hashes, r.num_computed_tokens)    # cacheable here from now on
+        engine.clock.idle_until(now)
+        engine.receive_prefilled(r, min(t.output_tokens, r.max_tokens))
+        cluster.refresh(index)
+        cluster.requests[req_id] = r
+        self.in_transit.discard(req_id)

@@ -1,0 +1,212 @@
+"""The cluster loop: N engines (replicas) on one virtual clock, event by event.
+
+At each turn the earliest thing happens: an arrival (handed to the router at its arrival
+time), a P/D event (see `policylab.cluster.disagg`), or the step of the replica whose next step
+starts earliest. Ties go to arrivals, then events, then the lowest replica index, so a replay
+is deterministic, and a one-replica cluster replays exactly as `Engine.run` (arrivals at or
+before a step's start are admitted before it, as DESIGN §2 step 1). Steps are atomic: a router
+sees each replica as it was at the end of its last step.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Optional
+
+import numpy as np
+
+from policylab.cluster.result import ClusterResult, ReplicaResult
+from policylab.core.routing import ClusterView, ReplicaView, RouteRequest, Router, prompt_hash_cache, \
+    validate_route
+from policylab.core.engine import Engine
+from policylab.core.gc_freeze import FrozenHeap
+from policylab.core.request import Request, Status
+from policylab.core.result import STEP_FIELDS, mark_partial
+from policylab.core.synthetic_prompts import synthesize_prompt
+
+INF = math.inf
+
+
+@dataclass
+class Replica:
+    index: int
+    role: str            # colocated | prefill | decode
+    hardware: str
+    engine: Engine
+
+
+class Cluster:
+    def __init__(self, trace: list, replicas: list, router: Router, disaggregation=None):
+        """`trace` sorted by arrival, as every replica's engine was built on it (same indices)."""
+        self.trace, self.replicas, self.router = trace, replicas, router
+        self.router_name = getattr(router, "name", type(router).__name__)
+        self.policy_name = replicas[0].engine.policy_name
+        n = len(trace)
+        self.requests: list = [None] * n
+        self.placement = {"replica": [-1] * n, "decode_replica": [-1] * n,
+                          "transfer_time": [math.nan] * n, "kv_wait": [math.nan] * n}
+        self.next_arrival = self.num_done = 0
+        self._events: list = []          # (time, sequence, handler, argument): P/D handoffs
+        self._sequence = 0
+        self._on_done = None
+        self._rooms: dict = {}           # id(pool) -> (pool tuple, tokens that fit on all of it)
+        hashes = prompt_hash_cache(replicas, partial(prompt_ids, trace, replicas[0].engine))
+        self.views = [ReplicaView(r.index, r.role, r.hardware, r.engine, hashes) for r in replicas]
+        self._front = [v for v in self.views if v.role != "decode"]      # who admits arrivals
+        self._engines = [r.engine for r in replicas]
+        self._times = [math.inf] * len(replicas)      # next step time per replica
+        for r in replicas:
+            r.engine.take_arrivals_from(partial(self._next_event_time, r.engine))
+        self.pd = disaggregation
+        if self.pd is not None:
+            self.pd.attach(self)
+
+    # ------------------------------------------------------------------ loop
+    def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> ClusterResult:
+        self._on_done = on_request_done
+        parts = [ReplicaResult(r.index, r.role, r.hardware, r.engine.begin(partial(self._finished, r)))
+                 for r in self.replicas]
+        result = ClusterResult(self.trace, self.requests, {}, sum(p.result.num_blocks for p in parts),
+                               parts[0].result.block_size, self.policy_name, router=self.router_name, replicas=parts,
+                               placement=self.placement)
+        with FrozenHeap() as heap:
+            try:
+                while self.num_done < len(self.trace):
+                    self._advance()
+                    heap.freeze_if_due(self.num_done)
+                for e in self._engines:
+                    e.kv.check()
+            except (KeyboardInterrupt, Exception) as e:
+                mark_partial(result, e)
+            for p, e in zip(parts, self._engines):
+                p.result.steps = e.steps
+            result.steps = merged_steps(parts)
+        return result
+
+    def _advance(self) -> None:
+        """One turn: the next arrival if it is due by the earliest step or event, else that event,
+        else that step. `_times` holds each replica's next step time, refreshed where it changes."""
+        times = self._times
+        t_step = min(times)
+        t_event = self._events[0][0] if self._events else INF
+        trace, i = self.trace, self.next_arrival
+        if i < len(trace) and trace[i].arrival_time <= t_step and trace[i].arrival_time <= t_event:
+            self.next_arrival = i + 1
+            self._route(i)
+        elif t_event <= t_step and t_event < INF:
+            _, _, handle, arg = heapq.heappop(self._events)
+            handle(arg, t_event)
+        elif t_step < INF:
+            k = times.index(t_step)
+            engine = self._engines[k]
+            engine.step()
+            times[k] = engine.next_step_time()
+            if self.pd is not None:
+                self.pd.after_step(self.replicas[k])
+        else:
+            raise RuntimeError(f"cluster stalled with {len(self.trace) - self.num_done} requests unfinished: "
+                               "no replica has work and nothing is due to arrive")
+
+    def refresh(self, index: int) -> None:
+        """Replica `index` got work from outside its own step (an arrival, a KV transfer)."""
+        self._times[index] = self._engines[index].next_step_time()
+
+    def push(self, time: float, handle: Callable, arg) -> None:
+        """Schedule `handle(arg, time)` (P/D handoffs and transfers)."""
+        heapq.heappush(self._events, (time, self._sequence, handle, arg))
+        self._sequence += 1
+
+    def _next_event_time(self, engine: Engine) -> Optional[float]:
+        """For a replica whose policy waits for something to arrive: the next time anything happens
+        elsewhere in the cluster (None: nothing can, and the replica broke work conservation)."""
+        now = engine.clock.now
+        candidates = [t for t, e in zip(self._times, self._engines) if e is not engine]
+        if self.next_arrival < len(self.trace):
+            candidates.append(self.trace[self.next_arrival].arrival_time)
+        if self._events:
+            candidates.append(self._events[0][0])
+        later = [t for t in candidates if now < t < INF]
+        return min(later) if later else None
+
+    # --------------------------------------------------------------- routing
+    def route_request(self, i: int, prefilled: bool = False) -> RouteRequest:
+        t = self.trace[i]
+        return RouteRequest(i, t.arrival_time, t.prompt_tokens, t.max_tokens, t.client, t.priority,
+                            t.ttft_slo, t.tpot_slo, t.prefix_hashes, prefilled)
+
+    def choose(self, router: Router, pool: list, request: RouteRequest, output_tokens: int, now: float):
+        """The replica `router` picks for `request` among those of `pool` that can ever hold it
+        (validated), or the reason why none can."""
+        everyone, room = self._pool_room(pool)
+        total = request.prompt_tokens + output_tokens
+        eligible = everyone if total <= room else tuple(v for v in pool if not v.never_fits(request, output_tokens))
+        if not eligible:
+            biggest = max(pool, key=lambda v: (v.num_total_blocks, -v.index))
+            return None, f"no replica can ever hold it (largest: {biggest.never_fits(request, output_tokens)})"
+        choice = router.route(request, ClusterView(now, eligible))
+        validate_route(self.views, eligible, request, choice, getattr(router, "name", type(router).__name__),
+                       output_tokens)
+        return choice, ""
+
+    def _pool_room(self, pool: list) -> tuple:
+        """(the pool as a tuple, the most tokens a request may have to fit on every replica of it):
+        the usual request skips the per-replica check. Replicas never change size."""
+        key = id(pool)
+        if key not in self._rooms:
+            self._rooms[key] = (tuple(pool), min(min(v.max_model_len, v.num_total_blocks * v.block_size)
+                                                 for v in pool))
+        return self._rooms[key]
+
+    def _route(self, i: int) -> None:
+        t, request = self.trace[i], self.route_request(i)
+        needs = self.pd.front_output_tokens(i) if self.pd is not None else t.output_tokens
+        why = self.pd.never_fits_decode(request) if self.pd is not None else ""
+        choice, why = (None, why) if why else self.choose(self.router, self._front, request, needs, t.arrival_time)
+        if choice is None:
+            return self._reject(i, why)
+        engine = self._engines[choice]
+        engine.deliver(i)
+        self.refresh(choice)
+        self.requests[i] = engine.requests[i]
+        self.placement["replica"][i] = choice
+
+    def _reject(self, i: int, reason: str) -> None:
+        t = self.trace[i]
+        self.requests[i] = Request(i, t.arrival_time, np.empty(0, np.int32), t.max_tokens or 1, t.client,
+                                   t.priority, t.ttft_slo, t.tpot_slo, status=Status.REJECTED,
+                                   reject_reason=reason, finish_time=t.arrival_time)
+        self.done(i)
+
+    def _finished(self, replica: Replica, req_id: int) -> None:
+        if replica.role == "prefill" and self.pd.hand_off(replica, req_id):
+            return
+        self.done(req_id)
+
+    def done(self, req_id: int) -> None:
+        self.num_done += 1
+        if self._on_done:
+            self._on_done(req_id)
+
+
+def prompt_ids(trace: list, engine: Engine, i: int) -> np.ndarray:
+    """Request i's prompt as every replica's engine makes it on arrival (same seed everywhere)."""
+    t = trace[i]
+    if t.prompt_ids is not None:
+        return np.asarray(t.prompt_ids, dtype=np.int32)
+    return synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, engine.dataplane.vocab_size, engine.seed,
+                             engine.prefix_block_tokens)
+
+
+def merged_steps(parts: list) -> dict:
+    """Every replica's step columns plus `replica`, in clock order (ties: replica order), as arrays."""
+    columns = {k: [] for k in (*STEP_FIELDS, "replica")}
+    for p in parts:
+        steps = p.result.steps
+        for k in STEP_FIELDS:
+            columns[k] += steps.get(k, [])
+        columns["replica"] += [p.index] * len(steps.get("clock", []))
+    order = np.argsort(np.asarray(columns["clock"], dtype=np.float64), kind="stable")
+    return {k: np.asarray(v)[order] for k, v in columns.items()}
+

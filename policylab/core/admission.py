@@ -1,0 +1,36 @@
+"""What the engine decides about a request when it arrives, before any policy sees it (DESIGN §3).
+
+Shared by the engine (reject with a reason) and the cluster router (a replica that can never
+hold a request must not be chosen for it), so both say the same thing.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from policylab.core.config import EngineConfig
+from policylab.core.kv import blocks_for
+
+
+def never_fits(prompt_tokens: int, output_tokens: int, max_model_len: int, num_blocks: int,
+               block_size: int) -> str:
+    """Why a request can never run on an engine with this context length and KV cache ("" if it can)."""
+    total = prompt_tokens + output_tokens
+    if total > max_model_len:
+        return (f"prompt ({prompt_tokens}) + output ({output_tokens}) tokens exceed "
+                f"max_model_len={max_model_len}")
+    need = blocks_for(total, block_size)
+    if need > num_blocks:
+        return f"needs {need} KV blocks, the whole cache has {num_blocks}"
+    return ""
+
+
+def predict_output(cfg: EngineConfig, rng: np.random.Generator, true_len: int) -> Optional[int]:
+    """The output length shown to policies: none, or the truth with optional lognormal noise."""
+    if cfg.predictor == "none":
+        return None
+    if cfg.predictor != "oracle":
+        raise ValueError(f"engine.predictor must be 'none' or 'oracle', got '{cfg.predictor}'")
+    noise = rng.lognormal(0.0, cfg.predictor_noise) if cfg.predictor_noise else 1.0
+    return max(1, round(true_len * noise))

@@ -1,0 +1,160 @@
+"""The routing contract: a router sees a read-only cluster view and returns a replica id.
+
+It sits in the core beside the step contract, so router plugins (policies/routers/) import it
+through the front door (`from policylab import Router, ...`) as policies do; the cluster loop
+that applies it is `policylab.cluster`.
+
+The same discipline as the step contract (DESIGN §3): the view is read-only, the driver
+validates every choice with `validate_route`, and a broken rule raises `RouteViolation` (a
+`ContractViolation`) naming the router and the rule. A request that no replica could ever hold
+is rejected with a reason by the driver before any router is asked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+from policylab.core import admission
+from policylab.core.contract import ContractViolation
+from policylab.core.kv import chain_hashes
+
+if TYPE_CHECKING:
+    from policylab.core.engine import Engine
+
+
+class RouteViolation(ContractViolation):
+    """A router broke the routing contract: a ContractViolation whose message names a router."""
+
+    def __init__(self, router: str, rule: str, detail: str):
+        super().__init__(router, rule, detail)
+        self.args = (f"router '{router}' broke rule '{rule}': {detail}",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What a router may know of the request it places (never its true output length)."""
+    req_id: int
+    arrival_time: float
+    prompt_tokens: int
+    max_tokens: Optional[int]        # the trace's declared cap, if any
+    client: str
+    priority: int
+    ttft_slo: Optional[float]
+    tpot_slo: Optional[float]
+    prefix_hashes: tuple             # the trace's shared-prefix block ids
+    prefilled: bool = False          # P/D: its prompt is computed, its KV moves to the chosen replica
+
+
+class ReplicaView:
+    """Read-only window on one replica. Load figures are computed when read (a router that does
+    not read them costs nothing), from the engine's live requests."""
+
+    __slots__ = ("index", "role", "hardware", "_engine", "_prompt_hashes")
+
+    def __init__(self, index: int, role: str, hardware: str, engine: "Engine",
+                 prompt_hashes: Callable[[int, int], list]):
+        self.index, self.role, self.hardware = index, role, hardware
+        self._engine, self._prompt_hashes = engine, prompt_hashes
+
+    num_waiting = property(lambda s: len(s._engine.waiting))
+    num_running = property(lambda s: len(s._engine.running))
+    num_free_blocks = property(lambda s: s._engine.kv.num_free)
+    num_total_blocks = property(lambda s: s._engine.kv.num_blocks)
+    block_size = property(lambda s: s._engine.kv.block_size)
+    max_model_len = property(lambda s: s._engine.cfg.max_model_len)
+
+    @property
+    def outstanding_prefill_tokens(self) -> int:
+        """Prompt tokens (and recomputes) not yet in this replica's KV cache."""
+        e = self._engine
+        return sum(len(r.prompt_ids) - r.num_computed_tokens
+                   for q in (e.waiting, e.running) for r in q if r.num_computed_tokens < len(r.prompt_ids))
+
+    @property
+    def outstanding_decode_tokens(self) -> int:
+        """Output tokens still owed as far as a scheduler can know: the predicted remainder where
+        `engine.predictor` gives one, else 1 per live request (it owes at least one more)."""
+        e = self._engine
+        return sum(max((r.predicted_output_tokens or 0) - len(r.output_ids), 1)
+                   for q in (e.waiting, e.running) for r in q)
+
+    @property
+    def outstanding_tokens(self) -> int:
+        """Vidur's least-outstanding-requests load, in tokens: prefill plus decode work left."""
+        return self.outstanding_prefill_tokens + self.outstanding_decode_tokens
+
+    def cached_prefix_tokens(self, request: RouteRequest) -> int:
+        """Prompt tokens this request would find in this replica's prefix cache now (a lookup:
+        no reference taken, no LRU order changed)."""
+        kv = self._engine.kv
+        hashes = self._prompt_hashes(request.req_id, kv.block_size)
+        return len(kv.lookup(hashes, (request.prompt_tokens - 1) // kv.block_size)) * kv.block_size
+
+    def never_fits(self, request: RouteRequest, output_tokens: int) -> str:
+        """Why this replica can never run the request ("" if it can); `output_tokens` as the driver knows it."""
+        e = self._engine
+        return admission.never_fits(request.prompt_tokens, output_tokens, e.cfg.max_model_len,
+                                    e.kv.num_blocks, e.kv.block_size)
+
+    def __repr__(self) -> str:
+        return f"ReplicaView({self.index}, {self.role}, {self.hardware}, waiting={self.num_waiting}, " \
+               f"running={self.num_running}, free_blocks={self.num_free_blocks})"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The replicas a router may choose from now (all of them, or one pool of a P/D cluster)."""
+    clock: float
+    replicas: tuple                  # ReplicaView, by replica index
+
+    def least_loaded(self, among=None) -> "ReplicaView":
+        """The replica with the fewest outstanding tokens (lowest index on a tie)."""
+        return min(among or self.replicas, key=lambda r: (r.outstanding_tokens, r.index))
+
+
+class Router:
+    """Base class of router plugins (`router=NAME`, `policies/routers/NAME.py`): `route` returns
+    the index of one of `view.replicas`."""
+
+    def __init__(self, name: Optional[str] = None, seed: int = 0):
+        self.name = name or type(self).__name__
+        self.seed = seed
+
+    def route(self, request: RouteRequest, view: ClusterView) -> int:
+        raise NotImplementedError
+
+
+def validate_route(replicas: list, eligible: tuple, request: RouteRequest, choice, router: str,
+                   output_tokens: int) -> None:
+    """Refuse a choice that is not a replica of the cluster's pool, or one that can never hold the
+    request (`eligible`: the view's replicas, those that can)."""
+    if type(choice) is not int:
+        raise RouteViolation(router, "route_type", f"route() must return a replica index (int), got {choice!r}")
+    if any(v.index == choice for v in eligible):
+        return
+    chosen = next((v for v in replicas if v.index == choice), None)
+    why = chosen.never_fits(request, output_tokens) if chosen is not None else ""
+    if why:
+        raise RouteViolation(router, "never_fits", f"request {request.req_id} routed to replica {choice}, "
+                                f"which can never hold it: {why}")
+    raise RouteViolation(router, "unknown_replica", f"request {request.req_id} routed to replica {choice}; "
+                            f"the candidates are {[v.index for v in eligible]}")
+
+
+def prompt_hash_cache(engines: list, synthesize: Callable[[int], object]) -> Callable[[int, int], list]:
+    """Memoized chained hashes of a request's prompt at a block size (computed once per request,
+    only when a router asks about cached prefixes)."""
+    memo: dict = {}
+
+    def hashes(req_id: int, block_size: int) -> list:
+        key = (req_id, block_size)
+        if key not in memo:
+            if len(memo) > 4 * max(len(engines), 1):   # only the request being routed is asked about
+                memo.clear()
+            memo[key] = chain_hashes(synthesize(req_id), block_size)
+        return memo[key]
+    return hashes
+

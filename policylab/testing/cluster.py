@@ -1,0 +1,111 @@
+"""The invariant harness, extended to a cluster (DESIGN §8 per replica, plus the cluster's own).
+
+`build_cluster` assembles a sim cluster from plain pieces (no Hydra); `check_cluster` replays
+it and checks, after every turn of the loop: KV conservation on every replica (the engines
+check their own accounting after each step), request conservation across replicas (arrived =
+finished + rejected + waiting and running on the replicas + in P/D handoff), no request live
+on two replicas at once; and at the end: every request finished or rejected with a reason, no
+KV block held anywhere, causality, the P→D handoff ordered in time (prefill end ≤ decode
+arrival, TTFT unchanged by the move), and determinism (a second replay is identical).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from policylab.cluster import Cluster, ClusterResult, LinkConfig, Replica
+from policylab.cluster.disagg import Disaggregation, prefill_trace
+from policylab.cluster.link import LinkModel
+from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.engine import Engine
+from policylab.core.request import Status
+from policylab.dataplane.sim import ModelShape, SimDataPlane
+from policylab.testing.harness import fingerprint
+from policylab.testing.loader import policy_factory
+from policylab.testing.properties import InvariantViolation
+
+EPS = 1e-9
+
+
+def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: int = 2, prefill: int = 0,
+                  decode: int = 0, decode_router_factory=None, hardware: Optional[list] = None,
+                  link: LinkConfig = LinkConfig(), seed: int = 0, prefix_block_tokens: int = 32,
+                  checked: bool = False) -> Cluster:
+    """A sim cluster: `replicas` colocated engines, or `prefill` + `decode` ones (P/D)."""
+    trace = sorted(trace, key=lambda t: t.arrival_time)
+    roles = ["prefill"] * prefill + ["decode"] * decode if prefill else ["colocated"] * replicas
+    hardware = hardware or [HardwareConfig()] * len(roles)
+    make_policy, model = policy_factory(policy), ModelConfig()
+    engine_cfg = dataclasses.replace(cfg, check_invariants=True) if checked else cfg
+    built = [Replica(k, role, hw.name, Engine(prefill_trace(trace) if role == "prefill" else trace, make_policy(),
+                                              SimDataPlane(model, hw, DataplaneConfig(kind="sim"), seed), engine_cfg,
+                                              seed=seed, prefix_block_tokens=prefix_block_tokens))
+             for k, (role, hw) in enumerate(zip(roles, hardware))]
+    pd = Disaggregation((decode_router_factory or router_factory)(), LinkModel(link),
+                        ModelShape(model).kv_bytes_per_token, seed) if prefill else None
+    cls = CheckedCluster if checked else Cluster
+    return cls(trace, built, router_factory(), pd)
+
+
+class CheckedCluster(Cluster):
+    """A cluster that checks the cross-replica invariants after every turn of its loop."""
+
+    def _advance(self) -> None:
+        super()._advance()
+        live = {}
+        for rep in self.replicas:
+            for r in (*rep.engine.waiting, *rep.engine.running):
+                if r.req_id in live:
+                    raise InvariantViolation("one_replica", f"request {r.req_id} is live on replicas "
+                                             f"{live[r.req_id]} and {rep.index} at once", self.router_name)
+                live[r.req_id] = rep.index
+        transit = set() if self.pd is None else self.pd.in_transit
+        done = sum(1 for r in self.requests if r is not None and r.status in (Status.FINISHED, Status.REJECTED)
+                   and r.req_id not in transit)
+        if self.next_arrival != done + len(live) + len(transit):
+            raise InvariantViolation("request_conservation", f"{self.next_arrival} arrived != {done} done + "
+                                     f"{len(live)} live + {len(transit)} in handoff", self.router_name)
+
+
+def check_cluster(make_cluster) -> ClusterResult:
+    """Replay `make_cluster()` (a fresh, checked cluster each call) twice; raise InvariantViolation
+    on the first broken invariant; return the result."""
+    cluster = make_cluster()
+    result = cluster.run()
+    if result.partial:
+        if "InvariantViolation" in result.error or "ContractViolation" in result.error:
+            raise InvariantViolation("cluster", result.error, cluster.router_name)
+        raise InvariantViolation("liveness", f"cluster run ended early: {result.error}", cluster.router_name)
+    _check_drained(cluster, result)
+    if fingerprint(make_cluster().run()) != fingerprint(result):
+        raise InvariantViolation("determinism", "two cluster replays with the same seed differ", cluster.router_name)
+    return result
+
+
+def _check_drained(cluster: Cluster, result: ClusterResult) -> None:
+    name = cluster.router_name
+    for rep in cluster.replicas:
+        kv = rep.engine.kv
+        if kv.num_free != kv.num_blocks or any(kv.ref):
+            raise InvariantViolation("kv_leak", f"replica {rep.index}: {kv.num_blocks - kv.num_free} blocks held "
+                                     "after the drain", name)
+    for i, (t, r) in enumerate(zip(result.trace, result.requests)):
+        if r is None or r.status not in (Status.FINISHED, Status.REJECTED):
+            raise InvariantViolation("request_conservation", f"request {i} ended {r and r.status}", name)
+        if r.status is Status.REJECTED:
+            if not r.reject_reason:
+                raise InvariantViolation("reject_reason", f"request {i} rejected without a reason", name)
+            continue
+        times = [t.arrival_time, r.first_scheduled_time, r.token_times[0], r.finish_time]
+        if any(b < a - EPS for a, b in zip(times, times[1:])):
+            raise InvariantViolation("causality", f"request {i}: arrival, first scheduled, first token, "
+                                     f"finish = {times}", name)
+        d = result.placement["decode_replica"][i]
+        if d >= 0:
+            p = cluster.replicas[result.placement["replica"][i]].engine.requests[i]
+            moved = p.finish_time + result.placement["kv_wait"][i] + result.placement["transfer_time"][i]
+            if not (p.finish_time <= moved + EPS and p.token_times[0] == r.token_times[0]
+                    and cluster.replicas[d].engine.requests[i] is r and len(r.token_times) > 1
+                    and r.token_times[1] >= moved - EPS):
+                raise InvariantViolation("handoff_order", f"request {i}: prefill ended {p.finish_time}, KV arrived "
+                                         f"{moved}, tokens at {r.token_times[:2]}", name)

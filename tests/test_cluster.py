@@ -1,0 +1,117 @@
+"""The cluster loop (policylab.cluster): one replica replays exactly as the engine, the cluster
+invariants hold on generated scenarios for every router, with and without P/D, and rejections,
+heterogeneous replicas and the routing contract behave as documented."""
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.routers.least_loaded import LeastLoaded
+from policies.routers.power_of_two import PowerOfTwo
+from policies.routers.prefix_affinity import PrefixAffinity
+from policies.routers.random import RandomRouter
+from policies.routers.round_robin import RoundRobin
+from policies.routers.session import Session
+from policylab import Router
+from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.engine import Engine
+from policylab.core.request import TraceRequest
+from policylab.dataplane.sim import SimDataPlane
+from policylab.testing import fingerprint
+from policylab.testing.cluster import build_cluster, check_cluster
+from policylab.testing.strategies import scenarios
+
+ROUTERS = [RoundRobin, RandomRouter, LeastLoaded, PowerOfTwo, PrefixAffinity, Session]
+CFG = EngineConfig(num_blocks=64, block_size=16, max_num_batched_tokens=512, max_num_seqs=16)
+
+
+def poisson_trace(n=60, rate=20.0, prompt=(40, 300), output=(2, 40), seed=3, prefixes=((), (7,), (7, 8))):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate, n))
+    return [TraceRequest(round(float(a), 6), int(rng.integers(*prompt)), int(rng.integers(*output)),
+                         client=f"c{k % 3}", prefix_hashes=prefixes[k % len(prefixes)]) for k, a in enumerate(t)]
+
+
+@pytest.mark.parametrize("policy", ["prefill_first", "chunked", "fairness"])
+def test_one_replica_replays_exactly_as_the_engine(policy):
+    trace = poisson_trace(80, rate=60.0)
+    plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    from policylab.testing.loader import policy_factory
+    alone = Engine(trace, policy_factory(policy)(), plane, CFG, prefix_block_tokens=32).run()
+    cluster = build_cluster(trace, policy, RoundRobin, CFG, replicas=1).run()
+    assert alone.status == cluster.status == "complete"
+    assert fingerprint(alone)[0] == fingerprint(cluster)[0]
+    steps = {k: list(v) for k, v in cluster.steps.items() if k != "replica"}
+    assert steps == alone.steps
+
+
+@given(scenarios(max_requests=16), st.sampled_from(ROUTERS), st.sampled_from([(2, 0, 0), (3, 0, 0), (0, 1, 1), (0, 2, 1)]),
+       st.sampled_from(["prefill_first", "chunked", "decode_first", "slo_aware"]))
+def test_cluster_invariants_on_generated_scenarios(scenario, router, shape, policy):
+    replicas, prefill, decode = shape
+    check_cluster(lambda: build_cluster(scenario.trace, policy, router, scenario.engine, replicas=replicas,
+                                        prefill=prefill, decode=decode, seed=scenario.seed,
+                                        prefix_block_tokens=scenario.prefix_block_tokens, checked=True))
+
+
+def test_round_robin_spreads_and_session_sticks():
+    trace = poisson_trace(30)
+    rr = build_cluster(trace, "prefill_first", RoundRobin, CFG, replicas=3).run()
+    assert rr.placement["replica"] == [k % 3 for k in range(30)]
+    trace = [dataclasses.replace(t, arrival_time=0.0) if k < 3 else t for k, t in enumerate(trace)]
+    sticky = build_cluster(trace, "prefill_first", Session, CFG, replicas=3).run()
+    homes = {}
+    for t, k in zip(sticky.trace, sticky.placement["replica"]):
+        assert homes.setdefault(t.client, k) == k
+    assert sorted(homes.values()) == [0, 1, 2]    # three clients at once: the least loaded each time
+
+
+def test_prefix_affinity_follows_the_cache_and_raises_the_hit_rate():
+    shared = [TraceRequest(0.5 * k, 200, 4, prefix_hashes=(1, 2, 3)) for k in range(12)]
+    runs = {r.__name__: build_cluster(shared, "prefill_first", r, CFG, replicas=3).run()
+            for r in (RoundRobin, PrefixAffinity)}
+    assert runs["PrefixAffinity"].placement["replica"] == [0] * 12     # all follow the first one's blocks
+    hits = {k: sum(r.num_cached_tokens_total for r in v.requests) for k, v in runs.items()}
+    assert hits["PrefixAffinity"] > hits["RoundRobin"] > 0
+
+
+def test_least_loaded_and_power_of_two_avoid_the_busy_replica():
+    trace = [TraceRequest(0.0, 500, 300)] + [TraceRequest(0.001 * k, 30, 2) for k in range(1, 9)]
+    cfg = dataclasses.replace(CFG, predictor="oracle")      # the long decode's remainder is known
+    ll = build_cluster(trace, "prefill_first", LeastLoaded, cfg, replicas=2).run()
+    assert ll.placement["replica"][0] == 0 and set(ll.placement["replica"][1:]) == {1}
+    p2 = [build_cluster(trace, "prefill_first", PowerOfTwo, cfg, replicas=2, seed=s).run().placement["replica"]
+          for s in (0, 0)]
+    assert p2[0] == p2[1] and set(p2[0][1:]) == {1}      # two replicas: both always drawn
+
+
+def test_heterogeneous_replicas_and_rejection_when_nothing_fits():
+    big = HardwareConfig()
+    small = dataclasses.replace(big, name="a100")
+    trace = [TraceRequest(0.0, 100, 4), TraceRequest(0.1, 5000, 10), TraceRequest(0.2, 100, 4)]
+    cfg = dataclasses.replace(CFG, num_blocks=None, max_model_len=4096)
+    result = build_cluster(trace, "prefill_first", RoundRobin, cfg, replicas=2, hardware=[big, small]).run()
+    assert [r.status.value for r in result.requests] == ["finished", "rejected", "finished"]
+    assert "no replica can ever hold it" in result.requests[1].reject_reason
+    assert [p.hardware for p in result.replicas] == ["h100", "a100"]
+
+
+class Stubborn(Router):
+    def __init__(self, answer):
+        super().__init__("stubborn")
+        self.answer = answer
+
+    def route(self, request, view):
+        return self.answer
+
+
+@pytest.mark.parametrize("answer, rule", [(7, "unknown_replica"), ("0", "route_type"), (1, "never_fits")])
+def test_validate_route_names_the_router_and_the_rule(answer, rule):
+    plane_blocks = [64, 4]                       # replica 1 can never hold a 100-token request
+    trace = [TraceRequest(0.0, 100, 4)]
+    cluster = build_cluster(trace, "prefill_first", lambda: Stubborn(answer), CFG, replicas=2)
+    cluster.replicas[1].engine.kv.num_blocks = plane_blocks[1]
+    result = cluster.run()
+    assert result.partial and result.error.startswith(f"RouteViolation: router 'stubborn' broke rule '{rule}'")

@@ -1,0 +1,82 @@
+"""Cluster runs from the command line: `run -m router=... cluster.replicas=N` writes the cluster
+figures and the per-replica timeline, `compare` shows them, P/D and bad cluster configs."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from policylab.analysis.compare import main as compare
+from policylab.apps.cli import CONFIG_DIR, main
+from policylab.apps.run import run
+
+
+def config(*overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides=["trace=multitenant", "dataplane=sim", "logger=none", "progress=false",
+                                            "plots=false", "trace.max_requests=80", *overrides])
+
+
+def test_router_sweep_and_compare_show_the_cluster_figures(tmp_path, capsys):
+    main(["run", "-m", "router=round_robin,prefix_affinity", "cluster.replicas=3", "trace=multitenant",
+          "trace.max_requests=80", "dataplane=sim", "logger=none", "progress=false", "plots=true",
+          f"hydra.sweep.dir={tmp_path}"])
+    runs = sorted(p.parent for p in tmp_path.rglob("summary.json"))
+    assert len(runs) == 2 and all((d / "cluster_timeline.png").exists() for d in runs)
+    requests = pd.read_parquet(runs[0] / "requests.parquet")
+    assert set(requests["replica"]) == {0, 1, 2} and (requests["decode_replica"] == -1).all()
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    figures = summary["cluster"]
+    assert figures["num_replicas"] == 3 and figures["load_imbalance"] >= 1.0
+    assert sum(r["requests"] for r in figures["replicas"].values()) == 80
+    assert figures["goodput_per_gpu"] == pytest.approx(summary["goodput"] / 3)
+    assert compare([str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "compare" / "compare.csv")
+    assert set(table["label"]) == {"prefill_first router=round_robin", "prefill_first router=prefix_affinity"}
+    assert table["load imbalance"].notna().all() and table["goodput/GPU (req/s)"].notna().all()
+
+
+def test_disaggregated_run_records_transfer_and_roles(tmp_path, capsys):
+    summary = run(config("cluster.prefill_replicas=1", "cluster.decode_replicas=2", "cluster.link.bandwidth=1e9",
+                         "decode_router=power_of_two"), tmp_path)       # a bare router name works here too
+    assert summary["status"] == "complete" and summary["counts"]["finished"] == 80
+    assert summary["config"]["decode_router"]["name"] == "power_of_two"
+    assert "3 replicas, router round_robin" in capsys.readouterr().out.replace("\n", " ")
+    roles = [r["role"] for r in summary["cluster"]["replicas"].values()]
+    assert roles == ["prefill", "decode", "decode"] and summary["cluster"]["transfer_time"]["p50"] > 1e-3
+    requests = pd.read_parquet(tmp_path / "requests.parquet")
+    handed = requests[requests["generated_tokens"] > 1]
+    assert set(handed["decode_replica"]) <= {1, 2} and (handed["transfer_time"] > 0).all()
+
+
+def test_heterogeneous_hardware_by_name(tmp_path):
+    summary = run(config("cluster.replicas=2", "cluster.hardware=[h100,a100]"), tmp_path)
+    assert [r["hardware"] for r in summary["cluster"]["replicas"].values()] == ["h100", "a100"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["cluster.replicas=2", "cluster.hardware=[h100]"], "cluster.hardware lists 1 entries for 2 replicas"),
+    (["cluster.replicas=2", "cluster.hardware=[h100,tpu9]"], "unknown hardware 'tpu9'"),
+    (["cluster.prefill_replicas=2"], "cluster.decode_replicas >= 1"),
+    (["cluster.prefill_replicas=1", "cluster.decode_replicas=1", "dataplane=torch"], "P/D runs need dataplane=sim"),
+])
+def test_bad_cluster_configs_fail_in_one_line(overrides, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "trace=multitenant", "dataplane=sim", "logger=none", "progress=false", "plots=false",
+              *overrides, "hydra.run.dir=/tmp/policylab-test-unused"])
+    assert message in capsys.readouterr().err
+
+
+def test_capacity_search_over_cluster_configurations(tmp_path, monkeypatch, capsys):
+    import sys
+    monkeypatch.setattr(sys, "argv", ["policylab"])
+    rates = {}
+    for replicas in (1, 3):
+        out = tmp_path / str(replicas)
+        main(["capacity", "policy=prefill_first", "trace=poisson", "dataplane=sim", "trace.max_requests=60",
+              "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=3", f"cluster.replicas={replicas}",
+              "router=least_loaded", f"hydra.run.dir={out}"])
+        rates[replicas] = json.loads((out / "capacity.json").read_text())["rate"]
+    assert rates[3] > 1.5 * rates[1]          # three replicas hold well over the load of one

@@ -1,0 +1,95 @@
+"""Prefill/decode disaggregation: TTFT at the end of prefill, the KV transfer from the link model
+as its own column, the decode-side wait for KV blocks counted, and Vidur's send_recv profile
+read as published."""
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from policies.routers.least_loaded import LeastLoaded
+from policies.routers.round_robin import RoundRobin
+from policylab.cluster import LinkConfig
+from policylab.cluster.link import LinkModel
+from policylab.core.config import EngineConfig, ModelConfig
+from policylab.core.request import TraceRequest
+from policylab.dataplane.sim import ModelShape
+from policylab.testing.cluster import build_cluster, check_cluster
+
+CFG = EngineConfig(num_blocks=64, block_size=16, max_num_batched_tokens=512, max_num_seqs=16)
+PROFILE = Path(__file__).resolve().parents[1] / ".." / "shared" / "profiles" / "vidur" / "network" / "h100_dgx" / \
+    "send_recv.csv"
+
+
+def test_ttft_ends_prefill_and_the_transfer_is_its_own_column():
+    trace = [TraceRequest(0.01 * k, 160, 8) for k in range(6)] + [TraceRequest(0.2, 40, 1)]
+    link = LinkConfig(bandwidth=1e9, latency=0.002)
+    cluster = build_cluster(trace, "prefill_first", RoundRobin, CFG, prefill=1, decode=1, link=link)
+    result = cluster.run()
+    assert result.status == "complete"
+    bytes_per_token = ModelShape(ModelConfig()).kv_bytes_per_token
+    for i, r in enumerate(result.requests[:6]):
+        prefill = cluster.replicas[0].engine.requests[i]
+        assert prefill.finish_time == prefill.token_times[0] == r.token_times[0]     # TTFT: end of prefill
+        assert result.placement["replica"][i] == 0 and result.placement["decode_replica"][i] == 1
+        assert result.placement["transfer_time"][i] == pytest.approx(0.002 + 160 * bytes_per_token / 1e9)
+        assert r.token_times[1] >= prefill.finish_time + result.placement["transfer_time"][i]
+        assert len(r.output_ids) == 8 and cluster.replicas[1].engine.requests[i] is r
+    one_token = result.requests[6]            # nothing to decode: it ends on the prefill replica
+    assert result.placement["decode_replica"][6] == -1 and math.isnan(result.placement["transfer_time"][6])
+    assert one_token.status.value == "finished" and len(one_token.output_ids) == 1
+
+
+def test_a_full_decode_replica_makes_the_handoff_wait_and_counts_it():
+    trace = [TraceRequest(0.0, 200, 120), TraceRequest(0.001, 200, 120), TraceRequest(0.002, 200, 120)]
+    small = dataclasses.replace(CFG, num_blocks=36)      # 2 requests' prompts fit, not 3 with their outputs
+    result = check_cluster(lambda: build_cluster(trace, "prefill_first", RoundRobin, small, prefill=1, decode=1,
+                                                 checked=True))
+    waits = result.placement["kv_wait"]
+    assert waits[0] == 0 and max(waits) > 0.1      # the last waits for a decode to finish and free blocks
+
+
+def test_decode_router_is_a_plugin_and_spreads_decodes():
+    trace = [TraceRequest(0.002 * k, 100, 30) for k in range(8)]
+    result = build_cluster(trace, "chunked", RoundRobin, CFG, prefill=1, decode=2,
+                           decode_router_factory=LeastLoaded).run()
+    assert sorted(set(result.placement["decode_replica"])) == [1, 2]
+
+
+@pytest.mark.skipif(not PROFILE.is_file(), reason="../shared/profiles/vidur/network not present")
+def test_vidur_send_recv_profile_is_read_as_published():
+    intra = LinkModel(LinkConfig(kind="profile", profile=str(PROFILE), devices_per_node=2))
+    cross = LinkModel(LinkConfig(kind="profile", profile=str(PROFILE), devices_per_node=1))
+    size = 64 * 2 ** 20                                    # 64 MiB: NVLink ~0.2 ms, InfiniBand ~1.8 ms
+    assert 1e-4 < intra.transfer_time(size) < 4e-4 and 1e-3 < cross.transfer_time(size) < 3e-3
+    assert cross.transfer_time(2 * size) == pytest.approx(2 * cross.transfer_time(size), rel=0.15)
+
+
+def test_a_file_that_is_not_a_profile_fails_in_one_line(tmp_path):
+    bad = tmp_path / "send_recv.csv"
+    bad.write_text("size,time\n1,2\n")
+    with pytest.raises(ValueError, match="not a Vidur send_recv profile"):
+        LinkModel(LinkConfig(kind="profile", profile=str(bad)))
+
+
+class RejectsArrivingDecodes:
+    """Prefill-first, except that a request arriving with its prompt computed is rejected."""
+
+    def __init__(self, name="rejects_decodes"):
+        from policies.prefill_first import PrefillFirst
+        self.name, self.inner = name, PrefillFirst()
+
+    def schedule(self, view):
+        from policylab.core.contract import StepPlan
+        late = {v.req_id: "too late to decode" for v in view.waiting if v.num_computed_tokens}
+        return StepPlan(reject=late) if late else self.inner.schedule(view)
+
+    def on_finished(self, view):
+        pass
+
+
+def test_a_decode_side_rejection_frees_the_received_kv():
+    trace = [TraceRequest(0.01 * k, 160, 8) for k in range(4)]
+    result = check_cluster(lambda: build_cluster(trace, RejectsArrivingDecodes, RoundRobin, CFG, prefill=1,
+                                                 decode=1, checked=True))
+    assert [r.reject_reason for r in result.requests] == ["rejected by policy: too late to decode"] * 4
