@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from difflib import get_close_matches
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -21,7 +22,17 @@ from policylab.core.config import (DataplaneConfig, EngineConfig, FairnessConfig
                                    ModelConfig, SloConfig, check_engine_config, check_slo_config)
 from policylab.traces.config import TraceConfig
 
-CONFIG_DIR = str(files("policylab.configs"))   # the repository's configs/, shipped in the wheel
+
+
+def _config_dir() -> str:
+    """The configs/ beside this source tree when there is one (a checkout or worktree run with
+    PYTHONPATH must not read another checkout's configs through its editable install), else
+    the copy shipped in the wheel."""
+    checkout = Path(__file__).resolve().parents[2] / "configs"
+    return str(checkout) if (checkout / "config.yaml").is_file() else str(files("policylab.configs"))
+
+
+CONFIG_DIR = _config_dir()
 
 
 @dataclass

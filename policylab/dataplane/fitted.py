@@ -6,6 +6,7 @@ and fits it (`policylab.apps.calibrate`) imports it from here, never the other w
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -35,8 +36,16 @@ class Calibration:
     weights: np.ndarray     # seconds per unit of each feature
     meta: dict
 
+    path: str = ""
+
     def predict(self, q: np.ndarray, ctx: np.ndarray) -> float:
         return float(batch_features(q, ctx) @ self.weights)
+
+    def step_time(self, q, ctx, tokens: int, sampled: int) -> float:
+        return self.predict(np.asarray(q, float), np.asarray(ctx, float))
+
+    def describe(self) -> dict:
+        return {"kind": "fit", "file": self.path, "sha256": hashlib.sha256(Path(self.path).read_bytes()).hexdigest()}
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps({"features": list(FEATURES), "weights": self.weights.tolist(),
@@ -66,4 +75,4 @@ def load_calibration(path) -> Calibration:
         raise ValueError(f"{p}: 'weights' must be finite and >= 0 (seconds per unit of {list(FEATURES)}), "
                          f"got {weights}")
     return Calibration(np.asarray(weights, dtype=float),
-                       {k: v for k, v in data.items() if k not in ("features", "weights")})
+                       {k: v for k, v in data.items() if k not in ("features", "weights")}, str(p))

@@ -2,7 +2,16 @@
 
 Runs on CPU (float32) or CUDA (bfloat16 by default). `execute` packs the flat batch,
 runs one forward pass over every scheduled token (prefill chunks and decodes mixed),
-samples where asked, and reports the measured wall time of the whole step.
+samples where asked, and reports the measured time of the whole step: wall time
+(`dataplane.timer=wall`, default), or with `dataplane.timer=cpu` the CPU time of the thread
+that runs it, at one intra-op thread (`time.thread_time`, user + system).
+
+The CPU timer is for measuring on a shared machine: time the step spends descheduled while
+other processes run is not counted, so two replays agree to ~1 % where wall time differs by
+tens of percent. It still counts what contention does to the step's own work (cache and memory
+bandwidth shared with neighbours) and it leaves out what a step waits for without computing
+(sleeps, I/O; none in a CPU step). It measures one core's work: it equals wall time only on an
+idle machine with threads=1, and it is refused on CUDA, where the GPU does the work.
 """
 from __future__ import annotations
 
@@ -78,6 +87,12 @@ class TorchDataPlane:
         self.graphs: DecodeGraphRunner | None = None     # built with the KV cache it reads
         self.kv_caches: list = []
         self.block_size = 0
+        self.clock = time.thread_time if dp.timer == "cpu" else time.perf_counter
+
+    def describe_cost_model(self) -> dict:
+        """What produced this run's step times (recorded in summary.json)."""
+        return {"kind": "real", "device": str(self.device), "timer": self.dp.timer,
+                "threads": torch.get_num_threads()}
 
     @classmethod
     def from_config(cls, dp: DataplaneConfig, model: ModelConfig, seed: int) -> "TorchDataPlane":
@@ -87,7 +102,16 @@ class TorchDataPlane:
         if model.source == "random" and device.type == "cpu" and num_params(model) > CPU_MAX_PARAMS:
             raise ValueError(f"model '{model.name}' has {num_params(model) / 1e9:.1f}B parameters: too big "
                              "for the CPU torch data plane; use dataplane=sim or a small model")
-        if dp.threads:
+        if dp.timer not in ("wall", "cpu"):
+            raise ValueError(f"dataplane.timer must be wall or cpu, got '{dp.timer}'")
+        if dp.timer == "cpu":
+            if device.type != "cpu":
+                raise ValueError("dataplane.timer=cpu times the CPU thread: on CUDA use timer=wall")
+            if dp.threads not in (None, 1):
+                raise ValueError(f"dataplane.timer=cpu counts one thread's CPU time: dataplane.threads must be "
+                                 f"1 or null, got {dp.threads}")
+            torch.set_num_threads(1)
+        elif dp.threads:
             torch.set_num_threads(dp.threads)
         if device.type == "cpu":
             keep_freed_memory()
@@ -160,11 +184,11 @@ class TorchDataPlane:
         return self.model(packed, self.kv_caches, self.backend, all_logits)
 
     def execute(self, batch: Batch) -> StepResult:
-        start = time.perf_counter()
+        start = self.clock()
         logits = self.forward(batch)
         rows = [i for i, s in enumerate(batch.sample) if s]
         tokens = sample(logits, [batch.sampling[i] for i in rows], [batch.req_ids[i] for i in rows],
                         [batch.context_lens[i] + batch.query_lens[i] for i in rows], self.seed)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return StepResult(tokens, time.perf_counter() - start)
+        return StepResult(tokens, self.clock() - start)
