@@ -14,20 +14,35 @@ from pathlib import Path
 
 import numpy as np
 
-FEATURES = ("const", "tokens", "prefill_attn", "decode_seqs", "decode_kv", "sampled")
+FEATURES = ("const", "tokens", "sampled", "seqs", "decode_kv", "decode_padded_kv", "prefill_pairs",
+            "prefill_padded_pairs", "prefill_padded_keys")
 
 
-def batch_features(q: np.ndarray, ctx: np.ndarray) -> np.ndarray:
-    """Feature vector of one batch given per-request query and context lengths."""
+def batch_features(q: np.ndarray, ctx: np.ndarray, sampled: int | None = None) -> np.ndarray:
+    """Feature vector of one batch given per-request query and context lengths and the number
+    of requests sampled (None: all; a chunk that leaves part of its prompt samples nothing).
+
+    Besides the work itself (tokens through the layers, sampled rows through the LM head,
+    KV tokens read, query-key pairs), the padded work of a batched attention kernel: the
+    torch backend attends decodes as one group padded to the longest context, and prefill
+    chunks as one group padded to the longest chunk and the longest sequence, so one long
+    request makes the whole group cost more. The fit keeps whichever terms the plane shows.
+    """
     decode = (q == 1) & (ctx > 0)
     prefill = ~decode
+    n_dec, n_pre = int(decode.sum()), int(prefill.sum())
+    qp, cp = q[prefill], ctx[prefill]
+    max_seq = float((qp + cp).max()) if n_pre else 0.0
     return np.array([
         1.0,
         q.sum(),
-        float(np.dot(q[prefill], ctx[prefill] + (q[prefill] + 1) / 2)) / 1e3,
-        decode.sum(),
-        ctx[decode].sum() / 1e3,
+        float(len(q) if sampled is None else sampled),
         float(len(q)),
+        (ctx[decode].sum() + n_dec) / 1e3,
+        n_dec * (float(ctx[decode].max()) + 1 if n_dec else 0.0) / 1e3,
+        float(np.dot(qp, cp + (qp + 1) / 2)) / 1e6,
+        n_pre * (float(qp.max()) if n_pre else 0.0) * max_seq / 1e6,
+        n_pre * max_seq / 1e3,
     ])
 
 
@@ -38,11 +53,11 @@ class Calibration:
 
     path: str = ""
 
-    def predict(self, q: np.ndarray, ctx: np.ndarray) -> float:
-        return float(batch_features(q, ctx) @ self.weights)
+    def predict(self, q: np.ndarray, ctx: np.ndarray, sampled: int | None = None) -> float:
+        return float(batch_features(q, ctx, sampled) @ self.weights)
 
     def step_time(self, q, ctx, tokens: int, sampled: int) -> float:
-        return self.predict(np.asarray(q, float), np.asarray(ctx, float))
+        return self.predict(np.asarray(q, float), np.asarray(ctx, float), sampled)
 
     def describe(self) -> dict:
         return {"kind": "fit", "file": self.path, "sha256": hashlib.sha256(Path(self.path).read_bytes()).hexdigest()}
