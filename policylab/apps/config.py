@@ -58,6 +58,12 @@ class GenerateConfig:
 
 
 @dataclass
+class FidelityConfig:
+    """`python -m policylab fidelity`: replays of the real plane to compare with instead of two fresh ones."""
+    real_runs: list = field(default_factory=list)   # two run directories of `policylab run` with this config
+
+
+@dataclass
 class RunConfig:
     seed: int = 0
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -71,6 +77,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)   # `policylab capacity` search
     generate: GenerateConfig = field(default_factory=GenerateConfig)   # `policylab generate`
+    fidelity: FidelityConfig = field(default_factory=FidelityConfig)   # `policylab fidelity`
     objective: str = "goodput"   # summary key `run` returns to sweepers (Optuna): slo_attainment, ttft.p99, ...
     progress: bool = True        # progress bar over requests
     plots: bool = True           # PNG plots in the run directory
