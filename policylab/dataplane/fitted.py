@@ -60,7 +60,8 @@ class Calibration:
         return self.predict(np.asarray(q, float), np.asarray(ctx, float), sampled)
 
     def describe(self) -> dict:
-        return {"kind": "fit", "file": self.path, "sha256": hashlib.sha256(Path(self.path).read_bytes()).hexdigest()}
+        path = Path(self.path)
+        return {"kind": "fit", "file": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps({"features": list(FEATURES), "weights": self.weights.tolist(),

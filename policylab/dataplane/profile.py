@@ -126,7 +126,7 @@ class AllReduce:
                                f"the file has {sorted(set(workers.astype(int).tolist()))}")
         if (rows & (per_node == tp)).any():          # all GPUs of the group in one node, as for TP
             rows &= per_node == tp
-        self.curve = LogInterp(floats(t, "size", path)[rows], floats(t, "time_stats.all_reduce.median", path)[rows] / 1e3)
+        self.curve = LogInterp(floats(t, "size", path, rows), floats(t, "time_stats.all_reduce.median", path, rows) / 1e3)
 
     def __call__(self, size: float) -> float:
         return self.curve(size)
@@ -165,8 +165,8 @@ class ProfileCostModel:
         self._dense: dict = {}
 
     def describe(self) -> dict:
-        return {"kind": "profile", "file": str(self.mlp_path), "sha256": sha256_of(self.mlp_path),
-                "files": {str(p): sha256_of(p) for p in self.files}, "tensor_parallel": self.tp}
+        return {"kind": "profile", "file": str(self.mlp_path.resolve()), "sha256": sha256_of(self.mlp_path),
+                "files": {str(p.resolve()): sha256_of(p) for p in self.files}, "tensor_parallel": self.tp}
 
     def dense_time(self, tokens: int) -> float:
         """Layers (per-op, interpolated) + embedding + all-reduces: the profile's part of a step."""

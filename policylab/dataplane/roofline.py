@@ -77,9 +77,10 @@ class Roofline:
     def lm_head_time(self, sampled: int) -> float:
         t = self._lm_head.get(sampled)
         if t is None:
-            s = self.shape
-            t = self._lm_head[sampled] = 0.0 if sampled == 0 else smooth_max(2 * sampled * s.hidden * s.vocab / self.flops,
-                (s.hidden * s.vocab + sampled * (s.hidden + s.vocab)) * s.dtype_bytes / self.bw)
+            s, b = self.shape, self.shape.dtype_bytes
+            compute = 2 * sampled * s.hidden * s.vocab / self.flops
+            memory = (s.hidden * s.vocab + sampled * (s.hidden + s.vocab)) * b / self.bw
+            t = self._lm_head[sampled] = smooth_max(compute, memory) if sampled else 0.0
         return t
 
     def dense_time(self, tokens: int) -> float:
