@@ -143,3 +143,12 @@ def test_default_roofline_meets_its_targets_on_the_shared_profile():
     error = {n: abs(roofline.dense_time(n) / truth[n] - 1) for n in (2 ** i for i in range(15))}
     assert max(e for n, e in error.items() if n <= 4096) < 0.10
     assert max(e for n, e in error.items() if 512 <= n <= 16384) < 0.05
+
+
+def test_cost_model_choice_errors_and_the_roofline_record(tmp_path):
+    with pytest.raises(ValueError, match="two cost models: set one"):
+        SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", calibration="c.json", profile="p"))
+    with pytest.raises(ValueError, match="tensor_parallel > 1 needs a measured profile"):
+        SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", tensor_parallel=2))
+    info = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim")).describe_cost_model()
+    assert info["kind"] == "roofline" and info["hardware"] == "h100" and info["step_overhead"] == 0.0
