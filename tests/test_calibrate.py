@@ -11,9 +11,9 @@ from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
 from policylab.core.batch import Batch
 from policylab.dataplane.sim import SimDataPlane
 
-# const, tokens, sampled, seqs (0: the grid samples every request, so it equals `sampled`),
-# decode_kv, decode_padded_kv, prefill_pairs, prefill_padded_pairs, prefill_padded_keys
-TRUE_W = np.array([2e-3, 4e-5, 5e-5, 0.0, 2e-5, 1e-5, 3e-2, 1e-2, 1e-5])
+# const, tokens, sampled, seqs (0: the grid samples every request, so it equals `sampled`), masked_groups,
+# decode_kv, decode_padded_kv, prefill_pairs, prefill_causal_pairs, prefill_masked_pairs, prefill_padded_keys
+TRUE_W = np.array([2e-3, 4e-5, 5e-5, 0.0, 1e-3, 2e-5, 1e-5, 3e-2, 1e-2, 2e-2, 1e-5])
 
 
 def synthetic_profile(noise=0.02, seed=0):

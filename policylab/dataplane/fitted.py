@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-FEATURES = ("const", "tokens", "sampled", "seqs", "decode_kv", "decode_padded_kv", "prefill_pairs",
-            "prefill_padded_pairs", "prefill_padded_keys")
+FEATURES = ("const", "tokens", "sampled", "seqs", "masked_groups", "decode_kv", "decode_padded_kv",
+            "prefill_pairs", "prefill_causal_pairs", "prefill_masked_pairs", "prefill_padded_keys")
 
 
 def batch_features(q: np.ndarray, ctx: np.ndarray, sampled: int | None = None) -> np.ndarray:
@@ -26,22 +26,31 @@ def batch_features(q: np.ndarray, ctx: np.ndarray, sampled: int | None = None) -
     KV tokens read, query-key pairs), the padded work of a batched attention kernel: the
     torch backend attends decodes as one group padded to the longest context, and prefill
     chunks as one group padded to the longest chunk and the longest sequence, so one long
-    request makes the whole group cost more. The fit keeps whichever terms the plane shows.
+    request makes the whole group cost more; a group of equal fresh prompts runs SDPA's causal
+    kernel, any other group an explicit mask (on CPU ~3x the time per pair, and ~2 ms to build
+    and apply: a decode step of 2 requests costs 1.5x one of 1). The fit keeps
+    whichever terms the plane shows (a backend without padding leaves those at zero).
     """
     decode = (q == 1) & (ctx > 0)
     prefill = ~decode
     n_dec, n_pre = int(decode.sum()), int(prefill.sum())
     qp, cp = q[prefill], ctx[prefill]
     max_seq = float((qp + cp).max()) if n_pre else 0.0
+    padded = n_pre * (float(qp.max()) if n_pre else 0.0) * max_seq / 1e6
+    causal = n_pre > 0 and qp.max() > 1 and (qp == qp[0]).all() and not cp.any()
+    decode_ctx = ctx[decode]
+    masked_groups = (n_dec > 1 and decode_ctx.min() != decode_ctx.max()) + (n_pre > 0 and not causal)
     return np.array([
         1.0,
         q.sum(),
         float(len(q) if sampled is None else sampled),
         float(len(q)),
+        float(masked_groups),
         (ctx[decode].sum() + n_dec) / 1e3,
         n_dec * (float(ctx[decode].max()) + 1 if n_dec else 0.0) / 1e3,
         float(np.dot(qp, cp + (qp + 1) / 2)) / 1e6,
-        n_pre * (float(qp.max()) if n_pre else 0.0) * max_seq / 1e6,
+        padded if causal else 0.0,
+        0.0 if causal else padded,
         n_pre * max_seq / 1e3,
     ])
 
