@@ -21,57 +21,19 @@ embedding), timed from the network profile's `all_reduce.csv` (`dataplane.networ
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 from pathlib import Path
 
 import numpy as np
 
 from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.profile_csv import ProfileError, floats, read_table, select_tp
 from policylab.dataplane.roofline import Roofline
 
 LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
              "mlp_up_proj", "mlp_act", "mlp_down_proj", "add", "add")
 SHAPE_COLUMNS = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_kv_head": "num_key_value_heads",
                  "n_expanded_embd": "intermediate_size", "vocab_size": "vocab_size"}
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be used: names the file, the column or value, and what was expected."""
-
-
-def read_table(path: Path, required) -> dict:
-    """The CSV's columns (name -> list of strings); every required column present, else ProfileError."""
-    if not path.is_file():
-        raise ProfileError(f"{path}: no such file (expected a Vidur profile CSV)")
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    if len(rows) < 2:
-        raise ProfileError(f"{path}: no data rows")
-    header = rows[0]
-    missing = [c for c in required if c not in header]
-    if missing:
-        raise ProfileError(f"{path}: missing column(s) {', '.join(missing)} (expected Vidur's profile "
-                           f"format, columns like {', '.join(list(required)[:3])})")
-    return {name: [r[i] for r in rows[1:] if len(r) == len(header)] for i, name in enumerate(header)}
-
-
-def floats(table: dict, column: str, path: Path, rows=None) -> np.ndarray:
-    """A numeric column (of the selected rows); an empty or non-numeric cell is named."""
-    values = table[column] if rows is None else [v for v, keep in zip(table[column], rows) if keep]
-    try:
-        return np.asarray(values, dtype=float)
-    except ValueError:
-        bad = next(v for v in values if not _is_float(v))
-        raise ProfileError(f"{path}: column {column} has '{bad}' (expected a number)") from None
-
-
-def _is_float(v: str) -> bool:
-    try:
-        float(v)
-        return True
-    except ValueError:
-        return False
 
 
 def sha256_of(path: Path) -> str:
@@ -103,15 +65,6 @@ def check_shape(table: dict, model: ModelConfig, path: Path) -> None:
             wrong.append(f"{column}={'/'.join(sorted(set(table[column])))} but model.{field}={want}")
     if wrong:
         raise ProfileError(f"{path}: profile is of another model shape than '{model.name}': {'; '.join(wrong)}")
-
-
-def select_tp(table: dict, tp: int, path: Path) -> np.ndarray:
-    workers = floats(table, "num_tensor_parallel_workers", path)
-    rows = workers == tp
-    if not rows.any():
-        raise ProfileError(f"{path}: no rows with num_tensor_parallel_workers={tp} (dataplane.tensor_parallel); "
-                           f"the file has {sorted(set(workers.astype(int).tolist()))}")
-    return rows
 
 
 class AllReduce:

@@ -15,7 +15,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from policylab.core.config import ModelConfig
-from policylab.dataplane.profile import ProfileError, floats, read_table, select_tp
+from policylab.dataplane.profile_csv import ProfileError, floats, read_table, select_tp
 
 SHAPE = {"n_embd": "hidden_size", "n_q_head": "num_attention_heads", "n_kv_head": "num_key_value_heads"}
 REQUIRED = ("time_stats.attn_prefill.median", "time_stats.attn_decode.median", "batch_size", "kv_cache_size",
