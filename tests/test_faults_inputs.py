@@ -77,9 +77,9 @@ def test_the_roofline_refuses_parameters_that_break_the_clock(field, value):
     ("{not json", "not a calibration JSON file"),
     ("[1, 2]", "expected a JSON object with 'features' and 'weights'.*got list"),
     ("{}", "expected a JSON object with 'features' and 'weights'"),
-    (json.dumps({"features": list(FEATURES), "weights": [float("nan")] + [0] * 5}), "'weights' must be finite and >= 0"),
-    (json.dumps({"features": list(FEATURES), "weights": [-1e-3] + [0] * 5}), "'weights' must be finite and >= 0"),
-    (json.dumps({"features": list(FEATURES), "weights": [1, 2]}), "'weights' must be a list of 6 numbers"),
+    (json.dumps({"features": list(FEATURES), "weights": [float("nan")] + [0] * (len(FEATURES) - 1)}), "'weights' must be finite and >= 0"),
+    (json.dumps({"features": list(FEATURES), "weights": [-1e-3] + [0] * (len(FEATURES) - 1)}), "'weights' must be finite and >= 0"),
+    (json.dumps({"features": list(FEATURES), "weights": [1, 2]}), f"'weights' must be a list of {len(FEATURES)} numbers"),
 ])
 def test_a_bad_calibration_file_is_one_line_naming_it(tmp_path, content, expected):
     path = tmp_path / "calibration.json"

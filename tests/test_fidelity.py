@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 from hydra import compose, initialize_config_dir
 
 from policylab.apps.cli import CONFIG_DIR
@@ -14,12 +15,13 @@ SMALL_MODEL = ["model.hidden_size=64", "model.intermediate_size=128", "model.num
 
 
 def test_calibration_and_fidelity_report_end_to_end(tmp_path):
+    cfg_overrides = [
+        "policy=chunked", "policy.chunk_size=128", "trace=bursty", "trace.max_requests=12",
+        "trace.max_prompt_tokens=200", "trace.max_output_tokens=8", "engine.max_num_batched_tokens=128",
+        "engine.max_num_seqs=8", "engine.max_model_len=1024", "dataplane.kv_cache_gb=0.01",
+        "dataplane.threads=1", "dataplane.timer=cpu", "logger=none", "progress=false", *SMALL_MODEL]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "policy=chunked", "policy.chunk_size=128", "trace=bursty", "trace.max_requests=12",
-            "trace.max_prompt_tokens=200", "trace.max_output_tokens=8", "engine.max_num_batched_tokens=128",
-            "engine.max_num_seqs=8", "engine.max_model_len=1024", "dataplane.kv_cache_gb=0.01",
-            "dataplane.threads=1", "logger=none", "progress=false", *SMALL_MODEL])
+        cfg = compose("config", overrides=cfg_overrides)
     table = fidelity(cfg, tmp_path)
     calibration = json.loads((tmp_path / "calibration.json").read_text())
     profile = pd.read_csv(tmp_path / "profile.csv")
@@ -30,7 +32,22 @@ def test_calibration_and_fidelity_report_end_to_end(tmp_path):
     assert (table["real"] > 0).all() and (table["sim"] > 0).all()
     assert table["rel_error"].notna().all() and table["real_noise"].notna().all()
     assert (table["real_again"] > 0).all()
-    assert (tmp_path / "fidelity.md").read_text().startswith("# Sim vs real")
+    report = (tmp_path / "fidelity.md").read_text()
+    assert report.startswith("# Sim vs real") and "real run-to-run spread: at most" in report
+    assert calibration["measured_on"]["timer"] == "cpu"
+    kinds = {d: json.loads((tmp_path / d / "summary.json").read_text())["cost_model"]["kind"]
+             for d in ("real", "real_again", "sim")}
+    assert kinds == {"real": "real", "real_again": "real", "sim": "fit"}
+
+    # the same comparison from those two real replays, without running them again
+    real_runs = f"fidelity.real_runs=[{tmp_path / 'real'},{tmp_path / 'real_again'}]"
+    calibration_file = f"dataplane.calibration={tmp_path / 'calibration.json'}"
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        again = fidelity(compose("config", overrides=[*cfg_overrides, real_runs, calibration_file]), tmp_path / "b")
+        pd.testing.assert_frame_equal(again, table)
+        other = compose("config", overrides=[*cfg_overrides, real_runs, calibration_file, "seed=1"])
+    with pytest.raises(ValueError, match="real_runs: .*real has seed=0, this config 1"):
+        fidelity(other, tmp_path / "c")
     assert (tmp_path / "fidelity_cdf.png").stat().st_size > 10_000
 
 

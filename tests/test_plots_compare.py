@@ -151,3 +151,17 @@ def test_cdf_lines_are_axes_ecdf_thinned_to_exact_points():
     exact = np.searchsorted(np.sort(samples), x[1:-1], side="right") / samples.size
     assert np.allclose(y[1:-1], exact)                              # every drawn step at its exact share
     assert {ln.get_label() for ln in axes[0].get_lines()} >= {"SLO 0.5 s", "SLO 5 s"}   # per-request SLOs
+
+
+def test_compare_records_each_runs_cost_model_and_warns_when_runs_mix_them(tmp_path, capsys):
+    a, b = make_run_dir(tmp_path / "runs" / "a", n=20), make_run_dir(tmp_path / "runs" / "b", n=20)
+    for run_dir, cost_model in ((a, {"kind": "roofline", "hardware": "h100"}),
+                                (b, {"kind": "profile", "file": "/p/mlp.csv", "sha256": "1a2b3c4d5e"})):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        (run_dir / "summary.json").write_text(json.dumps({**summary, "cost_model": cost_model}))
+    assert compare_main([str(tmp_path / "runs"), "-o", str(tmp_path / "cmp")]) == 0
+    warning = "mix cost models (roofline h100, profile mlp.csv@1a2b3c4d)"
+    assert warning in capsys.readouterr().err
+    assert warning in (tmp_path / "cmp" / "compare.md").read_text()
+    runs = pd.read_csv(tmp_path / "cmp" / "runs.csv")
+    assert sorted(runs["cost_model"]) == ["profile mlp.csv@1a2b3c4d", "roofline h100"]

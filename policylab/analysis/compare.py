@@ -19,7 +19,7 @@ from policylab.analysis.breakdown import breakdowns
 from policylab.analysis.compare_figures import capacity_compare, cdf_compare, metric_vs_load, read_capacity
 from policylab.analysis.compare_stats import CI_NOTE, GROUP, aggregate, best_marks, findings
 from policylab.analysis.report import display_table, group_title, write_html, write_markdown
-from policylab.analysis.run_table import COLUMNS, CompareError, collect_runs, find_dirs
+from policylab.analysis.run_table import COLUMNS, CompareError, collect_runs, find_dirs, mixed_cost_models
 
 PRINTED = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)", "ITL p99 (ms)",
            "E2E p99 (s)", "preemptions", "KV peak (%)")
@@ -51,7 +51,7 @@ def compare_runs(run_dirs, out: Path) -> tuple:
     df, common = collect_runs(run_dirs)
     agg = aggregate(df)
     marks = best_marks(agg)
-    notes = findings(df, agg, marks)
+    notes = mixed_cost_models(df) + findings(df, agg, marks)
     tables = breakdowns(df)
     print_table(agg, marks, common)
     df.to_csv(out / "runs.csv", index=False)

@@ -97,6 +97,26 @@ def read_summary(run_dir: Path) -> dict:
         raise CompareError(f"{run_dir / 'summary.json'}: unreadable ({e})") from None
 
 
+def cost_model_label(summary: dict) -> str:
+    """What timed a run's steps, in short: `roofline h100`, `profile mlp.csv@1a2b3c4d`, `real cpu (cpu timer)`."""
+    c = summary.get("cost_model")
+    if not isinstance(c, dict):
+        return "unrecorded"
+    if c.get("kind") == "real":
+        return f"real {c.get('device', '?')} ({c.get('timer', '?')} timer)"
+    if c.get("kind") == "roofline":
+        return f"roofline {c.get('hardware', '?')}"
+    return f"{c.get('kind')} {Path(str(c.get('file', '?'))).name}@{str(c.get('sha256', ''))[:8]}"
+
+
+def mixed_cost_models(df: pd.DataFrame) -> list[str]:
+    """A note when the runs' step times come from different cost models (their latencies differ by
+    what measured them, not only by policy), else none."""
+    models = df["cost_model"].unique().tolist()
+    return [f"these runs mix cost models ({', '.join(models)}): their latencies were not timed the same way"] \
+        if len(models) > 1 else []
+
+
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
@@ -124,12 +144,13 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
                "label": " ".join([policy, *params]), "policy": policy, "params": " ".join(params),
                "replicate": f"seed={config.get('seed', '?')} replicate={trace.get('replicate', 0)}",
                "status": summary.get("status", "?"), "run_dir": str(run_dir),
+               "cost_model": cost_model_label(summary),
                "rate": counts.get("requests", 0) / duration if duration else None,
                "ttft_slo": (summary.get("slo") or {}).get("ttft")}
         for c in COLUMNS:
             value = summary_value(summary, c.path)
             row[c.label] = None if value is None else value * c.scale
         rows.append(row)
-    df = pd.DataFrame(rows, columns=[*IDENTITY, "rate", "ttft_slo", *METRICS])
+    df = pd.DataFrame(rows, columns=[*IDENTITY, "cost_model", "rate", "ttft_slo", *METRICS])
     df[METRICS + ["rate", "ttft_slo"]] = df[METRICS + ["rate", "ttft_slo"]].apply(pd.to_numeric, errors="coerce")
     return df, common

@@ -1,10 +1,12 @@
 """Calibrate the sim data plane on the real one: profile a grid of batches, fit a cost model.
 
-Step time is modelled as a non-negative linear function of batch features that the
-roofline also uses — a fixed per-step overhead, tokens through the dense layers,
-prefill attention work (Σ chunk × context), decode sequences and KV tokens read —
-fitted by least squares on measured steps (median of repeats after warm-up). The fit
-is saved as JSON; `dataplane=sim dataplane.calibration=FILE` replays with it.
+Step time is modelled as a non-negative linear function of batch features
+(`policylab.dataplane.fitted.FEATURES`: a fixed per-step cost, tokens through the dense
+layers, sampled rows, requests, KV tokens read and query-key pairs, and the padded work
+of the batched attention kernel), fitted by non-negative least squares on measured steps
+(median of repeats after warm-up, plus every step of a replay). Measure with
+`dataplane.timer=cpu` on a shared CPU: the fit then follows the plane, not the neighbours.
+The fit is saved as JSON; `dataplane=sim dataplane.calibration=FILE` replays with it.
 """
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ def replay_profile(engine) -> pd.DataFrame:
     def recorded(batch):
         result = execute(batch)
         q, ctx = list(batch.query_lens), list(batch.context_lens)
-        f = batch_features(np.asarray(q, float), np.asarray(ctx, float))
+        f = batch_features(np.asarray(q, float), np.asarray(ctx, float), sum(batch.sample))
         rows.append({"query_lens": q, "context_lens": ctx, **dict(zip(FEATURES, f)), "time": result.duration})
         return result
     engine.dataplane.execute = recorded
@@ -108,14 +110,11 @@ def fit(profile_df: pd.DataFrame, holdout: float = 0.25, seed: int = 0) -> tuple
 
 
 def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with non-negative weights (active set: drop negative terms, refit)."""
-    active = np.ones(A.shape[1], dtype=bool)
-    while True:
-        w = np.zeros(A.shape[1])
-        w[active] = np.linalg.lstsq(A[:, active], b, rcond=None)[0]
-        if (w >= 0).all():
-            return w
-        active &= w > 0
+    """Least squares with non-negative weights (Lawson-Hanson, scipy): a cost is never negative."""
+    from scipy.optimize import nnls as lawson_hanson
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    return lawson_hanson(A / scale, b)[0] / scale        # columns scaled alike: better conditioned
 
 
 def calibrate(dataplane, engine_cfg, run_dir: Path, seed: int = 0, replay_engine=None) -> Calibration:
@@ -124,13 +123,19 @@ def calibrate(dataplane, engine_cfg, run_dir: Path, seed: int = 0, replay_engine
     grid = batch_grid(engine_cfg.max_num_batched_tokens, engine_cfg.max_num_seqs,
                       min(engine_cfg.max_model_len, 4096))
     bar = lambda i, n: print(f"\rprofiling batch {i}/{n}", end="" if i < n else "\n", file=sys.stderr)
-    df = profile(dataplane, grid, engine_cfg.block_size, seed=seed, progress=bar)
+    dp = getattr(dataplane, "dp", None)
+    if dp is not None and dp.timer_repeats > 1:     # the plane keeps the least of k runs already
+        df = profile(dataplane, grid, engine_cfg.block_size, repeats=1, warmup=1, seed=seed, progress=bar)
+    else:
+        df = profile(dataplane, grid, engine_cfg.block_size, seed=seed, progress=bar)
     if replay_engine is not None:
         print(f"profiling the {len(replay_engine.trace)}-request replay of {replay_engine.policy_name}",
               file=sys.stderr)
         df = pd.concat([df, replay_profile(replay_engine)], ignore_index=True)
     df.to_csv(run_dir / "profile.csv", index=False)
     calibration, mape = fit(df, seed=seed)
+    describe = getattr(dataplane, "describe_cost_model", None)
+    calibration.meta["measured_on"] = describe() if describe else None
     calibration.save(run_dir / "calibration.json")
     print(f"calibration: {len(df)} batch shapes, held-out MAPE {mape:.1%} "
           f"(train {calibration.meta['train_mape']:.1%}) -> {run_dir / 'calibration.json'}")

@@ -23,7 +23,17 @@ from policylab.core.config import (DataplaneConfig, EngineConfig, FairnessConfig
                                    ModelConfig, SloConfig, check_engine_config, check_slo_config)
 from policylab.traces.config import TraceConfig
 
-CONFIG_DIR = str(files("policylab.configs"))   # the repository's configs/, shipped in the wheel
+
+
+def _config_dir() -> str:
+    """The configs/ beside this source tree when there is one (a checkout or worktree run with
+    PYTHONPATH must not read another checkout's configs through its editable install), else
+    the copy shipped in the wheel."""
+    checkout = Path(__file__).resolve().parents[2] / "configs"
+    return str(checkout) if (checkout / "config.yaml").is_file() else str(files("policylab.configs"))
+
+
+CONFIG_DIR = _config_dir()
 
 
 @dataclass
@@ -49,6 +59,12 @@ class GenerateConfig:
 
 
 @dataclass
+class FidelityConfig:
+    """`python -m policylab fidelity`: replays of the real plane to compare with instead of two fresh ones."""
+    real_runs: list = field(default_factory=list)   # two run directories of `policylab run` with this config
+
+
+@dataclass
 class RunConfig:
     seed: int = 0
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -65,6 +81,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)   # `policylab capacity` search
     generate: GenerateConfig = field(default_factory=GenerateConfig)   # `policylab generate`
+    fidelity: FidelityConfig = field(default_factory=FidelityConfig)   # `policylab fidelity`
     objective: str = "goodput"   # summary key `run` returns to sweepers (Optuna): slo_attainment, ttft.p99, ...
     progress: bool = True        # progress bar over requests
     plots: bool = True           # PNG plots in the run directory

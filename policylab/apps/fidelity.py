@@ -2,17 +2,22 @@
 
 Sweeps run on the sim because it is thousands of times faster; its numbers are worth
 something only if it predicts the real plane. This job replays the same trace, policy
-and KV size on both and reports the relative error of each latency metric.
+and KV size on both and reports the relative error of each latency metric next to the real
+plane's own run-to-run spread (a second real replay), the floor below which no sim error means
+anything. Each replay's result files are kept (`real/`, `real_again/`, `sim/`). On a shared
+CPU measure with `dataplane.timer=cpu` (and the same timer as the calibration's).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from policylab.analysis.results import summarize_run
+from policylab.analysis.results import plain_config, summarize_run, write_results
 from policylab.apps.calibrate import calibrate
 from policylab.apps.config import RunConfig, typed_config
 from policylab.apps.jobs import build_engine, build_policy, dataplane_of, replay
@@ -24,6 +29,7 @@ from policylab.traces import load_trace
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p99")
+HEADLINE = ("ttft p50", "ttft p99", "tpot p50", "tpot p99", "e2e mean")   # issue #18's fidelity targets
 
 
 def _values(summary: dict) -> list:
@@ -48,23 +54,71 @@ def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
     real_plane = dataplane_of(cfg)
     calib = load_calibration(path) if path else calibrate(real_plane, cfg.engine, run_dir, cfg.seed)
     path = path or str(run_dir / "calibration.json")
-    real_engine = build_engine(cfg, real_plane)
-    real = replay(real_engine, cfg.progress)
-    again_engine = build_engine(cfg, real_plane)     # the same replay once more: measurement noise
-    again = replay(again_engine, cfg.progress)
+    measured_on, timing = calib.meta.get("measured_on") or {}, real_plane.describe_cost_model()
+    if measured_on.get("timer") != timing["timer"]:
+        print(f"warning: the calibration was measured with timer={measured_on.get('timer')}, this replay "
+              f"with timer={timing['timer']}: the sim predicts another clock", file=sys.stderr)
+    (real_req, real_sum), (_, again_sum) = real_replays(cfg, real_plane, timing, run_dir)
     sim_plane = SimDataPlane(cfg.model, cfg.hardware, DataplaneConfig(kind="sim", calibration=path), cfg.seed)
-    engine_cfg = dataclasses.replace(cfg.engine, num_blocks=real_engine.kv.num_blocks)
+    num_blocks = cfg.engine.num_blocks or real_plane.num_kv_blocks(cfg.engine.block_size)
+    engine_cfg = dataclasses.replace(cfg.engine, num_blocks=num_blocks)
     sim_engine = Engine(load_trace(cfg.trace, seed=cfg.seed), build_policy(cfg.policy), sim_plane,
                         engine_cfg, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
     sim = replay(sim_engine, cfg.progress)
-    (real_req, _, real_sum), (sim_req, _, sim_sum) = summarize_run(real, cfg), summarize_run(sim, cfg)
-    table = error_table(real_sum, sim_sum, summarize_run(again, cfg)[2])
+    write_results(run_dir / "sim", sim, cfg, {"cost_model": sim_plane.describe_cost_model()})
+    sim_req, _, sim_sum = summarize_run(sim, cfg)
+    table = error_table(real_sum, sim_sum, again_sum)
     table.to_csv(run_dir / "fidelity.csv", index=False)
     (run_dir / "fidelity.md").write_text(_markdown(table, cfg, calib))
-    _plot_cdfs(real_req, sim_req, run_dir / "fidelity_cdf.png", real_engine.policy_name)
+    _plot_cdfs(real_req, sim_req, run_dir / "fidelity_cdf.png", sim_engine.policy_name)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    print(headline(table))
     print(f"fidelity report: {run_dir / 'fidelity.md'}")
     return table
+
+
+SAME = (("policy", "name"), ("trace", "name"), ("trace", "max_requests"), ("model", "name"), ("seed",),
+        ("dataplane", "timer"), ("dataplane", "timer_repeats"), ("engine", "max_num_batched_tokens"))
+
+
+def real_replays(cfg: RunConfig, real_plane, timing: dict, run_dir: Path) -> list:
+    """(requests, summary) of two real replays of the config: the run directories named by
+    `fidelity.real_runs` (replays of the same config by `policylab run`, checked field by field),
+    else two fresh replays written to run_dir/real and run_dir/real_again."""
+    dirs = [Path(d) for d in cfg.fidelity.real_runs]
+    if not dirs:
+        dirs = [run_dir / "real", run_dir / "real_again"]
+        for d in dirs:          # the same replay twice: the second measures the plane's own noise
+            write_results(d, replay(build_engine(cfg, real_plane), cfg.progress), cfg, {"cost_model": timing})
+    elif len(dirs) != 2:
+        raise ValueError(f"fidelity.real_runs needs two run directories of the same config, got {len(dirs)}")
+    want = plain_config(cfg)
+    out = []
+    for d in dirs:
+        try:
+            summary = json.loads((d / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"fidelity.real_runs: {d / 'summary.json'} unreadable ({e})") from None
+        for key in SAME:
+            have, need = _get(summary.get("config"), key), _get(want, key)
+            if have != need:
+                raise ValueError(f"fidelity.real_runs: {d} has {'.'.join(key)}={have}, this config {need}")
+        out.append((pd.read_parquet(d / "requests.parquet"), summary))
+    return out
+
+
+def _get(tree, key: tuple):
+    for k in key:
+        tree = tree.get(k) if isinstance(tree, dict) else None
+    return tree
+
+
+def headline(table: pd.DataFrame) -> str:
+    """The worst sim error over the headline metrics, next to the worst real run-to-run spread."""
+    rows = table[table["metric"].isin(HEADLINE)]
+    worst = rows.loc[rows["rel_error"].idxmax()]
+    return (f"sim error on {', '.join(HEADLINE)}: at most {worst.rel_error:.1%} ({worst.metric}); "
+            f"real run-to-run spread: at most {rows['real_noise'].max():.1%}")
 
 
 def _markdown(table: pd.DataFrame, cfg, calib: Calibration) -> str:
@@ -75,6 +129,7 @@ def _markdown(table: pd.DataFrame, cfg, calib: Calibration) -> str:
              "| metric | real (s) | sim (s) | sim error | real noise |", "|---|---|---|---|---|"]
     lines += [f"| {r.metric} | {r.real:.4f} | {r.sim:.4f} | {r.rel_error:.1%} | {r.real_noise:.1%} |"
               for r in table.itertuples()]
+    lines += ["", headline(table) + "."]
     return "\n".join(lines) + "\n"
 
 

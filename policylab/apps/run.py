@@ -29,7 +29,9 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         result = replay(engine, cfg.progress, signals)
         if result.traceback:
             result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
-        summary = write_results(run_dir, result, cfg, {"trace_report": trace.report.as_dict()})
+        describe = getattr(engine.dataplane, "describe_cost_model", None)    # what timed the steps
+        extra = {"trace_report": trace.report.as_dict(), **({"cost_model": describe()} if describe else {})}
+        summary = write_results(run_dir, result, cfg, extra)
     if signals.stopped_by:
         tracker.finish()
         print(f"run stopped by a signal: {result.error} — partial results written to {run_dir}", file=sys.stderr)

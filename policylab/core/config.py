@@ -67,14 +67,16 @@ class ModelConfig:
 
 @dataclass
 class HardwareConfig:
-    """Accelerator spec for the sim roofline (public datasheet numbers, dense)."""
+    """Accelerator spec for the sim roofline: peaks from the public datasheet (H100 SXM, dense bf16),
+    efficiencies fitted on Vidur's measured A100 Llama-3-8B kernel times (../shared/profiles;
+    configs/hardware/*.yaml gives each GPU's source)."""
     name: str = "h100"
     peak_flops: float = 989e12      # FLOP/s, bf16 dense
     mem_bandwidth: float = 3.35e12  # bytes/s
     mem_bytes: float = 80e9
-    flops_efficiency: float = 0.6   # achievable share of peak in GEMMs
-    bw_efficiency: float = 0.8      # achievable share of peak bandwidth
-    step_overhead: float = 0.004    # seconds per step: launch, sampling, scheduling on the host
+    flops_efficiency: float = 0.68  # achieved share of peak in GEMMs (see configs/hardware/h100.yaml)
+    bw_efficiency: float = 0.68     # achieved share of peak bandwidth (idem)
+    step_overhead: float = 0.0      # seconds per step of host time not hidden (the profile is kernel time only)
 
 
 @dataclass
@@ -89,6 +91,11 @@ class DataplaneConfig:
     calibration: Optional[str] = None     # sim: fitted cost-model file replacing the roofline
     threads: Optional[int] = None   # torch on CPU: intra-op threads (None: torch default)
     step_time: str = "measured"     # torch: measured | model (sim cost model times each step: machine-independent)
+    timer: str = "wall"             # torch: wall (perf_counter) | cpu (thread CPU time, one intra-op thread)
+    timer_repeats: int = 1          # torch, timer=cpu: run each step k times, keep the least time
+    profile: Optional[str] = None   # sim: directory of a Vidur compute profile (mlp.csv [+ attention.csv])
+    network_profile: Optional[str] = None   # sim + profile: directory with Vidur's all_reduce.csv (tensor_parallel > 1)
+    tensor_parallel: int = 1        # sim: GPUs per replica (profile rows with num_tensor_parallel_workers)
 
 
 @dataclass

@@ -6,6 +6,7 @@ and fits it (`policylab.apps.calibrate`) imports it from here, never the other w
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -13,20 +14,44 @@ from pathlib import Path
 
 import numpy as np
 
-FEATURES = ("const", "tokens", "prefill_attn", "decode_seqs", "decode_kv", "sampled")
+FEATURES = ("const", "tokens", "sampled", "seqs", "masked_groups", "decode_kv", "decode_padded_kv",
+            "prefill_pairs", "prefill_causal_pairs", "prefill_masked_pairs", "prefill_padded_keys")
 
 
-def batch_features(q: np.ndarray, ctx: np.ndarray) -> np.ndarray:
-    """Feature vector of one batch given per-request query and context lengths."""
+def batch_features(q: np.ndarray, ctx: np.ndarray, sampled: int | None = None) -> np.ndarray:
+    """Feature vector of one batch given per-request query and context lengths and the number
+    of requests sampled (None: all; a chunk that leaves part of its prompt samples nothing).
+
+    Besides the work itself (tokens through the layers, sampled rows through the LM head,
+    KV tokens read, query-key pairs), the padded work of a batched attention kernel: the
+    torch backend attends decodes as one group padded to the longest context, and prefill
+    chunks as one group padded to the longest chunk and the longest sequence, so one long
+    request makes the whole group cost more; a group of equal fresh prompts runs SDPA's causal
+    kernel, any other group an explicit mask (on CPU ~3x the time per pair, and ~2 ms to build
+    and apply: a decode step of 2 requests costs 1.5x one of 1). The fit keeps
+    whichever terms the plane shows (a backend without padding leaves those at zero).
+    """
     decode = (q == 1) & (ctx > 0)
     prefill = ~decode
+    n_dec, n_pre = int(decode.sum()), int(prefill.sum())
+    qp, cp = q[prefill], ctx[prefill]
+    max_seq = float((qp + cp).max()) if n_pre else 0.0
+    padded = n_pre * (float(qp.max()) if n_pre else 0.0) * max_seq / 1e6
+    causal = n_pre > 0 and qp.max() > 1 and (qp == qp[0]).all() and not cp.any()
+    decode_ctx = ctx[decode]
+    masked_groups = (n_dec > 1 and decode_ctx.min() != decode_ctx.max()) + (n_pre > 0 and not causal)
     return np.array([
         1.0,
         q.sum(),
-        float(np.dot(q[prefill], ctx[prefill] + (q[prefill] + 1) / 2)) / 1e3,
-        decode.sum(),
-        ctx[decode].sum() / 1e3,
+        float(len(q) if sampled is None else sampled),
         float(len(q)),
+        float(masked_groups),
+        (ctx[decode].sum() + n_dec) / 1e3,
+        n_dec * (float(ctx[decode].max()) + 1 if n_dec else 0.0) / 1e3,
+        float(np.dot(qp, cp + (qp + 1) / 2)) / 1e6,
+        padded if causal else 0.0,
+        0.0 if causal else padded,
+        n_pre * max_seq / 1e3,
     ])
 
 
@@ -35,8 +60,17 @@ class Calibration:
     weights: np.ndarray     # seconds per unit of each feature
     meta: dict
 
-    def predict(self, q: np.ndarray, ctx: np.ndarray) -> float:
-        return float(batch_features(q, ctx) @ self.weights)
+    path: str = ""
+
+    def predict(self, q: np.ndarray, ctx: np.ndarray, sampled: int | None = None) -> float:
+        return float(batch_features(q, ctx, sampled) @ self.weights)
+
+    def step_time(self, q, ctx, tokens: int, sampled: int) -> float:
+        return self.predict(np.asarray(q, float), np.asarray(ctx, float), sampled)
+
+    def describe(self) -> dict:
+        path = Path(self.path)
+        return {"kind": "fit", "file": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps({"features": list(FEATURES), "weights": self.weights.tolist(),
@@ -66,4 +100,4 @@ def load_calibration(path) -> Calibration:
         raise ValueError(f"{p}: 'weights' must be finite and >= 0 (seconds per unit of {list(FEATURES)}), "
                          f"got {weights}")
     return Calibration(np.asarray(weights, dtype=float),
-                       {k: v for k, v in data.items() if k not in ("features", "weights")})
+                       {k: v for k, v in data.items() if k not in ("features", "weights")}, str(p))

@@ -1,11 +1,10 @@
-"""Simulated data plane: step time from a roofline cost model of the batch (DESIGN §5).
+"""Simulated data plane: step time from a cost model of the batch (DESIGN §5).
 
-No model runs. Each step costs the larger of its compute time and its memory time,
-separately for the dense layers (weights read once per step, 2·params FLOPs per token)
-and for attention (KV read per request, FLOPs growing with chunk × context), plus a
-fixed per-step overhead. Sampled tokens are deterministic ids, so the engine path is
-identical to a real run. A fitted calibration (see `policylab.dataplane.fitted`) can replace the
-roofline with a model measured on the real data plane.
+No model runs. One of three cost models prices each step (`build_cost_model`):
+the roofline of the model's shape on a GPU spec (`policylab.dataplane.roofline`, default),
+a measured GPU profile (`dataplane.profile=DIR`, `policylab.dataplane.profile`), or a fit
+on the real data plane (`dataplane.calibration=FILE`, `policylab.dataplane.fitted`).
+Sampled tokens are deterministic ids, so the engine path is identical to a real run.
 """
 from __future__ import annotations
 
@@ -16,23 +15,27 @@ import numpy as np
 from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
 from policylab.core.batch import Batch, StepResult
 from policylab.core.rng import splitmix64
+from policylab.dataplane.roofline import ModelShape, Roofline
 
 MIN_VOCAB = 32    # ids 0..15 and the top 16 are left out of sampled ids (special tokens)
 
 
-class ModelShape:
-    """Sizes derived from a model config that the cost model needs."""
-
-    def __init__(self, m: ModelConfig):
-        head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
-        q, kv = m.num_attention_heads * head_dim, m.num_key_value_heads * head_dim
-        per_layer = m.hidden_size * (q + 2 * kv) + q * m.hidden_size + 3 * m.hidden_size * m.intermediate_size
-        self.layers, self.q_dim, self.vocab = m.num_hidden_layers, q, m.vocab_size
-        self.hidden = m.hidden_size
-        self.dense_params = m.num_hidden_layers * per_layer
-        embed = m.vocab_size * m.hidden_size
-        self.weight_bytes = (self.dense_params + embed * (1 if m.tie_word_embeddings else 2)) * m.dtype_bytes
-        self.kv_bytes_per_token = 2 * m.num_hidden_layers * kv * m.dtype_bytes
+def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig):
+    """The cost model the config names; each has step_time(q, ctx, tokens, sampled) and describe()."""
+    if dp.calibration and dp.profile:
+        raise ValueError("dataplane.calibration and dataplane.profile are two cost models: set one of them")
+    if dp.tensor_parallel < 1:
+        raise ValueError(f"dataplane.tensor_parallel must be >= 1, got {dp.tensor_parallel}")
+    if dp.calibration:
+        from policylab.dataplane.fitted import load_calibration
+        return load_calibration(dp.calibration)
+    if dp.profile:
+        from policylab.dataplane.profile import ProfileCostModel
+        return ProfileCostModel(model, hardware, dp)
+    if dp.tensor_parallel > 1:
+        raise ValueError("dataplane.tensor_parallel > 1 needs a measured profile (dataplane.profile=DIR): "
+                         "the roofline models one GPU")
+    return Roofline(model, hardware)
 
 
 def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneConfig) -> None:
@@ -58,25 +61,15 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneC
 class SimDataPlane:
     def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig, seed: int = 0):
         check_cost_parameters(model, hardware, dp)
-        self.shape, self.hw, self.dp, self.seed = ModelShape(model), hardware, dp, seed
+        self.hw, self.dp, self.seed = hardware, dp, seed
+        self.shape = ModelShape(model)
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
         self.needs_token_ids = False
-        self.calibration = None
-        if dp.calibration:
-            from policylab.dataplane.fitted import load_calibration
-            self.calibration = load_calibration(dp.calibration)
-        s, flops = self.shape, hardware.peak_flops * hardware.flops_efficiency
-        bw = hardware.mem_bandwidth * hardware.bw_efficiency
-        self._s_per_token = 2 * s.dense_params / flops          # the roofline's terms, in seconds
-        self._s_per_sample = 2 * s.hidden * s.vocab / flops
-        self._s_weights = s.weight_bytes / bw
-        self._s_per_attn_pair = 4.0 * s.layers * s.q_dim / flops
-        self._s_per_kv_token = s.kv_bytes_per_token / bw
-        self._s_overhead = hardware.step_overhead
+        self.cost_model = build_cost_model(model, hardware, dp)
         self._next_token: list = []          # position -> id sampled after it (see execute)
 
     def num_kv_blocks(self, block_size: int) -> int:
-        free = self.hw.mem_bytes * self.dp.gpu_memory_utilization - self.shape.weight_bytes
+        free = self.hw.mem_bytes * self.dp.tensor_parallel * self.dp.gpu_memory_utilization - self.shape.weight_bytes
         if free <= 0:
             raise ValueError(f"model weights ({self.shape.weight_bytes / 1e9:.1f} GB) do not fit in "
                              f"{self.hw.name} memory x {self.dp.gpu_memory_utilization}")
@@ -90,20 +83,11 @@ class SimDataPlane:
         return self._step_time(batch, sum(batch.query_lens), sum(map(bool, batch.sample)))
 
     def _step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
-        q, ctx = batch.query_lens, batch.context_lens
-        if self.calibration is not None:
-            return self.calibration.predict(np.asarray(q, float), np.asarray(ctx, float))
-        dense = self._s_per_token * tokens + self._s_per_sample * sampled
-        if dense < self._s_weights:                                      # memory-bound: weights read
-            dense = self._s_weights
-        context = sum(ctx)
-        if tokens == len(q):                                              # decodes only: n = 1
-            attn_work = context + tokens                                  # query x key pairs
-        else:
-            attn_work = sum(n * (c + (n + 1) / 2) for n, c in zip(q, ctx))
-        attn = self._s_per_attn_pair * attn_work
-        kv = self._s_per_kv_token * (context + 2 * tokens)               # read context, write new
-        return dense + (attn if attn > kv else kv) + self._s_overhead
+        return self.cost_model.step_time(batch.query_lens, batch.context_lens, tokens, sampled)
+
+    def describe_cost_model(self) -> dict:
+        """Which cost model produced this run's step times (recorded in summary.json)."""
+        return self.cost_model.describe()
 
     def execute(self, batch: Batch) -> StepResult:
         """Deterministic ids that depend on the position only, clear of special tokens.

@@ -50,6 +50,11 @@ def model_config(name: str) -> ModelConfig:
     return ModelConfig(**OmegaConf.to_container(OmegaConf.load(path)))
 
 
+# Policy scenarios are written in steps of a few milliseconds (arrivals that land mid-burst, a
+# decode pace against a TPOT SLO): a fixed 4 ms per step keeps them independent of roofline refits.
+SCENARIO_HARDWARE = HardwareConfig(step_overhead=0.004)
+
+
 def replay(policy, trace, cfg: EngineConfig, seed: int = 0, model: str | ModelConfig = "tiny",
            hardware: HardwareConfig | None = None, prefix_block_tokens: int = 512) -> tuple[RunResult, list]:
     """Run `trace` with `policy`; returns (result, records).
@@ -60,7 +65,7 @@ def replay(policy, trace, cfg: EngineConfig, seed: int = 0, model: str | ModelCo
     is_instance = callable(getattr(policy, "schedule", None)) and not inspect.isclass(policy)
     instance = policy if is_instance else policy_factory(policy)()
     model = model_config(model) if isinstance(model, str) else model
-    dataplane = SimDataPlane(model, hardware or HardwareConfig(), DataplaneConfig(kind="sim"), seed=seed)
+    dataplane = SimDataPlane(model, hardware or SCENARIO_HARDWARE, DataplaneConfig(kind="sim"), seed=seed)
     records: list = []
     engine = Engine(list(trace), _Recorder(instance, records), dataplane, cfg, seed=seed,
                     prefix_block_tokens=prefix_block_tokens)

@@ -1,0 +1,107 @@
+"""The default cost model of the sim data plane: a roofline of the model's shape on a GPU spec.
+
+Each GEMM of a layer costs its compute time (2·n·K·N FLOPs at `flops_efficiency` of peak)
+and its memory time (weights once, activations in and out, at `bw_efficiency` of peak
+bandwidth), joined by a p-norm `(tc^p + tm^p)^(1/p)` instead of `max(tc, tm)`:
+
+- far from the knee the larger term wins, as in the roofline (a 1-token GEMM streams its
+  weights; a 16k-token one is FLOP-bound);
+- at the knee a pipelined kernel hits neither bound: loads and tensor-core work overlap only
+  partly. On Vidur's A100 Llama-3-8B profile (../shared/profiles) the GEMMs take 1.3-1.4x the
+  larger bound where the two are equal, which is 2^(1/p) for p ≈ 2-3; p = 3 fits the whole
+  curve best (decode steps and prefill chunks together). A sum (p = 1) would
+  double the time there, a max (p = ∞) is 22-38 % short at 128-256 tokens.
+
+Elementwise ops (two RMSNorms, RoPE on q and k, SiLU·mul, two residual adds) are pure memory
+traffic per token per layer; the embedding is a gather of the scheduled tokens' rows, not a
+read of the table; the LM head runs for sampled tokens only. Attention reads each request's
+KV once and does 4·q_dim FLOPs per query-key pair per layer, joined the same way.
+No term is tuned to one file: the only per-GPU numbers are the two efficiencies (and
+`step_overhead`), given with their source in configs/hardware/*.yaml.
+"""
+from __future__ import annotations
+
+from policylab.core.config import HardwareConfig, ModelConfig
+
+P_NORM = 3.0      # knee sharpness (see above): 2^(1/3) = 1.26x the larger bound at balance
+
+
+def smooth_max(a: float, b: float) -> float:
+    """p-norm of two times: the roofline's max with the partial overlap of a real kernel."""
+    return (a ** P_NORM + b ** P_NORM) ** (1 / P_NORM)
+
+
+class ModelShape:
+    """Sizes derived from a model config that the cost models need."""
+
+    def __init__(self, m: ModelConfig):
+        head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
+        h, f = m.hidden_size, m.intermediate_size
+        q, kv = m.num_attention_heads * head_dim, m.num_key_value_heads * head_dim
+        self.gemms = ((h, q + 2 * kv), (q, h), (h, 2 * f), (f, h))   # (K, N): QKV, O, gate+up, down
+        self.layers, self.q_dim, self.vocab, self.hidden = m.num_hidden_layers, q, m.vocab_size, h
+        self.dtype_bytes = m.dtype_bytes
+        self.dense_params = m.num_hidden_layers * sum(k * n for k, n in self.gemms)
+        embed = m.vocab_size * h
+        self.weight_bytes = (self.dense_params + embed * (1 if m.tie_word_embeddings else 2)) * m.dtype_bytes
+        self.kv_bytes_per_token = 2 * m.num_hidden_layers * kv * m.dtype_bytes
+        # elements read + written per token per layer: 2 RMSNorms (h in, h out), RoPE (q and k in
+        # and out), SiLU·mul (2f in, f out), 2 residual adds (2h in, h out)
+        self.elementwise_elems = 2 * 2 * h + 2 * (q + kv) + 3 * f + 2 * 3 * h
+
+
+class Roofline:
+    """Step time of a batch from the shape and the hardware (seconds); dense part cached per token count."""
+
+    def __init__(self, model: ModelConfig, hw: HardwareConfig):
+        self.shape = s = ModelShape(model)
+        self.flops = hw.peak_flops * hw.flops_efficiency
+        self.bw = hw.mem_bandwidth * hw.bw_efficiency
+        self.overhead = hw.step_overhead
+        self.hw_name, self.flops_eff, self.bw_eff = hw.name, hw.flops_efficiency, hw.bw_efficiency
+        self._s_per_attn_pair = 4.0 * s.layers * s.q_dim / self.flops
+        self._s_per_kv_token = s.kv_bytes_per_token / self.bw
+        self._dense: dict = {}
+        self._lm_head: dict = {}
+
+    def layers_time(self, n: int) -> float:
+        """All transformer layers' GEMMs and elementwise ops for n tokens (no attention)."""
+        s, b = self.shape, self.shape.dtype_bytes
+        gemm = sum(smooth_max(2 * n * k * m / self.flops, (k * m + n * (k + m)) * b / self.bw) for k, m in s.gemms)
+        return s.layers * (gemm + n * s.elementwise_elems * b / self.bw)
+
+    def embedding_time(self, n: int) -> float:
+        """A gather: n rows read and written."""
+        return 2 * n * self.shape.hidden * self.shape.dtype_bytes / self.bw
+
+    def lm_head_time(self, sampled: int) -> float:
+        t = self._lm_head.get(sampled)
+        if t is None:
+            s, b = self.shape, self.shape.dtype_bytes
+            compute = 2 * sampled * s.hidden * s.vocab / self.flops
+            memory = (s.hidden * s.vocab + sampled * (s.hidden + s.vocab)) * b / self.bw
+            t = self._lm_head[sampled] = smooth_max(compute, memory) if sampled else 0.0
+        return t
+
+    def dense_time(self, tokens: int) -> float:
+        """Kernel time of everything but attention and the LM head (what a Vidur mlp.csv measures)."""
+        t = self._dense.get(tokens)
+        if t is None:
+            t = self._dense[tokens] = self.layers_time(tokens) + self.embedding_time(tokens)
+        return t
+
+    def attention_time(self, q, ctx, tokens: int) -> float:
+        context = sum(ctx)
+        if tokens == len(q):                                              # decodes only: n = 1
+            pairs = context + tokens                                      # query x key pairs
+        else:
+            pairs = sum(n * (c + (n + 1) / 2) for n, c in zip(q, ctx))
+        return smooth_max(self._s_per_attn_pair * pairs, self._s_per_kv_token * (context + 2 * tokens))
+
+    def step_time(self, q, ctx, tokens: int, sampled: int) -> float:
+        return (self.dense_time(tokens) + self.lm_head_time(sampled) + self.attention_time(q, ctx, tokens)
+                + self.overhead)
+
+    def describe(self) -> dict:
+        return {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,
+                "bw_efficiency": self.bw_eff, "step_overhead": self.overhead, "p_norm": P_NORM}

@@ -1,0 +1,155 @@
+"""Vidur-format GPU profiles as the sim's cost model (`dataplane.profile=DIR`) and the roofline's
+targets against the shared A100 Llama-3-8B profile (../shared/profiles, skipped when absent)."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from policylab.core.batch import Batch
+from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.profile import LAYER_OPS, ProfileCostModel
+from policylab.dataplane.profile_csv import ProfileError
+from policylab.dataplane.roofline import Roofline
+from policylab.dataplane.sim import SimDataPlane
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "profiles" / "vidur"
+A100_LLAMA3_8B = SHARED / "compute" / "a100" / "meta-llama" / "Meta-Llama-3-8B"
+needs_shared = pytest.mark.skipif(not (A100_LLAMA3_8B / "mlp.csv").is_file(),
+                                  reason=f"shared profile not found at {A100_LLAMA3_8B}")
+
+
+def config(group: str, name: str, cls):
+    """A config group's YAML as its dataclass (PyYAML reads `312e12` as a string: made a float)."""
+    data = yaml.safe_load((ROOT / "configs" / group / f"{name}.yaml").read_text())
+    return cls(**{k: float(v) if isinstance(v, str) and v[:1].isdigit() else v for k, v in data.items()})
+
+
+LLAMA3_8B = config("model", "llama3-8b", ModelConfig)
+
+
+def measured(path: Path, tp: int = 1) -> dict:
+    """num_tokens -> profile's dense time (s): layers x per-layer ops (add twice) + embedding."""
+    sums: dict = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if int(row["num_tensor_parallel_workers"]) == tp:
+                t = sum(float(row[f"time_stats.{op}.median"]) for op in LAYER_OPS) * 32 \
+                    + float(row["time_stats.emb.median"])
+                sums.setdefault(int(row["num_tokens"]), []).append(t / 1e3)
+    return {n: sum(v) / len(v) for n, v in sums.items()}
+
+
+@needs_shared
+def test_profile_dense_time_equals_the_profile_at_every_num_tokens():
+    model = ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B)))
+    truth = measured(A100_LLAMA3_8B / "mlp.csv")
+    assert len(truth) > 400
+    worst = max(abs(model.dense_time(n) / t - 1) for n, t in truth.items())
+    assert worst < 0.01
+    # between two measurements it stays between them (no overshoot), beyond the last it grows linearly
+    assert truth[128] <= model.dense_time(130) <= truth[136] or truth[136] <= model.dense_time(130) <= truth[128]
+    assert model.dense_time(65536) == pytest.approx(2 * model.dense_time(32768))
+
+
+@needs_shared
+def test_profile_drives_the_sim_and_is_described():
+    dp = DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B))
+    sim = SimDataPlane(LLAMA3_8B, HardwareConfig(step_overhead=0.0), dp)
+    batch = Batch([0, 1], [300, 1], [0, 700], [[0], [1]], [], [True, True], [None, None])
+    dense = sim.cost_model.dense_time(301)
+    assert sim.execute(batch).duration > dense
+    info = sim.describe_cost_model()
+    assert info["kind"] == "profile" and info["file"].endswith("mlp.csv") and len(info["sha256"]) == 64
+
+
+@needs_shared
+def test_tensor_parallel_uses_its_rows_and_the_all_reduce_profile():
+    tp1 = ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B)))
+    dp = DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B), tensor_parallel=2,
+                         network_profile=str(SHARED / "network" / "a100_dgx"))
+    tp2 = ProfileCostModel(LLAMA3_8B, HardwareConfig(), dp)
+    assert tp2.all_reduce is not None and len(tp2.files) == 2
+    big = 8192
+    assert tp2.dense_time(big) < tp1.dense_time(big)               # half the GEMM work per GPU
+    no_comm = tp2.dense_time(big) - 65 * tp2.all_reduce(big * 4096 * 2)
+    assert no_comm == pytest.approx(32 * sum(tp2.ops[op](big) for op in LAYER_OPS) + tp2.ops["emb"](big))
+    with pytest.raises(ProfileError, match="network_profile"):
+        ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B),
+                                                                      tensor_parallel=2))
+    with pytest.raises(ProfileError, match="num_tensor_parallel_workers=3"):
+        ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B),
+                                                                      tensor_parallel=3))
+
+
+@needs_shared
+def test_profile_of_another_model_shape_is_refused_naming_the_mismatch():
+    with pytest.raises(ProfileError, match=r"n_embd=4096 but model.hidden_size=256.*n_head=32"):
+        ProfileCostModel(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B)))
+
+
+def test_missing_file_or_column_is_named(tmp_path):
+    with pytest.raises(ProfileError, match=r"mlp.csv: no such file"):
+        ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
+    (tmp_path / "mlp.csv").write_text("num_tokens,time_stats.emb.median\n1,0.1\n")
+    with pytest.raises(ProfileError, match=r"mlp.csv: missing column\(s\) time_stats.add.median"):
+        ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
+
+
+def write_attention_csv(path: Path, n_embd=4096, decode_ms_per_kv=1e-5, prefill_ms_per_pair=2e-8) -> None:
+    """A Vidur-shaped attention.csv whose times are exact lines in the work (for the fit to recover)."""
+    cols = ["time_stats.attn_prefill.median", "time_stats.attn_decode.median", "batch_size", "kv_cache_size",
+            "prefill_chunk_size", "is_prefill", "num_tensor_parallel_workers", "n_embd", "n_q_head", "n_kv_head"]
+    rows = []
+    for chunk in (64, 256, 1024, 4096):
+        for kv in (0, 1024, 4096):
+            rows.append([0.01 + prefill_ms_per_pair * chunk * (kv + chunk / 2), "", 1, kv, chunk, True])
+    for batch in (1, 8, 64, 256):
+        for kv in (128, 1024, 4096):
+            rows.append(["", 0.02 + decode_ms_per_kv * batch * kv, batch, kv, 0, False])
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        w.writerows(r + [1, n_embd, 32, 8] for r in rows)
+
+
+@needs_shared
+def test_attention_csv_is_used_when_present(tmp_path):
+    for name in ("mlp.csv",):
+        (tmp_path / name).write_bytes((A100_LLAMA3_8B / name).read_bytes())
+    write_attention_csv(tmp_path / "attention.csv")
+    model = ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
+    assert model.attention is not None and len(model.files) == 2
+    per_layer = model.attention([1] * 10, [2047] * 10)                  # 10 decodes over 2k contexts
+    assert per_layer == pytest.approx((0.02 + 1e-5 * 10 * 2048) / 1e3, rel=1e-3)
+    per_layer = model.attention([512], [1024])
+    assert per_layer == pytest.approx((0.01 + 2e-8 * 512 * (1024 + 256)) / 1e3, rel=1e-3)
+    write_attention_csv(tmp_path / "attention.csv", n_embd=2048)
+    with pytest.raises(ProfileError, match="n_embd=2048 but model.hidden_size=4096"):
+        ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
+
+
+@needs_shared
+def test_default_roofline_meets_its_targets_on_the_shared_profile():
+    """Issue #18's targets, with step_overhead=0, at the profile's power-of-two num_tokens: decode-shaped
+    steps (context ~0) 1-4,096 tokens within 10 %, prefill chunks 512-16,384 within 5 %. Between powers
+    of two the measured kernels step with their GEMM tiles (up to 40 % from one 8-token point to the
+    next), which no smooth model follows; the README lists those errors too."""
+    hw = config("hardware", "a100", HardwareConfig)
+    hw.step_overhead = 0.0
+    roofline, truth = Roofline(LLAMA3_8B, hw), measured(A100_LLAMA3_8B / "mlp.csv")
+    error = {n: abs(roofline.dense_time(n) / truth[n] - 1) for n in (2 ** i for i in range(15))}
+    assert max(e for n, e in error.items() if n <= 4096) < 0.10
+    assert max(e for n, e in error.items() if 512 <= n <= 16384) < 0.05
+
+
+def test_cost_model_choice_errors_and_the_roofline_record(tmp_path):
+    with pytest.raises(ValueError, match="two cost models: set one"):
+        SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", calibration="c.json", profile="p"))
+    with pytest.raises(ValueError, match="tensor_parallel > 1 needs a measured profile"):
+        SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", tensor_parallel=2))
+    info = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim")).describe_cost_model()
+    assert info["kind"] == "roofline" and info["hardware"] == "h100" and info["step_overhead"] == 0.0

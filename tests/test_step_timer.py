@@ -1,0 +1,75 @@
+"""`dataplane.timer=cpu`: a real-plane step is timed by its thread's CPU time, so time the step
+spends off the CPU (other processes running, sleeping) is not counted; wall time counts it."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from policylab.core.batch import Batch
+from policylab.core.config import DataplaneConfig, ModelConfig
+from policylab.core.request import SamplingParams
+from policylab.dataplane.torch_plane import TorchDataPlane
+
+SMALL = ModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=512)
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def plane_with_a_sleeping_step(timer: str) -> tuple:
+    plane = TorchDataPlane.from_config(DataplaneConfig(device="cpu", dtype="float32", timer=timer), SMALL, 0)
+    plane.allocate_kv(8, 16)
+    forward = plane.forward
+
+    def sleepy_forward(batch, all_logits=False):
+        time.sleep(0.3)                       # off the CPU, as when a neighbour holds the core
+        return forward(batch, all_logits)
+    plane.forward = sleepy_forward
+    batch = Batch([0], [5], [0], [[0]], [np.arange(16, 21, dtype=np.int32)], [True], [SamplingParams()])
+    return plane, batch
+
+
+def test_cpu_timer_leaves_out_time_off_the_cpu(keep_threads):
+    plane, batch = plane_with_a_sleeping_step("cpu")
+    assert torch.get_num_threads() == 1
+    assert plane.execute(batch).duration < 0.15
+    assert plane.describe_cost_model() == {"kind": "real", "device": "cpu", "timer": "cpu", "timer_repeats": 1,
+                                           "threads": 1}
+    wall, batch = plane_with_a_sleeping_step("wall")
+    assert wall.execute(batch).duration >= 0.3
+
+
+def test_bad_timer_settings_are_refused(keep_threads):
+    with pytest.raises(ValueError, match="dataplane.timer must be wall or cpu"):
+        TorchDataPlane.from_config(DataplaneConfig(device="cpu", timer="gpu"), SMALL, 0)
+    with pytest.raises(ValueError, match="dataplane.threads must be 1 or null, got 2"):
+        TorchDataPlane.from_config(DataplaneConfig(device="cpu", timer="cpu", threads=2), SMALL, 0)
+
+
+def test_repeats_keep_the_least_cpu_time_and_the_same_tokens(keep_threads):
+    plane = TorchDataPlane.from_config(DataplaneConfig(device="cpu", dtype="float32", timer="cpu",
+                                                       timer_repeats=3), SMALL, 0)
+    plane.allocate_kv(8, 16)
+    forward, spins = plane.forward, iter([0.08, 0.0, 0.05])
+
+    def busy_forward(batch, all_logits=False):
+        end = time.thread_time() + next(spins)          # CPU work a disturbed repeat would add
+        while time.thread_time() < end:
+            pass
+        return forward(batch, all_logits)
+    plane.forward = busy_forward
+    batch = Batch([0], [5], [0], [[0]], [np.arange(16, 21, dtype=np.int32)], [True], [SamplingParams()])
+    result = plane.execute(batch)
+    assert result.duration < 0.04
+    plane.forward = forward
+    assert result.sampled == plane.execute(batch).sampled
+    with pytest.raises(ValueError, match="timer_repeats applies to dataplane.timer=cpu"):
+        TorchDataPlane.from_config(DataplaneConfig(device="cpu", timer_repeats=2), SMALL, 0)
