@@ -20,6 +20,7 @@ from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing import fingerprint
 from policylab.testing.cluster import build_cluster, check_cluster
+from policylab.testing.replay import SCENARIO_HARDWARE
 from policylab.testing.strategies import scenarios
 
 ROUTERS = [RoundRobin, RandomRouter, LeastLoaded, PowerOfTwo, PrefixAffinity, Session]
@@ -37,7 +38,7 @@ def poisson_trace(n=60, rate=20.0, prompt=(40, 300), output=(2, 40), seed=3, pre
 @pytest.mark.parametrize("policy", ["prefill_first", "chunked", "fairness"])
 def test_one_replica_replays_exactly_as_the_engine(policy):
     trace = poisson_trace(80, rate=60.0)
-    plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, DataplaneConfig(kind="sim"))
     from policylab.testing.loader import policy_factory
     alone = Engine(trace, policy_factory(policy)(), plane, CFG, prefix_block_tokens=32).run()
     cluster = build_cluster(trace, policy, RoundRobin, CFG, replicas=1).run()

@@ -29,8 +29,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         result = replay(engine, cfg.progress, signals)
         if result.traceback:
             result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
-        describe = getattr(engine.dataplane, "describe_cost_model", None)    # what timed the steps
-        extra = {"trace_report": trace.report.as_dict(), **({"cost_model": describe()} if describe else {})}
+        cost_model = cost_model_of(engine)                                  # what timed the steps
+        extra = {"trace_report": trace.report.as_dict(), **({"cost_model": cost_model} if cost_model else {})}
         summary = write_results(run_dir, result, cfg, extra)
     if signals.stopped_by:
         tracker.finish()
@@ -55,6 +55,15 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     if result.partial:
         print(f"run ended early: {result.error} — partial results written to {run_dir}", file=sys.stderr)
     return summary
+
+
+def cost_model_of(engine) -> dict | None:
+    """The cost model that timed a replay's steps; a cluster's when its replicas share one."""
+    planes = [r.engine.dataplane for r in engine.replicas] if hasattr(engine, "replicas") else [engine.dataplane]
+    described = [p.describe_cost_model() for p in planes if hasattr(p, "describe_cost_model")]
+    if not described:
+        return None
+    return described[0] if all(d == described[0] for d in described) else {"kind": "mixed", "replicas": described}
 
 
 def write_traceback(run_dir: Path, text: str) -> Path:

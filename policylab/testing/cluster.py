@@ -23,6 +23,7 @@ from policylab.dataplane.sim import ModelShape, SimDataPlane
 from policylab.testing.harness import fingerprint
 from policylab.testing.loader import policy_factory
 from policylab.testing.properties import InvariantViolation
+from policylab.testing.replay import SCENARIO_HARDWARE
 
 EPS = 1e-9
 
@@ -31,10 +32,11 @@ def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: in
                   decode: int = 0, decode_router_factory=None, hardware: Optional[list] = None,
                   link: LinkConfig = LinkConfig(), seed: int = 0, prefix_block_tokens: int = 32,
                   checked: bool = False) -> Cluster:
-    """A sim cluster: `replicas` colocated engines, or `prefill` + `decode` ones (P/D)."""
+    """A sim cluster: `replicas` colocated engines, or `prefill` + `decode` ones (P/D); the tiny
+    model at a fixed 4 ms per step unless `hardware` says otherwise (as the other scenarios)."""
     trace = sorted(trace, key=lambda t: t.arrival_time)
     roles = ["prefill"] * prefill + ["decode"] * decode if prefill else ["colocated"] * replicas
-    hardware = hardware or [HardwareConfig()] * len(roles)
+    hardware = hardware or [SCENARIO_HARDWARE] * len(roles)    # a fixed 4 ms a step, as every scenario
     make_policy, model = policy_factory(policy), ModelConfig()
     engine_cfg = dataclasses.replace(cfg, check_invariants=True) if checked else cfg
     built = [Replica(k, role, hw.name, Engine(prefill_trace(trace) if role == "prefill" else trace, make_policy(),
