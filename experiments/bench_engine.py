@@ -131,7 +131,7 @@ def timed_calls(split: dict):
         return tracker
 
     targets = [(jobs, "load_trace", "trace load"), (run, "replay", "replay"), (results, "write_results", "results"),
-               (plots, "write_run_plots", "plots")]
+               (results.ResultStream, "finish", "results"), (plots, "write_run_plots", "plots")]
     original = {name: getattr(mod, name) for mod, name, _ in targets} | {"open_tracker": tracking.open_tracker}
     for mod, name, bucket in targets:
         setattr(mod, name, wrap(getattr(mod, name), bucket))

@@ -19,6 +19,10 @@ waiting, preempt `running.pop()`); vLLM v0 `PartialPrefillMetadata`.
 Subclasses change only the order (`running_order`, `admission_order`) and may reject
 (`rejections`), cap prefill tokens (`prefill_cap`), size new chunks (`new_chunk`) or
 account for admissions (`on_admitted`).
+Cost: when every running decode fits the free KV (the usual step), all of them get their
+token whatever the order, so the decodes are served as one set (`view.decoding`,
+`view.needs_block`, `view.decode_all`) and only the prefills are ordered; the full
+running order is built only when KV runs short and victims must be chosen.
 """
 from __future__ import annotations
 
@@ -30,17 +34,20 @@ from policylab import Policy, RequestView, SchedulerView, StepPlan
 class _Step:
     """Mutable bookkeeping of one schedule() call."""
 
-    def __init__(self, view: SchedulerView, budget: int, running: list, partials: int):
+    def __init__(self, view: SchedulerView, budget: int, slot: int, pending: list, seqs: int, partials: int):
         self.view, self.plan = view, StepPlan()
-        self.budget, self.free = budget, view.num_free_blocks
-        self.pending = list(running)      # running, not yet scheduled nor preempted (victims from the tail)
-        self.taken: set = set()           # req_ids scheduled or preempted this step
-        self.seqs = len(running)
+        self.budget, self.free, self.slot = budget, view.num_free_blocks, slot
+        self.pending = pending            # running, in running order, not yet served: victims from the tail
+        self.taken: set = set()           # req_ids of `pending` scheduled or preempted this step
+        self.seqs = seqs
         self.partials = partials          # started, unfinished prefills
         self.admitted = 0
 
     def add(self, v: RequestView, n: int, need: int) -> None:
-        self.plan.num_scheduled_tokens[v.req_id] = n
+        tokens = self.plan.num_scheduled_tokens
+        if tokens is self.view.decode_all:
+            tokens = self.plan.num_scheduled_tokens = dict(tokens)
+        tokens[v.req_id] = n
         self.taken.add(v.req_id)
         self.budget -= n
         self.free -= need
@@ -86,9 +93,10 @@ class Chunked(Policy):
         self.chunk_size, self.max_partial_prefills = chunk_size, max_partial_prefills
 
     # ------------------------------------------------------------------ hooks
-    def running_order(self, view: SchedulerView) -> list:
-        """Order in which running requests are served; preemption victims come from its tail."""
-        return view.running
+    def running_order(self, view: SchedulerView, running: list) -> list:
+        """`running` (running requests, in start order) in the order they are served;
+        preemption victims come from the tail of the whole running order."""
+        return running
 
     def admission_order(self, view: SchedulerView) -> Iterable[RequestView]:
         """Waiting requests in the order they are admitted (may react to `on_admitted`)."""
@@ -98,8 +106,8 @@ class Chunked(Policy):
         """Waiting req_id -> reason, for admission control."""
         return {}
 
-    def prefill_cap(self, view: SchedulerView, budget: int, decodes: list) -> int:
-        """Tokens left for prefill chunks once the running `decodes` are served."""
+    def prefill_cap(self, view: SchedulerView, budget: int) -> int:
+        """Tokens left for prefill chunks once the running decodes (`view.decoding`) are served."""
         return budget
 
     def new_chunk(self, view: SchedulerView, v: RequestView, budget: int, admitted: int) -> int:
@@ -116,35 +124,42 @@ class Chunked(Policy):
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         budget = self.token_budget(view)
-        running = list(self.running_order(view))
-        if len(view.decoding) == len(view.running) == len(running):   # steady state: all decode
-            decodes, prefills = running, []
+        decoding, by_id = view.decoding, view.by_id
+        prefills = [] if len(decoding) == len(view.running) else \
+            [by_id[rid] for rid in view.running_ids if rid not in decoding]
+        sharing = min(self.max_partial_prefills, len(prefills) + len(view.waiting))
+        slot = max(1, budget // max(1, sharing))        # each prefill's share of the budget
+        if len(view.needs_block) <= view.num_free_blocks:     # every decode fits: no victim
+            s = _Step(view, budget, slot, self.running_order(view, prefills), len(view.running), len(prefills))
+            self._all_decodes(s, prefills)
         else:
-            decodes, prefills, decoding = [], [], view.decoding
-            for v in running:
-                (decodes if v.req_id in decoding else prefills).append(v)
-        s = _Step(view, budget, running, len(prefills))
-        sharing = min(self.max_partial_prefills, s.partials + len(view.waiting))
-        s.slot = max(1, budget // max(1, sharing))      # each prefill's share of the budget
+            running = self.running_order(view, list(view.running))
+            s = _Step(view, budget, slot, running, len(running), len(prefills))
+            self._decodes(s, [v for v in running if v.req_id in decoding])
         s.plan.reject = self.rejections(view)
-        self._decodes(s, decodes)
-        s.budget = min(s.budget, self.prefill_cap(view, s.budget, decodes))
-        self._running_prefills(s, prefills)
+        if not prefills and (s.plan.preempt or len(view.waiting) == len(s.plan.reject)):
+            return s.plan                 # nothing to prefill or admit
+        s.budget = min(s.budget, self.prefill_cap(view, s.budget))
+        self._running_prefills(s, s.pending[:])
         if not s.plan.preempt:
             self._admit(s, min(view.max_num_seqs, budget))
         return s.plan
 
+    def _all_decodes(self, s: _Step, prefills: list) -> None:
+        """Every running decode gets its token: the engine's `decode_all` when all running decode."""
+        view = s.view
+        if prefills:
+            decoding = view.decoding
+            s.plan.num_scheduled_tokens = dict.fromkeys([r for r in view.running_ids if r in decoding], 1)
+        else:
+            s.plan.num_scheduled_tokens = view.decode_all     # read-only: copied by the first add
+        s.budget -= len(view.decoding)
+        s.free -= len(view.needs_block)
+
     def _decodes(self, s: _Step, decodes: list) -> None:
+        """KV runs short: serve decodes in running order, preempting from the tail."""
         taken, tokens, needed = s.taken, s.plan.num_scheduled_tokens, s.view.blocks_needed
-        ids = [v.req_id for v in decodes]
-        new_blocks = s.view.needs_block & set(ids)
-        if not taken and len(new_blocks) <= s.free:     # all fit: one token each, no victim needed
-            tokens.update(dict.fromkeys(ids, 1))
-            taken.update(ids)
-            s.budget -= len(ids)
-            s.free -= len(new_blocks)
-            return
-        for v in decodes:                 # the hot loop: one token each, inline bookkeeping
+        for v in decodes:                 # one token each, inline bookkeeping
             rid = v.req_id
             if rid in taken:
                 continue

@@ -12,11 +12,15 @@ Counters never decrease.
 Batching is `chunked` (decodes first, one `chunk_size` token budget, tail preemption), so
 the admission order is the only difference from it. A preempted request is recomputed
 without a second prompt charge: recomputation is the system's cost, not service.
-Generated tokens are charged when the policy next sees them (next step, or on_finished).
+The per-client queues are kept across steps and updated with what changed (arrivals,
+admissions, preemptions), so a step looks at the clients' heads, not the whole queue.
+Generated tokens are charged when the policy next sees them (`view.sampled` at the next
+step, or on_finished).
 """
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
+from itertools import repeat
 
 from policylab import RequestView, SchedulerView, StepPlan
 from policies.chunked import Chunked
@@ -37,32 +41,69 @@ class Fairness(Chunked):
             raise ValueError(f"{self.name}: w_in and w_out must be >= 0, got {w_in}, {w_out}")
         self.w_in, self.w_out, self.weights = float(w_in), float(w_out), weights
         self.counters: dict = defaultdict(float)
-        self._outputs_charged: dict = {}        # req_id -> output tokens already charged
+        self._admitted: dict = {}               # req_id -> client, live requests admitted once
         self._backlogged: set = set()
         self._last_left = 0.0
+        self._queues: dict = defaultdict(deque)   # client -> its waiting req_ids, queue order
+        self._client_of: dict = {}              # waiting req_id -> client
+        self._leaving: list = []                # req_ids our last plan admitted
+        self._entering: list = []               # req_ids our last plan preempted
 
     def weight(self, client: str) -> float:
         return float(self.weights.get(client, 1.0))
 
     def schedule(self, view: SchedulerView) -> StepPlan:
-        for v in view.running:
-            self._charge_outputs(v)
+        self._update_queues(view)
+        self._charge_outputs(view.sampled)
         self._update_backlog(view)
-        return super().schedule(view)
+        plan = super().schedule(view)
+        self._entering = list(plan.preempt)
+        return plan
+
+    def _update_queues(self, view: SchedulerView) -> None:
+        """Apply what changed since the last step: our admissions, our preemptions (back in front,
+        as the engine puts them), arrivals. Each client's queue keeps the waiting queue's order."""
+        queues, client_of, by_id = self._queues, self._client_of, view.by_id
+        for rid in self._leaving:                    # admitted: heads of their client's queue
+            queue = queues[client_of.pop(rid)]
+            if queue[0] == rid:
+                queue.popleft()
+            else:
+                queue.remove(rid)
+        for rid in reversed(self._entering):
+            client = client_of[rid] = by_id[rid].client
+            queues[client].appendleft(rid)
+        for rid in view.arrived:
+            client = client_of[rid] = by_id[rid].client
+            queues[client].append(rid)
+        self._leaving, self._entering = [], []
+        if len(client_of) != len(view.waiting):       # (a plan the engine did not carry out as given)
+            queues.clear()
+            self._client_of = {v.req_id: v.client for v in view.waiting}
+            for rid, client in self._client_of.items():
+                queues[client].append(rid)
 
     def on_finished(self, v: RequestView) -> None:
-        if v.req_id in self._outputs_charged:
-            self._charge_outputs(v)
-            del self._outputs_charged[v.req_id]
+        client = self._admitted.pop(v.req_id, None)
+        if client is not None:         # it finished on the token it just got: not charged yet
+            self.counters[client] += self.w_out * 1 / self.weight(client)
 
-    def _charge_outputs(self, v: RequestView) -> None:
-        done = self._outputs_charged.get(v.req_id)
-        if done is not None and v.num_output_tokens > done:
-            self.counters[v.client] += self.w_out * (v.num_output_tokens - done) / self.weight(v.client)
-            self._outputs_charged[v.req_id] = v.num_output_tokens
+    def _charge_outputs(self, sampled) -> None:
+        """Charge w_out for each token the last step gave a running request (one each), client by
+        client: the same additions, in the same order per counter, as charging request by request."""
+        admitted, counters = self._admitted, self.counters
+        for client, tokens in Counter(map(admitted.get, sampled)).items():
+            if client is not None:         # (None: finished, charged by on_finished)
+                counter, charge = counters[client], self.w_out * 1 / self.weight(client)
+                if counter.is_integer() and charge.is_integer() and abs(counter) + tokens * abs(charge) < 2 ** 53:
+                    counters[client] = counter + tokens * charge      # whole numbers: exact at once
+                    continue
+                for _ in repeat(None, tokens):
+                    counter += charge
+                counters[client] = counter
 
     def _update_backlog(self, view: SchedulerView) -> None:
-        queued = {v.client for v in view.waiting}
+        queued = {client for client, queue in self._queues.items() if queue}
         stayed = queued & self._backlogged
         left = self._backlogged - queued
         if left:
@@ -74,17 +115,17 @@ class Fairness(Chunked):
         self._backlogged = queued
 
     def admission_order(self, view: SchedulerView):
-        heads: dict = {}
-        for v in view.waiting:
-            heads.setdefault(v.client, deque()).append(v)
+        queues, by_id = self._queues, view.by_id
+        heads = {client: 0 for client, queue in queues.items() if queue}   # client -> its head's place
         while heads:
-            client = min(heads, key=lambda c: (self.counters[c], heads[c][0].arrival_time, c))
-            queue = heads[client]
-            yield queue.popleft()
-            if not queue:
+            client = min(heads, key=lambda c: (self.counters[c], by_id[queues[c][heads[c]]].arrival_time, c))
+            yield by_id[queues[client][heads[client]]]
+            heads[client] += 1
+            if heads[client] == len(queues[client]):
                 del heads[client]
 
     def on_admitted(self, v: RequestView, n: int) -> None:
-        if v.req_id not in self._outputs_charged:      # first admission: charge the prompt once
+        self._leaving.append(v.req_id)
+        if v.req_id not in self._admitted:      # first admission: charge the prompt once
             self.counters[v.client] += self.w_in * v.prompt_len / self.weight(v.client)
-            self._outputs_charged[v.req_id] = v.num_output_tokens
+            self._admitted[v.req_id] = v.client

@@ -25,7 +25,7 @@ per-token pace deadlines as in Liu et al., "Andes" (2024); Sarathi-Serve's token
 """
 from __future__ import annotations
 
-from itertools import chain
+from operator import countOf
 
 from policylab import RequestView, SchedulerView, StepPlan
 from policies.chunked import Chunked
@@ -53,8 +53,10 @@ class SloAware(Chunked):
         self.prefill_token_cost, self.decode_step_cost = float(prefill_token_cost), float(decode_step_cost)
         self.learn_costs, self.learning_rate = learn_costs, float(learning_rate)
         self.default_output_tokens = default_output_tokens
-        self._slack: dict = {}
-        self._last = None       # (clock, step, prefill tokens, live req_ids) of the last plan
+        self._slack: dict = {}  # req_id -> slack at this step's clock (`_now`), filled on demand
+        self._now = 0.0
+        self._last = None       # (clock, step, prefill tokens, live requests) of the last plan
+        self._departed = 0      # requests finished or rejected since the last plan
 
     # ------------------------------------------------------------- estimates
     def slos(self, v: RequestView) -> tuple:
@@ -81,7 +83,7 @@ class SloAware(Chunked):
         last, self._last = self._last, None
         if last is None or view.step != last[1] + 1:
             return
-        if not any(v.req_id in last[3] for v in chain(view.running, view.waiting)):
+        if self._departed >= last[3]:
             return                        # everything drained: the clock may have idled since
         duration, prefill_tokens, rate = view.clock - last[0], last[2], self.learning_rate
         if prefill_tokens == 0:
@@ -95,19 +97,32 @@ class SloAware(Chunked):
     def schedule(self, view: SchedulerView) -> StepPlan:
         if self.learn_costs:
             self._learn(view)
-        now = view.clock
-        self._slack = {v.req_id: self.slack(v, now) for v in chain(view.running, view.waiting)}
+        self._now, self._slack = view.clock, {}      # slack is computed only where an order needs it
         plan = super().schedule(view)
         if self.learn_costs:            # chunks of more than one token are prefill (decodes get 1)
-            prefill = sum(n for n in plan.num_scheduled_tokens.values() if n > 1)
-            self._last = (now, view.step, prefill, set(self._slack))
+            tokens = plan.num_scheduled_tokens.values()
+            self._last = (view.clock, view.step, sum(tokens) - countOf(tokens, 1),
+                          len(view.running) + len(view.waiting))
+            self._departed = 0
         return plan
 
-    def _late(self, v: RequestView) -> bool:
-        return v.first_token_time is None and self._slack[v.req_id] < 0
+    def on_finished(self, v: RequestView) -> None:
+        self._departed += 1              # requests live at the last plan that left since
 
-    def running_order(self, view: SchedulerView) -> list:
-        return sorted(view.running, key=lambda v: (self._slack[v.req_id], v.arrival_time, v.req_id))
+    def _slack_of(self, v: RequestView) -> float:
+        slack = self._slack.get(v.req_id)
+        if slack is None:
+            slack = self._slack[v.req_id] = self.slack(v, self._now)
+        return slack
+
+    def _late(self, v: RequestView) -> bool:
+        return v.first_token_time is None and self._slack_of(v) < 0
+
+    def _slack_key(self, v: RequestView) -> tuple:
+        return self._slack_of(v), v.arrival_time, v.req_id
+
+    def running_order(self, view: SchedulerView, running: list) -> list:
+        return sorted(running, key=self._slack_key)
 
     def rejections(self, view: SchedulerView) -> dict:
         if self.late_policy != "reject":
@@ -121,14 +136,14 @@ class SloAware(Chunked):
         return out
 
     def admission_order(self, view: SchedulerView) -> list:
-        on_time = sorted((v for v in view.waiting if not self._late(v)),
-                         key=lambda v: (self._slack[v.req_id], v.arrival_time, v.req_id))
+        on_time = sorted((v for v in view.waiting if not self._late(v)), key=self._slack_key)
         return on_time + [v for v in view.waiting if self._late(v)]
 
-    def prefill_cap(self, view: SchedulerView, budget: int, decodes: list) -> int:
+    def prefill_cap(self, view: SchedulerView, budget: int) -> int:
         """Prefill tokens that keep the tightest running decode on its TPOT pace."""
-        now, room, default = view.clock, None, self.tpot_slo
-        for v in decodes:
+        now, room, default, by_id = view.clock, None, self.tpot_slo, view.by_id
+        for rid in view.decoding:
+            v = by_id[rid]
             tpot = v.tpot_slo
             left = v.first_token_time + v.num_output_tokens * (default if tpot is None else tpot)
             room = left if room is None else min(room, left)

@@ -20,7 +20,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from policylab.analysis import results
 from policylab.analysis.results import ResultsWriteError, write_results
 from policylab.apps.capacity import PolicyFailed, find_capacity
 from policylab.apps.cli import CONFIG_DIR, main
@@ -163,7 +162,7 @@ def test_a_full_disk_still_writes_the_summary_and_leaves_no_temporary_file(tmp_p
         if len(calls) == 1:
             raise OSError(errno.ENOSPC, "No space left on device")
         real_fsync(fd)
-    monkeypatch.setattr(results.os, "fsync", fsync_fails_once)
+    monkeypatch.setattr(os, "fsync", fsync_fails_once)
     with pytest.raises(ResultsWriteError, match=r"requests.parquet: No space left on device"):
         write_results(tmp_path, result, cfg)
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -128,7 +128,7 @@ def test_the_view_and_request_views_refuse_writes_and_lead_nowhere():
             setattr(view, name, 10**9)
     e = engine(Snoop())
     e.step()
-    v = e.policy.view.waiting[0] if e.policy.view.waiting else e.policy.view.running[0]
+    v = next(iter(e.policy.view.by_id.values()))     # (waiting and by_id are live windows: a live request)
     for name in ("req_id", "prompt_len", "num_computed_tokens", "_r", "_kv", "_hit"):
         with pytest.raises(AttributeError):
             setattr(v, name, 1)

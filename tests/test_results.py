@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-import policylab.analysis.results as results
+import policylab.analysis.result_files as result_files
 from policylab.apps.config import PolicySpec, RunConfig
 from policylab.core.config import SloConfig
 from policylab.core.request import Status
@@ -76,7 +76,7 @@ def test_full_disk_raises_clear_error_and_keeps_old_file(tmp_path, monkeypatch):
 
     def full_disk(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(results.os, "fsync", full_disk)
+    monkeypatch.setattr(result_files.os, "fsync", full_disk)
     with pytest.raises(ResultsWriteError, match="requests.parquet.*No space left"):
         write_results(tmp_path, four_request_run(status="partial", error="x"))
     assert (tmp_path / "summary.json").read_text() == before

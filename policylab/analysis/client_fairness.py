@@ -118,22 +118,23 @@ def _block_difference(rows, client, value, is_backlog, n_rows, ids, served, wait
     return np.where(active.sum(axis=1) >= 2, high - low, np.nan)
 
 
-def client_fairness(table: pd.DataFrame, token_time: np.ndarray, token_row: np.ndarray,
-                    cfg: FairnessConfig, end_time: float) -> dict:
+def client_fairness(table: pd.DataFrame, facts, cfg: FairnessConfig, end_time: float) -> dict:
     """Fairness of one replay from its request table (see `policylab.analysis.metrics.request_table`).
 
-    `token_time`/`token_row` are every output token's time and table row, flattened.
+    `facts` (metrics.TokenFacts) gives the output tokens' service as (time, client, tokens) events.
     Requests arriving after `end_time` never arrived (a run cut short) and are not backlogged.
     """
     names, client = np.unique(table["client"].to_numpy(dtype=str), return_inverse=True)
+    client = client.reshape(-1)
     n = len(names)
     prompt = table["prompt_tokens"].to_numpy(dtype=np.float64)
     first_token = table["first_token_time"].to_numpy(dtype=np.float64)
     prefilled = ~np.isnan(first_token)
-    service = Events(np.concatenate([first_token[prefilled], token_time]),
-                     np.concatenate([client[prefilled], client[token_row]]),
+    service = Events(np.concatenate([first_token[prefilled], facts.service_time]),
+                     np.concatenate([client[prefilled],
+                                     np.searchsorted(names, facts.service_client.astype(str))]),
                      np.concatenate([cfg.w_in * prompt[prefilled],
-                                     np.full(token_time.size, float(cfg.w_out))]))
+                                     float(cfg.w_out) * facts.service_tokens]))
     arrival = table["arrival_time"].to_numpy(dtype=np.float64)
     finish = table["finish_time"].to_numpy(dtype=np.float64)
     arrived = arrival <= end_time

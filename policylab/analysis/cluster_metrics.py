@@ -19,13 +19,14 @@ PLACEMENT_DTYPES = {"replica": np.int64, "decode_replica": np.int64, "transfer_t
                     "kv_wait": np.float64}
 
 
-def add_placement(requests: pd.DataFrame, result) -> pd.DataFrame:
-    """The request table plus where each request ran (a cluster replay only)."""
+def add_placement(requests: pd.DataFrame, result, start: int = 0, stop: int | None = None) -> pd.DataFrame:
+    """The request table (rows `start`..`stop` of the trace) plus where each request ran (a
+    cluster replay only)."""
     if not isinstance(result, ClusterResult):
         return requests
     requests = requests.copy()
     for k in PLACEMENT_FIELDS:
-        requests[k] = np.asarray(result.placement[k], dtype=PLACEMENT_DTYPES[k])
+        requests[k] = np.asarray(result.placement[k], dtype=PLACEMENT_DTYPES[k])[start:stop]
     return requests
 
 

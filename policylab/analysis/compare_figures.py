@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from policylab.analysis.compare_stats import GROUP
-from policylab.analysis.plots import CDF_METRICS, cdf_row, latency_samples, line_styles, save, slo_lines
+from policylab.analysis.plots import CDF_METRICS, cdf_row, latency_samples, line_styles, read_requests, save, slo_lines
 
 LOAD_METRICS = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)")
 QUANTILES = np.linspace(0, 100, 201)
@@ -48,9 +48,9 @@ def cdf_compare(runs: pd.DataFrame, out: Path) -> list[Path]:
                 if not path.exists():
                     print(f"note: {path} missing, left out of the CDFs", file=sys.stderr)
                     continue
-                req = pd.read_parquet(path)
+                req, with_tokens = read_requests(path)
                 requests.append(req[["ttft_slo", "tpot_slo"]])
-                for m, v in latency_samples(req).items():
+                for m, v in latency_samples(req, with_tokens).items():
                     pooled[m].append(v)
             samples[label] = {m: np.concatenate(v) if v else np.array([]) for m, v in pooled.items()}
             for m, v in samples[label].items():

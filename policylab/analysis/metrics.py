@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -25,15 +26,17 @@ MAX_LISTED_REJECTIONS = 10
 NAN = float("nan")
 
 
-def request_table(result: RunResult, slo: SloConfig) -> pd.DataFrame:
-    """One row per trace request (index == req_id), including those that never arrived.
+def request_table(result: RunResult, slo: SloConfig, start: int = 0, stop: int | None = None) -> pd.DataFrame:
+    """One row per trace request with req_id in [start, stop) (all by default), including those
+    that never arrived; a results writer builds the table in such slices as the run goes.
 
     TTFT and queueing delay are filled wherever the timestamp exists; E2E, TPOT and normalized
     latency only for finished requests (TPOT also needs ≥ 2 output tokens). `slo_met` is
     False for anything not finished; a request with ≤ 1 output token meets TPOT by definition.
     `token_times` holds each Request's own list (not a copy: 20k × 200 copies cost seconds of GC).
     """
-    rows = [_request_row(t, r) for t, r in zip(result.trace, result.requests)]
+    stop = len(result.trace) if stop is None else stop
+    rows = [_request_row(t, r) for t, r in zip(result.trace[start:stop], result.requests[start:stop])]
     df = pd.DataFrame(rows, columns=["client", "priority", "arrival_time", "prompt_tokens",
                                      "output_tokens", "generated_tokens", "status", "reason",
                                      "first_scheduled_time", "first_token_time", "finish_time",
@@ -45,7 +48,7 @@ def request_table(result: RunResult, slo: SloConfig) -> pd.DataFrame:
                     "first_scheduled_time": np.float64, "first_token_time": np.float64,
                     "finish_time": np.float64, "preemptions": np.int64,
                     "cached_tokens": np.int64, "ttft_slo": np.float64, "tpot_slo": np.float64})
-    df.insert(0, "req_id", np.arange(len(df), dtype=np.int64))
+    df.insert(0, "req_id", np.arange(start, start + len(df), dtype=np.int64))
     df["ttft_slo"] = df["ttft_slo"].fillna(slo.ttft)
     df["tpot_slo"] = df["tpot_slo"].fillna(slo.tpot)
     finished = (df["status"] == "finished").to_numpy()
@@ -62,7 +65,7 @@ def request_table(result: RunResult, slo: SloConfig) -> pd.DataFrame:
     return add_placement(df[["req_id", "client", "priority", "arrival_time", "prompt_tokens", "output_tokens",
                              "generated_tokens", "status", "reason", "first_scheduled_time",
                              "first_token_time", "finish_time", *LATENCIES, "preemptions", "cached_tokens",
-                             "ttft_slo", "tpot_slo", "slo_met", "token_times"]], result)
+                             "ttft_slo", "tpot_slo", "slo_met", "token_times"]], result, start, stop)
 
 
 def _request_row(t, r) -> tuple:
@@ -87,26 +90,35 @@ def _or_nan(x) -> float:
 
 def step_table(result: RunResult) -> pd.DataFrame:
     """The engine's per-step columns plus a `step` index and `kv_utilization` (used / total)."""
-    columns = {k: np.asarray(result.steps.get(k, []),
-                             dtype=np.float64 if k in ("clock", "duration") else np.int64)
+    return step_frame(result.steps, 0, result)
+
+
+def step_frame(raw: dict, start: int, result: RunResult) -> pd.DataFrame:
+    """Steps `start`, `start + 1`, ... of `raw` (STEP_FIELDS -> values, rows of `result`) as a step table."""
+    columns = {k: np.asarray(raw.get(k, []), dtype=np.float64 if k in ("clock", "duration") else np.int64)
                for k in STEP_FIELDS}
-    df = pd.DataFrame({"step": np.arange(len(columns["clock"]), dtype=np.int64), **columns})
-    blocks = replica_blocks_per_step(result.steps, result)      # a cluster: each row's own replica
+    df = pd.DataFrame({"step": np.arange(start, start + len(columns["clock"]), dtype=np.int64), **columns})
+    blocks = replica_blocks_per_step(raw, result)      # a cluster: each row's own replica
     if blocks is not None:
-        df["replica"] = np.asarray(result.steps["replica"], dtype=np.int64)
+        df["replica"] = np.asarray(raw["replica"], dtype=np.int64)
     df["kv_utilization"] = df["kv_used_blocks"] / (result.num_blocks if blocks is None else blocks) \
         if result.num_blocks else NAN
     return df
 
 
-def distribution(values) -> dict:
-    """mean, p50 … p99.9 (numpy linear percentiles) and max of the non-NaN values."""
+def distribution(values, scratch: bool = False) -> dict:
+    """mean, p50 … p99.9 (numpy linear percentiles) and max of the non-NaN values.
+
+    `scratch`: `values` (float64, no NaN: the ITL gaps, up to gigabytes) may be reordered in
+    place instead of copied; the mean is taken first, so every number is the same."""
     v = np.asarray(values, dtype=np.float64)
-    v = v[~np.isnan(v)]
+    if not (scratch and v.size and not np.isnan(v.min())):
+        v, scratch = v[~np.isnan(v)], True          # a copy: free to reorder
     if v.size == 0:
         return {"mean": None, **{k: None for k in QUANTILES}, "max": None}
-    q = np.percentile(v, list(QUANTILES.values()))
-    return {"mean": float(v.mean()), **dict(zip(QUANTILES, map(float, q))), "max": float(v.max())}
+    mean, top = float(v.mean()), float(v.max())
+    q = np.percentile(v, list(QUANTILES.values()), overwrite_input=scratch)
+    return {"mean": mean, **dict(zip(QUANTILES, map(float, q))), "max": top}
 
 
 def flat_token_times(token_times) -> tuple[np.ndarray, np.ndarray]:
@@ -116,8 +128,36 @@ def flat_token_times(token_times) -> tuple[np.ndarray, np.ndarray]:
     return times, np.repeat(np.arange(len(lengths)), lengths)
 
 
+class TokenFacts(NamedTuple):
+    """What the summary needs of the output tokens, without keeping every token's time: the
+    pooled ITL gaps (in request, then token order: the order `np.diff` of the whole table gives,
+    so mean and percentiles are exact) and the service of output tokens as (time, client,
+    tokens) events, tokens of one client at one time merged."""
+
+    itl: np.ndarray
+    service_time: np.ndarray
+    service_client: np.ndarray
+    service_tokens: np.ndarray
+
+
+def token_facts(table: pd.DataFrame) -> TokenFacts:
+    """TokenFacts of the requests of `table` (a request table with its `token_times` column)."""
+    token_time, token_row = flat_token_times(table["token_times"].tolist())
+    finished = (table["status"] == "finished").to_numpy()
+    itl = np.diff(token_time)[(token_row[1:] == token_row[:-1]) & finished[token_row[1:]]]
+    names, client = np.unique(table["client"].to_numpy(dtype=str), return_inverse=True)
+    code = client.reshape(-1)[token_row]
+    order = np.lexsort((code, token_time))
+    time, code = token_time[order], code[order]
+    first = np.concatenate([[True], (time[1:] != time[:-1]) | (code[1:] != code[:-1])]) if time.size else \
+        np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(first)
+    tokens = np.diff(np.append(starts, time.size)).astype(np.float64)
+    return TokenFacts(itl, time[starts], names[code[starts]], tokens)
+
+
 def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResult,
-              slo: SloConfig, fairness_cfg: FairnessConfig) -> dict:
+              slo: SloConfig, fairness_cfg: FairnessConfig, facts: TokenFacts | None = None) -> dict:
     """Aggregate metrics of one replay, JSON-ready.
 
     Latency distributions (TTFT, TPOT, ITL, E2E, …) are over *finished* requests, as in vLLM's
@@ -125,13 +165,12 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
     as missing their SLO, so shedding load never raises it. Goodput = requests meeting their
     SLOs / trace duration (last − first arrival; the makespan if that is 0). The makespan runs
     from the first arrival to the last completion, rejection or step end (whichever is last).
+    `facts` are the table's TokenFacts (taken from its `token_times` column when not given).
     """
     df = requests_df
+    facts = token_facts(df) if facts is None else facts
     status = df["status"].to_numpy()
     finished = status == "finished"
-    token_time, token_row = flat_token_times(df["token_times"].tolist())
-    same_request = token_row[1:] == token_row[:-1]
-    itl = np.diff(token_time)[same_request & finished[token_row[1:]]]
     arrival = df["arrival_time"].to_numpy()
     step_end = (steps_df["clock"] + steps_df["duration"]).to_numpy()
     end = _nanmax(np.concatenate([df["finish_time"].to_numpy(), step_end]))
@@ -152,7 +191,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
                    "unfinished": int((status == "unfinished").sum())},
         "trace_duration": trace_duration, "makespan": makespan,
         **{name: distribution(df[name].to_numpy()[finished]) for name in LATENCIES},
-        "itl": distribution(itl),
+        "itl": distribution(facts.itl, scratch=True),     # (facts.itl is the summary's own)
         "slo": {"ttft": slo.ttft, "tpot": slo.tpot},
         "slo_attainment": df["slo_met"].mean() if len(df) else NAN,
         "goodput": _rate(df["slo_met"].sum(), trace_duration),
@@ -164,7 +203,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         "prefix_cache_hit_rate": _rate(df["cached_tokens"].to_numpy()[scheduled].sum(),
                                        df["prompt_tokens"].to_numpy()[scheduled].sum()),
         "kv_utilization": {"mean": kv.mean() if kv.size else NAN, "max": _nanmax(kv)},
-        "fairness": client_fairness(df, token_time, token_row, fairness_cfg, end),
+        "fairness": client_fairness(df, facts, fairness_cfg, end),
         "rejections": [{"req_id": int(i), "client": c, "reason": why} for i, c, why in
                        zip(rejected["req_id"], rejected["client"], rejected["reason"])],
     }

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -19,6 +20,7 @@ from policylab.analysis.metrics import flat_token_times
 
 MAX_CDF_POINTS = 4000      # drawn points per CDF line (each one exact)
 MAX_TIMELINE_POINTS = 2000
+MAX_PLOTTED_REQUESTS = 50_000   # scatter points; requests whose token times feed the ITL CDF
 TOKEN_RATE_BINS = 200
 # (column label, to-display factor, unit) of the three CDF panels
 CDF_METRICS = {"TTFT": (1.0, "s"), "TPOT": (1e3, "ms"), "ITL": (1e3, "ms")}
@@ -36,14 +38,17 @@ def write_run_plots(run_dir) -> list[Path]:
     """Write latency_cdf.png, latency_over_time.png and timeline.png into `run_dir` (and
     cluster_timeline.png for a cluster run)."""
     run_dir = Path(run_dir)
-    requests = pd.read_parquet(run_dir / "requests.parquet")
+    requests, with_tokens = read_requests(run_dir / "requests.parquet")
     steps = pd.read_parquet(run_dir / "steps.parquet")
     summary = read_summary(run_dir)
     label = summary.get("policy") or run_dir.name
     slo = summary.get("slo") or {}
-    written = [save(cdf_figure({label: latency_samples(requests)}, slo_lines(requests), f"{label}: latency CDFs"),
+    every = -(-len(requests) // MAX_PLOTTED_REQUESTS)          # scatter at most that many points
+    written = [save(cdf_figure({label: latency_samples(requests, with_tokens)}, slo_lines(requests),
+                               f"{label}: latency CDFs"),
                     run_dir / "latency_cdf.png"),
-               save(latency_over_time_figure(requests, slo, label), run_dir / "latency_over_time.png"),
+               save(latency_over_time_figure(requests.iloc[::max(every, 1)], slo, label),
+                    run_dir / "latency_over_time.png"),
                save(timeline_figure(steps, label), run_dir / "timeline.png")]
     if "replica" in steps:
         from policylab.analysis.cluster_plots import cluster_timeline_figure
@@ -57,11 +62,30 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def latency_samples(requests: pd.DataFrame) -> dict:
-    """Seconds, finished requests only (as the summary): TTFT and TPOT per request, ITL pooled."""
+def read_requests(path) -> tuple:
+    """(requests table, the requests whose `token_times` are read) of a requests.parquet. Past
+    MAX_PLOTTED_REQUESTS rows the first has no token_times and the second is a sample of whole
+    row groups spread over the run (at most that many rows): a million requests' token times
+    would not fit in memory as Python objects, and a plot does not need every one."""
+    file = pq.ParquetFile(path)
+    if file.metadata.num_rows <= MAX_PLOTTED_REQUESTS:
+        requests = file.read().to_pandas()
+        return requests, requests
+    columns = [c for c in file.schema_arrow.names if c != "token_times"]
+    groups = file.metadata.num_row_groups
+    per_group = file.metadata.num_rows / groups
+    take = np.unique(np.linspace(0, groups - 1, max(1, int(MAX_PLOTTED_REQUESTS // per_group))).astype(int))
+    return (file.read(columns=columns).to_pandas(),
+            file.read_row_groups(list(take), columns=["status", "token_times"]).to_pandas())
+
+
+def latency_samples(requests: pd.DataFrame, with_tokens: pd.DataFrame | None = None) -> dict:
+    """Seconds, finished requests only (as the summary): TTFT and TPOT per request, ITL pooled
+    (over `with_tokens`, the requests whose token_times were read, when given)."""
     finished = requests[requests["status"] == "finished"]
+    tokens = finished if with_tokens is None else with_tokens[with_tokens["status"] == "finished"]
     return {"TTFT": finished["ttft"].dropna().to_numpy(), "TPOT": finished["tpot"].dropna().to_numpy(),
-            "ITL": itl_values(finished)}
+            "ITL": itl_values(tokens)}
 
 
 def itl_values(requests: pd.DataFrame) -> np.ndarray:

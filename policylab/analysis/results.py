@@ -2,36 +2,25 @@
 
 A run directory gets `requests.parquet` (one row per trace request), `steps.parquet` (one row
 per engine step) and `summary.json`. Every file is written to a temporary name, synced and
-renamed over the target, so a crash or a full disk never leaves a half-written file behind.
+renamed over the target, so a crash or a full disk never leaves a half-written file behind;
+`policylab.analysis.result_stream` writes them (in row groups while a run goes, or at once).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from pathlib import Path
-from typing import Callable
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import RunResult
-from policylab.analysis.metrics import (MAX_LISTED_REJECTIONS, flat_token_times, json_safe, request_table,
-                               step_table, summarize)
-
-
-class ResultsWriteError(Exception):
-    """A result file could not be written (full disk, no permission, …); names the file."""
+from policylab.analysis.metrics import MAX_LISTED_REJECTIONS, request_table, step_table, summarize
+from policylab.analysis.result_files import ResultsWriteError, plain_config, section  # noqa: F401 (re-exported)
+from policylab.analysis.result_stream import ResultStream
 
 
 def summarize_run(result: RunResult, cfg=None) -> tuple:
     """(requests table, steps table, summary) of a replay, with cfg's `slo` and `fairness`."""
-    slo, fairness = _section(cfg, "slo", SloConfig), _section(cfg, "fairness", FairnessConfig)
+    slo, fairness = section(cfg, "slo", SloConfig), section(cfg, "fairness", FairnessConfig)
     requests, steps = request_table(result, slo), step_table(result)
     return requests, steps, summarize(requests, steps, result, slo, fairness)
 
@@ -45,77 +34,7 @@ def write_results(run_dir, result: RunResult, cfg=None, extra: dict | None = Non
     Each file is attempted even when an earlier one failed (a full disk may still take the small
     summary); the summary then lists the files that are missing, and the error names them all.
     """
-    run_dir = Path(run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ResultsWriteError(f"cannot create results directory {run_dir}: {e}") from e
-    requests, steps, summary = summarize_run(result, cfg)
-    summary.update(json_safe(extra or {}))
-    summary["config"] = plain_config(cfg)
-    failures = []
-    for name, write in (("requests.parquet", lambda f: pq.write_table(_requests_arrow(requests), f)),
-                        ("steps.parquet", lambda f: steps.to_parquet(f, index=False))):
-        try:
-            _atomic_write(run_dir / name, write)
-        except ResultsWriteError as e:
-            failures.append(str(e))
-            summary.setdefault("missing_files", []).append(name)
-    text = json.dumps(summary, indent=2, allow_nan=False, default=str) + "\n"
-    try:
-        _atomic_write(run_dir / "summary.json", lambda f: f.write(text.encode()))
-    except ResultsWriteError as e:
-        failures.append(str(e))
-    if failures:
-        raise ResultsWriteError("; ".join(failures))
-    return summary
-
-
-def _requests_arrow(requests) -> pa.Table:
-    """Arrow table whose `token_times` is list<double>, built from one flat array (fast)."""
-    times, rows = flat_token_times(requests["token_times"].tolist())
-    offsets = np.zeros(len(requests) + 1, dtype=np.int32)
-    np.cumsum(np.bincount(rows, minlength=len(requests)), out=offsets[1:])
-    table = pa.Table.from_pandas(requests.drop(columns="token_times"), preserve_index=False)
-    return table.append_column("token_times", pa.ListArray.from_arrays(offsets, times))
-
-
-def _section(cfg, name: str, cls):
-    """`cfg.<name>` as the dataclass `cls`, whatever container the config came in."""
-    if cfg is None:
-        return cls()
-    node = cfg.get(name) if hasattr(cfg, "get") else getattr(cfg, name, None)
-    if node is None:
-        return cls()
-    if isinstance(node, cls):
-        return node
-    return cls(**{f.name: node[f.name] for f in dataclasses.fields(cls) if f.name in node})
-
-
-def plain_config(cfg):
-    """The resolved config as plain JSON-ready containers (None when no config was given)."""
-    if cfg is None:
-        return None
-    if dataclasses.is_dataclass(cfg):
-        return json_safe(dataclasses.asdict(cfg))
-    return json_safe(dict(cfg))
-
-
-def _atomic_write(path: Path, write: Callable) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")   # (per process: concurrent writers)
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except (OSError, OverflowError, ValueError, pa.ArrowException) as e:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        why = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
-        raise ResultsWriteError(f"could not write results file {path}: {why}") from e
+    return ResultStream(run_dir, result.trace, cfg).finish(result, extra)
 
 
 def _ms(x) -> str:

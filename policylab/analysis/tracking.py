@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from policylab.analysis.metrics import flatten
 from policylab.analysis.plots import MEANS, STEP_AGGREGATION, SUMS, downsample_steps
@@ -127,7 +128,9 @@ class WandbTracker:
         metrics = flatten({k: v for k, v in summary.items() if k != "config"})
         run.summary.update({k: v for k, v in metrics.items() if v is not None})
         run.summary.update(engine_summary(all_steps))
-        requests = pd.read_parquet(run_dir / "requests.parquet")
+        path = run_dir / "requests.parquet"       # (token_times stay out of the W&B table)
+        columns = [c for c in pq.ParquetFile(path).schema_arrow.names if c not in TABLE_COLUMNS_LEFT_OUT]
+        requests = pd.read_parquet(path, columns=columns)
         media = {"requests": self._table(requests)}
         media.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted(run_dir.glob("*.png"))})
         run.log(media, step=int(steps["step"].iloc[-1]) + 1 if len(steps) else 0)

@@ -119,8 +119,10 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
                   seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
 
 
-def replay(engine: Engine, progress: bool = True, signals: ReplaySignals | None = None) -> RunResult:
-    """Run the engine with a progress bar over requests (finished + rejected).
+def replay(engine: Engine, progress: bool = True, signals: ReplaySignals | None = None,
+           on_request_done=None) -> RunResult:
+    """Run the engine with a progress bar over requests (finished + rejected); `on_request_done`
+    (e.g. a results stream's) is called with each request's id as well.
 
     With `signals`, a stop signal ends the replay like Ctrl-C, and from the moment the engine
     returns, signals only get noted (`shield`): the caller writes the results undisturbed.
@@ -129,12 +131,13 @@ def replay(engine: Engine, progress: bool = True, signals: ReplaySignals | None 
     try:
         try:
             if not progress:
-                result = engine.run()
+                result = engine.run(on_request_done)
             else:
                 from tqdm import tqdm
                 with tqdm(total=len(engine.trace), unit="req", desc=engine.policy_name, file=sys.stderr,
                           dynamic_ncols=True, mininterval=0.5) as bar:
-                    result = engine.run(on_request_done=lambda _: bar.update())
+                    done = on_request_done or (lambda _: None)
+                    result = engine.run(on_request_done=lambda rid: (done(rid), bar.update()))
         finally:
             if signals is not None:
                 signals.shield()

@@ -19,22 +19,26 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     results are still written (marked partial), then the job exits with 128 + the signal number."""
     cfg = typed_config(cfg)
     from policylab.analysis.compare_stats import light_load
-    from policylab.analysis.results import print_summary, write_results
+    from policylab.analysis.result_stream import ResultStream
+    from policylab.analysis.results import print_summary
     from policylab.analysis.tracking import open_tracker
 
     with ReplaySignals() as signals:
         trace = load_trace(cfg.trace, seed=cfg.seed)
         engine = build_engine(cfg, trace=trace)
         tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
-        result = replay(engine, cfg.progress, signals)
+        results = ResultStream(run_dir, engine.trace, cfg, signals.held)   # written as the run goes
+        result = replay(engine, cfg.progress, signals, results.attach(engine))
         if result.traceback:
             result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
         cost_model = cost_model_of(engine)                                  # what timed the steps
         extra = {"trace_report": trace.report.as_dict(), **({"cost_model": cost_model} if cost_model else {})}
-        summary = write_results(run_dir, result, cfg, extra)
+        summary = results.finish(result, extra)
+        partial, error = result.partial, result.error
+        del engine, trace, result, results      # (a million requests: gigabytes the plots can use)
     if signals.stopped_by:
         tracker.finish()
-        print(f"run stopped by a signal: {result.error} — partial results written to {run_dir}", file=sys.stderr)
+        print(f"run stopped by a signal: {error} — partial results written to {run_dir}", file=sys.stderr)
         raise SystemExit(signals.exit_code())
     if cfg.plots:
         from policylab.analysis.plots import write_run_plots
@@ -52,8 +56,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     if light:
         print(f"warning: {light}", file=sys.stderr)
     print(f"results: {run_dir}")
-    if result.partial:
-        print(f"run ended early: {result.error} — partial results written to {run_dir}", file=sys.stderr)
+    if partial:
+        print(f"run ended early: {error} — partial results written to {run_dir}", file=sys.stderr)
     return summary
 
 

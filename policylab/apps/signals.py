@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
@@ -46,6 +47,22 @@ class ReplaySignals:
                   file=sys.stderr, flush=True)
         except OSError:
             pass                    # (after SIGHUP the terminal may be gone)
+
+    @contextmanager
+    def held(self):
+        """While inside, stop signals are only noted (a results row group is being written); the
+        first one is raised on leaving, if the replay was still running."""
+        if not self.armed:
+            yield
+            return
+        self.armed, before = False, len(self.received)
+        try:
+            yield
+        finally:
+            self.armed = len(self.received) == before
+            if not self.armed:
+                signum = self.received[before]
+                raise KeyboardInterrupt() if signum == signal.SIGINT else KeyboardInterrupt(signal.Signals(signum).name)
 
     def shield(self) -> None:
         """From now on signals are only noted: results are being written."""

@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_
-from typing import TYPE_CHECKING, AbstractSet, Mapping, NamedTuple
+from typing import TYPE_CHECKING, AbstractSet, Mapping, NamedTuple, Sequence
 
 from policylab.core.kv import blocks_for
 
@@ -141,7 +141,8 @@ class SchedulerView(NamedTuple):
 
     clock: float
     step: int
-    waiting: tuple           # RequestView, queue order (preempted requests first, then arrival)
+    waiting: Sequence[RequestView]   # live and read-only (no copy): queue order, preempted
+                                     # requests first (latest preemption first), then arrivals
     running: tuple           # RequestView, order in which they started running
     max_num_batched_tokens: int
     max_num_seqs: int
@@ -159,6 +160,11 @@ class SchedulerView(NamedTuple):
                                        # plan "every running request decodes". Returned as is
                                        # (`StepPlan(view.decode_all)`), the engine that built it
                                        # skips re-reading it request by request
+    # What changed since the previous schedule() call, so a policy can keep orderings and
+    # counters across steps and update only what moved (the rest of its state stays valid).
+    sampled: Sequence[int]             # req_ids given an output token by the last executed step
+                                       # (batch order; those that then finished included)
+    arrived: Sequence[int]             # req_ids that joined `waiting` as new arrivals (in order)
 
     def blocks_needed(self, v: RequestView, n: int) -> int:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
@@ -189,7 +195,11 @@ class SchedulerView(NamedTuple):
             released.update(_request(live[rid]).block_table)
         available = self.num_free_blocks + sum(1 for b, k in released.items() if ref[b] == k)
         needed, reclaimed = 0, set()
+        decoding, needs_block = self.decoding, self.needs_block
         for rid, n in sched.items():
+            if n == 1 and rid in decoding:      # one decode token: a new block iff the last is full
+                needed += rid in needs_block
+                continue
             v = live[rid]
             r = _request(v)
             table = r.block_table
@@ -270,7 +280,13 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
             rid = next(rid for rid in sched if rid not in live)
             raise ContractViolation(policy, "unknown_request",
                                     f"request {rid} is neither waiting nor running")
+        decoding = view.decoding       # decoding requests take exactly 1 token: a set lookup each
         for rid, n in sched.items():
+            if rid in decoding:
+                if n != 1:
+                    raise ContractViolation(policy, "decode_one",
+                                            f"request {rid} is decoding and must get exactly 1 token, got {n}")
+                continue
             v = live[rid]
             r = _request(v)
             out = r.output_ids

@@ -7,6 +7,8 @@ broken contract, a raising policy, Ctrl-C) returns what it has, marked partial.
 from __future__ import annotations
 
 import math
+from array import array
+from itertools import compress
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -19,15 +21,18 @@ from policylab.core.contract import (ContractViolation, ReadOnlyPlanTokens, Requ
                                 validate_plan)
 from policylab.core.batch import Batch, DataPlane, StepResult, bad_duration
 from policylab.core.decode_batch import DecodeBatch
+from policylab.core.decode_steps import DecodeSteps
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import BlockManager, chain_hashes
 from policylab.core.policy import Policy
 from policylab.core.synthetic_prompts import synthesize_prompt
+from policylab.core.waiting_queue import QueueView, WaitingQueue
 from policylab.core.request import NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals
-from policylab.core.result import STEP_FIELDS, RunResult, mark_partial
+from policylab.core.result import RunResult, mark_partial
+from policylab.core.step_log import StepLog
 
 
-class Engine:
+class Engine(DecodeSteps):
     def __init__(self, trace: list, policy: Policy, dataplane: DataPlane, cfg: EngineConfig,
                  seed: int = 0, prefix_block_tokens: int = 512,
                  sampling: SamplingParams = SamplingParams()):
@@ -42,12 +47,13 @@ class Engine:
         dataplane.allocate_kv(num_blocks, cfg.block_size)
         self.clock = make_clock(cfg.clock)
         self.requests: list = [None] * len(self.trace)
-        self.target_len: dict = {}       # req_id -> output tokens to generate (hidden from policies)
+        self.target_len: list = [0] * len(self.trace)   # req_id -> output tokens to generate (hidden)
         self.views: dict = {}            # req_id -> RequestView, live requests only
         self._views_ro = MappingProxyType(self.views)
-        self._waiting: list = []
+        self._waiting = WaitingQueue(self.views)       # req_ids; changes cost what changed (§2 admit)
+        self._waiting_view = QueueView(self._waiting)  # the policies' live, read-only window on it
         self._running: list = []
-        self._queue_views = None         # (waiting, running, running ids), rebuilt when a queue changes
+        self._running_views = None       # (views, ids, decode_all) of running, rebuilt when it changes
         self._decoding: dict = {}        # req_id -> None: running requests in decode (ordered set)
         self._needs_block: dict = {}     # req_id -> None: decoding ones whose last block is full
         self._decoding_ro = MappingProxyType(self._decoding).keys()
@@ -55,25 +61,28 @@ class Engine:
         self.next_arrival = 0
         self._next_arrival_time = self._next_trace_arrival   # when more work can come (None: never)
         self.num_done = 0
+        self._forgotten = 0              # requests below this req_id were handed to a writer
         self.step_index = 0
-        self._step_rows: list = []      # one tuple per executed step, in STEP_FIELDS order
+        self.step_log = StepLog()        # one typed row per executed step, in STEP_FIELDS order
         self._rng = np.random.default_rng(seed)
         self._stalled_steps = 0          # consecutive steps with no output token and no request done
         self._on_done = None
         self._decode_step = False        # the step being executed schedules running decodes only
         self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
+        self._sampled: list = []         # since the last schedule(): req_ids given a token
+        self._arrived: list = []         #   and req_ids that arrived into waiting
 
-    waiting = property(lambda self: self._waiting)
     running = property(lambda self: self._running)
 
-    @waiting.setter
-    def waiting(self, value: list) -> None:
-        self._waiting, self._queue_views = value, None
+    @property
+    def waiting(self) -> list:
+        """The waiting requests in queue order (a new list: for checks and tests, not the hot loop)."""
+        return [self.requests[rid] for rid in self._waiting.ids()]
 
     @running.setter
     def running(self, value: list) -> None:
-        self._running, self._queue_views = value, None
+        self._running, self._running_views = value, None
 
     # ---------------------------------------------------------------- loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
@@ -112,8 +121,8 @@ class Engine:
         `r.block_table` (blocks of this cache, taken when its transfer began): it decodes here."""
         self.requests[r.req_id], self.target_len[r.req_id] = r, target_len
         self.views[r.req_id] = RequestView(r, self.kv)
-        self._waiting.append(r)
-        self._queue_views = None
+        self._waiting.append(r.req_id)
+        self._arrived.append(r.req_id)
 
     def next_step_time(self) -> float:
         """When this engine's next step starts: now while requests wait or run, else never."""
@@ -121,9 +130,18 @@ class Engine:
 
     @property
     def steps(self) -> dict:
-        """Per-step records as columns (STEP_FIELDS -> list), built from the row log."""
-        columns = zip(*self._step_rows) if self._step_rows else ([] for _ in STEP_FIELDS)
-        return {k: list(v) for k, v in zip(STEP_FIELDS, columns)}
+        """Per-step records as columns (STEP_FIELDS -> numpy array)."""
+        return self.step_log.columns()
+
+    def forget(self, stop: int) -> None:
+        """Drop the finished and rejected requests with req_id < `stop` once a results writer
+        has taken what it needs of them (memory then grows with the requests in flight)."""
+        reqs = self.requests
+        for i in range(self._forgotten, stop):
+            r = reqs[i]
+            if r is not None and r.status in (Status.FINISHED, Status.REJECTED):
+                reqs[i] = None
+        self._forgotten = max(self._forgotten, stop)
 
     def step(self) -> None:
         self.clock.start_step()
@@ -162,10 +180,10 @@ class Engine:
         if reason:
             return self._reject(r, reason)
         if self.kv.prefix_caching:
-            r.block_hashes = chain_hashes(ids, self.kv.block_size)
+            r.block_hashes = array("Q", chain_hashes(ids, self.kv.block_size))   # 8 bytes a hash
         self.views[i] = RequestView(r, self.kv)
-        self._waiting.append(r)
-        self._queue_views = None
+        self._waiting.append(i)
+        self._arrived.append(i)
 
     def _reject(self, r: Request, reason: str) -> None:
         if r.block_table:          # waiting with KV: prefilled elsewhere (receive_prefilled)
@@ -184,28 +202,34 @@ class Engine:
     # ---------------------------------------------------------- schedule
     def _view(self) -> SchedulerView:
         kv, views = self.kv, self.views
-        if self._queue_views is None:
+        if self._running_views is None:
             running_ids = tuple([r.req_id for r in self._running])
-            self._queue_views = (tuple([views[r.req_id] for r in self._waiting]),
-                                 tuple([views[r.req_id] for r in self._running]),
-                                 running_ids, ReadOnlyPlanTokens(dict.fromkeys(running_ids, 1)))
-        waiting, running, running_ids, decode_all = self._queue_views
+            self._running_views = (tuple(map(views.__getitem__, running_ids)), running_ids,
+                                   ReadOnlyPlanTokens(dict.fromkeys(running_ids, 1)))
+        running, running_ids, decode_all = self._running_views
+        waiting = self._waiting_view
         return SchedulerView(          # positional, in field order: keywords cost 2.8x here (every step)
             self.clock.now, self.step_index, waiting, running,
             self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
             kv.block_size, kv.num_free, kv.num_blocks, self._views_ro,
-            running_ids, self._decoding_ro, self._needs_block_ro, decode_all)
+            running_ids, self._decoding_ro, self._needs_block_ro, decode_all, self._sampled, self._arrived)
 
     def _schedule(self) -> Optional[Batch]:
-        if not self._waiting and not self._running:
+        if not len(self._waiting) and not self._running:
             self._idle_until_next_arrival()
             return None
         self.kv.epoch += 1
         view = self._view()
         plan = self.policy.schedule(view)
+        self._sampled, self._arrived = (), []      # told once
         self._decode_step = validate_plan(view, plan, self.policy_name)
+        self._mixed_decodes = 0
         if self._decode_step:
             return self._commit_decodes(plan)
+        if not plan.preempt and not plan.reject:
+            decodes = [rid for rid in plan.num_scheduled_tokens if rid in self._decoding]
+            if decodes:
+                return self._commit_mixed(plan, decodes)
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             if self.running or self._next_arrival_time() is None:
                 raise ContractViolation(self.policy_name, "work_conservation",
@@ -236,7 +260,9 @@ class Engine:
             self._release(r)
             r.num_computed_tokens, r.status = 0, Status.WAITING
             r.num_preemptions += 1
-        starting = [r for r in self.waiting if r.req_id in sched]
+        waiting, rs = self._waiting, [reqs[rid] for rid in sched]
+        starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
+        starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
         for r in starting:       # take every cache hit before any allocation can evict one
             r.status = Status.RUNNING
             if r.first_scheduled_time is None:
@@ -247,7 +273,6 @@ class Engine:
                     kv.acquire(r.block_table, hits)
                     r.num_computed_tokens = len(hits) * bs
                     r.num_cached_tokens_total += r.num_computed_tokens
-        rs = [reqs[rid] for rid in sched]
         ns = list(sched.values())
         ctxs = [r.num_computed_tokens for r in rs]
         for r, n, c in zip(rs, ns, ctxs):
@@ -261,33 +286,12 @@ class Engine:
         self._batch_requests = rs
         if preempted or plan.reject or starting:
             self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
-            self.waiting = preempted + [r for r in self.waiting if r.status is Status.WAITING]
+            waiting.remove(starting_ids)
+            waiting.remove(plan.reject)
+            waiting.put_back([r.req_id for r in preempted])
         self._pending_counts = (len(preempted), len(plan.reject))
         self._check_progress(bool(plan.reject))
         return batch if rs else None
-
-    def _commit_decodes(self, plan: StepPlan) -> Batch:
-        """Commit a plan of running decodes only, the steady state: the persistent batch, no loop."""
-        sched, db = plan.num_scheduled_tokens, self._decode_batch
-        if not (sched is self._queue_views[3] is db.plan_tokens):   # (the view's read-only decode_all,
-            ids = list(self._queue_views[2] if sched is self._queue_views[3] else sched)   # unchanged: the
-            have = len(db.ids)             # same requests; decode_all's ids come from the engine's tuple)
-            if ids[:have] != db.ids:         # not the members, then newly decoding ones: start over
-                db.clear()
-                have = 0
-            if len(ids) > have:
-                db.join(ids[have:])
-            db.plan_tokens = sched
-        needs_block = self._needs_block
-        growing = list(needs_block) if len(sched) == len(self._decoding) else needs_block.keys() & sched.keys()
-        for rid in growing:
-            self.kv.grow_one(self.requests[rid].block_table)
-            del needs_block[rid]                     # its last block is no longer full
-        batch = db.batch()
-        if self.dataplane.needs_token_ids:
-            batch.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in db.requests]
-        self._pending_counts = (0, 0)          # (a decode step always samples: no liveness check)
-        return batch
 
     def _release(self, r: Request) -> None:
         """Publish the request's computed full blocks in the prefix cache, then free its table
@@ -299,8 +303,8 @@ class Engine:
         kv, bs = self.kv, self.kv.block_size
         have, full = len(r.block_hashes), r.num_tokens // bs
         if kv.prefix_caching and full > have:
-            r.block_hashes += chain_hashes(r.token_ids(have * bs, full * bs), bs,
-                                           r.block_hashes[-1] if have else None, have * bs)
+            r.block_hashes.extend(chain_hashes(r.token_ids(have * bs, full * bs), bs,
+                                               r.block_hashes[-1] if have else None, have * bs))
             kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, have)
         kv.release(r.block_table)
         self._decoding.pop(r.req_id, None)
@@ -320,6 +324,14 @@ class Engine:
         self.clock.advance(result.duration)
         if self._decode_step:
             finished, prefill_tokens, n_prefill = self._postprocess_decodes(result.sampled), 0, 0
+        elif self._mixed_decodes:
+            n, sampled = self._mixed_decodes, result.sampled
+            finished = self._postprocess_decodes(sampled[:n])
+            if self._prefill_batch is None:
+                prefill_tokens = n_prefill = 0
+            else:
+                more, prefill_tokens, n_prefill = self._postprocess_general(self._prefill_batch, sampled[n:])
+                finished += more
         else:
             finished, prefill_tokens, n_prefill = self._postprocess_general(batch, result.sampled)
         now = self.clock.now
@@ -331,20 +343,11 @@ class Engine:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         if result.sampled:
             self._stalled_steps = 0
+        self._sampled = batch.req_ids if self._decode_step else list(compress(batch.req_ids, batch.sample))
         self._record(start, result.duration, batch, prefill_tokens, n_prefill)
         self.step_index += 1
         if self.cfg.check_invariants:
             self.kv.check()
-
-    def _postprocess_decodes(self, sampled: list) -> list:
-        """The steady state: the persistent batch takes the tokens; returns the finished requests."""
-        db, needs_block = self._decode_batch, self._needs_block
-        finished = db.advance(sampled, self.clock.now, self._eos)
-        for rid in db.full_last_block():
-            needs_block[rid] = None
-        if finished:
-            db.leave(finished)
-        return finished
 
     def _postprocess_general(self, batch: Batch, sampled: list) -> tuple:
         """Any other step, request by request: (finished requests, prefill tokens, prefill requests)."""
@@ -383,6 +386,6 @@ class Engine:
         preempted, rejected = self._pending_counts
         size = len(batch.req_ids)
         tokens = size if self._decode_step else sum(batch.query_lens)
-        self._step_rows.append((start, duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,
+        self.step_log.append((start, duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,
                                 size - n_prefill, self.kv.num_used, len(self._waiting), len(self._running),
                                 preempted, rejected))

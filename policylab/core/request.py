@@ -78,6 +78,7 @@ class Request:
     num_computed_tokens: int = 0      # tokens whose KV is in the cache
     block_table: list = field(default_factory=list)
     block_hashes: list = field(default_factory=list)   # chained hashes of full blocks, prefix order
+                                                       # (the engine's: an array("Q"), 8 bytes each)
     # timestamps (seconds on the replay clock)
     first_scheduled_time: Optional[float] = None
     token_times: list = field(default_factory=list)

@@ -15,7 +15,7 @@ STEP_FIELDS = ("clock", "duration", "batch_size", "prefill_tokens", "decode_toke
 class RunResult:
     trace: list                      # TraceRequest, arrival order
     requests: list                   # Request per trace entry (None if it never arrived)
-    steps: dict                      # column -> list, one row per executed step
+    steps: dict                      # column -> numpy array, one row per executed step
     num_blocks: int
     block_size: int
     policy: str

@@ -1,0 +1,198 @@
+"""Result files written while the run goes, in memory that does not grow with per-token data.
+
+`requests.parquet` gets a row group each time the first `ROWS_PER_GROUP` not yet written
+requests (in req_id order: the file's row order) are all finished or rejected; the engine
+then forgets them (`Engine.forget`), so what stays in memory is the requests in flight,
+those done but behind the oldest one in flight, and per request one compact table row
+(the request table without its `token_times`). What the summary needs of the tokens stays
+as `TokenFacts`: the ITL gaps in one float64 array sized for the whole trace up front (8
+bytes per gap: exact mean and percentiles, no copy at the end), and per-client service
+events merged per step time. `steps.parquet` gets a row group every `STEPS_PER_GROUP`
+steps; the steps themselves stay in the engine's typed log (8 bytes a field).
+
+Both files are written under a temporary name and renamed when the run ends, complete or
+partial (a broken contract, an exception, Ctrl-C): as before, a result file is either
+whole or absent, never half-written. A process killed outright leaves only the temporary
+files.
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from policylab.analysis.metrics import TokenFacts, json_safe, request_table, step_frame, summarize, token_facts
+from policylab.analysis.result_files import ResultsWriteError, atomic_write, plain_config, requests_arrow, section
+from policylab.core.config import FairnessConfig, SloConfig
+from policylab.core.result import RunResult
+
+ROWS_PER_GROUP = 8192        # requests per row group of requests.parquet
+STEPS_PER_GROUP = 65536      # steps per row group of steps.parquet
+
+
+class _ParquetFile:
+    """One result file: row groups appended to a temporary file, renamed over NAME on close.
+
+    A write that fails (full disk, ...) throws the file away and records why in `failed`; the
+    run goes on, later writes to it are skipped, and the other files are still written."""
+
+    def __init__(self, path: Path):
+        self.path, self.tmp = path, path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self._file = self._writer = None
+        self.failed = ""
+
+    def write(self, table: pa.Table) -> None:
+        if self.failed:
+            return
+        try:
+            if self._writer is None:
+                self._file = open(self.tmp, "wb")
+                self._writer = pq.ParquetWriter(self._file, table.schema)
+            else:
+                table = table.cast(self._writer.schema)
+            self._writer.write_table(table)
+        except (OSError, OverflowError, ValueError, pa.ArrowException) as e:
+            self._fail(e)
+
+    def close(self) -> None:
+        if self.failed:
+            return
+        try:
+            self._writer.close()
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self.tmp, self.path)
+            self._file = self._writer = None
+        except (OSError, OverflowError, ValueError, pa.ArrowException) as e:
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        self.abort()
+        why = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
+        self.failed = f"could not write results file {self.path}: {why}"
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except (OSError, ValueError, pa.ArrowException):
+                pass                  # the file is being thrown away
+        if self._file is not None:
+            self._file.close()
+        self._file = self._writer = None
+        try:
+            self.tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+class ResultStream:
+    """The result files of one run. During a replay: `attach(engine)` gives the engine's
+    `on_request_done`; afterwards `finish(result)` writes the rest and returns the summary.
+    `guard` (a context manager factory) wraps each write during the replay: the app passes
+    one that holds stop signals back until the row group is written."""
+
+    def __init__(self, run_dir, trace: list, cfg=None, guard=nullcontext):
+        self.run_dir, self.cfg, self.guard = Path(run_dir), cfg, guard
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ResultsWriteError(f"cannot create results directory {self.run_dir}: {e}") from e
+        self.slo, self.fairness = section(cfg, "slo", SloConfig), section(cfg, "fairness", FairnessConfig)
+        self._requests = _ParquetFile(self.run_dir / "requests.parquet")
+        self._steps = _ParquetFile(self.run_dir / "steps.parquet")
+        self._done = np.zeros(len(trace), dtype=bool)
+        self._rows = 0               # requests written (req_ids below it)
+        self._frontier = 0           # the first request not done yet
+        self._written_steps = 0
+        self._tables: list = []      # request table slices without token_times
+        self._itl = np.empty(sum(max(t.output_tokens - 1, 0) for t in trace), dtype=np.float64)
+        self._itl_len = 0
+        self._service: list = []     # TokenFacts' service events per slice
+        self._engine = self._source = None
+
+    def attach(self, engine):
+        """Stream `engine`'s results as it runs; returns its `on_request_done(req_id)` callback
+        (None for a cluster driver: its results are written when it ends)."""
+        if not hasattr(engine, "step_log"):
+            return None
+        self._engine = engine
+        self._source = RunResult(engine.trace, engine.requests, {}, engine.kv.num_blocks,
+                                 engine.kv.block_size, engine.policy_name)
+        return self.request_done
+
+    def request_done(self, rid: int) -> None:
+        done = self._done
+        done[rid] = True
+        if rid != self._frontier:
+            return
+        frontier, n = rid, done.size
+        while frontier < n and done[frontier]:
+            frontier += 1
+        self._frontier = frontier
+        if frontier - self._rows < ROWS_PER_GROUP:
+            return
+        with self.guard():
+            while frontier - self._rows >= ROWS_PER_GROUP:
+                self._write_requests(self._source, self._rows + ROWS_PER_GROUP)
+                self._engine.forget(self._rows)
+            log = self._engine.step_log
+            if len(log) - self._written_steps >= STEPS_PER_GROUP:
+                self._write_steps(log.columns(self._written_steps, len(log)), self._source)
+
+    def finish(self, result: RunResult, extra: dict | None = None) -> dict:
+        """Write every request and step not written yet, then summary.json (with `extra`);
+        return the summary. Every file is attempted; a failure names them all at the end."""
+        while True:                    # the rest, in row groups (at least one: the schema)
+            self._write_requests(result, min(self._rows + ROWS_PER_GROUP, self._done.size))
+            if self._rows >= self._done.size:
+                break
+        self._write_steps({k: np.asarray(v)[self._written_steps:] for k, v in result.steps.items()}, result)
+        self._requests.close()
+        self._steps.close()
+        table = pd.concat(self._tables, ignore_index=True)
+        all_steps = step_frame(result.steps, 0, result)
+        summary = summarize(table, all_steps, result, self.slo, self.fairness, self._facts())
+        self._itl = self._tables = self._service = None      # (gigabytes at a million requests)
+        self._engine = self._source = None
+        summary.update(json_safe(extra or {}))
+        summary["config"] = plain_config(self.cfg)
+        failures = [f.failed for f in (self._requests, self._steps) if f.failed]
+        if failures:
+            summary["missing_files"] = [f.path.name for f in (self._requests, self._steps) if f.failed]
+        text = json.dumps(summary, indent=2, allow_nan=False, default=str) + "\n"
+        try:
+            atomic_write(self.run_dir / "summary.json", lambda f: f.write(text.encode()))
+        except ResultsWriteError as e:
+            failures.append(str(e))
+        if failures:
+            raise ResultsWriteError("; ".join(failures))
+        return summary
+
+    def _write_requests(self, source: RunResult, stop: int) -> None:
+        table = request_table(source, self.slo, self._rows, stop)
+        facts = token_facts(table)
+        self._itl[self._itl_len:self._itl_len + facts.itl.size] = facts.itl
+        self._itl_len += facts.itl.size
+        self._service.append(facts._replace(itl=None))
+        self._requests.write(requests_arrow(table))
+        self._tables.append(table.drop(columns="token_times"))
+        self._rows = stop
+
+    def _write_steps(self, columns: dict, result: RunResult) -> None:
+        frame = step_frame(columns, self._written_steps, result)
+        if len(frame) or self._steps._writer is None:
+            self._steps.write(pa.Table.from_pandas(frame, preserve_index=False))
+        self._written_steps += len(frame)
+
+    def _facts(self) -> TokenFacts:
+        parts = self._service
+        return TokenFacts(self._itl[:self._itl_len], *(np.concatenate([getattr(p, f) for p in parts])
+                                                       for f in TokenFacts._fields[1:]))
