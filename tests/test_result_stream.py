@@ -9,11 +9,12 @@ import pytest
 import policylab.analysis.result_stream as stream_module
 from policylab.analysis.result_stream import ResultStream
 from policylab.analysis.results import write_results
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing.loader import load_policy
+from policylab.testing.replay import SCENARIO_HARDWARE
 
 
 def engine(policy="chunked", fail_at_step=None) -> Engine:
@@ -27,7 +28,7 @@ def engine(policy="chunked", fail_at_step=None) -> Engine:
                 raise KeyboardInterrupt
             return schedule(view)
         p.schedule = interrupted
-    plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, DataplaneConfig(kind="sim"))   # 4 ms a step
     return Engine(trace, p, plane, EngineConfig(num_blocks=400, max_num_seqs=16))
 
 

@@ -16,20 +16,21 @@ import pytest
 import yaml
 
 from policylab.analysis.results import write_results
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing.loader import CONFIG_DIR, load_policy
+from policylab.testing.replay import SCENARIO_HARDWARE
 
-DIGESTS = {       # policy: (ample KV, short KV), derived on b4278b4 (before #17's speed-ups)
-    "prefill_first": ("3e3864d88a8025e3", "a49c9677d81366a3"),
-    "decode_first": ("191923ce5d639c64", "191923ce5d639c64"),
-    "chunked": ("b599a1f9d0dbac66", "eb030106b93fffbb"),
-    "slo_aware": ("e1bf7c2a856f644f", "a1b811edfed907c6"),
-    "fairness": ("37122d788661e63d", "33df91876276fbdf"),
-    "priority": ("fcb5d3246ff7abc3", "14ba64aa8351c605"),
-    "sjf": ("7ef102e403dde400", "96b4dde7748088d1"),
+DIGESTS = {       # policy: (ample KV, short KV), derived on main 274739e without #17's changes
+    "prefill_first": ("433a87c9deedd724", "24f85fcc1a560dc7"),
+    "decode_first": ("4cf28592fd32dc09", "4cf28592fd32dc09"),
+    "chunked": ("e5eaa3d2dec81829", "9beaaf6a7b9584f5"),
+    "slo_aware": ("b7bd689a9c7fe08f", "8f23f84399f83171"),
+    "fairness": ("e1cf99aa95f3cee2", "693d582a5f6eb590"),
+    "priority": ("0b46a0d07c11a64a", "ca8eedbc7bb9a10d"),
+    "sjf": ("8cf3df1c3d442372", "21baf4ae945f8349"),
 }
 
 
@@ -49,7 +50,7 @@ def scenario(seed: int) -> list:
 
 def sim_plane() -> SimDataPlane:
     model = ModelConfig(**yaml.safe_load((CONFIG_DIR / "model" / "llama3-8b.yaml").read_text()))
-    return SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim"))
+    return SimDataPlane(model, SCENARIO_HARDWARE, DataplaneConfig(kind="sim"))   # fixed across roofline refits
 
 
 def replay_digest(policy_name: str, num_blocks: int, tmp_path) -> str:

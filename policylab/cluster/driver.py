@@ -205,7 +205,7 @@ def merged_steps(parts: list) -> dict:
     for p in parts:
         steps = p.result.steps
         for k in STEP_FIELDS:
-            columns[k] += steps.get(k, [])
+            columns[k].extend(steps.get(k, ()))        # (numpy columns: += would add them)
         columns["replica"] += [p.index] * len(steps.get("clock", []))
     order = np.argsort(np.asarray(columns["clock"], dtype=np.float64), kind="stable")
     return {k: np.asarray(v)[order] for k, v in columns.items()}
