@@ -3,7 +3,7 @@
 # compare: the table grouped by load with mean ± 95% CI over replicates, metric-vs-load
 # figure with CI bands, per-SLO-class and per-client tables (experiments/README.md).
 #   experiments/sweep_load.sh [TRACE] [Hydra overrides...]
-#   ONLY_POLICIES=prefill_first,chunked,slo_aware LOADS=12,18,24 REPLICATES=1,2,3 \
+#   ONLY_POLICIES=prefill_first,chunked,slo_aware LOADS=12,24,32 REPLICATES=1,2,3 \
 #       experiments/sweep_load.sh multitenant trace.repeat=10
 # LOADS are trace.rate_scale values, REPLICATES trace.replicate values (block-bootstrap
 # resamples of the trace; 0 is the trace as read). Default: every policy, loads 1,4,16, replicates 1,2,3.
