@@ -130,9 +130,10 @@ def timed_calls(split: dict):
         tracker.log_run, tracker.finish = wrap(tracker.log_run, "W&B"), wrap(tracker.finish, "W&B")
         return tracker
 
-    targets = [(jobs, "load_trace", "trace load"), (run, "replay", "replay"), (results, "write_results", "results"),
+    targets = [(jobs, "load_trace", "trace load"), (run, "load_trace", "trace load"), (run, "replay", "replay"), (results, "write_results", "results"),
                (results.ResultStream, "finish", "results"), (plots, "write_run_plots", "plots")]
-    original = {name: getattr(mod, name) for mod, name, _ in targets} | {"open_tracker": tracking.open_tracker}
+    original = {(mod, name): getattr(mod, name) for mod, name, _ in targets}
+    original["open_tracker"] = tracking.open_tracker
     for mod, name, bucket in targets:
         setattr(mod, name, wrap(getattr(mod, name), bucket))
     tracking.open_tracker = open_tracker
@@ -140,7 +141,7 @@ def timed_calls(split: dict):
         yield
     finally:
         for mod, name, _ in targets:
-            setattr(mod, name, original[name])
+            setattr(mod, name, original[mod, name])
         tracking.open_tracker = original["open_tracker"]
 
 
