@@ -38,6 +38,15 @@ class DecodeBatch:
         self.plan_tokens = None                   # the plan mapping it last served
         self._members_changed()
 
+    def become(self, ids: list) -> None:
+        """Make `ids` the members, in order: kept when `ids` only extends them, else rebuilt."""
+        have = len(self.ids)
+        if ids[:have] != self.ids:
+            self.clear()
+            have = 0
+        if len(ids) > have:
+            self.join(ids[have:])
+
     def join(self, ids: list) -> None:
         """Add running decodes at the end of the batch."""
         rs = [self._all[i] for i in ids]

@@ -21,14 +21,9 @@ class DecodeSteps:
     def _commit_decodes(self, plan: StepPlan) -> Batch:
         """Commit a plan of running decodes only, the steady state: the persistent batch, no loop."""
         sched, db = plan.num_scheduled_tokens, self._decode_batch
-        if not (sched is self._running_views[2] is db.plan_tokens):   # (the view's read-only decode_all,
-            ids = list(self._running_views[1] if sched is self._running_views[2] else sched)   # unchanged:
-            have = len(db.ids)             # the same requests; decode_all's ids come from the engine's tuple)
-            if ids[:have] != db.ids:         # not the members, then newly decoding ones: start over
-                db.clear()
-                have = 0
-            if len(ids) > have:
-                db.join(ids[have:])
+        if not (sched is self._running_views[2] is db.plan_tokens):   # the view's read-only decode_all,
+            # unchanged, means the same requests; decode_all's ids come from the engine's tuple
+            db.become(list(self._running_views[1] if sched is self._running_views[2] else sched))
             db.plan_tokens = sched
         needs_block = self._needs_block
         growing = list(needs_block) if len(sched) == len(self._decoding) else needs_block.keys() & sched.keys()
@@ -47,12 +42,7 @@ class DecodeSteps:
         decoding, sched = self._decoding, plan.num_scheduled_tokens
         prefills = self._commit(StepPlan({rid: n for rid, n in sched.items() if rid not in decoding}))
         db = self._decode_batch
-        have = len(db.ids)
-        if decodes[:have] != db.ids:
-            db.clear()
-            have = 0
-        if len(decodes) > have:
-            db.join(decodes[have:])
+        db.become(decodes)
         db.plan_tokens = None
         needs_block = self._needs_block
         for rid in needs_block.keys() & set(decodes):
