@@ -41,6 +41,16 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache, v_cache, slot_ptr, stride_kt, stride
 
 
 @triton.jit
+def _paged_key_rows(table_row_ptr, pos, seq_len, kv_head, stride_cb, stride_ct, stride_ch,
+                    BLOCK_SIZE: tl.constexpr):
+    """Cache offsets of one sequence's key positions `pos` (through its block-table row), and
+    which of them exist: the one paged lookup both attention kernels make."""
+    valid = pos < seq_len
+    block = tl.load(table_row_ptr + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    return block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + kv_head * stride_ch, valid
+
+
+@triton.jit
 def _decode_kernel(q_ptr, o_ptr, k_cache, v_cache, table_ptr, seq_lens_ptr,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
                    stride_cb, stride_ct, stride_ch, scale,
@@ -58,9 +68,8 @@ def _decode_kernel(q_ptr, o_ptr, k_cache, v_cache, table_ptr, seq_lens_ptr,
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
     for start in range(0, seq_len, BLOCK_N):
         pos = start + n
-        valid = pos < seq_len
-        block = tl.load(table_ptr + seq * stride_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        row = block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
+        row, valid = _paged_key_rows(table_ptr + seq * stride_table, pos, seq_len, kv_head,
+                                     stride_cb, stride_ct, stride_ch, BLOCK_SIZE)
         kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
         k = tl.load(k_cache + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                      # [GROUP_PAD, BLOCK_N]
@@ -99,9 +108,8 @@ def _prefill_kernel(q_ptr, o_ptr, k_cache, v_cache, table_ptr, q_start_ptr, q_le
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     for start in range(0, last_key, BLOCK_N):
         pos = start + n
-        valid = pos < seq_len
-        block = tl.load(table_ptr + entry * stride_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        row = block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
+        row, valid = _paged_key_rows(table_ptr + entry * stride_table, pos, seq_len, kv_head,
+                                     stride_cb, stride_ct, stride_ch, BLOCK_SIZE)
         kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
         k = tl.load(k_cache + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale        # [BLOCK_M, BLOCK_N]
