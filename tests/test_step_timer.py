@@ -68,7 +68,7 @@ def test_repeats_keep_the_least_cpu_time_and_the_same_tokens(keep_threads):
     plane.forward = busy_forward
     batch = Batch([0], [5], [0], [[0]], [np.arange(16, 21, dtype=np.int32)], [True], [SamplingParams()])
     result = plane.execute(batch)
-    assert result.duration < 0.04
+    assert result.duration < 0.05      # any disturbed repeat costs at least its 0.05 s of spin
     plane.forward = forward
     assert result.sampled == plane.execute(batch).sampled
     with pytest.raises(ValueError, match="timer_repeats applies to dataplane.timer=cpu"):
