@@ -15,6 +15,7 @@ import pandas as pd
 
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import STEP_FIELDS, RunResult
+from policylab.analysis import counted as counted_values
 from policylab.analysis.client_fairness import client_fairness
 from policylab.analysis.cluster_metrics import add_placement, cluster_summary, replica_blocks_per_step
 from policylab.cluster.result import ClusterResult
@@ -106,18 +107,21 @@ def step_frame(raw: dict, start: int, result: RunResult) -> pd.DataFrame:
     return df
 
 
-def distribution(values, scratch: bool = False) -> dict:
-    """mean, p50 … p99.9 (numpy linear percentiles) and max of the non-NaN values.
-
-    `scratch`: `values` (float64, no NaN: the ITL gaps, up to gigabytes) may be reordered in
-    place instead of copied; the mean is taken first, so every number is the same."""
+def distribution(values) -> dict:
+    """mean, p50 … p99.9 (numpy linear percentiles) and max of the non-NaN values (an array, or
+    a `counted.Counted`: the ITL gaps, exact without holding each one)."""
+    if isinstance(values, counted_values.Counted):
+        if not values.size:
+            return {"mean": None, **{k: None for k in QUANTILES}, "max": None}
+        q = counted_values.percentiles(values, list(QUANTILES.values()))
+        return {"mean": counted_values.mean(values), **dict(zip(QUANTILES, map(float, q))),
+                "max": float(values.values[-1])}
     v = np.asarray(values, dtype=np.float64)
-    if not (scratch and v.size and not np.isnan(v.min())):
-        v, scratch = v[~np.isnan(v)], True          # a copy: free to reorder
+    v = v[~np.isnan(v)]
     if v.size == 0:
         return {"mean": None, **{k: None for k in QUANTILES}, "max": None}
-    mean, top = float(v.mean()), float(v.max())
-    q = np.percentile(v, list(QUANTILES.values()), overwrite_input=scratch)
+    mean, top = float(v.mean()), float(v.max())     # before the percentiles reorder `v` (a copy)
+    q = np.percentile(v, list(QUANTILES.values()), overwrite_input=True)
     return {"mean": mean, **dict(zip(QUANTILES, map(float, q))), "max": top}
 
 
@@ -130,11 +134,11 @@ def flat_token_times(token_times) -> tuple[np.ndarray, np.ndarray]:
 
 class TokenFacts(NamedTuple):
     """What the summary needs of the output tokens, without keeping every token's time: the
-    pooled ITL gaps (in request, then token order: the order `np.diff` of the whole table gives,
-    so mean and percentiles are exact) and the service of output tokens as (time, client,
-    tokens) events, tokens of one client at one time merged."""
+    pooled ITL gaps as distinct values with counts (exact percentiles, see `counted`) and the
+    service of output tokens as (time, client, tokens) events, tokens of one client at one
+    time merged."""
 
-    itl: np.ndarray
+    itl: counted_values.Counted
     service_time: np.ndarray
     service_client: np.ndarray
     service_tokens: np.ndarray
@@ -153,7 +157,7 @@ def token_facts(table: pd.DataFrame) -> TokenFacts:
         np.zeros(0, dtype=bool)
     starts = np.flatnonzero(first)
     tokens = np.diff(np.append(starts, time.size)).astype(np.float64)
-    return TokenFacts(itl, time[starts], names[code[starts]], tokens)
+    return TokenFacts(counted_values.counted(itl), time[starts], names[code[starts]], tokens)
 
 
 def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResult,
@@ -191,7 +195,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
                    "unfinished": int((status == "unfinished").sum())},
         "trace_duration": trace_duration, "makespan": makespan,
         **{name: distribution(df[name].to_numpy()[finished]) for name in LATENCIES},
-        "itl": distribution(facts.itl, scratch=True),     # (facts.itl is the summary's own)
+        "itl": distribution(facts.itl),
         "slo": {"ttft": slo.ttft, "tpot": slo.tpot},
         "slo_attainment": df["slo_met"].mean() if len(df) else NAN,
         "goodput": _rate(df["slo_met"].sum(), trace_duration),
