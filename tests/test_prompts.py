@@ -31,3 +31,43 @@ def test_two_streams_at_the_same_pool_offset_still_begin_apart():
 def test_a_stream_longer_than_the_pool_wraps_around_it():
     ids = _window(5, _POOL_TOKENS + 100, 32000, 0)
     assert len(ids) == _POOL_TOKENS + 100 and (ids[_POOL_TOKENS + 10:] == ids[10:100]).all()
+
+
+def test_a_synthetic_prompt_reads_as_the_ids_it_stands_for():
+    from policylab.core.synthetic_prompts import SyntheticPrompt
+    args = (3, 700, (9,), 32000, 0, 512)
+    ids, lazy = synthesize_prompt(*args), SyntheticPrompt(*args)
+    assert len(lazy) == 700 and (np.asarray(lazy) == ids).all() and np.asarray(lazy, np.int64).dtype == np.int64
+    assert (lazy[500:517] == ids[500:517]).all() and (lazy[690:] == ids[690:]).all()
+
+
+def test_a_sim_replay_holds_no_prompt_ids_yet_hashes_and_publishes_the_same_blocks():
+    """The sim plane reads no token ids, so a waiting or running request keeps a SyntheticPrompt
+    (~100 bytes) instead of its ids; its prefix hashes, cache hits and output-block hashes are
+    those of the ids (a plane that reads ids gets the array, and the same hashes)."""
+    from policies.prefill_first import PrefillFirst
+    from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+    from policylab.core.engine import Engine
+    from policylab.core.request import TraceRequest as T
+    from policylab.core.synthetic_prompts import SyntheticPrompt
+    from policylab.dataplane.sim import SimDataPlane
+
+    class ReadsIds(SimDataPlane):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.needs_token_ids = True
+
+    trace = [T(0.0, 70, 9, prefix_hashes=(5,)), T(0.0, 70, 9, prefix_hashes=(5,)), T(9.0, 70, 3, prefix_hashes=(5,))]
+    cfg = EngineConfig(block_size=16, num_blocks=64, max_num_batched_tokens=256, max_num_seqs=4)
+    runs = {}
+    for plane in (SimDataPlane, ReadsIds):
+        engine = Engine(trace, PrefillFirst(), plane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim")),
+                        cfg, prefix_block_tokens=32)
+        engine._arrive(0)
+        kind = type(engine.requests[0].prompt_ids)
+        result = Engine(trace, PrefillFirst(), engine.dataplane, cfg, prefix_block_tokens=32).run()
+        runs[plane] = (kind, [list(r.block_hashes) for r in result.requests],
+                       [r.num_cached_tokens_total for r in result.requests])
+    assert runs[SimDataPlane][0] is SyntheticPrompt and runs[ReadsIds][0] is np.ndarray
+    assert runs[SimDataPlane][1:] == runs[ReadsIds][1:]
+    assert runs[SimDataPlane][2][2] >= 32       # the third request hit the shared 32-token prefix

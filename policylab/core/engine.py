@@ -25,7 +25,7 @@ from policylab.core.decode_steps import DecodeSteps
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import BlockManager, chain_hashes
 from policylab.core.policy import Policy
-from policylab.core.synthetic_prompts import synthesize_prompt
+from policylab.core.synthetic_prompts import SyntheticPrompt, synthesize_prompt
 from policylab.core.waiting_queue import QueueView, WaitingQueue
 from policylab.core.request import NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals
 from policylab.core.result import RunResult, mark_partial
@@ -169,9 +169,9 @@ class Engine(DecodeSteps):
             ids = NO_TOKENS
         elif t.prompt_ids is not None:
             ids = np.asarray(t.prompt_ids, dtype=np.int32)
-        else:
-            ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, self.dataplane.vocab_size,
-                                    self.seed, self.prefix_block_tokens)
+        else:                            # (ids made again when read, not held, if the plane reads none)
+            ids = (synthesize_prompt if self.dataplane.needs_token_ids else SyntheticPrompt)(
+                i, t.prompt_tokens, t.prefix_hashes, self.dataplane.vocab_size, self.seed, self.prefix_block_tokens)
         max_tokens = t.max_tokens or cfg.max_tokens or max(cfg.max_model_len - t.prompt_tokens, 1)
         r = Request(i, t.arrival_time, ids, max_tokens, t.client, t.priority, t.ttft_slo,
                     t.tpot_slo, predict_output(cfg, self._rng, t.output_tokens), self.sampling)
@@ -180,7 +180,7 @@ class Engine(DecodeSteps):
         if reason:
             return self._reject(r, reason)
         if self.kv.prefix_caching:
-            r.block_hashes = array("Q", chain_hashes(ids, self.kv.block_size))   # 8 bytes a hash
+            r.block_hashes = array("Q", chain_hashes(np.asarray(ids), self.kv.block_size))   # 8 bytes a hash
         self.views[i] = RequestView(r, self.kv)
         self._waiting.append(i)
         self._arrived.append(i)

@@ -65,7 +65,7 @@ class SamplingParams:
 class Request:
     req_id: int
     arrival_time: float
-    prompt_ids: np.ndarray            # int32 token ids of the prompt
+    prompt_ids: np.ndarray            # int32 token ids of the prompt (or a SyntheticPrompt: made when read)
     max_tokens: int                   # declared cap, visible to policies
     client: str = "default"
     priority: int = 0

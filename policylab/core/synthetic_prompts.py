@@ -53,3 +53,26 @@ def synthesize_prompt(index: int, prompt_tokens: int, prefix_hashes, vocab_size:
     if pos < prompt_tokens:
         parts.append(_window(hash_key("request", seed, index), prompt_tokens - pos, vocab_size, seed))
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class SyntheticPrompt:
+    """A synthesized prompt that is made again when read instead of held: 4 bytes a token
+    (4.6 KB for a 1,150-token prompt) become ~100 bytes, which is what a waiting request
+    costs when an overloaded million-request replay queues 100k+ of them. Only a data plane
+    that never reads token ids gets it (the engine still hashes the ids once, on arrival)."""
+
+    __slots__ = ("_args",)
+
+    def __init__(self, index: int, prompt_tokens: int, prefix_hashes, vocab_size: int, seed: int,
+                 prefix_block_tokens: int):
+        self._args = (index, prompt_tokens, prefix_hashes, vocab_size, seed, prefix_block_tokens)
+
+    def __len__(self) -> int:
+        return self._args[1]
+
+    def __getitem__(self, key):
+        return synthesize_prompt(*self._args)[key]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        ids = synthesize_prompt(*self._args)
+        return ids if dtype is None else ids.astype(dtype)
