@@ -284,8 +284,11 @@ class Engine(DecodeSteps):
         if self.dataplane.needs_token_ids:
             batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
         self._batch_requests = rs
-        if preempted or plan.reject or starting:
+        if preempted:
             self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
+        elif starting:                  # (rejected requests were waiting: running only grows)
+            self.running = self._running + starting
+        if preempted or plan.reject or starting:
             waiting.remove(starting_ids)
             waiting.remove(plan.reject)
             waiting.put_back([r.req_id for r in preempted])
@@ -339,8 +342,11 @@ class Engine(DecodeSteps):
             r.status, r.finish_time = Status.FINISHED, now
             self._release(r)
             self._done(r)
-        if finished:
-            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        if finished:                    # a copy without them (identity search at C level)
+            running = list(self._running)
+            for r in finished:
+                running.remove(r)
+            self.running = running
         if result.sampled:
             self._stalled_steps = 0
         self._sampled = batch.req_ids if self._decode_step else list(compress(batch.req_ids, batch.sample))

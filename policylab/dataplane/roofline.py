@@ -21,6 +21,8 @@ No term is tuned to one file: the only per-GPU numbers are the two efficiencies 
 """
 from __future__ import annotations
 
+from operator import mul
+
 from policylab.core.config import HardwareConfig, ModelConfig
 
 P_NORM = 3.0      # knee sharpness (see above): 2^(1/3) = 1.26x the larger bound at balance
@@ -95,7 +97,8 @@ class Roofline:
         if tokens == len(q):                                              # decodes only: n = 1
             pairs = context + tokens                                      # query x key pairs
         else:
-            pairs = sum(n * (c + (n + 1) / 2) for n, c in zip(q, ctx))
+            # sum of n·(c + (n+1)/2): integers, so as C-level sums of products (exactly the same value)
+            pairs = sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
         return smooth_max(self._s_per_attn_pair * pairs, self._s_per_kv_token * (context + 2 * tokens))
 
     def step_time(self, q, ctx, tokens: int, sampled: int) -> float:
