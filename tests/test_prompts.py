@@ -71,3 +71,14 @@ def test_a_sim_replay_holds_no_prompt_ids_yet_hashes_and_publishes_the_same_bloc
     assert runs[SimDataPlane][0] is SyntheticPrompt and runs[ReadsIds][0] is np.ndarray
     assert runs[SimDataPlane][1:] == runs[ReadsIds][1:]
     assert runs[SimDataPlane][2][2] >= 32       # the third request hit the shared 32-token prefix
+
+
+def test_any_range_of_a_prompt_is_made_alone_as_the_same_ids():
+    from policylab.core.synthetic_prompts import SyntheticPrompt
+    for args in ((3, 700, (9,), 32000, 0, 512), (5, 1300, (1, 2, 3), 256, 2, 200), (7, 3, (), 32000, 0, 512)):
+        ids, lazy = synthesize_prompt(*args), SyntheticPrompt(*args)
+        n = args[1]
+        for a, b in ((0, n), (0, 2), (1, 5), (3, 4), (n - 1, n), (199, 401), (200, 200), (n, n + 9), (-5, None)):
+            assert lazy[a:b].tolist() == ids[a:b].tolist(), (args, a, b)
+            if 0 <= a <= n and b is not None:
+                assert synthesize_prompt(*args, start=a, stop=b).tolist() == ids[a:b].tolist()

@@ -31,27 +31,37 @@ def _pool(seed: int, vocab_size: int) -> np.ndarray:
     return pool
 
 
-def _window(key: int, count: int, vocab_size: int, seed: int) -> np.ndarray:
-    """`count` ids of the stream `key`: its own first ids, then the pool from a key-chosen offset."""
+def _window(key: int, count: int, vocab_size: int, seed: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Ids [lo, hi) of the `count`-id stream `key`: its own first ids, then the pool from a
+    key-chosen offset."""
+    hi = count if hi is None else hi
     offset = key % _POOL_TOKENS
-    ids = _pool(seed, vocab_size).take(np.arange(offset, offset + count), mode="wrap")
+    ids = _pool(seed, vocab_size).take(np.arange(offset + lo, offset + hi), mode="wrap")
     span = vocab_size - _RESERVED
-    ids[:_KEY_TOKENS] = [_RESERVED + (key >> 16 * k) % span for k in range(min(count, _KEY_TOKENS))]
+    for k in range(lo, min(hi, _KEY_TOKENS)):
+        ids[k - lo] = _RESERVED + (key >> 16 * k) % span
     return ids
 
 
 def synthesize_prompt(index: int, prompt_tokens: int, prefix_hashes, vocab_size: int,
-                      seed: int = 0, prefix_block_tokens: int = 512) -> np.ndarray:
-    """Prompt ids: one segment per prefix hash, then tokens unique to this request."""
-    parts, pos = [], 0
+                      seed: int = 0, prefix_block_tokens: int = 512, start: int = 0,
+                      stop: int | None = None) -> np.ndarray:
+    """Prompt ids [start, stop) (all by default): one segment per prefix hash, then tokens unique
+    to this request; only the segments that overlap the range are made."""
+    stop = prompt_tokens if stop is None else min(stop, prompt_tokens)
+    segments, pos = [], 0
     for h in prefix_hashes:
         if pos >= prompt_tokens:
             break
         n = min(prefix_block_tokens, prompt_tokens - pos)
-        parts.append(_window(hash_key("prefix", seed, h), n, vocab_size, seed))
+        segments.append((hash_key("prefix", seed, h), pos, n))
         pos += n
     if pos < prompt_tokens:
-        parts.append(_window(hash_key("request", seed, index), prompt_tokens - pos, vocab_size, seed))
+        segments.append((hash_key("request", seed, index), pos, prompt_tokens - pos))
+    parts = [_window(key, n, vocab_size, seed, max(start - at, 0), min(stop - at, n))
+             for key, at, n in segments if at < stop and at + n > start]
+    if not parts:
+        return np.zeros(0, dtype=np.int32)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
@@ -71,6 +81,9 @@ class SyntheticPrompt:
         return self._args[1]
 
     def __getitem__(self, key):
+        if isinstance(key, slice) and key.step is None:      # only the segments it covers
+            start, stop, _ = key.indices(self._args[1])
+            return synthesize_prompt(*self._args, start=start, stop=max(start, stop))
         return synthesize_prompt(*self._args)[key]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
