@@ -1,5 +1,6 @@
 """Vidur-format GPU profiles as the sim's cost model (`dataplane.profile=DIR`) and the roofline's
-targets against the shared A100 Llama-3-8B profile (../shared/profiles, skipped when absent)."""
+targets against the shared A100 Llama-3-8B profile (../shared/profiles, skipped when absent).
+Attention profiles: tests/test_profile_attention.py."""
 from __future__ import annotations
 
 import csv
@@ -96,39 +97,6 @@ def test_missing_file_or_column_is_named(tmp_path):
         ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
     (tmp_path / "mlp.csv").write_text("num_tokens,time_stats.emb.median\n1,0.1\n")
     with pytest.raises(ProfileError, match=r"mlp.csv: missing column\(s\) time_stats.add.median"):
-        ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
-
-
-def write_attention_csv(path: Path, n_embd=4096, decode_ms_per_kv=1e-5, prefill_ms_per_pair=2e-8) -> None:
-    """A Vidur-shaped attention.csv whose times are exact lines in the work (for the fit to recover)."""
-    cols = ["time_stats.attn_prefill.median", "time_stats.attn_decode.median", "batch_size", "kv_cache_size",
-            "prefill_chunk_size", "is_prefill", "num_tensor_parallel_workers", "n_embd", "n_q_head", "n_kv_head"]
-    rows = []
-    for chunk in (64, 256, 1024, 4096):
-        for kv in (0, 1024, 4096):
-            rows.append([0.01 + prefill_ms_per_pair * chunk * (kv + chunk / 2), "", 1, kv, chunk, True])
-    for batch in (1, 8, 64, 256):
-        for kv in (128, 1024, 4096):
-            rows.append(["", 0.02 + decode_ms_per_kv * batch * kv, batch, kv, 0, False])
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        w.writerows(r + [1, n_embd, 32, 8] for r in rows)
-
-
-@needs_shared
-def test_attention_csv_is_used_when_present(tmp_path):
-    for name in ("mlp.csv",):
-        (tmp_path / name).write_bytes((A100_LLAMA3_8B / name).read_bytes())
-    write_attention_csv(tmp_path / "attention.csv")
-    model = ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
-    assert model.attention is not None and len(model.files) == 2
-    per_layer = model.attention([1] * 10, [2047] * 10)                  # 10 decodes over 2k contexts
-    assert per_layer == pytest.approx((0.02 + 1e-5 * 10 * 2048) / 1e3, rel=1e-3)
-    per_layer = model.attention([512], [1024])
-    assert per_layer == pytest.approx((0.01 + 2e-8 * 512 * (1024 + 256)) / 1e3, rel=1e-3)
-    write_attention_csv(tmp_path / "attention.csv", n_embd=2048)
-    with pytest.raises(ProfileError, match="n_embd=2048 but model.hidden_size=4096"):
         ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
 
 
