@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vidur_profiles import GEMMS, cases
+from vidur_profiles import cases
 
 STREAM_MAX_TOKENS = 16
 COMPUTE_TOKENS = (1024, 4096)
@@ -73,7 +73,8 @@ def main() -> None:
         r = measure(points, hw[gpu])
         print(f"| {gpu} | {len(models[gpu])} | {r['bw_efficiency']:.3f} | {r['kernel_latency'] * 1e6:.2f} us "
               f"| {r['stream_rms'] * 100:.1f} % / {r['stream_max'] * 100:.0f} % ({r['stream_points']} GEMVs) "
-              f"| {r['flops_efficiency']:.3f} ({r['flops_p10']:.2f}-{r['flops_p90']:.2f}, {r['compute_points']} GEMMs) |")
+              f"| {r['flops_efficiency']:.3f} ({r['flops_p10']:.2f}-{r['flops_p90']:.2f}, "
+              f"{r['compute_points']} GEMMs) |")
 
 
 if __name__ == "__main__":

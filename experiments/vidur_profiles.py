@@ -73,10 +73,12 @@ def model_of(name: str, table: dict, path: Path) -> ModelConfig:
     gated = table["use_gated_mlp"][0].strip().lower() in ("true", "1")
     parallel = "time_stats.post_attention_layernorm.median" not in table
     if gated == parallel:
-        raise ValueError(f"{path}: a {'gated' if gated else 'GELU'} MLP in a {'parallel' if parallel else 'sequential'} "
-                         "block: neither of the two blocks policylab models")
+        block = "parallel" if parallel else "sequential"
+        raise ValueError(f"{path}: a {'gated' if gated else 'GELU'} MLP in a {block} block: "
+                         "neither of the two blocks policylab models")
     if name not in LAYERS:
-        raise ValueError(f"{path}: layer count of '{name}' unknown: add it to LAYERS (its config.json's num_hidden_layers)")
+        raise ValueError(f"{path}: layer count of '{name}' unknown: add it to LAYERS "
+                         "(its config.json's num_hidden_layers)")
     return ModelConfig(name=name, source="shape_only", architecture="llama" if gated else "phi",
                        hidden_size=int(one["n_embd"]), intermediate_size=int(one["n_expanded_embd"]),
                        num_hidden_layers=LAYERS[name], num_attention_heads=int(one["n_head"]),

@@ -84,12 +84,14 @@ def write_grid(path: Path, kv_write: bool = True, blank_other_phase: bool = Fals
             for cached in (0, 1024, 4096):
                 rows.append({"time_stats.attn_prefill.median": 0.01 + 1e-7 * chunk * cached,
                              "time_stats.attn_decode.median": other, "time_stats.attn_kv_cache_save.median": 0.001,
-                             "block_size": block, "batch_size": 1, "prefill_chunk_size": chunk, "kv_cache_size": cached})
+                             "block_size": block, "batch_size": 1, "prefill_chunk_size": chunk,
+                             "kv_cache_size": cached})
         for batch in (1, 8, 64) if decodes else ():
             for cached in (128, 1024):
                 rows.append({"time_stats.attn_prefill.median": other, "time_stats.attn_decode.median":
                              0.02 + 1e-5 * batch * cached, "time_stats.attn_kv_cache_save.median": 0.002,
-                             "block_size": block, "batch_size": batch, "prefill_chunk_size": 0, "kv_cache_size": cached})
+                             "block_size": block, "batch_size": batch, "prefill_chunk_size": 0,
+                             "kv_cache_size": cached})
     cols = (["time_stats.attn_kv_cache_save.median"] if kv_write else []) + [
         "time_stats.attn_prefill.median", "time_stats.attn_decode.median", "n_embd", "n_q_head", "n_kv_head",
         "block_size", "num_tensor_parallel_workers", "batch_size", "prefill_chunk_size", "kv_cache_size"]

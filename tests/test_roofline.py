@@ -24,7 +24,8 @@ def hardware_file(name: str) -> dict:
 
 def test_every_kernel_costs_the_latency_once():
     model = ModelConfig()
-    slow, fast = Roofline(model, HardwareConfig(kernel_latency=5e-6)), Roofline(model, HardwareConfig(kernel_latency=0.0))
+    slow = Roofline(model, HardwareConfig(kernel_latency=5e-6))
+    fast = Roofline(model, HardwareConfig(kernel_latency=0.0))
     kernels = model.num_hidden_layers * ModelShape(model).kernels_per_layer + 1          # + the embedding
     assert ModelShape(model).kernels_per_layer == 10          # QKV, O, up, down, 2 norms, RoPE, SiLU·mul, 2 adds
     for n in (1, 512):
