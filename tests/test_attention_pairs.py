@@ -15,5 +15,6 @@ def test_attention_time_equals_the_per_request_formula(batch):
     roof = Roofline(ModelConfig(), HardwareConfig())
     pairs = sum(n * (c + (n + 1) / 2) for n, c in zip(q, ctx))
     context, tokens = sum(ctx), sum(q)
-    want = smooth_max(roof._s_per_attn_pair * pairs, roof._s_per_kv_token * (context + 2 * tokens))
+    want = roof.shape.layers * roof.latency + smooth_max(roof._s_per_attn_pair * pairs,
+                                                          roof._s_per_kv_token * (context + 2 * tokens))
     assert roof.attention_time(q, ctx, tokens) == want

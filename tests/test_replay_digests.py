@@ -1,7 +1,9 @@
 """Replays stay identical: every shipped policy on the shipped traces, sim data plane, through
-the CLI job, hashes to the digest recorded when the sim's default roofline was refitted on
-measured GPU kernels (#18: elementwise traffic, embedding gather, p-norm knee, efficiencies
-0.68/0.68, step_overhead 0, and `cost_model` in summary.json; before that, the layers restructure).
+the CLI job, hashes to the digest recorded when the sim's default roofline took a latency per
+kernel and the H100's numbers measured over all of Vidur's H100 profiles (#18: 0.68 / 0.90 /
+4.8 us; before that, the first refit on one A100 profile: elementwise traffic, embedding gather,
+p-norm knee, 0.68 / 0.68, step_overhead 0, `cost_model` in summary.json; before that, the layers
+restructure).
 
 A change that moves these on purpose (a new cost model, a policy fix) updates the table here
 and says why in its commit. The digest covers every column of requests.parquet and every
@@ -18,27 +20,27 @@ import pytest
 from policylab.apps.cli import main
 
 DIGESTS = {
-    "prefill_first/bursty": "b4e53e988d6ba26f",
-    "decode_first/bursty": "e8593937945e05e3",
-    "chunked/bursty": "2f9667d21768536c",
-    "slo_aware/bursty": "aac8dbf68cfd558d",
-    "fairness/bursty": "1c4a168770118318",
-    "priority/bursty": "9cb8e6e4f7203a57",
-    "sjf/bursty": "e42b47e1e44b8169",
-    "prefill_first/multitenant": "f9b2c43beb04da3c",
-    "decode_first/multitenant": "634cd15055a97c97",
-    "chunked/multitenant": "0983723291a69cc8",
-    "slo_aware/multitenant": "52122f60b8afe049",
-    "fairness/multitenant": "cb0f045e6b6f4b7d",
-    "priority/multitenant": "1456f13ce8a3596b",
-    "sjf/multitenant": "ab6238f44ae485e7",
-    "prefill_first/poisson": "33ffa824ca0c7bf4",
-    "decode_first/poisson": "5fbd95a5459cca0c",
-    "chunked/poisson": "6e0fcf8e0bf44d53",
-    "slo_aware/poisson": "a2468797baef1817",
-    "fairness/poisson": "5a31e383889e36c8",
-    "priority/poisson": "ecc9283f8c779c08",
-    "sjf/poisson": "c5528f7e3d6f29af"
+    "prefill_first/bursty": "9f56f0b6a31d550e",
+    "decode_first/bursty": "f4a8590d56b394f1",
+    "chunked/bursty": "2c0a5e10d1507703",
+    "slo_aware/bursty": "07d0264777ca54db",
+    "fairness/bursty": "697254252554870c",
+    "priority/bursty": "015d991d044940e3",
+    "sjf/bursty": "230c88ba68a25956",
+    "prefill_first/multitenant": "73a52a64d2764f4f",
+    "decode_first/multitenant": "0c8d1651b03c1ff3",
+    "chunked/multitenant": "cd61228f0c90039e",
+    "slo_aware/multitenant": "52f6deb8aa60d7e8",
+    "fairness/multitenant": "ab6bffa395c4c534",
+    "priority/multitenant": "7b2e67f660640f5c",
+    "sjf/multitenant": "574ba607ce4a1571",
+    "prefill_first/poisson": "202b5958f354c783",
+    "decode_first/poisson": "f94b274017f3d809",
+    "chunked/poisson": "3cad99082fe35c71",
+    "slo_aware/poisson": "492f92150c63bf24",
+    "fairness/poisson": "eb9c1b5611faff80",
+    "priority/poisson": "9792ba9bf00d7ea9",
+    "sjf/poisson": "99ab2b1c2b7c65f8"
 }
 
 

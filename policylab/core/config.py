@@ -47,7 +47,7 @@ class ModelConfig:
     name: str = "tiny"
     source: str = "random"          # random (seeded) | hf_dir | gguf | shape_only (sim only)
     path: Optional[str] = None      # hf_dir: directory; gguf: file, or 'auto' to find a packaged one
-    architecture: str = "llama"     # llama | qwen2 | mistral
+    architecture: str = "llama"     # llama | qwen2 | mistral (real and sim); phi (sim only: GELU MLP, parallel block)
     hidden_size: int = 256
     intermediate_size: int = 688
     num_hidden_layers: int = 4
@@ -68,14 +68,15 @@ class ModelConfig:
 @dataclass
 class HardwareConfig:
     """Accelerator spec for the sim roofline: peaks from the public datasheet (H100 SXM, dense bf16),
-    efficiencies fitted on Vidur's measured A100 Llama-3-8B kernel times (../shared/profiles;
-    configs/hardware/*.yaml gives each GPU's source)."""
+    efficiencies and kernel latency measured on Vidur's H100 kernel times of six models
+    (configs/hardware/*.yaml gives each GPU's source and measurement)."""
     name: str = "h100"
     peak_flops: float = 989e12      # FLOP/s, bf16 dense
     mem_bandwidth: float = 3.35e12  # bytes/s
     mem_bytes: float = 80e9
-    flops_efficiency: float = 0.68  # achieved share of peak in GEMMs (see configs/hardware/h100.yaml)
-    bw_efficiency: float = 0.68     # achieved share of peak bandwidth (idem)
+    flops_efficiency: float = 0.68  # achieved share of peak in FLOP-bound GEMMs (see configs/hardware/h100.yaml)
+    bw_efficiency: float = 0.90     # achieved share of peak bandwidth streaming weights (idem)
+    kernel_latency: float = 4.8e-6  # seconds every kernel costs however small (launch, fill, tail; idem)
     step_overhead: float = 0.0      # seconds per step of host time not hidden (the profile is kernel time only)
 
 

@@ -10,9 +10,12 @@ block at each `num_tokens`; a step costs, for its n scheduled tokens,
 with op(n) interpolated piecewise-linearly in log(time) over log(num_tokens): it passes through
 every measurement and never overshoots between two of them (a spline would), and past the
 largest measured n it grows linearly, as a compute-bound GEMM does. The residual add is counted
-twice per layer (a Llama block has two; the profile times one). Vidur does not profile the LM
-head, so it comes from the roofline; attention comes from `attention.csv` when the directory has
-one (see `policylab.dataplane.profile_attention`), else from the roofline.
+twice per layer (a Llama block has two; the profile times one). A profile without a
+post_attention_layernorm column is of phi-2's parallel block (one norm, one timed add of
+attention, MLP and residual: counted once), as Vidur reads it; its model must say
+`architecture: phi`. Vidur does not profile the LM head, so it comes from the roofline;
+attention comes from `attention.csv` when the directory has one (see
+`policylab.dataplane.profile_attention`), else from the roofline.
 
 With `dataplane.tensor_parallel=k > 1` the rows with `num_tensor_parallel_workers == k` are
 used (per-GPU shards) and each layer adds two all-reduces of n x hidden activations (after the
@@ -32,6 +35,8 @@ from policylab.dataplane.roofline import Roofline
 
 LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
              "mlp_up_proj", "mlp_act", "mlp_down_proj", "add", "add")
+PARALLEL_LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "mlp_up_proj", "mlp_act",
+                      "mlp_down_proj", "add")     # phi-2: x + attn(ln(x)) + mlp(ln(x)), one timed add
 SHAPE_COLUMNS = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_kv_head": "num_key_value_heads",
                  "n_expanded_embd": "intermediate_size", "vocab_size": "vocab_size"}
 
@@ -63,6 +68,10 @@ def check_shape(table: dict, model: ModelConfig, path: Path) -> None:
         want = getattr(model, field)
         if len(values) != 1 or float(values.pop()) != want:
             wrong.append(f"{column}={'/'.join(sorted(set(table[column])))} but model.{field}={want}")
+    gated = {v.strip().lower() in ("true", "1") for v in table.get("use_gated_mlp", ["true"])}
+    if gated != {model.architecture != "phi"}:
+        wrong.append(f"use_gated_mlp={'/'.join(sorted(set(table['use_gated_mlp'])))} but model.architecture="
+                     f"{model.architecture} (phi: GELU MLP; the others: gated)")
     if wrong:
         raise ProfileError(f"{path}: profile is of another model shape than '{model.name}': {'; '.join(wrong)}")
 
@@ -93,10 +102,11 @@ class ProfileCostModel:
         self.tp, self.layers, self.overhead = dp.tensor_parallel, model.num_hidden_layers, hw.step_overhead
         directory = Path(dp.profile)
         self.mlp_path = directory / "mlp.csv"
-        ops = sorted(set(LAYER_OPS)) + ["emb"]
-        table = read_table(self.mlp_path, [f"time_stats.{op}.median" for op in ops]
-                           + ["num_tokens", "num_tensor_parallel_workers", *SHAPE_COLUMNS])
+        table = read_table(self.mlp_path, [f"time_stats.{op}.median" for op in sorted(set(PARALLEL_LAYER_OPS))]
+                           + ["time_stats.emb.median", "num_tokens", "num_tensor_parallel_workers", *SHAPE_COLUMNS])
         check_shape(table, model, self.mlp_path)
+        self.layer_ops = LAYER_OPS if "time_stats.post_attention_layernorm.median" in table else PARALLEL_LAYER_OPS
+        ops = sorted(set(self.layer_ops)) + ["emb"]
         rows = select_tp(table, self.tp, self.mlp_path)
         n = floats(table, "num_tokens", self.mlp_path, rows)
         self.ops = {op: LogInterp(n, floats(table, f"time_stats.{op}.median", self.mlp_path, rows) / 1e3)
@@ -126,7 +136,7 @@ class ProfileCostModel:
         t = self._dense.get(tokens)
         if t is None:
             ops = self.ops
-            t = self.layers * sum(ops[op](tokens) for op in LAYER_OPS) + ops["emb"](tokens)
+            t = self.layers * sum(ops[op](tokens) for op in self.layer_ops) + ops["emb"](tokens)
             if self.all_reduce is not None:
                 t += (2 * self.layers + 1) * self.all_reduce(tokens * self.activation_bytes)
             self._dense[tokens] = t

@@ -8,16 +8,27 @@ bandwidth), joined by a p-norm `(tc^p + tm^p)^(1/p)` instead of `max(tc, tm)`:
   weights; a 16k-token one is FLOP-bound);
 - at the knee a pipelined kernel hits neither bound: loads and tensor-core work overlap only
   partly. On Vidur's A100 Llama-3-8B profile (../shared/profiles) the GEMMs take 1.3-1.4x the
-  larger bound where the two are equal, which is 2^(1/p) for p ≈ 2-3; p = 3 fits the whole
-  curve best (decode steps and prefill chunks together). A sum (p = 1) would
-  double the time there, a max (p = ∞) is 22-38 % short at 128-256 tokens.
+  larger bound where the two are equal, which is 2^(1/p) for p ≈ 2-3. Over all 20 of Vidur's
+  profiles (8 models on the A100, A40 and H100), p = 3 has the smallest worst error at the
+  powers of two of p in {2, 2.5, 3, 4, 6} on each GPU (11 / 15 / 18 %; p = 2: 23-25 %), its
+  median within a point of p = 2's (experiments/check_roofline_profiles.py). A sum (p = 1)
+  would double the time at the knee; a max (p = ∞) is 22-38 % short at 128-256 tokens there.
 
-Elementwise ops (two RMSNorms, RoPE on q and k, SiLU·mul, two residual adds) are pure memory
-traffic per token per layer; the embedding is a gather of the scheduled tokens' rows, not a
-read of the table; the LM head runs for sampled tokens only. Attention reads each request's
-KV once and does 4·q_dim FLOPs per query-key pair per layer, joined the same way.
-No term is tuned to one file: the only per-GPU numbers are the two efficiencies (and
-`step_overhead`), given with their source in configs/hardware/*.yaml.
+Every kernel also costs `kernel_latency` (~5 µs on all three GPUs), however small: launch,
+pipeline fill and the last wave's tail. Without it one bandwidth cannot fit weight streaming
+across model sizes: Vidur's 1-token GEMMs reach 0.46-0.81 of the A100's peak bandwidth by
+size, and 4.9 µs + bytes / (0.79 x peak) fits all 160 of them within 4 % rms
+(experiments/measure_gpu_efficiencies.py).
+
+Elementwise ops (the RMSNorms, RoPE on q and k, SiLU·mul, two residual adds) are memory
+traffic per token per layer plus one kernel each; the embedding is a gather of the scheduled
+tokens' rows, not a read of the table; the LM head runs for sampled tokens only. Attention is
+one kernel per layer that reads each request's KV once and does 4·q_dim FLOPs per query-key
+pair, joined the same way. `architecture: phi` is phi-2's block: a GELU MLP (one up
+projection), one LayerNorm feeding attention and MLP in parallel.
+No term is tuned to one file: the only per-GPU numbers are the two efficiencies and the kernel
+latency (and `step_overhead`), measured per regime and given with their source in
+configs/hardware/*.yaml.
 """
 from __future__ import annotations
 
@@ -40,16 +51,19 @@ class ModelShape:
         head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
         h, f = m.hidden_size, m.intermediate_size
         q, kv = m.num_attention_heads * head_dim, m.num_key_value_heads * head_dim
-        self.gemms = ((h, q + 2 * kv), (q, h), (h, 2 * f), (f, h))   # (K, N): QKV, O, gate+up, down
+        gated = m.architecture != "phi"           # SwiGLU: gate and up projections, SiLU·mul
+        norms = 2 if gated else 1                 # phi: one LayerNorm feeds attention and MLP
+        self.gemms = ((h, q + 2 * kv), (q, h), (h, (2 if gated else 1) * f), (f, h))   # (K, N): QKV, O, up, down
         self.layers, self.q_dim, self.vocab, self.hidden = m.num_hidden_layers, q, m.vocab_size, h
         self.dtype_bytes = m.dtype_bytes
         self.dense_params = m.num_hidden_layers * sum(k * n for k, n in self.gemms)
         embed = m.vocab_size * h
         self.weight_bytes = (self.dense_params + embed * (1 if m.tie_word_embeddings else 2)) * m.dtype_bytes
         self.kv_bytes_per_token = 2 * m.num_hidden_layers * kv * m.dtype_bytes
-        # elements read + written per token per layer: 2 RMSNorms (h in, h out), RoPE (q and k in
-        # and out), SiLU·mul (2f in, f out), 2 residual adds (2h in, h out)
-        self.elementwise_elems = 2 * 2 * h + 2 * (q + kv) + 3 * f + 2 * 3 * h
+        # elements read + written per token per layer: norms (h in, h out), RoPE (q and k in and
+        # out), the activation (SiLU·mul: 2f in, f out; GELU: f in, f out), 2 residual adds (2h in, h out)
+        self.elementwise_elems = norms * 2 * h + 2 * (q + kv) + (3 if gated else 2) * f + 2 * 3 * h
+        self.kernels_per_layer = len(self.gemms) + norms + 1 + 1 + 2          # + RoPE, activation, adds
 
 
 class Roofline:
@@ -59,6 +73,7 @@ class Roofline:
         self.shape = s = ModelShape(model)
         self.flops = hw.peak_flops * hw.flops_efficiency
         self.bw = hw.mem_bandwidth * hw.bw_efficiency
+        self.latency = hw.kernel_latency
         self.overhead = hw.step_overhead
         self.hw_name, self.flops_eff, self.bw_eff = hw.name, hw.flops_efficiency, hw.bw_efficiency
         self._s_per_attn_pair = 4.0 * s.layers * s.q_dim / self.flops
@@ -70,11 +85,11 @@ class Roofline:
         """All transformer layers' GEMMs and elementwise ops for n tokens (no attention)."""
         s, b = self.shape, self.shape.dtype_bytes
         gemm = sum(smooth_max(2 * n * k * m / self.flops, (k * m + n * (k + m)) * b / self.bw) for k, m in s.gemms)
-        return s.layers * (gemm + n * s.elementwise_elems * b / self.bw)
+        return s.layers * (gemm + n * s.elementwise_elems * b / self.bw + s.kernels_per_layer * self.latency)
 
     def embedding_time(self, n: int) -> float:
         """A gather: n rows read and written."""
-        return 2 * n * self.shape.hidden * self.shape.dtype_bytes / self.bw
+        return self.latency + 2 * n * self.shape.hidden * self.shape.dtype_bytes / self.bw
 
     def lm_head_time(self, sampled: int) -> float:
         t = self._lm_head.get(sampled)
@@ -82,7 +97,7 @@ class Roofline:
             s, b = self.shape, self.shape.dtype_bytes
             compute = 2 * sampled * s.hidden * s.vocab / self.flops
             memory = (s.hidden * s.vocab + sampled * (s.hidden + s.vocab)) * b / self.bw
-            t = self._lm_head[sampled] = smooth_max(compute, memory) if sampled else 0.0
+            t = self._lm_head[sampled] = self.latency + smooth_max(compute, memory) if sampled else 0.0
         return t
 
     def dense_time(self, tokens: int) -> float:
@@ -93,13 +108,15 @@ class Roofline:
         return t
 
     def attention_time(self, q, ctx, tokens: int) -> float:
+        """All layers' attention: one kernel per layer over the batch's query-key pairs and KV reads."""
         context = sum(ctx)
         if tokens == len(q):                                              # decodes only: n = 1
             pairs = context + tokens                                      # query x key pairs
         else:
             # sum of n·(c + (n+1)/2): integers, so as C-level sums of products (exactly the same value)
             pairs = sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
-        return smooth_max(self._s_per_attn_pair * pairs, self._s_per_kv_token * (context + 2 * tokens))
+        return (self.shape.layers * self.latency
+                + smooth_max(self._s_per_attn_pair * pairs, self._s_per_kv_token * (context + 2 * tokens)))
 
     def step_time(self, q, ctx, tokens: int, sampled: int) -> float:
         return (self.dense_time(tokens) + self.lm_head_time(sampled) + self.attention_time(q, ctx, tokens)
@@ -107,4 +124,5 @@ class Roofline:
 
     def describe(self) -> dict:
         return {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,
-                "bw_efficiency": self.bw_eff, "step_overhead": self.overhead, "p_norm": P_NORM}
+                "bw_efficiency": self.bw_eff, "kernel_latency": self.latency, "step_overhead": self.overhead,
+                "p_norm": P_NORM}

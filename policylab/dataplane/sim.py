@@ -45,8 +45,10 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneC
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number > 0, got {value!r}")
-    if not (isinstance(hw.step_overhead, (int, float)) and 0 <= hw.step_overhead < math.inf):
-        raise ValueError(f"hardware.step_overhead must be a finite number >= 0 (seconds), got {hw.step_overhead!r}")
+    for name in ("kernel_latency", "step_overhead"):
+        value = getattr(hw, name)
+        if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            raise ValueError(f"hardware.{name} must be a finite number >= 0 (seconds), got {value!r}")
     if not 0 < dp.gpu_memory_utilization <= 1:
         raise ValueError(f"dataplane.gpu_memory_utilization must be in (0, 1], got {dp.gpu_memory_utilization!r}")
     if model.vocab_size <= MIN_VOCAB:
