@@ -1,7 +1,9 @@
 """Replays stay identical: every shipped policy on the shipped traces, sim data plane, through
 the CLI job, hashes to the digest recorded when the sim's default roofline took a latency per
 kernel and the H100's numbers measured over all of Vidur's H100 profiles (#18: 0.68 / 0.90 /
-4.8 us; before that, the first refit on one A100 profile: elementwise traffic, embedding gather,
+4.8 us), then again when the ITL mean became the count-weighted mean of the gaps kept as
+distinct values with counts (#17: the last bit of `itl.mean` in 12 of them; requests.parquet
+and every other number unchanged). Before that, the first refit on one A100 profile: elementwise traffic, embedding gather,
 p-norm knee, 0.68 / 0.68, step_overhead 0, `cost_model` in summary.json; before that, the layers
 restructure).
 
@@ -21,20 +23,20 @@ from policylab.apps.cli import main
 
 DIGESTS = {
     "prefill_first/bursty": "9f56f0b6a31d550e",
-    "decode_first/bursty": "f4a8590d56b394f1",
-    "chunked/bursty": "2c0a5e10d1507703",
-    "slo_aware/bursty": "07d0264777ca54db",
-    "fairness/bursty": "697254252554870c",
-    "priority/bursty": "015d991d044940e3",
+    "decode_first/bursty": "2878f47cddd18eb9",
+    "chunked/bursty": "bbc2cb95a3ca2752",
+    "slo_aware/bursty": "7c8e761d4d2e3e7b",
+    "fairness/bursty": "f15ed3537e0736e4",
+    "priority/bursty": "4070cf1aa9c22f20",
     "sjf/bursty": "230c88ba68a25956",
-    "prefill_first/multitenant": "73a52a64d2764f4f",
+    "prefill_first/multitenant": "f1f9cc5c085f8fd6",
     "decode_first/multitenant": "0c8d1651b03c1ff3",
     "chunked/multitenant": "cd61228f0c90039e",
-    "slo_aware/multitenant": "52f6deb8aa60d7e8",
-    "fairness/multitenant": "ab6bffa395c4c534",
+    "slo_aware/multitenant": "42d7a3e3c128fadf",
+    "fairness/multitenant": "56b10350796009b6",
     "priority/multitenant": "7b2e67f660640f5c",
-    "sjf/multitenant": "574ba607ce4a1571",
-    "prefill_first/poisson": "202b5958f354c783",
+    "sjf/multitenant": "604cc68dbdad3bb8",
+    "prefill_first/poisson": "ce371362b2a1bd2f",
     "decode_first/poisson": "f94b274017f3d809",
     "chunked/poisson": "3cad99082fe35c71",
     "slo_aware/poisson": "492f92150c63bf24",
