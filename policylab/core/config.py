@@ -97,6 +97,8 @@ class DataplaneConfig:
     profile: Optional[str] = None   # sim: directory of a Vidur compute profile (mlp.csv [+ attention.csv])
     network_profile: Optional[str] = None   # sim + profile: directory with Vidur's all_reduce.csv (tensor_parallel > 1)
     tensor_parallel: int = 1        # sim: GPUs per replica (profile rows with num_tensor_parallel_workers)
+    time_noise: float = 0.0         # sim: each step's duration x (1 + time_noise x N(0,1)): how much a result
+    time_noise_seed: int = 0        #   moves under step-time error as small as a timer's (0: exact)
 
 
 @dataclass

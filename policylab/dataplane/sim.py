@@ -18,6 +18,7 @@ from policylab.core.rng import splitmix64
 from policylab.dataplane.roofline import ModelShape, Roofline
 
 MIN_VOCAB = 32    # ids 0..15 and the top 16 are left out of sampled ids (special tokens)
+MAX_TIME_NOISE = 0.3   # relative: beyond it a step duration would often clip at 0
 
 
 def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig):
@@ -49,6 +50,9 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneC
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number >= 0 (seconds), got {value!r}")
+    if not (isinstance(dp.time_noise, (int, float)) and 0 <= dp.time_noise <= MAX_TIME_NOISE):
+        raise ValueError(f"dataplane.time_noise must be a number in [0, {MAX_TIME_NOISE}] (relative standard "
+                         f"deviation of a step's duration), got {dp.time_noise!r}")
     if not 0 < dp.gpu_memory_utilization <= 1:
         raise ValueError(f"dataplane.gpu_memory_utilization must be in (0, 1], got {dp.gpu_memory_utilization!r}")
     if model.vocab_size <= MIN_VOCAB:
@@ -69,6 +73,9 @@ class SimDataPlane:
         self.needs_token_ids = False
         self.cost_model = build_cost_model(model, hardware, dp)
         self._next_token: list = []          # position -> id sampled after it (see execute)
+        if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
+            self._noise = np.random.default_rng([dp.time_noise_seed, 0x71AE])
+            self._step_time = self._noisy_step_time
 
     def num_kv_blocks(self, block_size: int) -> int:
         free = self.hw.mem_bytes * self.dp.tensor_parallel * self.dp.gpu_memory_utilization - self.shape.weight_bytes
@@ -87,9 +94,17 @@ class SimDataPlane:
     def _step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
         return self.cost_model.step_time(batch.query_lens, batch.context_lens, tokens, sampled)
 
+    def _noisy_step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
+        """The modelled duration with independent multiplicative noise (`dataplane.time_noise`): a
+        replay's sensitivity to step-time error, which no measured timer is free of."""
+        exact = self.cost_model.step_time(batch.query_lens, batch.context_lens, tokens, sampled)
+        return exact * max(0.0, 1.0 + self.dp.time_noise * self._noise.standard_normal())
+
     def describe_cost_model(self) -> dict:
         """Which cost model produced this run's step times (recorded in summary.json)."""
-        return self.cost_model.describe()
+        noise = {"time_noise": self.dp.time_noise, "time_noise_seed": self.dp.time_noise_seed} \
+            if self.dp.time_noise else {}
+        return {**self.cost_model.describe(), **noise}
 
     def execute(self, batch: Batch) -> StepResult:
         """Deterministic ids that depend on the position only, clear of special tokens.
