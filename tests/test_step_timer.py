@@ -42,7 +42,7 @@ def test_cpu_timer_leaves_out_time_off_the_cpu(keep_threads):
     assert torch.get_num_threads() == 1
     assert plane.execute(batch).duration < 0.15
     assert plane.describe_cost_model() == {"kind": "real", "device": "cpu", "timer": "cpu", "timer_repeats": 1,
-                                           "threads": 1}
+                                           "timer_reference": False, "threads": 1}
     wall, batch = plane_with_a_sleeping_step("wall")
     assert wall.execute(batch).duration >= 0.3
 
@@ -71,5 +71,47 @@ def test_repeats_keep_the_least_cpu_time_and_the_same_tokens(keep_threads):
     assert result.duration < 0.05      # any disturbed repeat costs at least its 0.05 s of spin
     plane.forward = forward
     assert result.sampled == plane.execute(batch).sampled
-    with pytest.raises(ValueError, match="timer_repeats applies to dataplane.timer=cpu"):
+    with pytest.raises(ValueError, match="timer_reference apply to dataplane.timer=cpu"):
         TorchDataPlane.from_config(DataplaneConfig(device="cpu", timer_repeats=2), SMALL, 0)
+    with pytest.raises(ValueError, match="timer_reference apply to dataplane.timer=cpu"):
+        TorchDataPlane.from_config(DataplaneConfig(device="cpu", timer_reference=True), SMALL, 0)
+
+
+class SlowingMachine:
+    """A fake CPU clock: work of u units takes u x slowdown seconds (neighbours slow it down)."""
+
+    def __init__(self):
+        self.now, self.slowdown = 0.0, 1.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def work(self, units: float) -> None:
+        self.now += units * self.slowdown
+
+
+def test_the_reference_divides_out_a_machine_wide_slowdown():
+    from policylab.dataplane.reference_timer import WINDOW, ReferenceTimer
+    machine = SlowingMachine()
+    timer = ReferenceTimer(lambda packed, kv: machine.work(1.0), lambda n: None, 16, machine.clock)
+
+    def step(units: float) -> float:          # a step measured as the plane does, then scaled
+        start = machine.clock()
+        machine.work(units)
+        return (machine.clock() - start) * timer.factor()
+
+    quiet = [step(10.0) for _ in range(WINDOW)]
+    machine.slowdown = 1.3                     # a neighbour starts: every step 30 % slower
+    slowed = [step(10.0) for _ in range(3 * WINDOW)]
+    assert quiet == [10.0] * WINDOW
+    assert slowed[WINDOW:] == pytest.approx([10.0] * (2 * WINDOW))   # once the window has seen it
+    assert max(slowed) <= 13.0 + 1e-9          # never worse than unscaled
+
+
+def test_a_plane_with_the_reference_timer_steps_and_says_so(keep_threads):
+    plane = TorchDataPlane.from_config(DataplaneConfig(device="cpu", dtype="float32", timer="cpu",
+                                                       timer_reference=True), SMALL, 0)
+    plane.allocate_kv(8, 16)
+    batch = Batch([0], [5], [0], [[0]], [np.arange(16, 21, dtype=np.int32)], [True], [SamplingParams()])
+    assert 0 < plane.execute(batch).duration < 1.0
+    assert plane.describe_cost_model()["timer_reference"] is True

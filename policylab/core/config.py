@@ -94,6 +94,7 @@ class DataplaneConfig:
     step_time: str = "measured"     # torch: measured | model (sim cost model times each step: machine-independent)
     timer: str = "wall"             # torch: wall (perf_counter) | cpu (thread CPU time, one intra-op thread)
     timer_repeats: int = 1          # torch, timer=cpu: run each step k times, keep the least time
+    timer_reference: bool = False   # torch, timer=cpu: scale each step by a reference step's best / current time
     profile: Optional[str] = None   # sim: directory of a Vidur compute profile (mlp.csv [+ attention.csv])
     network_profile: Optional[str] = None   # sim + profile: directory with Vidur's all_reduce.csv (tensor_parallel > 1)
     tensor_parallel: int = 1        # sim: GPUs per replica (profile rows with num_tensor_parallel_workers)

@@ -15,6 +15,8 @@ bandwidth shared with neighbours: ~10 % between two replays on a loaded 2-core b
 least of k repeats removes where one repeat ran undisturbed; it leaves out what a step waits for without computing
 (sleeps, I/O; none in a CPU step). It measures one core's work: it equals wall time only on an
 idle machine with threads=1, and it is refused on CUDA, where the GPU does the work.
+`dataplane.timer_reference=true` also divides out the machine's current speed, measured by a
+fixed reference step run after each step (`reference_timer.py`).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from policylab.core.batch import Batch, StepResult
 from policylab.dataplane.cuda_graphs import DecodeGraphRunner, capture_cuda_graph, cuda_graphs_wanted
 from policylab.dataplane.model import CausalLM, head_dim_of
 from policylab.dataplane.packing import pack
+from policylab.dataplane.reference_timer import ReferenceTimer
 from policylab.dataplane.sampling import sample
 from policylab.dataplane.weights import fuse, load_weights
 
@@ -91,11 +94,13 @@ class TorchDataPlane:
         self.kv_caches: list = []
         self.block_size = 0
         self.clock = time.thread_time if dp.timer == "cpu" else time.perf_counter
+        self.reference: ReferenceTimer | None = None    # dataplane.timer_reference (allocate_kv builds it)
 
     def describe_cost_model(self) -> dict:
         """What produced this run's step times (recorded in summary.json)."""
         return {"kind": "real", "device": str(self.device), "timer": self.dp.timer,
-                "timer_repeats": self.dp.timer_repeats, "threads": torch.get_num_threads()}
+                "timer_repeats": self.dp.timer_repeats, "timer_reference": self.dp.timer_reference,
+                "threads": torch.get_num_threads()}
 
     @classmethod
     def from_config(cls, dp: DataplaneConfig, model: ModelConfig, seed: int) -> "TorchDataPlane":
@@ -116,8 +121,8 @@ class TorchDataPlane:
                 raise ValueError(f"dataplane.timer=cpu counts one thread's CPU time: dataplane.threads must be "
                                  f"1 or null, got {dp.threads}")
             torch.set_num_threads(1)
-        elif dp.timer_repeats != 1:
-            raise ValueError("dataplane.timer_repeats applies to dataplane.timer=cpu")
+        elif dp.timer_repeats != 1 or dp.timer_reference:
+            raise ValueError("dataplane.timer_repeats and dataplane.timer_reference apply to dataplane.timer=cpu")
         elif dp.threads:
             torch.set_num_threads(dp.threads)
         if device.type == "cpu":
@@ -157,10 +162,8 @@ class TorchDataPlane:
                   f"(gpu_memory_utilization={self.dp.gpu_memory_utilization}, after weights)")
         return n
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        """One allocation; per-layer (k, v) views of flash-attn's paged shape [blocks, block_size,
-        kv_heads, head_dim]. Memory order is the backend's: block-major for flash_attn, head-major
-        ([kv_heads, blocks, block_size, head_dim] underneath) for the torch backend."""
+    def _new_kv(self, num_blocks: int, block_size: int) -> tuple:
+        """(the cache tensor, per-layer (k, v) views) in the backend's memory order."""
         c = self.cfg
         kvh, hd = c.num_key_value_heads, head_dim_of(c)
         if self.backend.kv_layout == "head_major":
@@ -170,9 +173,21 @@ class TorchDataPlane:
         else:
             kv = views = torch.zeros(2, c.num_hidden_layers, num_blocks, block_size, kvh, hd,
                                      device=self.device, dtype=self.dtype)
-        self.kv = kv
-        self.kv_caches = [(views[0, i], views[1, i]) for i in range(c.num_hidden_layers)]
+        return kv, [(views[0, i], views[1, i]) for i in range(c.num_hidden_layers)]
+
+    @torch.inference_mode()
+    def _reference_forward(self, packed, kv_caches) -> None:
+        self.model(packed, kv_caches, self.backend, False)
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        """One allocation; per-layer (k, v) views of flash-attn's paged shape [blocks, block_size,
+        kv_heads, head_dim]. Memory order is the backend's: block-major for flash_attn, head-major
+        ([kv_heads, blocks, block_size, head_dim] underneath) for the torch backend."""
+        self.kv, self.kv_caches = self._new_kv(num_blocks, block_size)
         self.block_size = block_size
+        if self.dp.timer_reference:
+            self.reference = ReferenceTimer(self._reference_forward, lambda n: self._new_kv(n, block_size)[1],
+                                            block_size, self.clock)
         if self.use_cuda_graphs:
             max_len = min(c.max_position_embeddings, num_blocks * block_size)
             with torch.inference_mode():
@@ -196,6 +211,8 @@ class TorchDataPlane:
             again = self._execute_once(batch)
             if again.duration < result.duration:
                 result = again
+        if self.reference is not None:                 # the machine's current speed divided out
+            result = StepResult(result.sampled, result.duration * self.reference.factor())
         return result
 
     def _execute_once(self, batch: Batch) -> StepResult:
