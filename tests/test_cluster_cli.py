@@ -123,3 +123,12 @@ def test_capacity_search_over_cluster_configurations(tmp_path, monkeypatch, caps
               "router=least_loaded", f"hydra.run.dir={out}"])
         rates[replicas] = json.loads((out / "capacity.json").read_text())["rate"]
     assert rates[3] > 1.5 * rates[1]          # three replicas hold well over the load of one
+
+
+def test_compare_labels_name_a_pool_policy_once():
+    from policylab.analysis.run_table import _names_a_pool_policy
+    assert _names_a_pool_policy("cluster.decode_policy=decode_first")          # in `prefill_first+decode_first`
+    assert _names_a_pool_policy("policy@cluster.prefill_policy=chunked")
+    assert not _names_a_pool_policy("cluster.decode_policy={name:decode_first,admit_into_free_slots:true}")
+    assert not _names_a_pool_policy("cluster.decode_policy.tpot_slo=0.05")
+    assert not _names_a_pool_policy("policy=chunked")
