@@ -1,6 +1,7 @@
 """The cluster loop (policylab.cluster): one replica replays exactly as the engine, the cluster
-invariants hold on generated scenarios for every router, with and without P/D, and rejections,
-heterogeneous replicas and the routing contract behave as documented."""
+invariants hold on generated scenarios for every router, with and without P/D (also with a step
+policy of its own in each P/D pool), and rejections, heterogeneous replicas and the routing
+contract behave as documented."""
 import dataclasses
 
 import pytest
@@ -55,6 +56,18 @@ def test_cluster_invariants_on_generated_scenarios(scenario, router, shape, poli
     check_cluster(lambda: build_cluster(scenario.trace, policy, router, scenario.engine, replicas=replicas,
                                         prefill=prefill, decode=decode, seed=scenario.seed,
                                         prefix_block_tokens=scenario.prefix_block_tokens, checked=True))
+
+
+@given(scenarios(max_requests=16), st.sampled_from(ROUTERS), st.sampled_from([(1, 1), (2, 1), (1, 2)]),
+       st.sampled_from(["prefill_first", "chunked", "fairness"]),
+       st.sampled_from(["decode_first", "chunked", "slo_aware", "prefill_first"]))
+def test_cluster_invariants_with_a_policy_per_pool(scenario, router, shape, prefill_policy, decode_policy):
+    prefill, decode = shape
+    result = check_cluster(lambda: build_cluster(scenario.trace, "sjf", router, scenario.engine, prefill=prefill,
+                                                 decode=decode, seed=scenario.seed, checked=True,
+                                                 prefix_block_tokens=scenario.prefix_block_tokens,
+                                                 prefill_policy=prefill_policy, decode_policy=decode_policy))
+    assert [p.policy for p in result.replicas] == [prefill_policy] * prefill + [decode_policy] * decode
 
 
 def test_round_robin_spreads_and_session_sticks():

@@ -93,3 +93,74 @@ def test_a_decode_side_rejection_frees_the_received_kv():
     result = check_cluster(lambda: build_cluster(trace, RejectsArrivingDecodes, RoundRobin, CFG, prefill=1,
                                                  decode=1, checked=True))
     assert [r.reject_reason for r in result.requests] == ["rejected by policy: too late to decode"] * 4
+
+
+# ---------------------------------------------------------------- a step policy per pool
+HANDOFFS = [TraceRequest(0.005 * k, 60, 6 + 5 * (k % 4)) for k in range(16)]
+
+
+def held_back(result, replica: int) -> int:
+    """Steps of `replica` in which requests waited while others ran."""
+    steps = result.replicas[replica].result.steps
+    return sum(1 for w, n in zip(steps["waiting"], steps["running"]) if w and n)
+
+
+def test_the_decode_pool_runs_its_own_policy_and_the_prefill_pool_is_untouched():
+    runs = {d: build_cluster(HANDOFFS, "prefill_first", RoundRobin, CFG, prefill=1, decode=1, decode_policy=d).run()
+            for d in (None, "decode_first")}
+    same, mixed = runs[None], runs["decode_first"]
+    assert same.status == mixed.status == "complete"
+    assert same.policy == "prefill_first" and mixed.policy == "prefill_first+decode_first"
+    assert [p.policy for p in mixed.replicas] == ["prefill_first", "decode_first"]
+    # the prefill pool ran prefill_first in both: the same steps, the same first tokens
+    assert {k: list(v) for k, v in same.replicas[0].result.steps.items()} == \
+        {k: list(v) for k, v in mixed.replicas[0].result.steps.items()}
+    assert [r.token_times[0] for r in same.requests] == [r.token_times[0] for r in mixed.requests]
+    # decode_first on the decode replica admits the arriving prefilled requests only into a drained
+    # batch: they wait while a batch runs (never under prefill_first), and their second token is later
+    assert held_back(same, 1) == 0 < held_back(mixed, 1)
+    second = {k: max(r.token_times[1] - r.token_times[0] for r in v.requests) for k, v in runs.items()}
+    assert second["decode_first"] > 5 * second[None]
+
+
+def test_the_prefill_pool_runs_its_own_policy_and_parameters():
+    small_chunks = {"_target_": "policies.chunked.Chunked", "name": "chunked", "chunk_size": 32}
+    result = check_cluster(lambda: build_cluster(HANDOFFS, "prefill_first", RoundRobin, CFG, prefill=1, decode=1,
+                                                 prefill_policy=small_chunks, checked=True))
+    assert result.policy == "chunked+prefill_first"
+    prefill, decode = (p.result.steps for p in result.replicas)
+    assert max(prefill["prefill_tokens"]) == 32          # 60-token prompts in chunks of at most 32
+    assert max(decode["prefill_tokens"]) == 0             # (prompts arrive computed on the decode pool)
+    alone = build_cluster(HANDOFFS, "prefill_first", RoundRobin, CFG, prefill=1, decode=1).run()
+    assert max(alone.replicas[0].result.steps["prefill_tokens"]) > 32
+
+
+class DoubleDecode:
+    """prefill_first, except that a decode is given 2 tokens: a broken contract that only a replica
+    that decodes can commit (a prefill replica's requests end with their first token)."""
+
+    def __init__(self, name="double_decode"):
+        from policies.prefill_first import PrefillFirst
+        self.name, self.inner = name, PrefillFirst()
+
+    def schedule(self, view):
+        from policylab.core.contract import StepPlan
+        plan = self.inner.schedule(view)
+        decoding = {v.req_id for v in view.running if v.is_decode}
+        return StepPlan({rid: 2 if rid in decoding else n for rid, n in plan.num_scheduled_tokens.items()},
+                        plan.preempt, plan.reject)
+
+    def on_finished(self, view):
+        pass
+
+
+def test_a_broken_contract_on_one_pool_names_that_pools_policy_and_replica():
+    trace = HANDOFFS[:6]
+    on_decode = build_cluster(trace, "prefill_first", RoundRobin, CFG, prefill=1, decode=2,
+                              decode_router_factory=LeastLoaded, decode_policy=DoubleDecode).run()
+    assert on_decode.partial and on_decode.error.startswith(
+        "ContractViolation: policy 'double_decode' broke rule 'decode_one'")
+    assert on_decode.error.endswith("(on decode replica 1)")
+    on_prefill = build_cluster(trace, "prefill_first", RoundRobin, CFG, prefill=1, decode=1,
+                               prefill_policy=DoubleDecode).run()
+    assert on_prefill.status == "complete"      # never decodes there: nothing to break

@@ -302,3 +302,22 @@ def test_compare_logs_the_comparison_as_a_wandb_run(tmp_path, capsys):
     assert len(media) == 1 and "per_slo_class/path" in media[0] and "figures/cdf_compare/path" in media[0]
     files = wandb_file.parent / "files"
     assert (files / "compare.md").is_file() and (files / "compare.csv").is_file()
+
+
+def test_pd_pool_policies_in_the_tags_and_config(tmp_path):
+    from policylab.cluster import ClusterConfig
+    cfg = run_cfg({})
+    cfg.router = PolicySpec(name="least_loaded")
+    cfg.cluster = ClusterConfig(prefill_replicas=1, decode_replicas=2,
+                                prefill_policy=PolicySpec(name="chunked", chunk_size=2048),
+                                decode_policy=PolicySpec(name="decode_first"))
+    tracker = open_tracker(cfg, tmp_path)
+    tracker.finish()
+    info = json.loads((tmp_path / RUN_INFO_FILE).read_text())
+    (wandb_file,) = Path(info["dir"]).glob("run-*.wandb")
+    log = logged(wandb_file)
+    assert log["tags"] == ["chunked+decode_first", "fixture", "extra", "router:least_loaded", "replicas:3",
+                           "prefill_policy:chunked", "decode_policy:decode_first"]
+    pools = log["config"]["cluster"]
+    assert pools["prefill_policy"] == {"name": "chunked", "chunk_size": 2048}
+    assert pools["decode_policy"] == {"name": "decode_first"}

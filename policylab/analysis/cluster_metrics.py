@@ -1,8 +1,9 @@
 """Cluster figures of a cluster replay (policylab.cluster), beside the usual metrics of DESIGN §6.
 
 - per request: the replica(s) it ran on, its KV transfer time and decode-side KV wait (P/D);
-- per replica: requests admitted, busy time and utilisation (busy / makespan), prefix-cache hit
-  rate (of the prompts it admitted), preemptions, goodput of the requests it admitted;
+- per replica: its role and step policy, requests admitted, busy time and utilisation (busy /
+  makespan), prefix-cache hit rate (of the prompts it admitted), preemptions, goodput of the
+  requests it admitted; under P/D the policy of each pool;
 - cluster-wide: load imbalance = max / mean busy time over replicas, and goodput per GPU
   (DistServe's per-GPU goodput: the cluster's goodput / its replicas, one GPU each).
 """
@@ -51,7 +52,7 @@ def cluster_summary(requests: pd.DataFrame, steps: pd.DataFrame, result: Cluster
         busy_time = float(mine["duration"].sum())
         busy.append(busy_time)
         per_replica[str(k)] = {
-            "role": part.role, "hardware": part.hardware, "requests": int(len(admitted)),
+            "role": part.role, "policy": part.policy, "hardware": part.hardware, "requests": int(len(admitted)),
             "busy_time": busy_time, "utilization": busy_time / makespan if makespan > 0 else None,
             "prefix_cache_hit_rate": (front["cached_tokens"].to_numpy()[scheduled].sum() / prompts)
             if part.role != "decode" and prompts > 0 else None,
@@ -62,6 +63,9 @@ def cluster_summary(requests: pd.DataFrame, steps: pd.DataFrame, result: Cluster
     out = {"replicas": per_replica, "num_replicas": len(result.replicas),
            "load_imbalance": float(busy.max() / busy.mean()) if busy.size and busy.mean() > 0 else None,
            "goodput_per_gpu": goodput / len(result.replicas) if goodput is not None else None}
+    pools = {part.role: part.policy for part in result.replicas if part.role != "colocated"}
+    if pools:                         # P/D: the step policy each pool ran
+        out["pool_policies"] = pools
     if (requests["decode_replica"] >= 0).any():
         handed = requests[requests["decode_replica"] >= 0]
         out["transfer_time"] = distribution(handed["transfer_time"].to_numpy())

@@ -121,6 +121,12 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def _names_a_pool_policy(override: str) -> bool:
+    """`cluster.decode_policy=decode_first` and the like: the policy label says it already
+    (`prefill_first+decode_first`); one with parameters (`{name:...,k:v}`) stays in the label."""
+    return _key(override).endswith(("cluster.prefill_policy", "cluster.decode_policy")) and "{" not in override
+
+
 def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
     """One row per run (IDENTITY columns, metric columns in shown units, `rate` in req/s and the
     global TTFT SLO), and the overrides common to all runs (left out of the labels)."""
@@ -134,7 +140,7 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
         policy = summary.get("policy", "?")
         varying = [o for o in own if o not in common]
         params = [o for o in varying if _key(o) not in (*REPLICATE_KEYS, LOAD_KEY, "policy", "trace")
-                  and not _key(o).startswith("trace.")]
+                  and not _key(o).startswith("trace.") and not _names_a_pool_policy(o)]
         trace_params = [o for o in varying if _key(o).startswith("trace.")
                         and _key(o) not in (*REPLICATE_KEYS, LOAD_KEY)]
         counts = summary.get("counts") or {}

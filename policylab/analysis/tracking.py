@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from policylab.analysis.metrics import flatten
 from policylab.analysis.plots import MEANS, STEP_AGGREGATION, SUMS, downsample_steps
 from policylab.analysis.results import plain_config
-from policylab.cluster.config import is_cluster
+from policylab.cluster.config import POOLS, is_cluster, policy_label, spec_name
 
 RESULT_FILES = ("summary.json", "requests.parquet", "steps.parquet")
 RUN_INFO_FILE = "wandb_run.json"    # where compare finds the W&B run of a run directory
@@ -88,10 +88,15 @@ class WandbTracker:
         logger = cfg.logger
         wandb_dir = Path(logger.dir or run_dir)
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        tags = [str(cfg.policy.name), str(cfg.trace.name), *map(str, logger.tags)]
+        policy, extra = str(cfg.policy.name), []
         cluster = getattr(cfg, "cluster", None)
         if cluster is not None and is_cluster(cluster):     # cluster figures: summary keys cluster/...
-            tags += [f"router:{cfg.router.name}", f"replicas:{cluster.size}"]
+            extra += [f"router:{cfg.router.name}", f"replicas:{cluster.size}"]
+            if cluster.disaggregated:                        # the step policy of each P/D pool
+                pools = {pool: spec_name(getattr(cluster, f"{pool}_policy")) or policy for pool in POOLS}
+                policy = policy_label(policy, pools["prefill"], pools["decode"])
+                extra += [f"{pool}_policy:{name}" for pool, name in pools.items()]
+        tags = [policy, str(cfg.trace.name), *map(str, logger.tags), *extra]
         self.run = wandb.init(
             project=logger.project, entity=logger.entity, group=logger.group or group,
             name=name or run_dir.name, tags=list(dict.fromkeys(tags)), dir=str(wandb_dir), mode=logger.mode,

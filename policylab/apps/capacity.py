@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from policylab.apps.config import CapacityConfig, typed_config
+from policylab.apps.config import CapacityConfig, run_policy_label, typed_config
 from policylab.apps.jobs import RunError, build_engine, expand_shorthands, guarded_job, replay
 from policylab.apps.run import write_traceback
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 SHORTHANDS = ("target", "lo", "hi", "iters", "widen")    # `target=0.9` means `capacity.target=0.9`
-RUN_DIR = "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}-${policylab_pid:}_capacity_${policy.name}_${trace.name}"
+RUN_DIR = "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}-${policylab_pid:}_capacity_${policylab_policy:}_${trace.name}"
 
 
 @dataclass
@@ -118,7 +118,7 @@ def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
         rows_so_far.append(row)
         if row.get("status", "complete") != "complete":   # a crash is not "attainment too low": stop and say so
             where = f" (traceback: {write_traceback(out_dir, trace_text)})" if trace_text else ""
-            what = "interrupted" if row["error"].startswith("interrupted") else f"policy {cfg.policy.name} failed"
+            what = "interrupted" if row["error"].startswith("interrupted") else f"policy {run_policy_label(cfg)} failed"
             raise PolicyFailed(f"capacity: {what} at rate_scale {scale:g}: {row['error']}{where}")
         return row
 
@@ -146,7 +146,7 @@ class PolicyFailed(RunError):
 
 def _write_json(out_dir: Path, cfg, cap: CapacityConfig, outcome: dict) -> None:
     (out_dir / "capacity.json").write_text(json.dumps(
-        {**outcome, "policy": cfg.policy.name, "trace": cfg.trace.name,
+        {**outcome, "policy": run_policy_label(cfg), "trace": cfg.trace.name,
          "slo": {"ttft": cfg.slo.ttft, "tpot": cfg.slo.tpot}, "search": asdict(cap)}, indent=2, default=float) + "\n")
 
 
@@ -159,7 +159,7 @@ def curve_figure(result: CapacityResult, cfg):
     from matplotlib.figure import Figure
     c = result.curve
     fig = Figure(figsize=(9, 7), layout="constrained")
-    fig.suptitle(f"capacity of {cfg.policy.name} on {cfg.trace.name}: {headline(result)}")
+    fig.suptitle(f"capacity of {run_policy_label(cfg)} on {cfg.trace.name}: {headline(result)}")
     attain, latency = fig.subplots(2, 1, sharex=True)
     attain.plot(c["rate"], c["slo_attainment"] * 100, "o-", label="SLO attainment")
     attain.axhline(result.target * 100, color="black", linestyle="--", linewidth=1,
@@ -199,11 +199,11 @@ def capacity_job(cfg) -> float:
     cfg = typed_config(cfg)
     def search(out_dir: Path):
         cap = cfg.capacity
-        print(f"capacity search: {cfg.policy.name} on {cfg.trace.name}, target {cap.target:.0%}, "
+        print(f"capacity search: {run_policy_label(cfg)} on {cfg.trace.name}, target {cap.target:.0%}, "
               f"rate_scale in [{cap.lo}, {cap.hi}], {cap.iters} bisection steps", file=sys.stderr)
         return cap, find_capacity(cfg, cap, out_dir), out_dir
     cap, result, out_dir = guarded_job(search)
-    print(f"capacity of {cfg.policy.name} on {cfg.trace.name}: {headline(result)}")
+    print(f"capacity of {run_policy_label(cfg)} on {cfg.trace.name}: {headline(result)}")
     low, high = result.interval
     print(f"  bisection interval: [{_fmt(low, '.3f')}, {_fmt(high, '.3f')}] req/s "
           f"(passes at the first, fails at the second)")

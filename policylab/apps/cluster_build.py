@@ -1,5 +1,6 @@
 """Typed building of a cluster run (`cluster.replicas=N`, or `cluster.prefill_replicas=P
-cluster.decode_replicas=D`): one engine per replica, each with its own policy instance, data plane
+cluster.decode_replicas=D`): one engine per replica, each with its own policy instance (under P/D
+its pool's policy: `cluster.prefill_policy`, `cluster.decode_policy`, else `policy`), data plane
 (its own hardware) and KV cache, the router plugins and the P/D link."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from policylab.apps.config import CONFIG_DIR, RunConfig
+from policylab.apps.config import CONFIG_DIR, RunConfig, pool_policy
 from policylab.cluster import Cluster, Replica
 from policylab.cluster.config import check_cluster_config
 from policylab.cluster.disagg import Disaggregation, prefill_trace
@@ -24,9 +25,9 @@ class ClusterConfigError(ValueError):
     """A cluster config that cannot run (printed as one line by the job guard)."""
 
 
-def build_cluster(cfg: RunConfig, make_policy: Callable[[], object], trace=None) -> Cluster:
-    """`make_policy()` builds a fresh step policy for each replica (jobs.build_policy); `trace`:
-    the run's trace if already loaded."""
+def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=None) -> Cluster:
+    """`make_policy(spec)` builds a fresh step policy from a `_target_` dict for each replica
+    (jobs.build_policy); `trace`: the run's trace if already loaded."""
     c = cfg.cluster
     check_cluster_config(c)
     if cfg.dataplane.kind != "sim" and c.disaggregated:       # a real plane would have to copy KV tensors
@@ -39,15 +40,26 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[], object], trace=None)
         else ["colocated"] * c.size
     hardware = [hardware_config(name) for name in c.hardware] or [cfg.hardware] * c.size
     front = prefill_trace(trace) if c.disaggregated else trace
+    specs = {role: cfg.policy if role == "colocated" else pool_policy(cfg, role) for role in set(roles)}
     replicas = []
     for k, (role, hw) in enumerate(zip(roles, hardware)):
-        engine = Engine(front if role == "prefill" else trace, make_policy(),
+        engine = Engine(front if role == "prefill" else trace, role_policy(make_policy, specs[role], role),
                         build_dataplane(cfg.dataplane, cfg.model, hw, cfg.seed), cfg.engine,
                         seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
         replicas.append(Replica(k, role, hw.name, engine))
     pd = Disaggregation(build_router(cfg.decode_router, "decode_router"), LinkModel(c.link),
                         ModelShape(cfg.model).kv_bytes_per_token, cfg.seed) if c.disaggregated else None
     return Cluster(trace, replicas, build_router(cfg.router, "router"), pd)
+
+
+def role_policy(make_policy: Callable[[dict], object], spec: dict, role: str):
+    """A fresh policy for a replica of this role; a P/D pool's failure names its config key."""
+    if role == "colocated":
+        return make_policy(spec)
+    try:
+        return make_policy(spec)
+    except Exception as e:
+        raise ClusterConfigError(f"cluster.{role}_policy: {e}") from None
 
 
 def build_router(spec, key: str):

@@ -18,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from policylab.cluster.config import ClusterConfig, check_cluster_config
+from policylab.cluster.config import POOLS, ClusterConfig, check_cluster_config, policy_label, spec_name
 from policylab.core.config import (DataplaneConfig, EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig,
                                    ModelConfig, SloConfig, check_engine_config, check_slo_config)
 from policylab.traces.config import TraceConfig
@@ -92,6 +92,17 @@ def register() -> None:
     # the launching process's id in output directory names (configs/config.yaml): unique among
     # concurrent runs, where the time alone is shared by runs started in the same second
     OmegaConf.register_new_resolver("policylab_pid", os.getpid, use_cache=True, replace=True)
+    # the policy part of output directory names: the policy, or PREFILL+DECODE with P/D pool policies
+    OmegaConf.register_new_resolver("policylab_policy", _policy_part, replace=True)
+
+
+def _policy_part(*, _root_: DictConfig) -> str:
+    """`${policylab_policy:}`: the run's policy name, or PREFILL+DECODE when the P/D pools run their
+    own policies (`cluster.prefill_policy` / `cluster.decode_policy`: a name, `{name: ...}` or a group node)."""
+    def name(node):
+        return None if node is None else spec_name(node if isinstance(node, str) else dict(node))
+    cluster = _root_.get("cluster") or {}
+    return policy_label(spec_name(_root_.policy), *(name(cluster.get(f"{pool}_policy")) for pool in POOLS))
 
 
 class PolicySpec(dict):
@@ -123,8 +134,30 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
     for key in ("router", "decode_router"):
         if cfg.get(key) is not None:
             setattr(run, key, PolicySpec(_router_node(cfg, key)))
+    for pool in POOLS:
+        key = f"{pool}_policy"
+        if cfg.cluster.get(key) is not None:
+            setattr(run.cluster, key, PolicySpec(_pool_policy_node(cfg, key)))
     check_run_config(run)
+    if run.cluster.disaggregated:       # the config says what each pool ran (summary.json, W&B config)
+        for pool in POOLS:
+            if getattr(run.cluster, f"{pool}_policy") is None:
+                setattr(run.cluster, f"{pool}_policy", PolicySpec(run.policy))
     return run
+
+
+def pool_policy(run: RunConfig, pool: str) -> dict:
+    """The step policy spec of a P/D pool (`prefill` or `decode`): its own, else the run's."""
+    return getattr(run.cluster, f"{pool}_policy") or run.policy
+
+
+def run_policy_label(run: RunConfig) -> str:
+    """What the run is named by: the policy, or under P/D with per-pool policies `PREFILL+DECODE`
+    (as its run directory: `${policylab_policy:}` in configs/config.yaml)."""
+    name = spec_name(run.policy)
+    if not run.cluster.disaggregated:
+        return name
+    return policy_label(name, *(spec_name(pool_policy(run, pool)) for pool in POOLS))
 
 
 def check_run_config(run: RunConfig) -> None:
@@ -149,6 +182,38 @@ def check_run_config(run: RunConfig) -> None:
             check_cost_parameters(run.model, run.hardware, run.dataplane)
     except ValueError as e:
         raise ConfigError(f"config: {e}") from None
+
+
+def _pool_policy_node(cfg: DictConfig, key: str) -> dict:
+    """`cluster.prefill_policy` / `cluster.decode_policy` as a policy spec dict. Three spellings:
+    a name of configs/policy/ (`cluster.decode_policy=decode_first`); a name with parameter
+    overrides (`cluster.prefill_policy={name:chunked,chunk_size:2048}`); or the policy group under
+    that package (`policy@cluster.prefill_policy=chunked cluster.prefill_policy.chunk_size=2048`),
+    which is a full `_target_` node already. YAML interpolations (${slo.ttft}) resolve against the run."""
+    node = cfg.cluster[key]
+    if isinstance(node, DictConfig) and "_target_" in node:
+        return OmegaConf.to_container(node, resolve=True)
+    overrides = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else {"name": node}
+    name = overrides.pop("name", None) if isinstance(overrides, dict) else None
+    path = Path(CONFIG_DIR) / "policy" / f"{name}.yaml"
+    known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+    if not isinstance(name, str):
+        raise ConfigError(f"cluster.{key}: name the policy, as cluster.{key}=NAME or cluster.{key}={{name:NAME,"
+                          f"PARAM:VALUE}}; available policies (configs/policy/): {', '.join(known)}")
+    if not path.is_file():
+        close = get_close_matches(name, known, n=1)
+        raise ConfigError(f"cluster.{key}={name}: no such policy" + (f" (did you mean {close[0]}?)" if close else "")
+                          + f"; available policies (configs/policy/): {', '.join(known)}")
+    policy = OmegaConf.load(path)
+    unknown = [k for k in overrides if k not in policy]
+    if unknown:
+        params = sorted(k for k in policy if k not in ("_target_", "name"))
+        raise ConfigError(f"cluster.{key}: {unknown[0]} is not a parameter of policy {name} "
+                          f"({', '.join(params) if params else 'it has none'})")
+    policy = OmegaConf.merge(policy, overrides)
+    run = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "hydra"}
+    holder = OmegaConf.create({**run, "_pool_policy_": policy})
+    return OmegaConf.to_container(holder["_pool_policy_"], resolve=True)
 
 
 def _router_node(cfg: DictConfig, key: str) -> dict:

@@ -113,7 +113,7 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     """The run's engine, or its cluster of engines (`cluster.*`: same run/trace interface)."""
     if is_cluster(cfg.cluster):
         from policylab.apps.cluster_build import build_cluster
-        return build_cluster(cfg, lambda: build_policy(cfg.policy), trace)
+        return build_cluster(cfg, build_policy, trace)
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     return Engine(trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg), cfg.engine,
                   seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)

@@ -1,9 +1,12 @@
 """Typed configuration of a cluster run (the `cluster` section): replicas, their hardware, the
-prefill/decode split and the KV-transfer link. No Hydra here (the app layer converts)."""
+prefill/decode split, the step policy of each P/D pool and the KV-transfer link. No Hydra here
+(the app layer converts: a pool policy arrives as a plain `_target_` dict, built there)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
+
+POOLS = ("prefill", "decode")        # P/D pools; `cluster.<pool>_policy` is each one's step policy
 
 
 @dataclass
@@ -22,6 +25,10 @@ class ClusterConfig:
     hardware: list = field(default_factory=list)   # per-replica hardware names ([h100, a100, ...]); []: all `hardware`
     prefill_replicas: int = 0       # P/D disaggregation: P prefill + D decode replicas (replicas = P + D)
     decode_replicas: int = 0
+    # P/D: the step policy of each pool, a `_target_` dict as `policy` (the app layer reads
+    # `cluster.prefill_policy=chunked` from configs/policy/); None: the run's `policy`
+    prefill_policy: Any = None
+    decode_policy: Any = None
     link: LinkConfig = field(default_factory=LinkConfig)
 
     @property
@@ -36,6 +43,21 @@ class ClusterConfig:
     @property
     def is_cluster(self) -> bool:
         return is_cluster(self)
+
+
+def spec_name(spec) -> str:
+    """The name a policy spec (a `_target_` dict, or a bare config name) goes by."""
+    if spec is None or isinstance(spec, str):
+        return spec
+    return str(spec.get("name", spec.get("_target_", "policy")))
+
+
+def policy_label(policy: str, prefill: Optional[str] = None, decode: Optional[str] = None) -> str:
+    """What a run is named by (summary `policy`, run directory, W&B tag): the run's policy, or
+    under P/D with a policy per pool `PREFILL+DECODE` (one name when both pools run the same);
+    an unset pool (None) runs `policy`."""
+    prefill, decode = prefill or policy, decode or policy
+    return prefill if prefill == decode else f"{prefill}+{decode}"
 
 
 def is_cluster(c) -> bool:
@@ -54,6 +76,10 @@ def check_cluster_config(c: ClusterConfig) -> None:
         if c.replicas not in (1, c.size):
             raise ValueError(f"cluster.replicas={c.replicas} but prefill_replicas + decode_replicas = {c.size}: "
                              "leave cluster.replicas unset with P/D")
+    for pool in POOLS:
+        if getattr(c, f"{pool}_policy") is not None and not c.disaggregated:
+            raise ValueError(f"cluster.{pool}_policy is the step policy of the P/D {pool} pool: it needs "
+                             "cluster.prefill_replicas and cluster.decode_replicas (colocated replicas run `policy`)")
     if c.hardware and len(c.hardware) != c.size:
         raise ValueError(f"cluster.hardware lists {len(c.hardware)} entries for {c.size} replicas")
     if c.link.kind not in ("bandwidth", "profile"):

@@ -5,7 +5,9 @@ time), a P/D event (see `policylab.cluster.disagg`), or the step of the replica 
 starts earliest. Ties go to arrivals, then events, then the lowest replica index, so a replay
 is deterministic, and a one-replica cluster replays exactly as `Engine.run` (arrivals at or
 before a step's start are admitted before it, as DESIGN §2 step 1). Steps are atomic: a router
-sees each replica as it was at the end of its last step.
+sees each replica as it was at the end of its last step. Each replica's engine runs its own policy
+instance (under P/D, the prefill and decode pools may run different policies); a broken contract
+names the policy and the replica whose step broke it.
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from policylab.cluster.config import policy_label
 from policylab.cluster.result import ClusterResult, ReplicaResult
+from policylab.core.contract import ContractViolation
 from policylab.core.routing import ClusterView, ReplicaView, RouteRequest, Router, prompt_hash_cache, \
     validate_route
 from policylab.core.engine import Engine
@@ -42,7 +46,8 @@ class Cluster:
         """`trace` sorted by arrival, as every replica's engine was built on it (same indices)."""
         self.trace, self.replicas, self.router = trace, replicas, router
         self.router_name = getattr(router, "name", type(router).__name__)
-        self.policy_name = replicas[0].engine.policy_name
+        pools = {r.role: r.engine.policy_name for r in replicas}     # (one policy per pool)
+        self.policy_name = policy_label(replicas[0].engine.policy_name, pools.get("prefill"), pools.get("decode"))
         n = len(trace)
         self.requests: list = [None] * n
         self.placement = {"replica": [-1] * n, "decode_replica": [-1] * n,
@@ -66,8 +71,8 @@ class Cluster:
     # ------------------------------------------------------------------ loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> ClusterResult:
         self._on_done = on_request_done
-        parts = [ReplicaResult(r.index, r.role, r.hardware, r.engine.begin(partial(self._finished, r)))
-                 for r in self.replicas]
+        parts = [ReplicaResult(r.index, r.role, r.hardware, r.engine.begin(partial(self._finished, r)),
+                               r.engine.policy_name) for r in self.replicas]
         result = ClusterResult(self.trace, self.requests, {}, sum(p.result.num_blocks for p in parts),
                                parts[0].result.block_size, self.policy_name, router=self.router_name, replicas=parts,
                                placement=self.placement)
@@ -101,7 +106,11 @@ class Cluster:
         elif t_step < INF:
             k = times.index(t_step)
             engine = self._engines[k]
-            engine.step()
+            try:
+                engine.step()
+            except ContractViolation as e:      # which replica (and so which pool's policy) broke it
+                role = self.replicas[k].role
+                raise ContractViolation(e.policy, e.rule, f"{e.detail} (on {role} replica {k})") from None
             times[k] = engine.next_step_time()
             if self.pd is not None:
                 self.pd.after_step(self.replicas[k])

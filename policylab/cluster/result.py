@@ -15,6 +15,7 @@ class ReplicaResult:
     role: str                        # colocated | prefill | decode
     hardware: str
     result: RunResult                # this replica's engine: its requests (others None) and steps
+    policy: str = ""                 # the step policy its engine ran (under P/D: its pool's)
 
 
 @dataclass
