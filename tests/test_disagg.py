@@ -49,6 +49,21 @@ def test_a_full_decode_replica_makes_the_handoff_wait_and_counts_it():
     assert waits[0] == 0 and max(waits) > 0.1      # the last waits for a decode to finish and free blocks
 
 
+@pytest.mark.parametrize("policy", ["prefill_first", "decode_first", "chunked"])
+def test_handoffs_never_hold_a_decode_replicas_kv_beyond_what_it_can_run(policy):
+    """With max_num_seqs=1 and a small cache, handoffs that took the decode replica's blocks
+    while one request ran left it no block to grow and nothing to preempt: the replay stopped
+    with a liveness error blamed on a correct policy. Handoffs now wait while the running
+    requests and the handoffs holding blocks fill max_num_seqs."""
+    spec = [(144, 7), (56, 12), (42, 7), (6, 16), (48, 17), (188, 9), (194, 1), (53, 4), (30, 2), (143, 1), (1, 1)]
+    trace = [TraceRequest(0.0, p, o) for p, o in spec]
+    cfg = EngineConfig(block_size=1, num_blocks=198, max_num_batched_tokens=8, max_num_seqs=1,
+                       enable_prefix_caching=False)
+    result = check_cluster(lambda: build_cluster(trace, policy, RoundRobin, cfg, prefill=2, decode=1,
+                                                 prefix_block_tokens=16, checked=True))
+    assert result.status == "complete" and all(r.status == "finished" for r in result.requests)
+
+
 def test_decode_router_is_a_plugin_and_spreads_decodes():
     trace = [TraceRequest(0.002 * k, 100, 30) for k in range(8)]
     result = build_cluster(trace, "chunked", RoundRobin, CFG, prefill=1, decode=2,

@@ -7,7 +7,11 @@ prefill replica, its KV blocks move over a link to a decode replica, and it deco
   token exists and could be streamed; the transfer delays the second token (it is in TPOT).
 - At that moment the decode router (a plugin, `decode_router=`) picks a decode replica, which
   takes the request's prompt blocks from its own cache (FIFO per replica). If they do not fit,
-  the request waits until a step of that replica frees enough: that wait is `kv_wait`.
+  the request waits until a step of that replica frees enough: that wait is `kv_wait`. It also
+  waits while the replica's running requests and the handoffs already holding its blocks fill
+  `max_num_seqs`: blocks held by requests that cannot run would leave the running ones no room
+  to grow and nothing a policy could preempt to free some (vLLM's decode side likewise takes a
+  remote prefill's blocks only when it can schedule the request).
 - The transfer then takes `transfer_time` (the link model, from the prompt's KV bytes); after
   it the request joins the decode replica's waiting queue with its prompt already computed,
   one token to decode next. Both times are per-request columns of requests.parquet.
@@ -43,6 +47,7 @@ class Disaggregation:
         self.cluster = cluster
         self.pool = [v for v in cluster.views if v.role == "decode"]
         self.pending = {v.index: deque() for v in self.pool}     # decode replica -> (req_id, since)
+        self.holding = {v.index: set() for v in self.pool}       # handoffs with its blocks, not run there yet
         self.in_transit: set = set()      # finished on a prefill replica, not yet on a decode one
 
     def front_output_tokens(self, i: int) -> int:
@@ -81,19 +86,31 @@ class Disaggregation:
         """Start the transfers of this decode replica's waiting handoffs, in order, while their
         prompt blocks fit in its free KV blocks."""
         cluster, queue = self.cluster, self.pending[index]
-        kv = cluster.replicas[index].engine.kv
+        engine = cluster.replicas[index].engine
+        kv = engine.kv
         while queue:
             req_id, since = queue[0]
             prompt = cluster.trace[req_id].prompt_tokens
-            if blocks_for(prompt, kv.block_size) > kv.num_free:
+            if blocks_for(prompt, kv.block_size) > kv.num_free or \
+                    len(engine.running) + self._holding(index) >= engine.cfg.max_num_seqs:
                 return
             queue.popleft()
+            self.holding[index].add(req_id)
             table: list = []
             kv.grow(table, prompt)
             transfer = self.link.transfer_time(prompt * self.kv_bytes_per_token)
             cluster.placement["kv_wait"][req_id] = now - since
             cluster.placement["transfer_time"][req_id] = transfer
             cluster.push(now + transfer, self._arrive, (req_id, index, table))
+
+    def _holding(self, index: int) -> int:
+        """Handoffs holding blocks of decode replica `index` that have not run there yet."""
+        held, requests = self.holding[index], self.cluster.replicas[index].engine.requests
+        for req_id in [i for i in held if i not in self.in_transit]:
+            r = requests[req_id]
+            if r is None or r.status is not Status.WAITING or not r.block_table:
+                held.discard(req_id)
+        return len(held)
 
     def _arrive(self, arg: tuple, now: float) -> None:
         """The KV has arrived: the request joins the decode replica, its prompt computed."""
