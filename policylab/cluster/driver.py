@@ -200,13 +200,10 @@ def prompt_ids(trace: list, engine: Engine, i: int) -> np.ndarray:
 
 
 def merged_steps(parts: list) -> dict:
-    """Every replica's step columns plus `replica`, in clock order (ties: replica order), as arrays."""
-    columns = {k: [] for k in (*STEP_FIELDS, "replica")}
-    for p in parts:
-        steps = p.result.steps
-        for k in STEP_FIELDS:
-            columns[k].extend(steps.get(k, ()))        # (numpy columns: += would add them)
-        columns["replica"] += [p.index] * len(steps.get("clock", []))
-    order = np.argsort(np.asarray(columns["clock"], dtype=np.float64), kind="stable")
-    return {k: np.asarray(v)[order] for k, v in columns.items()}
-
+    """Every replica's step columns plus `replica`, in clock order (ties: replica order), as arrays
+    (joined as numpy columns: a list of Python floats per column cost 7 s and 1.3 GB at 3.3M steps)."""
+    columns = {k: np.concatenate([np.asarray(p.result.steps[k]) for p in parts]) for k in STEP_FIELDS}
+    columns["replica"] = np.repeat(np.array([p.index for p in parts], dtype=np.int64),
+                                   [len(p.result.steps["clock"]) for p in parts])
+    order = np.argsort(columns["clock"], kind="stable")
+    return {k: v[order] for k, v in columns.items()}
