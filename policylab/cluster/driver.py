@@ -73,9 +73,7 @@ class Cluster:
                                placement=self.placement)
         with FrozenHeap() as heap:
             try:
-                while self.num_done < len(self.trace):
-                    self._advance()
-                    heap.freeze_if_due(self.num_done)
+                self._loop(heap.freeze_if_due)
                 for e in self._engines:
                     e.kv.check()
             except (KeyboardInterrupt, Exception) as e:
@@ -84,6 +82,37 @@ class Cluster:
                 p.result.steps = e.steps
             result.steps = merged_steps(parts)
         return result
+
+    def _loop(self, freeze_if_due: Callable[[int], None]) -> None:
+        """Turns until every request is done. Without P/D (no events), the steps that start before
+        the next arrival run in a row, each the earliest (lowest index on a tie), with no other
+        check: the same turns `_advance` takes one by one (a subclass that overrides it, as the
+        checked cluster of the tests, gets it called every turn)."""
+        n = len(self.trace)
+        if self.pd is not None or type(self)._advance is not Cluster._advance:
+            while self.num_done < n:
+                self._advance()
+                freeze_if_due(self.num_done)
+            return
+        times, engines = self._times, self._engines
+        arrivals = [t.arrival_time for t in self.trace]
+        arrivals.append(INF)                # (no arrival left: steps run until every replica idles)
+        while self.num_done < n:
+            i = self.next_arrival
+            t_arrival, t_step = arrivals[i], min(times)
+            while t_step < t_arrival:       # arrivals win ties
+                k = times.index(t_step)
+                engine = engines[k]
+                engine.step()
+                times[k] = engine.next_step_time()
+                freeze_if_due(self.num_done)
+                t_step = min(times)
+            if i < n:
+                self.next_arrival = i + 1
+                self._route(i)
+                freeze_if_due(self.num_done)
+            elif self.num_done < n:
+                raise self._stalled()
 
     def _advance(self) -> None:
         """One turn: the next arrival if it is due by the earliest step or event, else that event,
@@ -106,8 +135,11 @@ class Cluster:
             if self.pd is not None:
                 self.pd.after_step(self.replicas[k])
         else:
-            raise RuntimeError(f"cluster stalled with {len(self.trace) - self.num_done} requests unfinished: "
-                               "no replica has work and nothing is due to arrive")
+            raise self._stalled()
+
+    def _stalled(self) -> RuntimeError:
+        return RuntimeError(f"cluster stalled with {len(self.trace) - self.num_done} requests unfinished: "
+                            "no replica has work and nothing is due to arrive")
 
     def refresh(self, index: int) -> None:
         """Replica `index` got work from outside its own step (an arrival, a KV transfer)."""
