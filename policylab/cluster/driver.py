@@ -48,6 +48,7 @@ class Cluster:
         self.placement = {"replica": [-1] * n, "decode_replica": [-1] * n,
                           "transfer_time": [math.nan] * n, "kv_wait": [math.nan] * n}
         self.next_arrival = self.num_done = 0
+        self._forgotten = 0              # requests below this req_id were handed to a writer
         self._events: list = []          # (time, sequence, handler, argument): P/D handoffs
         self._sequence = 0
         self._on_done = None
@@ -140,6 +141,19 @@ class Cluster:
     def _stalled(self) -> RuntimeError:
         return RuntimeError(f"cluster stalled with {len(self.trace) - self.num_done} requests unfinished: "
                             "no replica has work and nothing is due to arrive")
+
+    def forget(self, stop: int) -> None:
+        """Drop the finished and rejected requests with req_id < `stop`, here and on every replica,
+        once a results writer has taken them (as `Engine.forget`: memory then grows with the
+        requests in flight, not with the run)."""
+        for e in self._engines:
+            e.forget(stop)
+        reqs = self.requests
+        for i in range(self._forgotten, stop):
+            r = reqs[i]
+            if r is not None and r.status in (Status.FINISHED, Status.REJECTED):
+                reqs[i] = None
+        self._forgotten = max(self._forgotten, stop)
 
     def refresh(self, index: int) -> None:
         """Replica `index` got work from outside its own step (an arrival, a KV transfer)."""
