@@ -252,4 +252,4 @@ def merged_steps(parts: list) -> dict:
     columns["replica"] = np.repeat(np.array([p.index for p in parts], dtype=np.int64),
                                    [len(p.result.steps["clock"]) for p in parts])
     order = np.argsort(columns["clock"], kind="stable")
-    return {k: v[order] for k, v in columns.items()}
+    return {k: columns.pop(k)[order] for k in list(columns)}     # (each unsorted column freed once sorted)
