@@ -2,7 +2,7 @@
 
 `requests.parquet` gets a row group each time the first `ROWS_PER_GROUP` not yet written
 requests (in req_id order: the file's row order) are all finished or rejected; the engine
-then forgets them (`Engine.forget`), so what stays in memory is the requests in flight,
+then forgets them (`Engine.forget`, `Cluster.forget`), so what stays in memory is the requests in flight,
 those done but behind the oldest one in flight, and per request one compact table row
 (the request table without its `token_times`). What the summary needs of the tokens stays
 as `TokenFacts`: the ITL gaps as distinct values with counts per slice, merged at the end
@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from policylab.analysis.counted import merge
 from policylab.analysis.metrics import TokenFacts, json_safe, request_table, step_frame, summarize, token_facts
 from policylab.analysis.result_files import ResultsWriteError, atomic_write, plain_config, requests_arrow, section
+from policylab.cluster import Cluster, ClusterResult
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import RunResult
 
@@ -118,13 +119,16 @@ class ResultStream:
         self._engine = self._source = None
 
     def attach(self, engine):
-        """Stream `engine`'s results as it runs; returns its `on_request_done(req_id)` callback
-        (None for a cluster driver: its results are written when it ends)."""
-        if not hasattr(engine, "step_log"):
-            return None
+        """Stream `engine`'s results as it runs; returns its `on_request_done(req_id)` callback.
+        A cluster (policylab.cluster) streams its requests (with where they ran) and forgets them
+        the same way; its steps, merged over the replicas in clock order, are written at the end."""
         self._engine = engine
-        self._source = RunResult(engine.trace, engine.requests, {}, engine.kv.num_blocks,
-                                 engine.kv.block_size, engine.policy_name)
+        if isinstance(engine, Cluster):
+            self._source = ClusterResult(engine.trace, engine.requests, {}, 0, 0, engine.policy_name,
+                                         router=engine.router_name, placement=engine.placement)
+        else:
+            self._source = RunResult(engine.trace, engine.requests, {}, engine.kv.num_blocks,
+                                     engine.kv.block_size, engine.policy_name)
         return self.request_done
 
     def request_done(self, rid: int) -> None:
@@ -142,8 +146,8 @@ class ResultStream:
             while frontier - self._rows >= ROWS_PER_GROUP:
                 self._write_requests(self._source, self._rows + ROWS_PER_GROUP)
                 self._engine.forget(self._rows)
-            log = self._engine.step_log
-            if len(log) - self._written_steps >= STEPS_PER_GROUP:
+            log = getattr(self._engine, "step_log", None)     # (a cluster's: at the end)
+            if log is not None and len(log) - self._written_steps >= STEPS_PER_GROUP:
                 self._write_steps(log.columns(self._written_steps, len(log)), self._source)
 
     def finish(self, result: RunResult, extra: dict | None = None) -> dict:

@@ -125,8 +125,9 @@ class Engine(DecodeSteps):
         self._arrived.append(r.req_id)
 
     def next_step_time(self) -> float:
-        """When this engine's next step starts: now while requests wait or run, else never."""
-        return self.clock.now if self._waiting or self._running else math.inf
+        """When this engine's next step starts: now while requests run or wait, else never (running
+        first: a list's truth is free, the waiting queue's is a Python call; a cluster asks every step)."""
+        return self.clock.now if self._running or self._waiting else math.inf
 
     @property
     def steps(self) -> dict:

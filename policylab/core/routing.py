@@ -12,6 +12,7 @@ is rejected with a reason by the driver before any router is asked.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Callable, Optional
 
 from policylab.core import admission
@@ -59,7 +60,7 @@ class ReplicaView:
         self.index, self.role, self.hardware = index, role, hardware
         self._engine, self._prompt_hashes = engine, prompt_hashes
 
-    num_waiting = property(lambda s: len(s._engine.waiting))
+    num_waiting = property(lambda s: len(s._engine._waiting))
     num_running = property(lambda s: len(s._engine.running))
     num_free_blocks = property(lambda s: s._engine.kv.num_free)
     num_total_blocks = property(lambda s: s._engine.kv.num_blocks)
@@ -69,22 +70,32 @@ class ReplicaView:
     @property
     def outstanding_prefill_tokens(self) -> int:
         """Prompt tokens (and recomputes) not yet in this replica's KV cache."""
-        e = self._engine
-        return sum(len(r.prompt_ids) - r.num_computed_tokens
-                   for q in (e.waiting, e.running) for r in q if r.num_computed_tokens < len(r.prompt_ids))
+        return self._outstanding()[0]
 
     @property
     def outstanding_decode_tokens(self) -> int:
         """Output tokens still owed as far as a scheduler can know: the predicted remainder where
         `engine.predictor` gives one, else 1 per live request (it owes at least one more)."""
-        e = self._engine
-        return sum(max((r.predicted_output_tokens or 0) - len(r.output_ids), 1)
-                   for q in (e.waiting, e.running) for r in q)
+        return self._outstanding()[1]
 
     @property
     def outstanding_tokens(self) -> int:
         """Vidur's least-outstanding-requests load, in tokens: prefill plus decode work left."""
-        return self.outstanding_prefill_tokens + self.outstanding_decode_tokens
+        prefill, decode = self._outstanding()
+        return prefill + decode
+
+    def _outstanding(self) -> tuple:
+        """(prefill, decode) tokens outstanding, in one pass over the waiting and running requests
+        (the queue read in place: `engine.waiting` builds a list; a router asks at every arrival)."""
+        e = self._engine
+        prefill = decode = 0
+        for r in chain(map(e.requests.__getitem__, e._waiting.ids()), e.running):
+            prompt, computed = len(r.prompt_ids), r.num_computed_tokens
+            if computed < prompt:
+                prefill += prompt - computed
+            owed = (r.predicted_output_tokens or 0) - len(r.output_ids)
+            decode += owed if owed > 1 else 1
+        return prefill, decode
 
     def cached_prefix_tokens(self, request: RouteRequest) -> int:
         """Prompt tokens this request would find in this replica's prefix cache now (a lookup:

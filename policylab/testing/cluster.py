@@ -31,16 +31,18 @@ EPS = 1e-9
 def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: int = 2, prefill: int = 0,
                   decode: int = 0, decode_router_factory=None, hardware: Optional[list] = None,
                   link: LinkConfig = LinkConfig(), seed: int = 0, prefix_block_tokens: int = 32,
-                  checked: bool = False, prefill_policy=None, decode_policy=None) -> Cluster:
+                  checked: bool = False, prefill_policy=None, decode_policy=None,
+                  model: Optional[ModelConfig] = None) -> Cluster:
     """A sim cluster: `replicas` colocated engines, or `prefill` + `decode` ones (P/D); the tiny
-    model at a fixed 4 ms per step unless `hardware` says otherwise (as the other scenarios).
+    model (unless `model`) at a fixed 4 ms per step unless `hardware` says otherwise (as the
+    other scenarios).
     Every replica runs `policy`, except that under P/D `prefill_policy` / `decode_policy` (any
     spec `policy_factory` takes) give a pool its own."""
     trace = sorted(trace, key=lambda t: t.arrival_time)
     roles = ["prefill"] * prefill + ["decode"] * decode if prefill else ["colocated"] * replicas
     hardware = hardware or [SCENARIO_HARDWARE] * len(roles)    # a fixed 4 ms a step, as every scenario
     specs = {"colocated": policy, "prefill": prefill_policy or policy, "decode": decode_policy or policy}
-    factories, model = {role: policy_factory(specs[role]) for role in set(roles)}, ModelConfig()
+    factories, model = {role: policy_factory(specs[role]) for role in set(roles)}, model or ModelConfig()
     engine_cfg = dataclasses.replace(cfg, check_invariants=True) if checked else cfg
     built = [Replica(k, role, hw.name, Engine(prefill_trace(trace) if role == "prefill" else trace, factories[role](),
                                               SimDataPlane(model, hw, DataplaneConfig(kind="sim"), seed), engine_cfg,
