@@ -179,3 +179,10 @@ def test_a_broken_contract_on_one_pool_names_that_pools_policy_and_replica():
     on_prefill = build_cluster(trace, "prefill_first", RoundRobin, CFG, prefill=1, decode=1,
                                prefill_policy=DoubleDecode).run()
     assert on_prefill.status == "complete"      # never decodes there: nothing to break
+
+
+def test_a_broken_contract_on_a_colocated_replica_names_it():
+    from policylab.testing.cluster import build_cluster as build
+    result = build(HANDOFFS[:6], DoubleDecode, RoundRobin, CFG, replicas=2).run()
+    assert result.partial and result.error.startswith("ContractViolation: policy 'double_decode' broke rule 'decode_one'")
+    assert result.error.endswith("(on colocated replica 0)")        # request 0 decodes first there

@@ -109,7 +109,10 @@ class Cluster:
             while t_step < t_arrival:       # arrivals win ties
                 k = times.index(t_step)
                 engine = engines[k]
-                engine.step()
+                try:
+                    engine.step()
+                except ContractViolation as e:
+                    raise self._on_replica(e, k) from None
                 times[k] = engine.next_step_time()
                 freeze_if_due(self.num_done)
                 t_step = min(times)
@@ -138,14 +141,17 @@ class Cluster:
             engine = self._engines[k]
             try:
                 engine.step()
-            except ContractViolation as e:      # which replica (and so which pool's policy) broke it
-                role = self.replicas[k].role
-                raise ContractViolation(e.policy, e.rule, f"{e.detail} (on {role} replica {k})") from None
+            except ContractViolation as e:
+                raise self._on_replica(e, k) from None
             times[k] = engine.next_step_time()
             if self.pd is not None:
                 self.pd.after_step(self.replicas[k])
         else:
             raise self._stalled()
+
+    def _on_replica(self, e: ContractViolation, k: int) -> ContractViolation:
+        """The violation, naming the replica whose step broke it (and so which pool's policy)."""
+        return ContractViolation(e.policy, e.rule, f"{e.detail} (on {self.replicas[k].role} replica {k})")
 
     def _stalled(self) -> RuntimeError:
         return RuntimeError(f"cluster stalled with {len(self.trace) - self.num_done} requests unfinished: "
