@@ -9,7 +9,6 @@ Sampled tokens are deterministic ids, so the engine path is identical to a real 
 from __future__ import annotations
 
 import math
-import weakref
 
 import numpy as np
 
@@ -65,23 +64,6 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneC
             raise ValueError(f"model.{name} must be >= 1, got {getattr(model, name)}")
 
 
-class _TokenTable(list):
-    __slots__ = ("__weakref__",)
-
-
-_TOKEN_TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
-def token_table(seed: int, vocab_size: int) -> list:
-    """The position -> sampled id table of sim planes with this seed and vocabulary: one list,
-    shared while any plane holds it (an id depends on nothing else, so the replicas of a cluster
-    keep one copy, and one copy of its int objects in the outputs, instead of one each)."""
-    table = _TOKEN_TABLES.get((seed, vocab_size))
-    if table is None:
-        table = _TOKEN_TABLES[(seed, vocab_size)] = _TokenTable()
-    return table
-
-
 class SimDataPlane:
     def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig, seed: int = 0):
         check_cost_parameters(model, hardware, dp)
@@ -90,7 +72,7 @@ class SimDataPlane:
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
         self.needs_token_ids = False
         self.cost_model = build_cost_model(model, hardware, dp)
-        self._next_token = token_table(seed, self.vocab_size)   # position -> id sampled after it (see execute)
+        self._next_token: list = []          # position -> id sampled after it (see execute)
         if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
             self._noise = np.random.default_rng([dp.time_noise_seed, 0x71AE])
             self._step_time = self._noisy_step_time
