@@ -8,17 +8,17 @@ replicas and 150,000 requests) beside one replica replaying alone the share roun
 replica 0 (every N-th request, ~5.5 req/s: the same steps it runs in the cluster), and the ratio
 cluster / (N x single) of CPU seconds: what the cluster loop adds over N separate replays.
 
-Measured twice, in one process:
+Measured twice, each measurement in a fresh process (started by this script, one after another):
   direct — `Cluster.run()` against `Engine.run()` (the loops alone, every result kept in memory);
   job    — the `run` job a user starts, `policylab.apps.cli.main(["run", ...])` in process, on the
            same traces written to parquet (--trace-dir): trace loading, building the replicas, the
            replay with its results stream (requests.parquet written and forgotten as it goes),
            steps.parquet, summary.json, and `logger` (none here; --logger wandb: offline W&B).
 The job's engine settings are the direct run's (engine.max_model_len=8192), so both replay the
-same decisions. CPU seconds are this process's (getrusage): on a shared box they are the steadier
-figure (wall exceeds CPU when other work holds the cores).
+same decisions. CPU seconds are the measuring process's (getrusage): on a shared box they are the
+steadier figure (wall exceeds CPU when other work holds the cores); --repeats N keeps the least.
 Usage: python experiments/bench_cluster.py [--requests 150000] [--replicas 8] [--router round_robin]
-                                           [--skip direct|job] [--trace-dir /tmp] [--logger none]
+                                           [--skip direct|job] [--repeats 1] [--trace-dir /tmp] [--logger none]
 """
 from __future__ import annotations
 
@@ -27,7 +27,10 @@ import contextlib
 import gc
 import importlib
 import io
+import json
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,8 +96,47 @@ def job(trace_path: Path, run_dir: Path, args, replicas: int, *extra: str) -> di
         except SystemExit as e:
             if e.code not in (0, None):
                 raise
-    import json
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def measure(what: str, args) -> dict:
+    """One measurement, in this (fresh) process: wall and CPU seconds and what it ran."""
+    n, k = args.requests, args.replicas
+    if what.startswith("direct"):
+        trace = conversation_trace(n, k * RATE_PER_REPLICA)
+        engine(trace[0::k][:50], args.policy).run()     # one-time costs of a process (first numpy calls, ...)
+        if what == "direct-single":
+            run = engine(trace[0::k], args.policy).run
+        else:
+            run = Cluster(trace, [Replica(i, "colocated", "h100", engine(trace, args.policy)) for i in range(k)],
+                          router(args.router)).run
+        wall, cpu, result = timed(run)
+        return {"wall": wall, "cpu": cpu, "steps": len(result.steps["clock"]), "status": result.status,
+                "requests": len(result.trace)}
+    paths = trace_files(args)
+    run_dir = args.trace_dir / f"bench_cluster_runs_{n}_{k}"
+    job(paths["share"], run_dir / "warm_up", args, k, "trace.max_requests=50")    # imports, first compose
+    sampler = RssSampler()
+    sampler.start()
+    if what == "job-single":
+        wall, cpu, summary = timed(lambda: job(paths["share"], run_dir / "single", args, 1))
+    else:
+        wall, cpu, summary = timed(lambda: job(paths["cluster"], run_dir / "cluster", args, k))
+    sampler.stop.set()
+    return {"wall": wall, "cpu": cpu, "status": summary["status"], "finished": summary["counts"]["finished"],
+            "rss": max(sampler.samples, default=0) / 2**30, "run_dir": str(run_dir)}
+
+
+def trace_files(args) -> dict:
+    """The cluster's trace and replica 0's share as parquet files (written once)."""
+    n, k = args.requests, args.replicas
+    paths = {name: args.trace_dir / f"bench_cluster_{name}_{n}_{k}.parquet" for name in ("cluster", "share")}
+    if not all(p.exists() for p in paths.values()):
+        from policylab.traces.parquet import write_parquet
+        trace = conversation_trace(n, k * RATE_PER_REPLICA)
+        write_parquet(paths["cluster"], trace)
+        write_parquet(paths["share"], trace[0::k])
+    return paths
 
 
 def main() -> None:
@@ -104,53 +146,46 @@ def main() -> None:
     p.add_argument("--policy", default="prefill_first")
     p.add_argument("--router", default="round_robin")
     p.add_argument("--skip", choices=["direct", "job"], default=None)
+    p.add_argument("--repeats", type=int, default=1, help="measure each this many times (alternating); the least CPU counts")
     p.add_argument("--trace-dir", type=Path, default=Path("/tmp"))
     p.add_argument("--logger", default="none", help="none (default) or wandb (offline)")
+    p.add_argument("--measure", default=None, help=argparse.SUPPRESS)     # (one measurement, in a child process)
     args = p.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure, args)))
+        return
     n, k = args.requests, args.replicas
-    trace = conversation_trace(n, k * RATE_PER_REPLICA)
-    share = trace[0::k]
-    lines = []
-    if args.skip != "direct":
-        engine(share[:50], args.policy).run()         # one-time costs of the process (first numpy calls, ...)
-        single_s, single_cpu, single = timed(lambda: engine(share, args.policy).run())
-        single_steps, single_status = len(single.steps["clock"]), single.status
-        del single
-        cluster = Cluster(trace, [Replica(i, "colocated", "h100", engine(trace, args.policy)) for i in range(k)],
-                          router(args.router))
-        cluster_s, cluster_cpu, result = timed(cluster.run)
-        steps, status = len(result.steps["clock"]), result.status
-        del cluster, result
-        lines += [f"direct, single replica: {len(share):,} requests (every {k}th) at ~{RATE_PER_REPLICA} req/s: "
-                  f"{single_s:.1f} s wall, {single_cpu:.1f} s CPU ({single_steps:,} steps, {single_status})",
-                  f"direct, cluster: {k} replicas, {args.router}, {n:,} requests at {k * RATE_PER_REPLICA:g} req/s: "
-                  f"{cluster_s:.1f} s wall, {cluster_cpu:.1f} s CPU ({steps:,} steps, "
-                  f"{1e6 * cluster_cpu / max(steps, 1):.1f} µs CPU/step, {status}) = "
-                  f"{cluster_cpu / (k * single_cpu):.2f}x the CPU of {k} single-replica replays (target ≤ 60 s)"]
-        print(lines[-2], lines[-1], sep="\n", flush=True)
-    if args.skip != "job":
-        from policylab.traces.parquet import write_parquet
-        paths = {}
-        for name, t in (("cluster", trace), ("share", share)):
-            paths[name] = args.trace_dir / f"bench_cluster_{name}_{n}_{k}.parquet"
-            if not paths[name].exists():
-                write_parquet(paths[name], t)
-        del trace, share
-        run_dir = args.trace_dir / f"bench_cluster_runs_{n}_{k}"
-        job(paths["share"], run_dir / "warm_up", args, k, "trace.max_requests=50")     # imports, first compose
-        single_s, single_cpu, single = timed(lambda: job(paths["share"], run_dir / "single", args, 1))
-        sampler = RssSampler()           # the job's memory (the peak of the process includes the direct runs)
-        sampler.start()
-        cluster_s, cluster_cpu, summary = timed(lambda: job(paths["cluster"], run_dir / "cluster", args, k))
-        sampler.stop.set()
-        rss = max(sampler.samples, default=0) / 2**30
-        lines += [f"job, single replica: `run` on the share: {single_s:.1f} s wall, {single_cpu:.1f} s CPU "
-                  f"({single['status']})",
-                  f"job, cluster: `run cluster.replicas={k} router={args.router}`: {cluster_s:.1f} s wall, "
-                  f"{cluster_cpu:.1f} s CPU ({summary['status']}, {summary['counts']['finished']:,} finished) = "
-                  f"{cluster_cpu / (k * single_cpu):.2f}x the CPU of {k} single-replica jobs; "
-                  f"RSS at most {rss:.2f} GiB (sampled each second); results: {run_dir}"]
-        print(lines[-2], lines[-1], sep="\n", flush=True)
+    kinds = [kind for kind in ("direct", "job") if kind != args.skip]
+    if "job" in kinds:
+        trace_files(args)
+    child = [sys.executable, __file__, *sys.argv[1:]]
+    best: dict = {}
+    for _ in range(args.repeats):
+        for what in [f"{kind}-{part}" for kind in kinds for part in ("single", "cluster")]:
+            out = subprocess.run([*child, "--measure", what], capture_output=True, text=True)
+            if out.returncode:
+                sys.exit(f"{what} failed:\n{out.stderr[-3000:]}")
+            m = json.loads(out.stdout.strip().splitlines()[-1])
+            if what not in best or m["cpu"] < best[what]["cpu"]:
+                best[what] = m
+    tries = f", least CPU of {args.repeats} runs each" if args.repeats > 1 else ""
+    if "direct" in kinds:
+        single, cluster = best["direct-single"], best["direct-cluster"]
+        print(f"direct, single replica: {single['requests']:,} requests (every {k}th) at ~{RATE_PER_REPLICA} req/s: "
+              f"{single['wall']:.1f} s wall, {single['cpu']:.1f} s CPU ({single['steps']:,} steps, {single['status']})")
+        print(f"direct, cluster: {k} replicas, {args.router}, {n:,} requests at {k * RATE_PER_REPLICA:g} req/s: "
+              f"{cluster['wall']:.1f} s wall, {cluster['cpu']:.1f} s CPU ({cluster['steps']:,} steps, "
+              f"{1e6 * cluster['cpu'] / max(cluster['steps'], 1):.1f} µs CPU/step, {cluster['status']}) = "
+              f"{cluster['cpu'] / (k * single['cpu']):.2f}x the CPU of {k} single-replica replays (target ≤ 60 s"
+              f"{tries})")
+    if "job" in kinds:
+        single, cluster = best["job-single"], best["job-cluster"]
+        print(f"job, single replica: `run` on the share: {single['wall']:.1f} s wall, {single['cpu']:.1f} s CPU "
+              f"({single['status']}), RSS at most {single['rss']:.2f} GiB")
+        print(f"job, cluster: `run cluster.replicas={k} router={args.router}`: {cluster['wall']:.1f} s wall, "
+              f"{cluster['cpu']:.1f} s CPU ({cluster['status']}, {cluster['finished']:,} finished), RSS at most "
+              f"{cluster['rss']:.2f} GiB = {cluster['cpu'] / (k * single['cpu']):.2f}x the CPU of {k} single-replica "
+              f"jobs{tries}; results: {cluster['run_dir']}")
 
 
 if __name__ == "__main__":
