@@ -26,7 +26,7 @@ from policylab.core.routing import ClusterView, ReplicaView, RouteRequest, Route
     validate_route
 from policylab.core.engine import Engine
 from policylab.core.gc_freeze import FrozenHeap
-from policylab.core.request import Request, Status
+from policylab.core.request import Request, Status, forget_done
 from policylab.core.result import STEP_FIELDS, mark_partial
 from policylab.core.synthetic_prompts import synthesize_prompt
 
@@ -163,11 +163,7 @@ class Cluster:
         requests in flight, not with the run)."""
         for e in self._engines:
             e.forget(stop)
-        reqs = self.requests
-        for i in range(self._forgotten, stop):
-            r = reqs[i]
-            if r is not None and r.status in (Status.FINISHED, Status.REJECTED):
-                reqs[i] = None
+        forget_done(self.requests, self._forgotten, stop)
         self._forgotten = max(self._forgotten, stop)
 
     def refresh(self, index: int) -> None:

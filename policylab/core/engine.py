@@ -27,7 +27,8 @@ from policylab.core.kv import BlockManager, chain_hashes
 from policylab.core.policy import Policy
 from policylab.core.synthetic_prompts import SyntheticPrompt, synthesize_prompt
 from policylab.core.waiting_queue import QueueView, WaitingQueue
-from policylab.core.request import NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals
+from policylab.core.request import (NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals,
+                                    forget_done)
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.step_log import StepLog
 
@@ -137,11 +138,7 @@ class Engine(DecodeSteps):
     def forget(self, stop: int) -> None:
         """Drop the finished and rejected requests with req_id < `stop` once a results writer
         has taken what it needs of them (memory then grows with the requests in flight)."""
-        reqs = self.requests
-        for i in range(self._forgotten, stop):
-            r = reqs[i]
-            if r is not None and r.status in (Status.FINISHED, Status.REJECTED):
-                reqs[i] = None
+        forget_done(self.requests, self._forgotten, stop)
         self._forgotten = max(self._forgotten, stop)
 
     def step(self) -> None:

@@ -105,3 +105,12 @@ class Request:
         if start >= p:
             return out
         return np.concatenate([self.prompt_ids[start:], out])
+
+
+def forget_done(requests: list, start: int, stop: int) -> None:
+    """Drop the finished and rejected requests in `requests[start:stop]` (set them to None): a
+    results writer has taken them, so memory grows with the requests in flight, not the run."""
+    for i in range(start, stop):
+        r = requests[i]
+        if r is not None and r.status in (Status.FINISHED, Status.REJECTED):
+            requests[i] = None
