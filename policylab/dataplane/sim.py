@@ -75,7 +75,7 @@ class SimDataPlane:
         self._next_token: list = []          # position -> id sampled after it (see execute)
         if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
             self._noise = np.random.default_rng([dp.time_noise_seed, 0x71AE])
-            self._step_time = self._noisy_step_time
+            self._exact_step_time, self._step_time = self._step_time, self._noisy_step_time
 
     def num_kv_blocks(self, block_size: int) -> int:
         free = self.hw.mem_bytes * self.dp.tensor_parallel * self.dp.gpu_memory_utilization - self.shape.weight_bytes
@@ -97,8 +97,7 @@ class SimDataPlane:
     def _noisy_step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
         """The modelled duration with independent multiplicative noise (`dataplane.time_noise`): a
         replay's sensitivity to step-time error, which no measured timer is free of."""
-        exact = self.cost_model.step_time(batch.query_lens, batch.context_lens, tokens, sampled)
-        return exact * max(0.0, 1.0 + self.dp.time_noise * self._noise.standard_normal())
+        return self._exact_step_time(batch, tokens, sampled) * max(0.0, 1.0 + self.dp.time_noise * self._noise.standard_normal())
 
     def describe_cost_model(self) -> dict:
         """Which cost model produced this run's step times (recorded in summary.json)."""
