@@ -54,11 +54,11 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
 
 def role_policy(make_policy: Callable[[dict], object], spec: dict, role: str):
     """A fresh policy for a replica of this role; a P/D pool's failure names its config key."""
-    if role == "colocated":
-        return make_policy(spec)
     try:
         return make_policy(spec)
     except Exception as e:
+        if role == "colocated":           # `policy` itself: the job guard reports it as before
+            raise
         raise ClusterConfigError(f"cluster.{role}_policy: {e}") from None
 
 
