@@ -113,5 +113,5 @@ def test_a_plane_with_the_reference_timer_steps_and_says_so(keep_threads):
                                                        timer_reference=True), SMALL, 0)
     plane.allocate_kv(8, 16)
     batch = Batch([0], [5], [0], [[0]], [np.arange(16, 21, dtype=np.int32)], [True], [SamplingParams()])
-    assert 0 < plane.execute(batch).duration < 1.0
+    assert plane.execute(batch).duration > 0        # (no upper bound: it would be this machine's speed)
     assert plane.describe_cost_model()["timer_reference"] is True
