@@ -82,3 +82,40 @@ def test_any_range_of_a_prompt_is_made_alone_as_the_same_ids():
             assert lazy[a:b].tolist() == ids[a:b].tolist(), (args, a, b)
             if 0 <= a <= n and b is not None:
                 assert synthesize_prompt(*args, start=a, stop=b).tolist() == ids[a:b].tolist()
+
+
+def test_own_prompts_keyed_without_hashing_hit_exactly_as_their_chained_hashes_do(monkeypatch):
+    """A prompt of its own (synthesized, no trace prefix) is keyed by kv.own_block_keys, not by
+    hashing its ids: under preemption (recompute hits its own prompt and output blocks) and
+    beside requests that share trace prefixes, every request, step and cache hit is the same as
+    with the chained hashes of its ids."""
+    import dataclasses
+
+    from policies.chunked import Chunked
+    from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+    from policylab.core.engine import Engine
+    from policylab.core.kv import chain_hashes
+    from policylab.core.request import TraceRequest as T
+    from policylab.dataplane.sim import SimDataPlane
+
+    rng = np.random.default_rng(3)
+    trace = [T(float(t), int(p), int(o), prefix_hashes=((1,) if k % 3 == 0 else ()))
+             for k, (t, p, o) in enumerate(zip(np.sort(rng.uniform(0, 2, 60)), rng.integers(20, 200, 60),
+                                               rng.integers(5, 120, 60)))]
+    cfg = EngineConfig(block_size=8, num_blocks=40, max_num_batched_tokens=128, max_num_seqs=12)
+
+    def replay():
+        plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+        result = Engine(trace, Chunked(chunk_size=64), plane, cfg, prefix_block_tokens=32).run()
+        return ([(r.status, r.token_times, r.num_cached_tokens_total, r.num_preemptions) for r in result.requests],
+                {k: list(v) for k, v in result.steps.items()}, result.requests)
+
+    keyed, keyed_steps, requests = replay()
+    own = [r for r in requests if not trace[r.req_id].prefix_hashes]
+    assert own and all(r.own_prompt for r in own)
+    first = own[0]                                 # keys, not the hashes of its ids
+    assert list(first.block_hashes[:2]) != chain_hashes(np.asarray(first.prompt_ids), 8)[:2]
+    monkeypatch.setattr(T, "own_prompt", property(lambda self: False))
+    hashed, hashed_steps, _ = replay()
+    assert sum(r.num_preemptions for r in own) > 3 and sum(r.num_cached_tokens_total for r in own) > 0
+    assert keyed == hashed and keyed_steps == hashed_steps

@@ -120,7 +120,8 @@ class Disaggregation:
         r = Request(req_id, p.arrival_time, p.prompt_ids, p.max_tokens, p.client, p.priority, p.ttft_slo,
                     p.tpot_slo, predict_output(engine.cfg, self._rng, t.output_tokens), p.sampling,
                     output_ids=list(p.output_ids), num_computed_tokens=len(p.prompt_ids), block_table=table,
-                    block_hashes=list(p.block_hashes), first_scheduled_time=p.first_scheduled_time,
+                    block_hashes=list(p.block_hashes), own_prompt=p.own_prompt,
+                    first_scheduled_time=p.first_scheduled_time,
                     token_times=list(p.token_times), num_preemptions=p.num_preemptions,
                     num_cached_tokens_total=p.num_cached_tokens_total)
         engine.kv.register(table, r.block_hashes, r.num_computed_tokens)    # cacheable here from now on

@@ -26,6 +26,7 @@ from policylab.core.routing import ClusterView, ReplicaView, RouteRequest, Route
     validate_route
 from policylab.core.engine import Engine
 from policylab.core.gc_freeze import FrozenHeap
+from policylab.core.kv import chain_hashes, own_block_keys
 from policylab.core.request import Request, Status, forget_done
 from policylab.core.result import STEP_FIELDS, mark_partial
 from policylab.core.synthetic_prompts import synthesize_prompt
@@ -58,7 +59,7 @@ class Cluster:
         self._sequence = 0
         self._on_done = None
         self._rooms: dict = {}           # id(pool) -> (pool tuple, tokens that fit on all of it)
-        hashes = prompt_hash_cache(replicas, partial(prompt_ids, trace, replicas[0].engine))
+        hashes = prompt_hash_cache(replicas, partial(prompt_block_keys, trace, replicas[0].engine))
         self.views = [ReplicaView(r.index, r.role, r.hardware, r.engine, hashes) for r in replicas]
         self._front = [v for v in self.views if v.role != "decode"]      # who admits arrivals
         self._engines = [r.engine for r in replicas]
@@ -247,13 +248,17 @@ class Cluster:
             self._on_done(req_id)
 
 
-def prompt_ids(trace: list, engine: Engine, i: int) -> np.ndarray:
-    """Request i's prompt as every replica's engine makes it on arrival (same seed everywhere)."""
+def prompt_block_keys(trace: list, engine: Engine, i: int, block_size: int) -> list:
+    """Request i's prompt block keys as every replica's engine makes them on arrival (same seed
+    everywhere): kv.own_block_keys for a prompt of its own, else the chained hashes of its ids."""
     t = trace[i]
+    if t.own_prompt:
+        return list(own_block_keys(engine.seed, i, 0, t.prompt_tokens // block_size))
     if t.prompt_ids is not None:
-        return np.asarray(t.prompt_ids, dtype=np.int32)
-    return synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, engine.dataplane.vocab_size, engine.seed,
-                             engine.prefix_block_tokens)
+        return chain_hashes(np.asarray(t.prompt_ids, dtype=np.int32), block_size)
+    ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, engine.dataplane.vocab_size, engine.seed,
+                            engine.prefix_block_tokens)
+    return chain_hashes(ids, block_size)
 
 
 def merged_steps(parts: list) -> dict:

@@ -23,7 +23,7 @@ from policylab.core.batch import Batch, DataPlane, StepResult, bad_duration
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.decode_steps import DecodeSteps
 from policylab.core.gc_freeze import FrozenHeap
-from policylab.core.kv import BlockManager, chain_hashes
+from policylab.core.kv import BlockManager, chain_hashes, own_block_keys
 from policylab.core.policy import Policy
 from policylab.core.synthetic_prompts import SyntheticPrompt, synthesize_prompt
 from policylab.core.waiting_queue import QueueView, WaitingQueue
@@ -177,8 +177,10 @@ class Engine(DecodeSteps):
         self.target_len[i] = min(t.output_tokens, max_tokens)
         if reason:
             return self._reject(r, reason)
-        if self.kv.prefix_caching:
-            r.block_hashes = array("Q", chain_hashes(np.asarray(ids), self.kv.block_size))   # 8 bytes a hash
+        if self.kv.prefix_caching:                   # 8 bytes a hash
+            r.own_prompt = t.own_prompt
+            r.block_hashes = array("Q", own_block_keys(self.seed, i, 0, len(ids) // self.kv.block_size)
+                                   if r.own_prompt else chain_hashes(np.asarray(ids), self.kv.block_size))
         self.views[i] = RequestView(r, self.kv)
         self._waiting.append(i)
         self._arrived.append(i)
@@ -304,7 +306,8 @@ class Engine(DecodeSteps):
         kv, bs = self.kv, self.kv.block_size
         have, full = len(r.block_hashes), r.num_tokens // bs
         if kv.prefix_caching and full > have:
-            r.block_hashes.extend(chain_hashes(r.token_ids(have * bs, full * bs), bs,
+            r.block_hashes.extend(own_block_keys(self.seed, r.req_id, have, full) if r.own_prompt else
+                                  chain_hashes(r.token_ids(have * bs, full * bs), bs,
                                                r.block_hashes[-1] if have else None, have * bs))
             kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, have)
         kv.release(r.block_table)

@@ -50,6 +50,11 @@ class TraceRequest:
     max_tokens: Optional[int] = None
     prompt_ids: Optional[tuple] = None    # real token ids (generate); None: synthesized from the trace
 
+    @property
+    def own_prompt(self) -> bool:
+        """Synthesized and sharing no prefix: no other request can hold one of its KV blocks."""
+        return self.prompt_ids is None and not self.prefix_hashes
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -79,6 +84,7 @@ class Request:
     block_table: list = field(default_factory=list)
     block_hashes: list = field(default_factory=list)   # chained hashes of full blocks, prefix order
                                                        # (the engine's: an array("Q"), 8 bytes each)
+    own_prompt: bool = False          # its blocks are keyed by kv.own_block_keys, not hashed
     # timestamps (seconds on the replay clock)
     first_scheduled_time: Optional[float] = None
     token_times: list = field(default_factory=list)

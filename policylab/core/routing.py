@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from policylab.core import admission
 from policylab.core.contract import ContractViolation
-from policylab.core.kv import chain_hashes
 
 if TYPE_CHECKING:
     from policylab.core.engine import Engine
@@ -155,9 +154,9 @@ def validate_route(replicas: list, eligible: tuple, request: RouteRequest, choic
                             f"the candidates are {[v.index for v in eligible]}")
 
 
-def prompt_hash_cache(engines: list, synthesize: Callable[[int], object]) -> Callable[[int, int], list]:
-    """Memoized chained hashes of a request's prompt at a block size (computed once per request,
-    only when a router asks about cached prefixes)."""
+def prompt_hash_cache(engines: list, compute: Callable[[int, int], list]) -> Callable[[int, int], list]:
+    """Memoized `compute(req_id, block_size)`: a request's prompt block keys as its engine makes
+    them on arrival (computed once per request, only when a router asks about cached prefixes)."""
     memo: dict = {}
 
     def hashes(req_id: int, block_size: int) -> list:
@@ -165,7 +164,7 @@ def prompt_hash_cache(engines: list, synthesize: Callable[[int], object]) -> Cal
         if key not in memo:
             if len(memo) > 4 * max(len(engines), 1):   # only the request being routed is asked about
                 memo.clear()
-            memo[key] = chain_hashes(synthesize(req_id), block_size)
+            memo[key] = compute(req_id, block_size)
         return memo[key]
     return hashes
 
