@@ -50,17 +50,25 @@ def own_block_keys(seed: int, index: int, start: int, stop: int) -> range:
     so its chained hashes only ever match its own blocks, after a preemption. A key unique to
     (request, block) gives the cache exactly those hits without reading a token: the sim plane
     keeps no prompt ids, and hashing them (on arrival, and the output blocks on release) was
-    ~10 % of a large replay. Keys are (seed's 31-bit offset + index) * 2^32 + block: distinct
-    for any 2^31 requests of up to 2^32 blocks, and as unlikely to meet a chained hash as two
-    chained hashes are to meet each other.
+    ~10 % of a large replay. Keys are a 63-bit mix of (seed, request) plus the block's index:
+    spread over the hash table like hashes, and as unlikely to meet another request's keys or a
+    chained hash as two chained hashes are to meet each other.
     """
-    base = (_own_key_offset(seed) + index) << 32
+    base = _mix64(_own_key_offset(seed) ^ index) >> 1
     return range(base + start, base + stop)
 
 
 @lru_cache(maxsize=8)
 def _own_key_offset(seed: int) -> int:
-    return hash_key("own blocks", seed) >> 33
+    return hash_key("own blocks", seed)
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer on a Python int (one request's key base: no numpy call)."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
 
 
 def _weights(size: int) -> np.ndarray:
