@@ -48,6 +48,8 @@ from policylab.traces.lengths import LengthDist
 
 RATE_PER_REPLICA = 5.5
 
+ROOT = Path(__file__).resolve().parents[1]     # configs/ are read from the checkout, from any cwd
+
 
 def conversation_trace(n: int, rate: float, seed: int = 0) -> list:
     client = ClientSpec("chat", ArrivalProcess("poisson", rate=rate),
@@ -57,14 +59,14 @@ def conversation_trace(n: int, rate: float, seed: int = 0) -> list:
 
 
 def engine(trace: list, policy: str) -> Engine:
-    model = ModelConfig(**yaml.safe_load(open("configs/model/llama3-8b.yaml")))
+    model = ModelConfig(**yaml.safe_load(open(ROOT / "configs/model/llama3-8b.yaml")))
     plane = SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim"))
-    return Engine(trace, load_policy(f"configs/policy/{policy}.yaml"), plane, EngineConfig(), prefix_block_tokens=512)
+    return Engine(trace, load_policy(str(ROOT / f"configs/policy/{policy}.yaml")), plane, EngineConfig(), prefix_block_tokens=512)
 
 
 def router(name: str):
     """configs/router/NAME.yaml's router, seed 0."""
-    spec = yaml.safe_load(open(f"configs/router/{name}.yaml"))
+    spec = yaml.safe_load(open(ROOT / f"configs/router/{name}.yaml"))
     module, _, cls = spec.pop("_target_").rpartition(".")
     return getattr(importlib.import_module(module), cls)(**{**spec, "seed": 0})
 

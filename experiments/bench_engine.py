@@ -30,6 +30,8 @@ from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.testing.loader import load_policy as load_policy_spec
 
+ROOT = Path(__file__).resolve().parents[1]     # configs/ are read from the checkout, from any cwd
+
 
 def lognormal_lengths(rng, mean, sigma, n, cap):
     return np.clip(rng.lognormal(np.log(mean) - sigma ** 2 / 2, sigma, n), 1, cap).astype(int)
@@ -44,11 +46,11 @@ def make_trace(n, rate, prompt_mean, output_mean, seed=0):
 
 
 def load_policy(name):
-    return load_policy_spec(f"configs/policy/{name}.yaml")      # resolves ${fairness.*} / ${slo.*} too
+    return load_policy_spec(str(ROOT / f"configs/policy/{name}.yaml"))      # resolves ${fairness.*} / ${slo.*} too
 
 
 def sim_plane():
-    model = ModelConfig(**yaml.safe_load(open("configs/model/llama3-8b.yaml")))
+    model = ModelConfig(**yaml.safe_load(open(ROOT / "configs/model/llama3-8b.yaml")))
     return SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim"))
 
 

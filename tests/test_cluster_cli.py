@@ -90,7 +90,6 @@ def test_heterogeneous_hardware_by_name(tmp_path):
     (["cluster.replicas=2", "cluster.hardware=[h100]"], "cluster.hardware lists 1 entries for 2 replicas"),
     (["cluster.replicas=2", "cluster.hardware=[h100,tpu9]"], "unknown hardware 'tpu9'"),
     (["cluster.prefill_replicas=2"], "cluster.decode_replicas >= 1"),
-    (["cluster.prefill_replicas=1", "cluster.decode_replicas=1", "dataplane=torch"], "P/D runs need dataplane=sim"),
     (["cluster.prefill_replicas=1", "cluster.decode_replicas=1", "cluster.decode_policy=decod_first"],
      "cluster.decode_policy=decod_first: no such policy (did you mean decode_first?); available policies "
      "(configs/policy/): chunked, decode_first, fairness, prefill_first, priority, sjf, slo_aware"),

@@ -30,8 +30,6 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
     (jobs.build_policy); `trace`: the run's trace if already loaded."""
     c = cfg.cluster
     check_cluster_config(c)
-    if cfg.dataplane.kind != "sim" and c.disaggregated:       # a real plane would have to copy KV tensors
-        raise ClusterConfigError(f"P/D runs need dataplane=sim (got dataplane.kind={cfg.dataplane.kind})")
     if cfg.engine.clock != "virtual":
         raise ClusterConfigError(f"cluster runs need engine.clock=virtual (got {cfg.engine.clock})")
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace

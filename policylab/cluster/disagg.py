@@ -17,11 +17,17 @@ prefill replica, its KV blocks move over a link to a decode replica, and it deco
   one token to decode next. Both times are per-request columns of requests.parquet.
 - The prefill replica frees the request's blocks when it finishes there, so the request is on
   one replica at a time; the handoff is ordered (prefill end ≤ decode arrival).
+- On a data plane that holds KV contents (`dataplane=torch`: `export_kv`/`import_kv`) the K/V
+  really moves: copied out of the prefill replica's blocks when the request finishes there
+  (before they can be reused) and written into the decode replica's blocks when the transfer
+  ends, so the decode replica attends to the prompt the prefill replica computed. The transfer's
+  duration stays the link model's (the copy is a memory copy in one process, not a network).
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
@@ -45,6 +51,10 @@ class Disaggregation:
 
     def attach(self, cluster) -> None:
         self.cluster = cluster
+        self.payloads: dict = {}          # req_id -> its prompt's K/V, from a plane that holds KV
+        for replica in cluster.replicas:
+            if replica.role == "prefill" and hasattr(replica.engine.dataplane, "export_kv"):
+                replica.engine.before_release = partial(self._export_kv, replica.engine)
         self.pool = [v for v in cluster.views if v.role == "decode"]
         self.pending = {v.index: deque() for v in self.pool}     # decode replica -> (req_id, since)
         self.holding = {v.index: set() for v in self.pool}       # handoffs with its blocks, not run there yet
@@ -59,10 +69,18 @@ class Disaggregation:
         whys = [v.never_fits(request, out) for v in self.pool]
         return "" if not all(whys) else f"no decode replica can ever hold it ({whys[0]})"
 
+    def _continues(self, r: Request) -> bool:
+        """A request finished on a prefill replica still has tokens to decode."""
+        return r.status is Status.FINISHED and \
+            min(self.cluster.trace[r.req_id].output_tokens, r.max_tokens) > len(r.output_ids)
+
+    def _export_kv(self, engine, r: Request) -> None:
+        if self._continues(r):
+            self.payloads[r.req_id] = engine.dataplane.export_kv(r.block_table)
+
     def hand_off(self, replica, req_id: int) -> bool:
         """A prefill replica finished `req_id`: schedule its move to decode (False: it is done)."""
-        r, t = replica.engine.requests[req_id], self.cluster.trace[req_id]
-        if r.status is not Status.FINISHED or min(t.output_tokens, r.max_tokens) <= len(r.output_ids):
+        if not self._continues(replica.engine.requests[req_id]):
             return False
         self.in_transit.add(req_id)
         self.cluster.push(replica.engine.clock.now, self._route, req_id)
@@ -124,6 +142,9 @@ class Disaggregation:
                     first_scheduled_time=p.first_scheduled_time,
                     token_times=list(p.token_times), num_preemptions=p.num_preemptions,
                     num_cached_tokens_total=p.num_cached_tokens_total)
+        payload = self.payloads.pop(req_id, None)
+        if payload is not None:
+            engine.dataplane.import_kv(table, payload)
         engine.kv.register(table, r.block_hashes, r.num_computed_tokens)    # cacheable here from now on
         engine.clock.idle_until(now)
         engine.receive_prefilled(r, min(t.output_tokens, r.max_tokens))

@@ -68,6 +68,8 @@ class Engine(DecodeSteps):
         self._rng = np.random.default_rng(seed)
         self._stalled_steps = 0          # consecutive steps with no output token and no request done
         self._on_done = None
+        self.before_release: Optional[Callable[[Request], None]] = None   # a finished request, its KV
+                                         # still in its blocks (a P/D prefill replica copies it)
         self._decode_step = False        # the step being executed schedules running decodes only
         self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
@@ -341,6 +343,8 @@ class Engine(DecodeSteps):
         now = self.clock.now
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
+            if self.before_release is not None:
+                self.before_release(r)
             self._release(r)
             self._done(r)
         if finished:                    # a copy without them (identity search at C level)

@@ -194,6 +194,29 @@ class TorchDataPlane:
                 self.graphs = DecodeGraphRunner(self.model, self.kv_caches, self.backend, block_size, max_len,
                                                 self.device, capture_cuda_graph(torch.cuda.graph_pool_handle()))
 
+    def _block_dim(self) -> int:
+        """The block axis of `self.kv` (its memory order is the backend's, see `_new_kv`)."""
+        return 3 if self.backend.kv_layout == "head_major" else 2
+
+    @torch.inference_mode()
+    def export_kv(self, block_table: list) -> torch.Tensor:
+        """A copy of the K/V in these blocks, in table order (a P/D handoff's payload: taken when
+        the prefill replica finishes the request, before its blocks are freed for reuse)."""
+        index = torch.tensor(block_table, dtype=torch.long, device=self.device)
+        return self.kv.index_select(self._block_dim(), index)
+
+    @torch.inference_mode()
+    def import_kv(self, block_table: list, payload: torch.Tensor) -> None:
+        """Write an exported payload into these blocks of this plane's cache (the decode replica's
+        side of a P/D transfer: same model shape, same block size, as many blocks)."""
+        dim = self._block_dim()
+        if payload.shape[dim] != len(block_table) or payload.shape[:dim] != self.kv.shape[:dim] or \
+                payload.shape[dim + 1:] != self.kv.shape[dim + 1:]:
+            raise ValueError(f"KV payload of shape {tuple(payload.shape)} does not fit {len(block_table)} "
+                             f"blocks of a cache shaped {tuple(self.kv.shape)} (block axis {dim})")
+        index = torch.tensor(block_table, dtype=torch.long, device=self.device)
+        self.kv.index_copy_(dim, index, payload.to(self.device, self.dtype))
+
     # ---------------------------------------------------------------- step
     @torch.inference_mode()
     def forward(self, batch: Batch, all_logits: bool = False) -> torch.Tensor:
