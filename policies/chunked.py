@@ -131,7 +131,7 @@ class Chunked(Policy):
         slot = max(1, budget // max(1, sharing))        # each prefill's share of the budget
         if len(view.needs_block) <= view.num_free_blocks:     # every decode fits: no victim
             s = _Step(view, budget, slot, self.running_order(view, prefills), len(view.running), len(prefills))
-            self._all_decodes(s, prefills)
+            self._all_decodes(s)
         else:
             running = self.running_order(view, list(view.running))
             s = _Step(view, budget, slot, running, len(running), len(prefills))
@@ -145,14 +145,11 @@ class Chunked(Policy):
             self._admit(s, min(view.max_num_seqs, budget))
         return s.plan
 
-    def _all_decodes(self, s: _Step, prefills: list) -> None:
-        """Every running decode gets its token: the engine's `decode_all` when all running decode."""
+    def _all_decodes(self, s: _Step) -> None:
+        """Every running decode gets its token: the engine's `decode_all` (read-only: copied by the
+        first add, so the decodes lead the plan in running order and the prefills follow)."""
         view = s.view
-        if prefills:
-            decoding = view.decoding
-            s.plan.num_scheduled_tokens = dict.fromkeys([r for r in view.running_ids if r in decoding], 1)
-        else:
-            s.plan.num_scheduled_tokens = view.decode_all     # read-only: copied by the first add
+        s.plan.num_scheduled_tokens = view.decode_all
         s.budget -= len(view.decoding)
         s.free -= len(view.needs_block)
 

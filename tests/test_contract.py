@@ -154,3 +154,41 @@ def test_a_decode_all_kept_from_an_earlier_step_is_checked_like_any_plan():
     result = Engine(trace, Hoarder("hoarder"), dataplane, CFG).run()
     assert result.partial and "unknown_request" in result.error
     assert [len(r.output_ids) for r in result.requests] == [2, 2]
+
+
+def test_a_plan_that_begins_with_decode_all_is_checked_as_one_block_with_the_same_outcome():
+    """chunked copies `view.decode_all` and adds its prefill chunks: the decodes are checked as one
+    block (`leading_decodes`). On every such step of a replay the KV accounting and the verdict
+    equal those of the same entries in another order (checked entry by entry), and a copy whose
+    decode got 2 tokens, or whose chunk is too long, still breaks its rule."""
+    from policies.chunked import Chunked
+    from policylab.core.contract import leading_decodes
+
+    checked = []
+
+    class Checking(Chunked):
+        def schedule(self, view):
+            plan = super().schedule(view)
+            sched = plan.num_scheduled_tokens
+            k = leading_decodes(view, sched)
+            if k and len(sched) > k and not plan.preempt:
+                chunks_first = StepPlan(dict([*list(sched.items())[k:], *list(sched.items())[:k]]))
+                assert leading_decodes(view, chunks_first.num_scheduled_tokens) == 0
+                assert view.plan_kv(plan) == view.plan_kv(chunks_first)
+                assert validate_plan(view, plan, "c") == (False, k)
+                assert validate_plan(view, chunks_first, "c") == (False, 0)
+                first_decode, chunk = next(iter(sched)), list(sched)[k]
+                with pytest.raises(ContractViolation, match="decode_one"):
+                    validate_plan(view, StepPlan({**sched, first_decode: 2}), "c")
+                with pytest.raises(ContractViolation, match="chunk_bounds"):
+                    validate_plan(view, StepPlan({**sched, chunk: 10 ** 6}), "c")
+                checked.append(k)
+            return plan
+
+    rng = np.random.default_rng(0)
+    trace = [TraceRequest(float(t), int(p), int(o)) for t, p, o in
+             zip(np.sort(rng.uniform(0, 0.1, 40)), rng.integers(30, 300, 40), rng.integers(20, 120, 40))]
+    dataplane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    cfg = EngineConfig(block_size=8, num_blocks=400, max_num_batched_tokens=96, max_num_seqs=16)
+    assert Engine(trace, Checking(chunk_size=64), dataplane, cfg).run().status == "complete"
+    assert len(checked) > 20 and max(checked) > 3

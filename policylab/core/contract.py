@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
 from operator import is_
 from typing import TYPE_CHECKING, AbstractSet, Mapping, NamedTuple, Sequence
 
@@ -156,10 +156,12 @@ class SchedulerView(NamedTuple):
     decoding: AbstractSet[int]         # running req_ids whose next step is one decode token
     needs_block: AbstractSet[int]      # decoding req_ids whose last KV block is full: one more
                                        # token takes a new block (the others take none)
-    decode_all: ReadOnlyPlanTokens     # read-only {req_id: 1} over `running_ids`, in order: the
-                                       # plan "every running request decodes". Returned as is
-                                       # (`StepPlan(view.decode_all)`), the engine that built it
-                                       # skips re-reading it request by request
+    decode_all: ReadOnlyPlanTokens     # read-only {req_id: 1} over the `decoding` requests, in
+                                       # running order: the plan "every decode gets its token".
+                                       # Returned as is (`StepPlan(view.decode_all)`), or copied
+                                       # and extended with prefill chunks (`dict(view.decode_all)`,
+                                       # then add), the engine that built it checks the decodes as
+                                       # one block instead of request by request (`leading_decodes`)
     # What changed since the previous schedule() call, so a policy can keep orderings and
     # counters across steps and update only what moved (the rest of its state stays valid).
     sampled: Sequence[int]             # req_ids given an output token by the last executed step
@@ -185,6 +187,11 @@ class SchedulerView(NamedTuple):
         A cache hit on a block that nobody holds after the preemptions takes a free block
         (counted once even when several requests hit it). Every id must be in `by_id`.
         """
+        return self._plan_kv(plan, leading_decodes(self, plan.num_scheduled_tokens))
+
+    def _plan_kv(self, plan: "StepPlan", leading: int) -> tuple:
+        """plan_kv, the first `leading` entries being `decode_all` (each takes a block iff its
+        last one is full: all of `needs_block`)."""
         live, sched = self.by_id, plan.num_scheduled_tokens
         if not sched and not plan.preempt:
             return 0, self.num_free_blocks
@@ -194,9 +201,9 @@ class SchedulerView(NamedTuple):
         for rid in plan.preempt:
             released.update(_request(live[rid]).block_table)
         available = self.num_free_blocks + sum(1 for b, k in released.items() if ref[b] == k)
-        needed, reclaimed = 0, set()
+        needed, reclaimed = len(self.needs_block) if leading else 0, set()
         decoding, needs_block = self.decoding, self.needs_block
-        for rid, n in sched.items():
+        for rid, n in islice(sched.items(), leading, None):
             if n == 1 and rid in decoding:      # one decode token: a new block iff the last is full
                 needed += rid in needs_block
                 continue
@@ -232,10 +239,22 @@ class StepPlan:
         return sum(self.num_scheduled_tokens.values())
 
 
-def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
+def leading_decodes(view: SchedulerView, sched: Mapping) -> int:
+    """How many entries of `sched` are `view.decode_all`'s, when it begins with exactly them (every
+    decode, one token, in running order: a plan built as `dict(view.decode_all)` plus prefill
+    chunks); else 0. Two C-level list comparisons instead of a lookup per decode."""
+    k = len(view.decode_all)
+    if k and len(sched) >= k and list(islice(sched.items(), k)) == list(view.decode_all.items()):
+        return k
+    return 0
+
+
+def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
     """Check every rule of DESIGN §3; raise ContractViolation on the first broken one.
 
-    Returns True when the plan schedules running decodes only (the engine's fast path).
+    Returns (decode_only, leading): decode_only when the plan schedules running decodes only
+    (the engine's fast path), else `leading_decodes` of its tokens (0 when it does not begin
+    with `decode_all`: the engine then finds its decodes one by one).
     """
     if not isinstance(plan, StepPlan):
         raise ContractViolation(policy, "plan_type",
@@ -280,8 +299,9 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
             rid = next(rid for rid in sched if rid not in live)
             raise ContractViolation(policy, "unknown_request",
                                     f"request {rid} is neither waiting nor running")
+        leading = leading_decodes(view, sched)    # (int values: `== 1` there is `is 1`)
         decoding = view.decoding       # decoding requests take exactly 1 token: a set lookup each
-        for rid, n in sched.items():
+        for rid, n in islice(sched.items(), leading, None):
             if rid in decoding:
                 if n != 1:
                     raise ContractViolation(policy, "decode_one",
@@ -299,7 +319,7 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
                 raise ContractViolation(policy, "chunk_bounds",
                                         f"request {rid} in prefill got {n} tokens, "
                                         f"allowed 1..{v.remaining_tokens}")
-        blocks, free = view.plan_kv(plan)
+        blocks, free = view._plan_kv(plan, leading)
     total = len(sched) if decode_only else sum(sched.values())
     if total > view.max_num_batched_tokens:
         raise ContractViolation(policy, "token_budget",
@@ -308,7 +328,7 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str) -> bool:
     if blocks > free:
         raise ContractViolation(policy, "kv_capacity",
                                 f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
-    return decode_only
+    return decode_only, 0 if decode_only else leading
 
 
 def is_decode_only(view: SchedulerView, plan: StepPlan) -> bool:

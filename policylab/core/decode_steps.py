@@ -21,9 +21,8 @@ class DecodeSteps:
     def _commit_decodes(self, plan: StepPlan) -> Batch:
         """Commit a plan of running decodes only, the steady state: the persistent batch, no loop."""
         sched, db = plan.num_scheduled_tokens, self._decode_batch
-        if not (sched is self._running_views[2] is db.plan_tokens):   # the view's read-only decode_all,
-            # unchanged, means the same requests; decode_all's ids come from the engine's tuple
-            db.become(list(self._running_views[1] if sched is self._running_views[2] else sched))
+        if not (sched is self._decode_all is db.plan_tokens):   # the view's read-only decode_all,
+            db.become(list(sched))                              # unchanged, means the same requests
             db.plan_tokens = sched
         needs_block = self._needs_block
         growing = list(needs_block) if len(sched) == len(self._decoding) else needs_block.keys() & sched.keys()
@@ -36,11 +35,11 @@ class DecodeSteps:
         self._pending_counts = (0, 0)          # (a decode step always samples: no liveness check)
         return batch
 
-    def _commit_mixed(self, plan: StepPlan, decodes: list) -> Optional[Batch]:
+    def _commit_mixed(self, plan: StepPlan, decodes: list, chunks: dict) -> Optional[Batch]:
         """Commit running decodes and prefill chunks together (chunked prefill's every step): the
-        decodes on the persistent batch, only the prefills one by one; decodes lead the batch."""
-        decoding, sched = self._decoding, plan.num_scheduled_tokens
-        prefills = self._commit(StepPlan({rid: n for rid, n in sched.items() if rid not in decoding}))
+        decodes on the persistent batch, only the prefills (`chunks`, the plan's other entries)
+        one by one; decodes lead the batch."""
+        prefills = self._commit(StepPlan(chunks))
         db = self._decode_batch
         db.become(decodes)
         db.plan_tokens = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from itertools import compress
+from itertools import compress, islice
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -54,7 +54,8 @@ class Engine(DecodeSteps):
         self._waiting = WaitingQueue(self.views)       # req_ids; changes cost what changed (§2 admit)
         self._waiting_view = QueueView(self._waiting)  # the policies' live, read-only window on it
         self._running: list = []
-        self._running_views = None       # (views, ids, decode_all) of running, rebuilt when it changes
+        self._running_views = None       # (views, ids) of running, rebuilt when it changes
+        self._decode_all = None          # the view's decode_all, rebuilt when running or decoding change
         self._decoding: dict = {}        # req_id -> None: running requests in decode (ordered set)
         self._needs_block: dict = {}     # req_id -> None: decoding ones whose last block is full
         self._decoding_ro = MappingProxyType(self._decoding).keys()
@@ -85,7 +86,7 @@ class Engine(DecodeSteps):
 
     @running.setter
     def running(self, value: list) -> None:
-        self._running, self._running_views = value, None
+        self._running, self._running_views, self._decode_all = value, None, None
 
     # ---------------------------------------------------------------- loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
@@ -206,9 +207,13 @@ class Engine(DecodeSteps):
         kv, views = self.kv, self.views
         if self._running_views is None:
             running_ids = tuple([r.req_id for r in self._running])
-            self._running_views = (tuple(map(views.__getitem__, running_ids)), running_ids,
-                                   ReadOnlyPlanTokens(dict.fromkeys(running_ids, 1)))
-        running, running_ids, decode_all = self._running_views
+            self._running_views = (tuple(map(views.__getitem__, running_ids)), running_ids)
+        running, running_ids = self._running_views
+        decode_all = self._decode_all
+        if decode_all is None:
+            decoding = self._decoding        # (a subset of running: equal sizes, equal sets)
+            ids = running_ids if len(decoding) == len(running_ids) else [i for i in running_ids if i in decoding]
+            decode_all = self._decode_all = ReadOnlyPlanTokens(dict.fromkeys(ids, 1))
         waiting = self._waiting_view
         return SchedulerView(          # positional, in field order: keywords cost 2.8x here (every step)
             self.clock.now, self.step_index, waiting, running,
@@ -224,14 +229,19 @@ class Engine(DecodeSteps):
         view = self._view()
         plan = self.policy.schedule(view)
         self._sampled, self._arrived = (), []      # told once
-        self._decode_step = validate_plan(view, plan, self.policy_name)
+        self._decode_step, leading = validate_plan(view, plan, self.policy_name)
         self._mixed_decodes = 0
         if self._decode_step:
             return self._commit_decodes(plan)
         if not plan.preempt and not plan.reject:
+            if leading:                      # decode_all, then prefill chunks: split, not searched
+                return self._commit_mixed(plan, list(view.decode_all),
+                                          dict(islice(plan.num_scheduled_tokens.items(), leading, None)))
             decodes = [rid for rid in plan.num_scheduled_tokens if rid in self._decoding]
             if decodes:
-                return self._commit_mixed(plan, decodes)
+                decoding = self._decoding
+                return self._commit_mixed(plan, decodes, {rid: n for rid, n in plan.num_scheduled_tokens.items()
+                                                          if rid not in decoding})
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             if self.running or self._next_arrival_time() is None:
                 raise ContractViolation(self.policy_name, "work_conservation",
@@ -313,7 +323,8 @@ class Engine(DecodeSteps):
                                                r.block_hashes[-1] if have else None, have * bs))
             kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, have)
         kv.release(r.block_table)
-        self._decoding.pop(r.req_id, None)
+        if self._decoding.pop(r.req_id, 0) is None:
+            self._decode_all = None
         self._needs_block.pop(r.req_id, None)
 
     def _check_progress(self, progressed: bool) -> None:
@@ -383,13 +394,15 @@ class Engine(DecodeSteps):
                     finished.append(r)
                     continue
             if out and len(r.prompt_ids) + len(out) - after == 1:   # decoding from now on
-                decoding[rid] = None                # (also a recompute one token short of the end)
+                if rid not in decoding:
+                    decoding[rid] = self._decode_all = None   # (also a recompute one token short of the end)
                 if after % bs == 0:
                     needs_block[rid] = None
                 else:
                     needs_block.pop(rid, None)
             else:
-                decoding.pop(rid, None)
+                if decoding.pop(rid, 0) is None:
+                    self._decode_all = None
                 needs_block.pop(rid, None)
         return finished, prefill_tokens, n_prefill
 
