@@ -234,3 +234,31 @@ def test_prefix_hashes_continue_from_a_split_and_change_from_the_first_changed_b
         other, k = chain_hashes(changed, block_size), position // block_size
         assert other[:k] == whole[:k] and all(a != b for a, b in zip(other[k:], whole[k:]))
     assert len(set(chain_hashes(np.zeros(len(ids), np.int32), block_size))) == len(ids) // block_size
+
+
+def test_unhittable_blocks_are_freed_into_the_lru_where_hashed_ones_would_be():
+    """A finished prompt of its own is freed unpublished: the same LRU order (and the same block
+    for every later allocation) as publishing it, its partial last block plain, and evicting
+    it touches no hash map."""
+    def replay(unhittable: bool) -> tuple:
+        kv = BlockManager(6, 2)
+        a, b = [], []
+        kv.grow(a, 5)                              # 2 full blocks + a partial one
+        kv.grow(b, 4)
+        kv.register(b, chain_hashes(np.arange(100, 104, dtype=np.int32), 2), 4)
+        if unhittable:
+            kv.release_unhittable(a, 5)
+        else:
+            kv.register(a, chain_hashes(np.arange(5, dtype=np.int32), 2), 5)
+            kv.release(a)
+        kv.release(b)
+        cached_after_release = len(kv.cached)
+        kv.check()
+        c = []
+        kv.grow(c, 12)                             # every block: the plain one first, then LRU order
+        kv.release(c)
+        kv.check()
+        return c, cached_after_release, kv.cached
+    published, unpublished = replay(False), replay(True)
+    assert published[0] == unpublished[0]
+    assert (published[1], unpublished[1]) == (4, 2) and published[2] == unpublished[2] == {}

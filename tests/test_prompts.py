@@ -94,7 +94,7 @@ def test_own_prompts_keyed_without_hashing_hit_exactly_as_their_chained_hashes_d
     from policies.chunked import Chunked
     from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
     from policylab.core.engine import Engine
-    from policylab.core.kv import chain_hashes
+    from policylab.core.kv import chain_hashes, own_block_keys
     from policylab.core.request import TraceRequest as T
     from policylab.dataplane.sim import SimDataPlane
 
@@ -113,8 +113,11 @@ def test_own_prompts_keyed_without_hashing_hit_exactly_as_their_chained_hashes_d
     keyed, keyed_steps, requests = replay()
     own = [r for r in requests if not trace[r.req_id].prefix_hashes]
     assert own and all(r.own_prompt for r in own)
-    first = own[0]                                 # keys, not the hashes of its ids
-    assert list(first.block_hashes[:2]) != chain_hashes(np.asarray(first.prompt_ids), 8)[:2]
+    preempted = next(r for r in own if r.num_preemptions)   # keyed when preempted, not hashed
+    assert len(preempted.block_hashes) >= 2 and list(preempted.block_hashes) == \
+        list(own_block_keys(0, preempted.req_id, 0, len(preempted.block_hashes)))
+    assert list(preempted.block_hashes[:2]) != chain_hashes(np.asarray(preempted.prompt_ids), 8)[:2]
+    assert not next(r for r in own if not r.num_preemptions).block_hashes      # never published
     monkeypatch.setattr(T, "own_prompt", property(lambda self: False))
     hashed, hashed_steps, _ = replay()
     assert sum(r.num_preemptions for r in own) > 3 and sum(r.num_cached_tokens_total for r in own) > 0

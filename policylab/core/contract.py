@@ -244,7 +244,8 @@ def leading_decodes(view: SchedulerView, sched: Mapping) -> int:
     decode, one token, in running order: a plan built as `dict(view.decode_all)` plus prefill
     chunks); else 0. Two C-level list comparisons instead of a lookup per decode."""
     k = len(view.decode_all)
-    if k and len(sched) >= k and list(islice(sched.items(), k)) == list(view.decode_all.items()):
+    if k and len(sched) >= k and list(islice(sched, k)) == list(view.decode_all) and \
+            list(islice(sched.values(), k)).count(1) == k:
         return k
     return 0
 

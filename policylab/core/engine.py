@@ -180,10 +180,10 @@ class Engine(DecodeSteps):
         self.target_len[i] = min(t.output_tokens, max_tokens)
         if reason:
             return self._reject(r, reason)
-        if self.kv.prefix_caching:                   # 8 bytes a hash
-            r.own_prompt = t.own_prompt
-            r.block_hashes = array("Q", own_block_keys(self.seed, i, 0, len(ids) // self.kv.block_size)
-                                   if r.own_prompt else chain_hashes(np.asarray(ids), self.kv.block_size))
+        if self.kv.prefix_caching:                   # 8 bytes a hash; none yet for a prompt of its
+            r.own_prompt = t.own_prompt                  # own (keyed when preemption publishes it)
+            r.block_hashes = array("Q") if r.own_prompt else array("Q", chain_hashes(np.asarray(ids),
+                                                                                     self.kv.block_size))
         self.views[i] = RequestView(r, self.kv)
         self._waiting.append(i)
         self._arrived.append(i)
@@ -314,15 +314,22 @@ class Engine(DecodeSteps):
 
         Prompt blocks are published as they fill; blocks holding output tokens are hashed here,
         once, instead of on every decode step (no other request can hit them while it runs).
+        A prompt of its own (`own_block_keys`) can only ever hit its own blocks, after a
+        preemption: its blocks are keyed and published when it is preempted, and when it
+        finishes they are freed unpublished (`release_unhittable`), in the same LRU order.
         """
         kv, bs = self.kv, self.kv.block_size
-        have, full = len(r.block_hashes), r.num_tokens // bs
-        if kv.prefix_caching and full > have:
-            r.block_hashes.extend(own_block_keys(self.seed, r.req_id, have, full) if r.own_prompt else
-                                  chain_hashes(r.token_ids(have * bs, full * bs), bs,
-                                               r.block_hashes[-1] if have else None, have * bs))
-            kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, have)
-        kv.release(r.block_table)
+        if r.own_prompt and r.status is Status.FINISHED:
+            kv.release_unhittable(r.block_table, r.num_computed_tokens)
+        else:
+            have, full = len(r.block_hashes), r.num_tokens // bs
+            if kv.prefix_caching and full > have:
+                r.block_hashes.extend(own_block_keys(self.seed, r.req_id, have, full) if r.own_prompt else
+                                      chain_hashes(r.token_ids(have * bs, full * bs), bs,
+                                                   r.block_hashes[-1] if have else None, have * bs))
+            if kv.prefix_caching and (full > have or r.own_prompt):    # (its prompt blocks too: unpublished)
+                kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, 0 if r.own_prompt else have)
+            kv.release(r.block_table)
         if self._decoding.pop(r.req_id, 0) is None:
             self._decode_all = None
         self._needs_block.pop(r.req_id, None)

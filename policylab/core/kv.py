@@ -48,9 +48,10 @@ def own_block_keys(seed: int, index: int, start: int, stop: int) -> range:
 
     No other request can share a block of such a prompt (its first ids come from its own key),
     so its chained hashes only ever match its own blocks, after a preemption. A key unique to
-    (request, block) gives the cache exactly those hits without reading a token: the sim plane
-    keeps no prompt ids, and hashing them (on arrival, and the output blocks on release) was
-    ~10 % of a large replay. Keys are a 63-bit mix of (seed, request) plus the block's index:
+    (request, block) gives the cache exactly those hits without reading a token (the sim plane
+    keeps no prompt ids, and hashing them was ~10 % of a large replay), and the engine makes
+    the keys only when the request is preempted: until then no request could hit its blocks,
+    and once it finishes none ever can (`BlockManager.release_unhittable`). Keys are a 63-bit mix of (seed, request) plus the block's index:
     spread over the hash table like hashes, and as unlikely to meet another request's keys or a
     chained hash as two chained hashes are to meet each other.
     """
@@ -78,6 +79,9 @@ def _weights(size: int) -> np.ndarray:
         have = len(_WEIGHTS)
         _WEIGHTS = np.concatenate([_WEIGHTS, splitmix64(0x5EED, have, max(size, 2 * have, 8192) - have)])
     return _WEIGHTS
+
+
+UNHITTABLE = object()   # block_hash of a free block in the LRU that no request can ever hit
 
 
 class BlockManager:
@@ -173,7 +177,9 @@ class BlockManager:
                 while stale[b]:                  # an entry older than the block's reuse: skip it
                     stale[b] -= 1
                     b = oldest()
-                del cached[block_hash[b]]
+                h = block_hash[b]
+                if h is not UNHITTABLE:
+                    del cached[h]
                 block_hash[b] = None
                 ref[b] = 1
                 table.append(b)
@@ -188,6 +194,18 @@ class BlockManager:
                     cached[h] = b
                     block_hash[b] = h
         return max(full, start)
+
+    def release_unhittable(self, table: list, num_computed: int) -> int:
+        """Release the table of a finished request whose blocks no request can ever hit (a prompt
+        of its own, `own_block_keys`). Its full computed blocks go to the LRU exactly where
+        hashed ones would, marked UNHITTABLE instead of published: the same eviction order,
+        without a hash map entry made now and deleted at eviction."""
+        if self.prefix_caching:
+            block_hash = self.block_hash
+            for b in table[:num_computed // self.block_size]:
+                if block_hash[b] is None:
+                    block_hash[b] = UNHITTABLE
+        return self.release(table)
 
     def release(self, table: list) -> int:
         """Drop a table's references (tail first, so tails are evicted before shared heads)."""
