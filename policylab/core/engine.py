@@ -222,7 +222,7 @@ class Engine(DecodeSteps):
             running_ids, self._decoding_ro, self._needs_block_ro, decode_all, self._sampled, self._arrived)
 
     def _schedule(self) -> Optional[Batch]:
-        if not len(self._waiting) and not self._running:
+        if not self._running and not self._waiting:
             self._idle_until_next_arrival()
             return None
         self.kv.epoch += 1

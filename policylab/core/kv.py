@@ -108,7 +108,7 @@ class BlockManager:
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - self.num_free
+        return self.num_blocks - len(self.free_plain) - self._num_free_cached   # (every step)
 
     def lookup(self, hashes: list, max_blocks: int) -> tuple:
         """Longest run of cached blocks matching the chain `hashes` (at most max_blocks)."""

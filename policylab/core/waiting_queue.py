@@ -55,6 +55,9 @@ class WaitingQueue:
     def __len__(self) -> int:
         return len(self._front) + len(self._arrived)
 
+    def __bool__(self) -> bool:          # (asked every step, by the engine and most policies)
+        return bool(self._arrived or self._front)
+
     def __contains__(self, rid) -> bool:
         return rid in self._arrived or rid in self._front
 
@@ -77,7 +80,8 @@ class QueueView(Sequence):
         return len(self._queue)
 
     def __bool__(self) -> bool:
-        return len(self._queue) > 0
+        q = self._queue
+        return bool(q._arrived or q._front)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
