@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from policylab.analysis.run_table import COLUMNS, METRICS
 
@@ -34,6 +33,7 @@ def ci_half_width(values) -> float:
     v = v[np.isfinite(v)]
     if v.size < 2:
         return math.nan
+    from scipy import stats        # (1.3 s to import: only a comparison with replicates needs it)
     return float(stats.t.ppf(0.5 + CONFIDENCE / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
 
 
