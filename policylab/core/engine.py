@@ -417,6 +417,6 @@ class Engine(DecodeSteps):
         preempted, rejected = self._pending_counts
         size = len(batch.req_ids)
         tokens = size if self._decode_step else sum(batch.query_lens)
-        self.step_log.append((start, duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,
-                                size - n_prefill, self.kv.num_used, len(self._waiting), len(self._running),
-                                preempted, rejected))
+        self.step_log.append([start, duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,
+                              size - n_prefill, self.kv.num_used, len(self._waiting), len(self._running),
+                              preempted, rejected])

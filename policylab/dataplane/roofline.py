@@ -119,8 +119,12 @@ class Roofline:
                 + smooth_max(self._s_per_attn_pair * pairs, self._s_per_kv_token * (context + 2 * tokens)))
 
     def step_time(self, q, ctx, tokens: int, sampled: int) -> float:
-        return (self.dense_time(tokens) + self.lm_head_time(sampled) + self.attention_time(q, ctx, tokens)
-                + self.overhead)
+        dense, head = self._dense.get(tokens), self._lm_head.get(sampled)     # (every step: the cached
+        if dense is None:                                                     # parts without a call)
+            dense = self.dense_time(tokens)
+        if head is None:
+            head = self.lm_head_time(sampled)
+        return dense + head + self.attention_time(q, ctx, tokens) + self.overhead
 
     def describe(self) -> dict:
         return {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,
