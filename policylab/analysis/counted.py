@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 
 
 class Counted(NamedTuple):
@@ -26,10 +27,14 @@ class Counted(NamedTuple):
 
 
 def counted(x: np.ndarray) -> Counted:
-    """The distinct values of `x` (float64, NaN dropped) with how often each occurs."""
+    """The distinct values of `x` (float64, NaN dropped) with how often each occurs: counted in a
+    hash table, then only the distinct values sorted (np.unique sorts all of them: 2.5x slower
+    on a results slice's ~1.8 M gaps)."""
     x = np.asarray(x, dtype=np.float64)
-    values, counts = np.unique(x[~np.isnan(x)], return_counts=True)
-    return Counted(values, counts.astype(np.int64))
+    tally = pd.Series(x[~np.isnan(x)]).value_counts(sort=False)
+    values = tally.index.to_numpy(dtype=np.float64)
+    order = np.argsort(values)
+    return Counted(values[order], tally.to_numpy(dtype=np.int64)[order])
 
 
 def merge(parts: list) -> Counted:
