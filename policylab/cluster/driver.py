@@ -26,7 +26,7 @@ from policylab.core.routing import ClusterView, ReplicaView, RouteRequest, Route
     validate_route
 from policylab.core.engine import Engine
 from policylab.core.gc_freeze import FrozenHeap
-from policylab.core.kv import chain_hashes, own_block_keys
+from policylab.core.kv import chain_hashes
 from policylab.core.request import Request, Status, forget_done
 from policylab.core.result import STEP_FIELDS, mark_partial
 from policylab.core.synthetic_prompts import synthesize_prompt
@@ -249,11 +249,12 @@ class Cluster:
 
 
 def prompt_block_keys(trace: list, engine: Engine, i: int, block_size: int) -> list:
-    """Request i's prompt block keys as every replica's engine makes them on arrival (same seed
-    everywhere): kv.own_block_keys for a prompt of its own, else the chained hashes of its ids."""
+    """Request i's prompt block keys as every replica's engine makes them (same seed everywhere):
+    the chained hashes of its ids; none for a prompt of its own, whose blocks only it can ever
+    hit, after a preemption, on a replica it ran on (`kv.own_block_keys`): never when routed."""
     t = trace[i]
     if t.own_prompt:
-        return list(own_block_keys(engine.seed, i, 0, t.prompt_tokens // block_size))
+        return []
     if t.prompt_ids is not None:
         return chain_hashes(np.asarray(t.prompt_ids, dtype=np.int32), block_size)
     ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, engine.dataplane.vocab_size, engine.seed,
