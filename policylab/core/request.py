@@ -66,7 +66,7 @@ class SamplingParams:
     seed: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     req_id: int
     arrival_time: float
