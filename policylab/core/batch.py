@@ -52,6 +52,11 @@ class DataPlane(Protocol):
         """Called once by the engine with the block count it will manage, before the first step."""
         ...
 
+    # Optional, for a plane that holds KV contents (the torch plane; the sim holds none):
+    # `export_kv(block_table) -> payload` copies those blocks' K/V out, `import_kv(block_table,
+    # payload)` writes a payload into other blocks. P/D (`policylab.cluster.disagg`) moves a
+    # request's prompt KV with them when the plane has them.
+
 
 def bad_duration(dataplane, batch: Batch, duration) -> ValueError:
     """The error for a step duration that is not a finite number >= 0 (DESIGN §5: it drives the clock)."""

@@ -240,11 +240,10 @@ class Engine(DecodeSteps):
             if leading:                      # decode_all, then prefill chunks: split, not searched
                 return self._commit_mixed(plan, list(view.decode_all),
                                           dict(islice(plan.num_scheduled_tokens.items(), leading, None)))
-            decodes = [rid for rid in plan.num_scheduled_tokens if rid in self._decoding]
+            decoding, sched = self._decoding, plan.num_scheduled_tokens
+            decodes = [rid for rid in sched if rid in decoding]
             if decodes:
-                decoding = self._decoding
-                return self._commit_mixed(plan, decodes, {rid: n for rid, n in plan.num_scheduled_tokens.items()
-                                                          if rid not in decoding})
+                return self._commit_mixed(plan, decodes, {rid: n for rid, n in sched.items() if rid not in decoding})
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             if self.running or self._next_arrival_time() is None:
                 raise ContractViolation(self.policy_name, "work_conservation",
@@ -326,11 +325,11 @@ class Engine(DecodeSteps):
             kv.release_unhittable(r.block_table, r.num_computed_tokens)
         else:
             have, full = len(r.block_hashes), r.num_tokens // bs
-            if kv.prefix_caching and full > have:
-                r.block_hashes.extend(own_block_keys(self.seed, r.req_id, have, full) if r.own_prompt else
-                                      chain_hashes(r.token_ids(have * bs, full * bs), bs,
-                                                   r.block_hashes[-1] if have else None, have * bs))
             if kv.prefix_caching and (full > have or r.own_prompt):    # (its prompt blocks too: unpublished)
+                if full > have:
+                    r.block_hashes.extend(own_block_keys(self.seed, r.req_id, have, full) if r.own_prompt else
+                                          chain_hashes(r.token_ids(have * bs, full * bs), bs,
+                                                       r.block_hashes[-1] if have else None, have * bs))
                 kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, 0 if r.own_prompt else have)
             kv.release(r.block_table)
         if self._decoding.pop(r.req_id, 0) is None:

@@ -80,8 +80,7 @@ class QueueView(Sequence):
         return len(self._queue)
 
     def __bool__(self) -> bool:
-        q = self._queue
-        return bool(q._arrived or q._front)
+        return bool(self._queue)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
