@@ -3,13 +3,13 @@
 The policy author's front door: a policy subclasses `Policy`, reads a `SchedulerView`
 (its `waiting`/`running` are `RequestView`s) and returns a `StepPlan`; a plan that breaks
 the step contract raises `ContractViolation`. A router (cluster runs) subclasses `Router`,
-reads a `ClusterView` (its `replicas` are `ReplicaView`s) and a `RouteRequest`, and returns a
-replica index. Layers: `core` → `dataplane`, `traces` → `cluster` → `analysis` → `apps`
-(see docs/design.md).
+reads a `ClusterView` (its `replicas` are `ReplicaView`s; `CapacityView`s for a router that
+declares `reads_load = False`) and a `RouteRequest`, and returns a replica index. Layers:
+`core` → `dataplane`, `traces` → `cluster` → `analysis` → `apps` (see docs/design.md).
 """
 from policylab.core.contract import ContractViolation, RequestView, SchedulerView, StepPlan
 from policylab.core.policy import Policy
-from policylab.core.routing import ClusterView, ReplicaView, RouteRequest, Router, RouteViolation
+from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, RouteViolation
 
 __all__ = ["Policy", "SchedulerView", "RequestView", "StepPlan", "ContractViolation",
-           "Router", "ClusterView", "ReplicaView", "RouteRequest", "RouteViolation"]
+           "Router", "ClusterView", "ReplicaView", "CapacityView", "RouteRequest", "RouteViolation"]

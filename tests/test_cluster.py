@@ -129,3 +129,35 @@ def test_validate_route_names_the_router_and_the_rule(answer, rule):
     cluster.replicas[1].engine.kv.num_blocks = plane_blocks[1]
     result = cluster.run()
     assert result.partial and result.error.startswith(f"RouteViolation: router 'stubborn' broke rule '{rule}'")
+
+
+@pytest.mark.parametrize("router", [RoundRobin, RandomRouter])
+@pytest.mark.parametrize("policy", ["prefill_first", "chunked", "fairness"])
+def test_replicas_replayed_one_after_another_equal_the_turn_by_turn_loop(router, policy, monkeypatch):
+    """A router that reads no load lets the cluster replay each replica through a stretch of
+    arrivals on its own (`_loop_by_replica`); the same router made to look load-reading takes
+    the turn-by-turn loop. Same placements, requests and steps, a rejection included, over
+    stretches short enough that each replica's share spans several of them."""
+    trace = poisson_trace(90, rate=80.0) + [TraceRequest(1.3, 5000, 4)]     # (one no replica can hold)
+    turn_by_turn = type("LoadReading", (router,), {"reads_load": True})
+    monkeypatch.setattr("policylab.cluster.driver.Cluster.STRETCH", 7)
+    runs = [build_cluster(trace, policy, r, CFG, replicas=3).run() for r in (router, turn_by_turn)]
+    by_replica, turns = runs
+    assert by_replica.status == turns.status == "complete"
+    assert by_replica.placement == turns.placement and -1 in by_replica.placement["replica"]
+    assert fingerprint(by_replica) == fingerprint(turns)
+    assert {k: list(v) for k, v in by_replica.steps.items()} == {k: list(v) for k, v in turns.steps.items()}
+
+
+class LoadBlind(Router):
+    """Declares that it reads no load, then reads a waiting count."""
+    reads_load = False
+
+    def route(self, request, view):
+        return min(view.replicas, key=lambda r: r.num_waiting).index
+
+
+def test_a_router_that_declares_it_reads_no_load_may_not_read_it():
+    result = build_cluster(poisson_trace(10), "prefill_first", lambda: LoadBlind("blind"), CFG, replicas=2).run()
+    assert result.partial and result.error.startswith("RouteViolation: router 'blind' broke rule 'reads_load'")
+    assert "'num_waiting'" in result.error

@@ -9,7 +9,7 @@ from policylab.analysis.counted import Counted, counted, mean, merge, percentile
 from policylab.analysis.metrics import QUANTILES, distribution
 
 # few distinct values, many repeats: the shape of real gaps (one duration per step)
-gaps = st.lists(st.sampled_from([0.0125, 0.0131, 0.019483, 0.02, 1e-9, 3.5, 7.123456789]), min_size=1,
+gaps = st.lists(st.sampled_from([0.0125, 0.0131, 0.019483, 0.02, 1e-9, 3.5, 7.123456789, 0.0, -0.0, -2.5]), min_size=1,
                 max_size=400).map(np.array)
 qs = st.lists(st.floats(0, 100), min_size=1, max_size=6)
 
@@ -40,3 +40,9 @@ def test_distribution_of_counted_matches_the_array_form():
 def test_empty_and_nan_inputs():
     assert distribution(counted(np.array([np.nan]))) == distribution(np.array([]))
     assert merge([]).size == 0 and isinstance(merge([]), Counted)
+
+
+def test_zero_and_negative_zero_are_one_value():
+    """The counts hash the values' bits: -0.0 (another bit pattern) must count as 0.0."""
+    c = counted(np.array([0.0, -0.0, 0.5, -0.0]))
+    assert c.values.tolist() == [0.0, 0.5] and c.counts.tolist() == [3, 1]

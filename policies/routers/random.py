@@ -8,6 +8,8 @@ from policylab import ClusterView, RouteRequest, Router
 
 
 class RandomRouter(Router):
+    reads_load = False            # (a replica's load never enters the choice)
+
     def __init__(self, name: str = "random", seed: int = 0):
         super().__init__(name, seed)
         self._rng = np.random.default_rng(seed)

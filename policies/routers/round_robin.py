@@ -7,6 +7,8 @@ from policylab import ClusterView, RouteRequest, Router
 
 
 class RoundRobin(Router):
+    reads_load = False            # (a replica's load never enters the choice)
+
     def __init__(self, name: str = "round_robin", seed: int = 0):
         super().__init__(name, seed)
         self._turn = 0

@@ -25,10 +25,8 @@ def add_placement(requests: pd.DataFrame, result, start: int = 0, stop: int | No
     cluster replay only)."""
     if not isinstance(result, ClusterResult):
         return requests
-    requests = requests.copy()
-    for k in PLACEMENT_FIELDS:
-        requests[k] = np.asarray(result.placement[k], dtype=PLACEMENT_DTYPES[k])[start:stop]
-    return requests
+    return requests.assign(**{k: np.asarray(result.placement[k][start:stop], dtype=PLACEMENT_DTYPES[k])
+                              for k in PLACEMENT_FIELDS})    # (the slice, not the run's lists, converted)
 
 
 def replica_blocks_per_step(steps: dict, result) -> np.ndarray | None:

@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from policylab.analysis.counted import merge
-from policylab.analysis.metrics import TokenFacts, json_safe, request_table, step_frame, summarize, token_facts
+from policylab.analysis.metrics import TokenFacts, flat_token_times, json_safe, request_table, step_frame, summarize, \
+    token_facts
 from policylab.analysis.result_files import ResultsWriteError, atomic_write, plain_config, requests_arrow, section
 from policylab.cluster import Cluster, ClusterResult
 from policylab.core.config import FairnessConfig, SloConfig
@@ -181,8 +182,9 @@ class ResultStream:
 
     def _write_requests(self, source: RunResult, stop: int) -> None:
         table = request_table(source, self.slo, self._rows, stop)
-        self._facts_parts.append(token_facts(table))
-        self._requests.write(requests_arrow(table))
+        flat = flat_token_times(table["token_times"].tolist())
+        self._facts_parts.append(token_facts(table, flat))
+        self._requests.write(requests_arrow(table, flat))
         self._tables.append(table.drop(columns="token_times"))
         self._rows = stop
 

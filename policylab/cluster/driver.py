@@ -22,7 +22,7 @@ import numpy as np
 from policylab.cluster.config import policy_label
 from policylab.cluster.result import ClusterResult, ReplicaResult
 from policylab.core.contract import ContractViolation
-from policylab.core.routing import ClusterView, ReplicaView, RouteRequest, Router, prompt_hash_cache, \
+from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, prompt_hash_cache, \
     validate_route
 from policylab.core.engine import Engine
 from policylab.core.gc_freeze import FrozenHeap
@@ -43,6 +43,8 @@ class Replica:
 
 
 class Cluster:
+    STRETCH = 4096       # arrivals routed at a time when replicas replay one after the other
+
     def __init__(self, trace: list, replicas: list, router: Router, disaggregation=None):
         """`trace` sorted by arrival, as every replica's engine was built on it (same indices)."""
         self.trace, self.replicas, self.router = trace, replicas, router
@@ -91,14 +93,18 @@ class Cluster:
         return result
 
     def _loop(self, freeze_if_due: Callable[[int], None]) -> None:
-        """Turns until every request is done. Without P/D (no events), the steps that start before
-        the next arrival run in a row, each the earliest (lowest index on a tie), with no other
-        check: the same turns `_advance` takes one by one (a subclass that overrides it, as the
-        checked cluster of the tests, gets it called every turn)."""
-        n = len(self.trace)
-        if self.pd is not None or type(self)._advance is not Cluster._advance:
+        """Turns until every request is done. Under a router that reads no load (and without P/D),
+        replica by replica (`_loop_by_replica`). Else without P/D (no events), the steps that start
+        before the next arrival run in a row, each the earliest (lowest index on a tie), with no
+        other check: the same turns `_advance` takes one by one (taken when P/D has events, or when
+        a subclass checks every turn: `_check`)."""
+        n, checked = len(self.trace), type(self)._check is not Cluster._check
+        if self.pd is None and not getattr(self.router, "reads_load", True):
+            return self._loop_by_replica(freeze_if_due, checked)
+        if self.pd is not None or checked:
             while self.num_done < n:
                 self._advance()
+                self._check()
                 freeze_if_due(self.num_done)
             return
         times, engines = self._times, self._engines
@@ -123,6 +129,63 @@ class Cluster:
                 freeze_if_due(self.num_done)
             elif self.num_done < n:
                 raise self._stalled()
+
+    def _loop_by_replica(self, freeze_if_due: Callable[[int], None], checked: bool) -> None:
+        """The loop under a router that reads no load: each replica's steps then depend only on
+        the requests routed to it. The trace goes by in stretches of STRETCH arrivals: each is
+        routed (in arrival order, as always), then each replica in turn runs its share: the steps
+        that start before each of its arrivals (arrivals win ties), then the arrival, just what it
+        runs between them in the turn-by-turn loop. An engine then stays in the CPU's caches for
+        hundreds of steps rather than one (8 replicas interleaved step by step cost ~20% more).
+        One difference: a replica whose policy waits with work queued idles until its own next
+        arrival (nothing else can reach it), not until the next step elsewhere."""
+        trace, engines, n = self.trace, self._engines, len(self.trace)
+        pool = [CapacityView(v, self.router_name) for v in self._front]
+        own_next: list = [None] * len(engines)        # each replica's next arrival (None: no more)
+        for k, e in enumerate(engines):
+            e.take_arrivals_from(partial(own_next.__getitem__, k))
+        for start in range(0, n, self.STRETCH):
+            shares: list = [[] for _ in engines]
+            for i in range(start, min(start + self.STRETCH, n)):
+                t = trace[i]
+                choice, why = self.choose(self.router, pool, self.route_request(i), t.output_tokens, t.arrival_time)
+                if choice is None:
+                    self._reject(i, why)
+                else:
+                    shares[choice].append(i)
+            for k, share in enumerate(shares):
+                if share:
+                    self._replay_share(k, share, own_next, freeze_if_due, checked)
+        for k in range(len(engines)):
+            own_next[k] = None
+            self._replay_share(k, [], own_next, freeze_if_due, checked)
+        if self.num_done < n:
+            raise self._stalled()
+
+    def _replay_share(self, k: int, share: list, own_next: list, freeze_if_due, checked: bool) -> None:
+        """Replica k's steps up to and between its arrivals `share`; with none: until it idles."""
+        engine, trace = self._engines[k], self.trace
+        step, next_step_time = engine.step, engine.next_step_time
+        try:
+            for i in share or [None]:
+                arrival = INF if i is None else trace[i].arrival_time
+                if i is not None:
+                    own_next[k] = arrival
+                if checked:
+                    while next_step_time() < arrival:
+                        step()
+                        self._check()
+                else:
+                    while next_step_time() < arrival:
+                        step()
+                freeze_if_due(self.num_done)           # (per arrival: often enough)
+                if i is not None:
+                    self._deliver(k, i)
+        except ContractViolation as e:
+            raise self._on_replica(e, k) from None
+
+    def _check(self) -> None:
+        """Called after every turn when a subclass overrides it (the tests' checked cluster)."""
 
     def _advance(self) -> None:
         """One turn: the next arrival if it is due by the earliest step or event, else that event,
@@ -224,11 +287,15 @@ class Cluster:
         choice, why = (None, why) if why else self.choose(self.router, self._front, request, needs, t.arrival_time)
         if choice is None:
             return self._reject(i, why)
-        engine = self._engines[choice]
-        engine.deliver(i)
+        self._deliver(choice, i)
         self.refresh(choice)
+
+    def _deliver(self, k: int, i: int) -> None:
+        """Request i arrives on replica k."""
+        engine = self._engines[k]
+        engine.deliver(i)
         self.requests[i] = engine.requests[i]
-        self.placement["replica"][i] = choice
+        self.placement["replica"][i] = k
 
     def _reject(self, i: int, reason: str) -> None:
         t = self.trace[i]
