@@ -175,3 +175,32 @@ def test_shared_mooncake_sample():
     assert len(trace) == 3993 and trace.report.format == "mooncake"
     assert trace.report.clipped_prompts > 0
     assert all(len(r.prefix_hashes) <= 16 for r in trace)     # 8192 / 512 blocks after clipping
+
+
+def test_parquet_columns_read_at_once_equal_the_row_checks(tmp_path, monkeypatch):
+    """A clean batch is built column by column (`clean_batch`); the row checks build the same
+    requests, values and types (int columns for seconds, nulls for defaults, float32), and a
+    batch with any value they refuse goes to them, so the error names the row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from policylab.traces import parquet
+    table = pa.table({"arrival_time": pa.array([0, 1, 2], pa.int64()), "prompt_tokens": [5, 6, 7],
+                      "output_tokens": pa.array([1, 2, 3], pa.uint16()), "client": ["a", None, "b"],
+                      "priority": pa.array([None, -3, 2], pa.int32()), "ttft_slo": pa.array([1, None, 2]),
+                      "tpot_slo": pa.array([0.5, None, 0.1], pa.float32()), "max_tokens": pa.array([None, 4, None])})
+    pq.write_table(table, tmp_path / "t.parquet")
+    at_once = list(_load(str(tmp_path / "t.parquet")))
+    monkeypatch.setattr(parquet, "clean_batch", lambda batch: None)
+    by_row = list(_load(str(tmp_path / "t.parquet")))
+    assert at_once == by_row and [list(map(type, vars(r).values())) for r in at_once] == \
+        [list(map(type, vars(r).values())) for r in by_row]
+    monkeypatch.undo()
+    for column, values, row in [("arrival_time", [0.0, float("nan")], 2), ("prompt_tokens", [3.0, 4.0], 1),
+                                ("client", ["x", ""], 2), ("ttft_slo", [1.0, 0.0], 2), ("priority", [True, False], 1),
+                                ("max_tokens", [2, 0], 2)]:
+        batch = pa.RecordBatch.from_pydict({"arrival_time": [0.0, 1.0], "prompt_tokens": [3, 4], "output_tokens": [1, 1],
+                                            column: values})
+        assert parquet.clean_batch(batch) is None, column
+        pq.write_table(pa.Table.from_batches([batch]), tmp_path / "bad.parquet")
+        with pytest.raises(TraceError, match=rf"bad.parquet:{row}: column '{column}'"):
+            _load(str(tmp_path / "bad.parquet"))

@@ -144,12 +144,15 @@ class TokenFacts(NamedTuple):
     service_tokens: np.ndarray
 
 
-def token_facts(table: pd.DataFrame, flat: tuple | None = None) -> TokenFacts:
+def token_facts(table: pd.DataFrame, flat: tuple | None = None, services: bool = True) -> TokenFacts:
     """TokenFacts of the requests of `table` (a request table with its `token_times` column;
-    `flat`: that column's `flat_token_times`, if the caller has it already)."""
+    `flat`: that column's `flat_token_times`, if the caller has it already). Without `services`
+    (a run of one client: no service difference to measure) the service events are left empty."""
     token_time, token_row = flat or flat_token_times(table["token_times"].tolist())
     finished = (table["status"] == "finished").to_numpy()
     itl = np.diff(token_time)[(token_row[1:] == token_row[:-1]) & finished[token_row[1:]]]
+    if not services:
+        return TokenFacts(counted_values.counted(itl), np.zeros(0), np.zeros(0, dtype=str), np.zeros(0))
     names, client = np.unique(table["client"].to_numpy(dtype=str), return_inverse=True)
     code = client.reshape(-1)[token_row]
     if names.size == 1:      # (one client: a stable sort merges the rows' sorted runs, 2.5x a lexsort)
