@@ -165,19 +165,17 @@ class Cluster:
     def _replay_share(self, k: int, share: list, own_next: list, freeze_if_due, checked: bool) -> None:
         """Replica k's steps up to and between its arrivals `share`; with none: until it idles."""
         engine, trace = self._engines[k], self.trace
-        step, next_step_time = engine.step, engine.next_step_time
         try:
             for i in share or [None]:
                 arrival = INF if i is None else trace[i].arrival_time
                 if i is not None:
                     own_next[k] = arrival
                 if checked:
-                    while next_step_time() < arrival:
-                        step()
+                    while engine.next_step_time() < arrival:
+                        engine.step()
                         self._check()
                 else:
-                    while next_step_time() < arrival:
-                        step()
+                    engine.steps_before(arrival)
                 freeze_if_due(self.num_done)           # (per arrival: often enough)
                 if i is not None:
                     self._deliver(k, i)

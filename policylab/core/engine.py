@@ -136,6 +136,13 @@ class Engine(DecodeSteps):
         first: a list's truth is free, the waiting queue's is a Python call; a cluster asks every step)."""
         return self.clock.now if self._running or self._waiting else math.inf
 
+    def steps_before(self, t: float) -> None:
+        """Every step that starts before `t` (a driver's replica up to its next arrival): the loop
+        `while next_step_time() < t: step()` without a call per step to ask."""
+        clock, step = self.clock, self.step
+        while clock.now < t and (self._running or self._waiting):
+            step()
+
     @property
     def steps(self) -> dict:
         """Per-step records as columns (STEP_FIELDS -> numpy array)."""
