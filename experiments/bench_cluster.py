@@ -15,7 +15,9 @@ Measured twice, each measurement in a fresh process (started by this script, one
            replay with its results stream (requests.parquet written and forgotten as it goes),
            steps.parquet, summary.json, and `logger` (none here; --logger wandb: offline W&B).
 The job's engine settings are the direct run's (engine.max_model_len=8192), so both replay the
-same decisions. CPU seconds are the measuring process's (getrusage): on a shared box they are the
+same decisions. The default router, round_robin, reads no load, so the cluster replays replica
+by replica through stretches of arrivals (`Cluster._loop_by_replica`); a load-reading router
+(`--router least_loaded`) takes the turn-by-turn loop, and places requests differently. CPU seconds are the measuring process's (getrusage): on a shared box they are the
 steadier figure (wall exceeds CPU when other work holds the cores); --repeats N keeps the least.
 Usage: python experiments/bench_cluster.py [--requests 150000] [--replicas 8] [--router round_robin]
                                            [--skip direct|job] [--repeats 1] [--trace-dir /tmp] [--logger none]
