@@ -198,8 +198,8 @@ def test_parquet_columns_read_at_once_equal_the_row_checks(tmp_path, monkeypatch
     for column, values, row in [("arrival_time", [0.0, float("nan")], 2), ("prompt_tokens", [3.0, 4.0], 1),
                                 ("client", ["x", ""], 2), ("ttft_slo", [1.0, 0.0], 2), ("priority", [True, False], 1),
                                 ("max_tokens", [2, 0], 2)]:
-        batch = pa.RecordBatch.from_pydict({"arrival_time": [0.0, 1.0], "prompt_tokens": [3, 4], "output_tokens": [1, 1],
-                                            column: values})
+        batch = pa.RecordBatch.from_pydict({"arrival_time": [0.0, 1.0], "prompt_tokens": [3, 4],
+                                            "output_tokens": [1, 1], column: values})
         assert parquet.clean_batch(batch) is None, column
         pq.write_table(pa.Table.from_batches([batch]), tmp_path / "bad.parquet")
         with pytest.raises(TraceError, match=rf"bad.parquet:{row}: column '{column}'"):

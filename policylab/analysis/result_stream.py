@@ -7,8 +7,9 @@ those done but behind the oldest one in flight, and per request one compact tabl
 (the request table without its `token_times`). What the summary needs of the tokens stays
 as `TokenFacts`: the ITL gaps as distinct values with counts per slice, merged at the end
 (`counted`: exact percentiles in ~16 bytes per step instead of 8 bytes per gap, 1.7 GB at a
-million requests), and per-client service events merged per step time. `steps.parquet` gets a row group every `STEPS_PER_GROUP`
-steps; the steps themselves stay in the engine's typed log (8 bytes a field).
+million requests), and, when the run has several clients, per-client service events merged per
+step time. `steps.parquet` gets a row group every `STEPS_PER_GROUP` steps; the steps themselves
+stay in the engine's typed log (8 bytes a field).
 
 Both files are written under a temporary name and renamed when the run ends, complete or
 partial (a broken contract, an exception, Ctrl-C): as before, a result file is either
