@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from policies.prefill_first import PrefillFirst
 from policies.routers.least_loaded import LeastLoaded
 from policies.routers.power_of_two import PowerOfTwo
 from policies.routers.prefix_affinity import PrefixAffinity
@@ -161,3 +162,27 @@ def test_a_router_that_declares_it_reads_no_load_may_not_read_it():
     result = build_cluster(poisson_trace(10), "prefill_first", lambda: LoadBlind("blind"), CFG, replicas=2).run()
     assert result.partial and result.error.startswith("RouteViolation: router 'blind' broke rule 'reads_load'")
     assert "'num_waiting'" in result.error
+
+
+class FailsLate(PrefillFirst):
+    """prefill_first until its 40th schedule() call, then raises (a policy bug mid-run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def schedule(self, view):
+        self.calls += 1
+        if self.calls == 40:
+            raise RuntimeError("policy bug")
+        return super().schedule(view)
+
+
+@pytest.mark.parametrize("router", [RoundRobin, LeastLoaded])
+def test_a_policy_that_raises_ends_the_cluster_run_partial_with_what_finished_kept(router):
+    """Replica by replica (round_robin) as turn by turn (least_loaded): the run ends partial with
+    the policy's error; the requests that finished before it keep their results."""
+    result = build_cluster(poisson_trace(60, rate=40.0), FailsLate, router, CFG, replicas=2).run()
+    assert result.partial and "RuntimeError: policy bug" in result.error
+    finished = [r for r in result.requests if r is not None and r.status.value == "finished"]
+    assert 0 < len(finished) < 60 and all(r.token_times and r.finish_time for r in finished)
