@@ -1,7 +1,8 @@
 """The cluster loop (policylab.cluster): one replica replays exactly as the engine, the cluster
 invariants hold on generated scenarios for every router, with and without P/D (also with a step
-policy of its own in each P/D pool), and rejections, heterogeneous replicas and the routing
-contract behave as documented."""
+policy of its own in each P/D pool), the replica-by-replica loop of load-blind routers replays
+the turn-by-turn loop's steps, and rejections, heterogeneous replicas, the routing contract and
+a policy that raises mid-run behave as documented."""
 import dataclasses
 
 import pytest
