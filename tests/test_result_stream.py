@@ -1,4 +1,5 @@
-"""Results streamed while the run goes equal the results written at its end, a run cut short
+"""Results streamed while the run goes equal the results written at its end (and its fairness
+and ITL those of the whole request table at once, row groups of one client included), a run cut short
 keeps what was done, and the engine forgets the requests it has written (bounded memory)."""
 import hashlib
 
@@ -8,7 +9,7 @@ import pytest
 
 import policylab.analysis.result_stream as stream_module
 from policylab.analysis.result_stream import ResultStream
-from policylab.analysis.results import write_results
+from policylab.analysis.results import summarize_run, write_results
 from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
@@ -18,7 +19,8 @@ from policylab.testing.replay import SCENARIO_HARDWARE
 
 
 def engine(policy="chunked", fail_at_step=None) -> Engine:
-    trace = [TraceRequest(0.01 * i, 20 + 37 * i % 300, 1 + 13 * i % 40, client="ab"[i % 2]) for i in range(120)]
+    trace = [TraceRequest(0.01 * i, 20 + 37 * i % 300, 1 + 13 * i % 40, client="ab"[i // 16 % 2])   # (row
+             for i in range(120)]                           # groups of one client in a run of two)
     p = load_policy(policy)
     if fail_at_step is not None:
         schedule = p.schedule
@@ -43,7 +45,8 @@ def test_streamed_results_equal_results_written_at_the_end(tmp_path, monkeypatch
     monkeypatch.setattr(stream_module, "ROWS_PER_GROUP", 16)
     monkeypatch.setattr(stream_module, "STEPS_PER_GROUP", 32)
     at_end = engine(fail_at_step=fail_at_step)
-    write_results(tmp_path / "end", at_end.run())
+    at_end_result = at_end.run()
+    write_results(tmp_path / "end", at_end_result)
     streamed = engine(fail_at_step=fail_at_step)
     results = ResultStream(tmp_path / "stream", streamed.trace)
     forgotten = []
@@ -56,6 +59,9 @@ def test_streamed_results_equal_results_written_at_the_end(tmp_path, monkeypatch
     assert max(forgotten) >= 16                  # written row groups left the engine's memory
     summary = results.finish(result)
     assert files(tmp_path / "stream") == files(tmp_path / "end")
+    one_table = summarize_run(at_end_result)[2]     # (no row groups: the whole run's tokens at once)
+    assert summary["fairness"] == one_table["fairness"] and summary["itl"] == one_table["itl"]
+    assert summary["fairness"]["service_difference_max"] > 0    # (two clients, each backlogged)
     assert summary["partial"] is (fail_at_step is not None)
     groups = pq.ParquetFile(tmp_path / "stream" / "requests.parquet")
     assert groups.metadata.num_row_groups >= 120 // 16

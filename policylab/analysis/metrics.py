@@ -144,26 +144,23 @@ class TokenFacts(NamedTuple):
     service_tokens: np.ndarray
 
 
-def token_facts(table: pd.DataFrame, flat: tuple | None = None, services: bool = True) -> TokenFacts:
+def token_facts(table: pd.DataFrame, flat: tuple | None = None, services: bool | None = None) -> TokenFacts:
     """TokenFacts of the requests of `table` (a request table with its `token_times` column;
-    `flat`: that column's `flat_token_times`, if the caller has it already). Without `services`
-    (a run of one client: no service difference to measure) the service events are left empty."""
+    `flat`: that column's `flat_token_times`, if the caller has it already). `services`: whether
+    to make the service events (default: when `table` holds more than one client). A run of one
+    client has no service difference to measure, and they cost a sort of every token time."""
     token_time, token_row = flat or flat_token_times(table["token_times"].tolist())
     finished = (table["status"] == "finished").to_numpy()
     itl = np.diff(token_time)[(token_row[1:] == token_row[:-1]) & finished[token_row[1:]]]
-    if not services:
-        return TokenFacts(counted_values.counted(itl), np.zeros(0), np.zeros(0, dtype=str), np.zeros(0))
     names, client = np.unique(table["client"].to_numpy(dtype=str), return_inverse=True)
+    if not (names.size > 1 if services is None else services):
+        return TokenFacts(counted_values.counted(itl), np.zeros(0), np.zeros(0, dtype=str), np.zeros(0))
     code = client.reshape(-1)[token_row]
-    if names.size == 1:      # (one client: a stable sort merges the rows' sorted runs, 2.5x a lexsort)
-        time = np.sort(token_time, kind="stable")
-    else:
-        order = np.lexsort((code, token_time))
-        time, code = token_time[order], code[order]
-    new = time[1:] != time[:-1]
-    if names.size > 1:
-        new |= code[1:] != code[:-1]
-    starts = np.flatnonzero(np.concatenate([[True], new])) if time.size else np.zeros(0, dtype=np.int64)
+    order = np.lexsort((code, token_time))
+    time, code = token_time[order], code[order]
+    first = np.concatenate([[True], (time[1:] != time[:-1]) | (code[1:] != code[:-1])]) if time.size else \
+        np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(first)
     tokens = np.diff(np.append(starts, time.size)).astype(np.float64)
     return TokenFacts(counted_values.counted(itl), time[starts], names[code[starts]], tokens)
 

@@ -113,7 +113,7 @@ class ResultStream:
         self._requests = _ParquetFile(self.run_dir / "requests.parquet")
         self._steps = _ParquetFile(self.run_dir / "steps.parquet")
         self._done = np.zeros(len(trace), dtype=bool)
-        self._clients = len({t.client for t in trace})       # (one: no service events to keep)
+        self._clients = len({t.client for t in trace})       # (one: no service events to make)
         self._rows = 0               # requests written (req_ids below it)
         self._frontier = 0           # the first request not done yet
         self._written_steps = 0
@@ -185,7 +185,7 @@ class ResultStream:
     def _write_requests(self, source: RunResult, stop: int) -> None:
         table = request_table(source, self.slo, self._rows, stop)
         flat = flat_token_times(table["token_times"].tolist())
-        self._facts_parts.append(token_facts(table, flat, self._clients > 1))
+        self._facts_parts.append(token_facts(table, flat, services=self._clients > 1))
         self._requests.write(requests_arrow(table, flat))
         self._tables.append(table.drop(columns="token_times"))
         self._rows = stop
