@@ -1,6 +1,7 @@
-"""Results streamed while the run goes equal the results written at its end (and its fairness
-and ITL those of the whole request table at once, row groups of one client included), a run cut short
-keeps what was done, and the engine forgets the requests it has written (bounded memory)."""
+"""Results streamed while the run goes equal the results written at its end, and their fairness
+and ITL those of the whole request table at once (row groups of one client included); a run
+cut short keeps what was done, and the engine forgets the requests it has written (bounded
+memory)."""
 import hashlib
 
 import pandas as pd
