@@ -16,7 +16,7 @@ from policies.routers.prefix_affinity import PrefixAffinity
 from policies.routers.random import RandomRouter
 from policies.routers.round_robin import RoundRobin
 from policies.routers.session import Session
-from policylab import Router
+from policylab import CapacityView, Router
 from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
@@ -163,6 +163,8 @@ def test_a_router_that_declares_it_reads_no_load_may_not_read_it():
     result = build_cluster(poisson_trace(10), "prefill_first", lambda: LoadBlind("blind"), CFG, replicas=2).run()
     assert result.partial and result.error.startswith("RouteViolation: router 'blind' broke rule 'reads_load'")
     assert "'num_waiting'" in result.error
+    view = CapacityView(build_cluster(poisson_trace(2), "prefill_first", RoundRobin, CFG).views[0], "blind")
+    assert not hasattr(view, "no_such_field") and view.num_total_blocks == CFG.num_blocks   # (not load)
 
 
 class FailsLate(PrefillFirst):

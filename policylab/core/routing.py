@@ -132,6 +132,8 @@ class CapacityView:
         return self._replica.never_fits(request, output_tokens)
 
     def __getattr__(self, name: str):       # (only called for what the slots above do not hold)
+        if not hasattr(ReplicaView, name):  # (a name no replica view has: the usual AttributeError,
+            raise AttributeError(name)      # which hasattr() and copy rely on)
         raise RouteViolation(self._router, "reads_load", f"the router declares reads_load = False but read "
                              f"replica {self.index}'s {name!r}: a router that weighs load must not declare it")
 
