@@ -1,11 +1,11 @@
-"""The README's example policies, kept in examples/ where the shipped-policy tests never see them:
+"""The README's example policies, kept in policylab/examples/ where the shipped-policy tests never see them:
 the first one fails the harness as the README says, the Chunked-hooks one passes it."""
 from __future__ import annotations
 
 import pytest
 
-from examples.short_first import ShortFirst
-from examples.shortest_prompt import ShortestPrompt
+from policylab.examples.short_first import ShortFirst
+from policylab.examples.shortest_prompt import ShortestPrompt
 from policylab.testing import InvariantViolation, check_policy
 from policylab.testing.loader import shipped_policy_configs
 from policylab.testing.suite import pressure_scenario

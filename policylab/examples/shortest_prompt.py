@@ -2,7 +2,7 @@
 
 The README's first policy, kept here as written: it FAILS the invariant harness (a prompt
 longer than the whole token budget is never admitted, and it never preempts), which is
-the point of the README's harness section. It lives in examples/, not policies/, so the
+the point of the README's harness section. It lives in policylab/examples/, not policies/, so the
 shipped-policy tests never pick it up.
 """
 from policylab.core.contract import SchedulerView, StepPlan
