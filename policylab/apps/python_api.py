@@ -104,15 +104,34 @@ def compose(strings: list, policy_class=None, class_params: dict | None = None):
     register()
     if GlobalHydra.instance().is_initialized():
         raise RunError("policylab.replay composes its own config: call it outside a running Hydra app")
-    try:
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="policylab"):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="policylab"):
+        try:
             cfg = hydra_compose("config", overrides=strings, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(f"config: {str(e).splitlines()[0]}") from None
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(_compose_error(str(e), strings, hydra_compose)) from None
     if policy_class is not None:
         with open_dict(cfg):
             cfg.policy = OmegaConf.create(policy_spec(policy_class, class_params or {}))
     return cfg
+
+
+def _compose_error(message: str, strings: list, hydra_compose) -> str:
+    """Hydra's first line, or for a key no section has, the key and the nearest one it does have."""
+    from difflib import get_close_matches
+    unknown = re.match(r"Could not override '([\w.]+)'", message)
+    if unknown and "." in unknown.group(1):
+        key = unknown.group(1)
+        section, _, leaf = key.rpartition(".")
+        rest = [o for o in strings if not o.startswith(f"{key}=")]
+        try:
+            node = hydra_compose("config", overrides=rest)
+            for part in section.split("."):
+                node = node[part]
+            close = get_close_matches(leaf, list(node.keys()), n=1)
+        except Exception:                   # (the rest fails too: Hydra's own message says why)
+            close = []
+        return f"config: {key} is not a key of {section}" + (f" (did you mean {section}.{close[0]}?)" if close else "")
+    return f"config: {message.splitlines()[0]}"
 
 
 def policy_spec(cls: type, params: dict) -> dict:
