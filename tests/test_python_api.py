@@ -117,3 +117,17 @@ def test_import_policylab_loads_neither_hydra_nor_torch_nor_pandas():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert callable(policylab.replay) and callable(policylab.compare)
+
+
+def test_a_policy_that_raises_returns_a_partial_run_with_every_request_written(tmp_path):
+    from policies.prefill_first import PrefillFirst
+
+    class RaisesAtStep50(PrefillFirst):
+        def schedule(self, view):
+            if view.step == 50:
+                raise RuntimeError("exploded at step 50")
+            return super().schedule(view)
+
+    run = policylab.replay(RaisesAtStep50, "bursty", dir=tmp_path, **SIM)
+    assert run.status == "partial" and "exploded at step 50" in run.error
+    assert len(run.requests) == 200 and "unfinished" in set(run.requests["status"])
