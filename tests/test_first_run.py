@@ -129,3 +129,8 @@ def test_calibrate_and_fidelity_measure_the_real_plane():
     assert measuring(typed_config(config()), "calibrate").dataplane.step_time == "measured"
     with pytest.raises(RunError, match="calibrate measures the real data plane"):
         measuring(typed_config(config("dataplane.step_time=model")), "calibrate")
+
+
+def test_the_summary_says_what_timed_the_steps(tmp_path, capsys):
+    run(config("trace.max_requests=3"), tmp_path)
+    assert "step times: the cost model of hardware 'cpu'" in capsys.readouterr().out

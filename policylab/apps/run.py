@@ -59,6 +59,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         print(f"warning: {light}", file=sys.stderr)
     if loaded:
         print(f"warning: {loaded}", file=sys.stderr)
+    if cost_model and cost_model.get("tokens_from") and not in_parallel_launcher():
+        source = f"hardware '{cost_model['hardware']}'" if cost_model.get("hardware") else cost_model.get("kind", "?")
+        print(f"step times: the cost model of {source} (the tokens are the real model's; "
+              "dataplane.step_time=measured times the steps themselves)")
     print(f"results: {run_dir}")
     if partial:
         print(f"run ended early: {error} — partial results written to {run_dir}", file=sys.stderr)
