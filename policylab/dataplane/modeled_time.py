@@ -11,6 +11,7 @@ real outputs under a reproducible schedule. It is the default on CPU (`step_time
 from __future__ import annotations
 
 from policylab.core.batch import Batch, StepResult
+from policylab.dataplane.cpu_host import STEP_TIMES  # noqa: F401  (the accepted dataplane.step_time values)
 
 class ModeledStepTime:
     """Delegates everything to `plane`; only `execute`'s duration comes from `cost_model`."""
