@@ -6,10 +6,29 @@ the step contract raises `ContractViolation`. A router (cluster runs) subclasses
 reads a `ClusterView` (its `replicas` are `ReplicaView`s; `CapacityView`s for a router that
 declares `reads_load = False`) and a `RouteRequest`, and returns a replica index. Layers:
 `core` → `dataplane`, `traces` → `cluster` → `analysis` → `apps` (see docs/design.md).
+
+The researcher's front door from Python: `replay(policy=..., trace=..., **overrides)` runs
+what `python -m policylab run` runs and returns a `Run` (`.summary`, `.requests`, `.steps`,
+`.dir`, `.plots`); `compare(runs)` returns the comparison table and writes its report.
+They live in the app layer and are imported on first use, so `import policylab` stays light.
 """
 from policylab.core.contract import ContractViolation, RequestView, SchedulerView, StepPlan
 from policylab.core.policy import Policy
 from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, RouteViolation
 
-__all__ = ["Policy", "SchedulerView", "RequestView", "StepPlan", "ContractViolation",
+LAZY = {"replay": "policylab.apps.python_api", "compare": "policylab.apps.python_api",
+        "Run": "policylab.apps.run_object"}
+
+
+def __getattr__(name: str):
+    """`replay`, `compare` and `Run` on first use (they import Hydra and the analysis code)."""
+    if name in LAZY:
+        import importlib
+        value = getattr(importlib.import_module(LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'policylab' has no attribute {name!r}")
+
+
+__all__ = ["replay", "compare", "Run", "Policy", "SchedulerView", "RequestView", "StepPlan", "ContractViolation",
            "Router", "ClusterView", "ReplicaView", "CapacityView", "RouteRequest", "RouteViolation"]

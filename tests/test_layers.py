@@ -25,6 +25,7 @@ LAYERS = {               # package prefix -> layer; an import may only go to a l
     "policylab.testing": 6,
     "policylab.apps": 7,
     "policylab.__main__": 8,
+    "policylab.examples": 8,                          # the documentation's example policies: user code on top
 }
 HEAVY = ("hydra", "omegaconf", "pandas", "torch", "matplotlib", "wandb", "pyarrow")
 

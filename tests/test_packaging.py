@@ -18,7 +18,15 @@ try:
           "hydra.run.dir=out"])
 except SystemExit as e:
     assert not e.code, e.code
-print(json.dumps({"package": policylab.__file__, "summary": json.load(open("out/summary.json"))}))
+from policies.chunked import Chunked                     # shipped policies and the examples,
+from policylab.examples.short_first import ShortFirst    # no PYTHONPATH to the checkout
+try:
+    main(["run", "policy=short_first", "hydra.searchpath=[pkg://policylab.examples]", "dataplane=sim",
+          "logger=none", "plots=false", "progress=false", "trace.max_requests=5", "hydra.run.dir=example"])
+except SystemExit as e:
+    assert not e.code, e.code
+print(json.dumps({"package": policylab.__file__, "summary": json.load(open("out/summary.json")),
+                  "example": json.load(open("example/summary.json")), "subclass": issubclass(ShortFirst, Chunked)}))
 """
 
 
@@ -30,6 +38,7 @@ def test_the_wheel_ships_configs_and_traces_and_replays_outside_the_repo(tmp_pat
     shipped = {f"policylab/configs/{p.relative_to(ROOT / 'configs')}" for p in (ROOT / "configs").rglob("*.yaml")}
     assert shipped and shipped <= names, f"configs missing from the wheel: {sorted(shipped - names)[:5]}"
     assert "policylab/shipped_traces/bursty.jsonl" in names
+    assert {"policylab/examples/short_first.py", "policylab/examples/policy/short_first.yaml"} <= names
     modules = {f"{p.relative_to(ROOT)}" for top in ("policylab", "policies") for p in (ROOT / top).rglob("*.py")}
     assert modules <= names, f"modules missing from the wheel (add their package to pyproject): " \
                              f"{sorted(modules - names)[:5]}"
@@ -44,3 +53,5 @@ def test_the_wheel_ships_configs_and_traces_and_replays_outside_the_repo(tmp_pat
     assert result["package"].startswith(str(site))
     assert result["summary"]["counts"]["finished"] == 7
     assert result["summary"]["config"]["trace"]["name"] == "bursty"
+    assert result["example"]["policy"] == "short_first" and result["example"]["counts"]["finished"] == 5
+    assert result["subclass"]

@@ -49,10 +49,10 @@ def run_main(cfg: DictConfig) -> float:
 @hydra_job
 def calibrate_main(cfg: DictConfig) -> None:
     from policylab.apps.calibrate import calibrate
-    from policylab.apps.jobs import build_engine, dataplane_of
+    from policylab.apps.jobs import build_engine, dataplane_of, measuring
 
     def body(run_dir: Path):
-        run = typed_config(cfg)
+        run = measuring(typed_config(cfg), "calibrate")
         plane = dataplane_of(run)
         return calibrate(plane, run.engine, run_dir, run.seed, build_engine(run, plane))
     guarded_job(body)

@@ -20,7 +20,7 @@ import pandas as pd
 from policylab.analysis.results import plain_config, summarize_run, write_results
 from policylab.apps.calibrate import calibrate
 from policylab.apps.config import RunConfig, typed_config
-from policylab.apps.jobs import build_engine, build_policy, dataplane_of, replay
+from policylab.apps.jobs import build_engine, build_policy, dataplane_of, measuring, replay
 from policylab.core.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.dataplane.fitted import Calibration, load_calibration
@@ -50,6 +50,7 @@ def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
     cfg = typed_config(cfg)
     if cfg.dataplane.kind != "torch":
         raise ValueError("fidelity compares against the real data plane: use dataplane=torch")
+    cfg = measuring(cfg, "fidelity")
     path = cfg.dataplane.calibration
     real_plane = dataplane_of(cfg)
     calib = load_calibration(path) if path else calibrate(real_plane, cfg.engine, run_dir, cfg.seed)

@@ -2,6 +2,7 @@
 progress bar, and user errors turned into one clear message."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -107,6 +108,15 @@ def build_policy(spec: dict) -> Policy:
 
 def dataplane_of(cfg: RunConfig):
     return build_dataplane(cfg.dataplane, cfg.model, cfg.hardware, cfg.seed)
+
+
+def measuring(cfg: RunConfig, command: str) -> RunConfig:
+    """`cfg` with the real plane's step times measured: what calibrate and fidelity compare the
+    sim against (`step_time=auto` times CPU steps by the cost model, which they would fit to itself)."""
+    if cfg.dataplane.step_time == "model":
+        raise RunError(f"{command} measures the real data plane: dataplane.step_time=model would time it "
+                       "by the sim it is compared with; use dataplane.step_time=measured (or auto)")
+    return dataclasses.replace(cfg, dataplane=dataclasses.replace(cfg.dataplane, step_time="measured"))
 
 
 def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:

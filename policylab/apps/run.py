@@ -26,12 +26,14 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     with ReplaySignals() as signals:
         trace = load_trace(cfg.trace, seed=cfg.seed)
         engine = build_engine(cfg, trace=trace)
+        loaded = measured_on_loaded_cpu(cost_model_of(engine))
         tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
         results = ResultStream(run_dir, engine.trace, cfg, signals.held)   # written as the run goes
         result = replay(engine, cfg.progress, signals, results.attach(engine))
         if result.traceback:
             result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
         cost_model = cost_model_of(engine)                                  # what timed the steps
+        loaded = loaded or measured_on_loaded_cpu(cost_model, finished=True)
         extra = {"trace_report": trace.report.as_dict(), **({"cost_model": cost_model} if cost_model else {})}
         summary = results.finish(result, extra)
         partial, error = result.partial, result.error
@@ -55,6 +57,12 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
                        cfg.slo.ttft)            # per-request SLOs may be tighter: the global one is the bar
     if light:
         print(f"warning: {light}", file=sys.stderr)
+    if loaded:
+        print(f"warning: {loaded}", file=sys.stderr)
+    if cost_model and cost_model.get("tokens_from") and not in_parallel_launcher():
+        source = f"hardware '{cost_model['hardware']}'" if cost_model.get("hardware") else cost_model.get("kind", "?")
+        print(f"step times: the cost model of {source} (the tokens are the real model's; "
+              "dataplane.step_time=measured times the steps themselves)")
     print(f"results: {run_dir}")
     if partial:
         print(f"run ended early: {error} — partial results written to {run_dir}", file=sys.stderr)
@@ -68,6 +76,21 @@ def cost_model_of(engine) -> dict | None:
     if not described:
         return None
     return described[0] if all(d == described[0] for d in described) else {"kind": "mixed", "replicas": described}
+
+
+def measured_on_loaded_cpu(cost_model: dict | None, finished: bool = False) -> str | None:
+    """The loaded-machine warning for a replay timed by measured CPU steps (None for any other
+    timing). After the replay the load average counts its own threads, so they are taken off."""
+    if not cost_model or cost_model.get("kind") != "real" or cost_model.get("device") != "cpu":
+        return None
+    import os
+    from policylab.dataplane.cpu_host import loaded_machine
+    threads = cost_model.get("threads") or 1
+    try:
+        load = os.getloadavg()[0] - (threads if finished else 0)
+    except (AttributeError, OSError):
+        return None
+    return loaded_machine(threads, load=max(load, 0.0))
 
 
 def write_traceback(run_dir: Path, text: str) -> Path:

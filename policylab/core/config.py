@@ -90,8 +90,9 @@ class DataplaneConfig:
     gpu_memory_utilization: float = 0.9   # torch on CUDA / sim: share of device memory for weights + KV
     cuda_graphs: Optional[bool] = None    # decode steps replay CUDA graphs; None: on CUDA with attention=triton
     calibration: Optional[str] = None     # sim: fitted cost-model file replacing the roofline
-    threads: Optional[int] = None   # torch on CPU: intra-op threads (None: torch default)
-    step_time: str = "measured"     # torch: measured | model (sim cost model times each step: machine-independent)
+    threads: Optional[int] = None   # torch on CPU: intra-op threads (None: 1 on <= 4 cores, else torch default)
+    step_time: str = "measured"     # torch: auto (model on CPU, measured on CUDA; configs/dataplane/torch.yaml's
+                                    # default) | measured | model (sim cost model times each step: machine-independent)
     timer: str = "wall"             # torch: wall (perf_counter) | cpu (thread CPU time, one intra-op thread)
     timer_repeats: int = 1          # torch, timer=cpu: run each step k times, keep the least time
     timer_reference: bool = False   # torch, timer=cpu: scale each step by a reference step's best / current time

@@ -9,12 +9,11 @@ def build_dataplane(dp: DataplaneConfig, model: ModelConfig, hardware: HardwareC
         from policylab.dataplane.sim import SimDataPlane
         return SimDataPlane(model, hardware, dp, seed)
     if dp.kind == "torch":
-        from policylab.dataplane.modeled_time import STEP_TIMES
-        if dp.step_time not in STEP_TIMES:
-            raise ValueError(f"dataplane.step_time must be one of {STEP_TIMES}, got '{dp.step_time}'")
+        from policylab.dataplane.cpu_host import resolve_step_time
+        resolve_step_time(dp.step_time, "cpu")                         # a bad value fails before the model loads
         from policylab.dataplane.torch_plane import TorchDataPlane   # imports torch: slow, so lazy
         plane = TorchDataPlane.from_config(dp, model, seed)
-        if dp.step_time == "model":
+        if resolve_step_time(dp.step_time, plane.device.type) == "model":
             from policylab.dataplane.modeled_time import ModeledStepTime
             from policylab.dataplane.sim import SimDataPlane
             return ModeledStepTime(plane, SimDataPlane(model, hardware, dp, seed))

@@ -6,14 +6,12 @@ depend on the machine's speed and load. With a modelled step time the virtual cl
 advances by the sim's cost of the same batch (roofline of `model` on `hardware`, or
 `dataplane.calibration`): the replay is deterministic on any machine while the tokens are
 still the real model's. Tests of the real plane use it; so can a researcher who wants
-real outputs under a reproducible schedule.
+real outputs under a reproducible schedule. It is the default on CPU (`step_time=auto`).
 """
 from __future__ import annotations
 
 from policylab.core.batch import Batch, StepResult
-
-STEP_TIMES = ("measured", "model")
-
+from policylab.dataplane.cpu_host import STEP_TIMES  # noqa: F401  (the accepted dataplane.step_time values)
 
 class ModeledStepTime:
     """Delegates everything to `plane`; only `execute`'s duration comes from `cost_model`."""

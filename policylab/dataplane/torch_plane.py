@@ -26,6 +26,7 @@ import torch
 
 from policylab.core.config import DataplaneConfig, ModelConfig
 from policylab.dataplane.attention import make_backend
+from policylab.dataplane.cpu_host import default_threads
 from policylab.core.batch import Batch, StepResult
 from policylab.dataplane.cuda_graphs import DecodeGraphRunner, capture_cuda_graph, cuda_graphs_wanted
 from policylab.dataplane.model import CausalLM, head_dim_of
@@ -125,6 +126,8 @@ class TorchDataPlane:
             raise ValueError("dataplane.timer_repeats and dataplane.timer_reference apply to dataplane.timer=cpu")
         elif dp.threads:
             torch.set_num_threads(dp.threads)
+        elif device.type == "cpu" and default_threads() is not None:
+            torch.set_num_threads(default_threads())
         if device.type == "cpu":
             keep_freed_memory()
         dtype = resolve_dtype(dp.dtype, device)

@@ -1,8 +1,8 @@
 """shortest_prompt — decode all running requests, then admit the shortest waiting prompts.
 
-The README's first policy, kept here as written: it FAILS the invariant harness (a prompt
+The first policy of docs/policies.md, kept here as written: it FAILS the invariant harness (a prompt
 longer than the whole token budget is never admitted, and it never preempts), which is
-the point of the README's harness section. It lives in examples/, not policies/, so the
+the point of that page's harness section. It lives in policylab/examples/, not policies/, so the
 shipped-policy tests never pick it up.
 """
 from policylab.core.contract import SchedulerView, StepPlan
