@@ -1,0 +1,107 @@
+"""`dataplane.cost_model=kernel`: the roofline with GEMM and attention kernels priced by shape.
+
+Two terms of the default roofline are replaced; everything else (elementwise traffic, the
+embedding, the LM head, TP collectives, pipeline stages, host time, MoE experts) is shared.
+
+GEMMs: an m x K by K x N GEMM runs as ceil(m/tm) x ceil(N/tn) output tiles over `num_sms`
+SMs, in waves. The tile rows follow m up to `gemm_tile_m` (libraries pick narrow tiles for
+few tokens), columns are `gemm_tile_n`. Compute time is that of the padded tiles, in whole
+waves, at `gemm_efficiency` of peak (what a large GEMM that fills every SM reaches):
+
+    t_compute = waves x 2 x tm x tn x K / (peak x gemm_efficiency / num_sms)
+
+so efficiency rises with m in steps (wave quantisation) instead of being one number. Memory
+time is the roofline's (weights, activations in and out at `bw_efficiency`); the two join by
+a max: the tile model already carries the loss at the knee that the roofline's p-norm stood for.
+
+Attention (one kernel per layer per phase, as vLLM launches FlashAttention varlen for prefill
+chunks and a paged kernel for decodes): each costs at least `attention_floor`, and
+
+- FLOPs: scores and values over the query-key pairs the causal tiles touch (128 x 128 tiles:
+  a 100-token chunk costs a whole tile), at `attention_efficiency` of peak, scaled by how many
+  of the SMs the (query tile x head) work items fill;
+- bytes: Q read, O written, K and V read once per request, and the new tokens' K and V written
+  to the paged cache (the cache-write kernel is one more launch), at `bw_efficiency`;
+- decode work is split over the KV sequence (flash-decoding, 512-token splits), so a few short
+  requests leave SMs idle: the achieved bandwidth scales with min(1, work items / SMs).
+
+The per-step cost stays O(prefill chunks): the decode part is computed from sums the roofline
+already takes.
+"""
+from __future__ import annotations
+
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.roofline import Roofline
+
+ATTN_TILE = 128          # FlashAttention-2/3 query and key tile (head_dim 128)
+DECODE_SPLIT = 512       # tokens of KV per decode work item (vLLM paged attention v2 partition)
+MIN_TILE_M = 16          # the narrowest tile rows a GEMM library launches
+
+
+class KernelCostModel(Roofline):
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1):
+        super().__init__(model, hw, tp, pp)
+        self.sms, self.tile_m, self.tile_n = hw.num_sms, hw.gemm_tile_m, hw.gemm_tile_n
+        self.gemm_eff, self.attn_eff, self.floor = hw.gemm_efficiency, hw.attention_efficiency, hw.attention_floor
+        self._tile_flops = hw.peak_flops * hw.gemm_efficiency / hw.num_sms       # FLOP/s of one SM
+        self._attn_flops = hw.peak_flops * hw.attention_efficiency
+        s = self.shape
+        self._pair_flops = s.attn_flops_per_pair                                 # per layer
+        self._kv_bytes_layer = s.kv_elems_per_token_layer * s.dtype_bytes
+        self._qo_bytes_token = 2 * s.q_dim * s.dtype_bytes
+        self.step_time = self._parallel_step_time
+
+    def gemm_time(self, n: int, k: int, m: int) -> float:
+        tm = min(self.tile_m, max(MIN_TILE_M, 1 << (n - 1).bit_length()))
+        tiles = -(-n // tm) * -(-m // self.tile_n)
+        waves = -(-tiles // self.sms)
+        compute = waves * 2 * tm * self.tile_n * k / self._tile_flops
+        memory = (k * m + n * (k + m)) * self.shape.dtype_bytes / self.bw
+        return max(compute, memory)
+
+    def expert_time(self, flops: float, traffic: float) -> float:
+        return max(flops / (self._tile_flops * self.sms), traffic / self.bw)
+
+    def attention_time(self, q, ctx, tokens: int) -> float:
+        s, layers = self.shape, self.shape.layers
+        requests = len(q)
+        if tokens == requests:
+            return layers * self._decode(requests, sum(ctx) + tokens)
+        decodes, dec_ctx, t = 0, 0, 0.0
+        pairs = items = 0
+        prefill_tokens = prefill_ctx = 0
+        for n, c in zip(q, ctx):
+            if n == 1:
+                decodes, dec_ctx = decodes + 1, dec_ctx + c + 1
+                continue
+            q_tiles = -(-n // ATTN_TILE)
+            # causal tiles: each query tile reads the cached keys and the chunk's keys up to its end
+            pairs += q_tiles * ATTN_TILE * (c + (q_tiles + 1) * ATTN_TILE // 2)
+            items += q_tiles
+            prefill_tokens, prefill_ctx = prefill_tokens + n, prefill_ctx + c + n
+        if decodes:
+            t += self._decode(decodes, dec_ctx)
+        if items:
+            fill = min(1.0, items * s.heads / self.sms)
+            compute = pairs * self._pair_flops / (self._attn_flops * fill)
+            memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
+                      + prefill_ctx * self._kv_bytes_layer) / self.bw
+            t += max(self.floor, compute, memory) + self.latency       # + the cache write's launch
+        return layers * t
+
+    def _decode(self, requests: int, context: int) -> float:
+        """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens."""
+        s = self.shape
+        items = (context / DECODE_SPLIT + requests) * s.kv_heads
+        fill = min(1.0, items / self.sms)
+        memory = (context * self._kv_bytes_layer + requests * (self._qo_bytes_token + self._kv_bytes_layer)) / self.bw
+        compute = context * self._pair_flops / self._attn_flops
+        return max(self.floor, max(memory / fill, compute)) + self.latency
+
+    def describe(self) -> dict:
+        out = {"kind": "kernel", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,
+               "kernel_latency": self.latency, "step_overhead": self.overhead, "gemm_efficiency": self.gemm_eff,
+               "gemm_tile": [self.tile_m, self.tile_n], "num_sms": self.sms,
+               "attention_efficiency": self.attn_eff, "attention_floor": self.floor,
+               "flops_efficiency": self.flops_eff}
+        return {**out, **self.parallel_description(), "host_time": self.host.describe()}
