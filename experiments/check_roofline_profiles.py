@@ -56,7 +56,7 @@ def measured_dense(case) -> dict:
 
 def dense_errors(case) -> dict:
     roofline, truth = Model(case.model, case.hardware), measured_dense(case)
-    err = {n: roofline.dense_time(n) / t - 1 for n, t in sorted(truth.items())}
+    err = {n: roofline.dense_time(int(n)) / t - 1 for n, t in sorted(truth.items())}
     decode = [abs(err[n]) for n in DECODE if n in err]
     prefill = [abs(err[n]) for n in PREFILL if n in err]
     return {"decode": max(decode), "decode_at": max((n for n in DECODE if n in err), key=lambda n: abs(err[n])),

@@ -5,14 +5,17 @@ embedding, the LM head, TP collectives, pipeline stages, host time, MoE experts)
 
 GEMMs: an m x K by K x N GEMM runs as ceil(m/tm) x ceil(N/tn) output tiles over `num_sms`
 SMs, in waves. The tile rows follow m up to `gemm_tile_m` (libraries pick narrow tiles for
-few tokens), columns are `gemm_tile_n`. Compute time is that of the padded tiles, in whole
+few tokens), columns are `gemm_tile_n` or half that, and K may be split in up to 4 parts of at
+least 512 (split-K): of these the fastest is taken, as a library's heuristic picks a kernel that
+fills the SMs. Compute time is that of the padded tiles, in whole
 waves, at `gemm_efficiency` of peak (what a large GEMM that fills every SM reaches):
 
-    t_compute = waves x 2 x tm x tn x K / (peak x gemm_efficiency / num_sms)
+    t_compute = waves x 2 x tm x tn x (K / splits) / (peak x gemm_efficiency / num_sms)
 
 so efficiency rises with m in steps (wave quantisation) instead of being one number. Memory
 time is the roofline's (weights, activations in and out at `bw_efficiency`); the two join by
-a max: the tile model already carries the loss at the knee that the roofline's p-norm stood for.
+the roofline's p-norm (on Vidur's 20 profiles p = 3 has a smaller worst error than a max:
+21 % against 28 %, experiments/check_roofline_profiles.py --cost-model kernel).
 
 Attention (one kernel per layer per phase, as vLLM launches FlashAttention varlen for prefill
 chunks and a paged kernel for decodes): each costs at least `attention_floor`, and
@@ -31,11 +34,14 @@ already takes.
 from __future__ import annotations
 
 from policylab.core.config import HardwareConfig, ModelConfig
-from policylab.dataplane.roofline import Roofline
+from policylab.dataplane.roofline import Roofline, smooth_max
 
 ATTN_TILE = 128          # FlashAttention-2/3 query and key tile (head_dim 128)
 DECODE_SPLIT = 512       # tokens of KV per decode work item (vLLM paged attention v2 partition)
 MIN_TILE_M = 16          # the narrowest tile rows a GEMM library launches
+SPLIT_K_MIN = 512        # the least K one split of a split-K GEMM keeps
+MAX_SPLITS = 4           # split-K factors tried
+HALF_TILE_RATE = 0.95    # a tile half as wide runs at this share of a full tile's FLOP rate (assumed)
 
 
 class KernelCostModel(Roofline):
@@ -52,12 +58,18 @@ class KernelCostModel(Roofline):
         self.step_time = self._parallel_step_time
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
-        tm = min(self.tile_m, max(MIN_TILE_M, 1 << (n - 1).bit_length()))
-        tiles = -(-n // tm) * -(-m // self.tile_n)
-        waves = -(-tiles // self.sms)
-        compute = waves * 2 * tm * self.tile_n * k / self._tile_flops
+        tm = min(self.tile_m, max(MIN_TILE_M, 1 << (int(n) - 1).bit_length()))
+        compute = min(self._tile_compute(n, k, m, tm, tn, rate, splits)
+                      for tn, rate in ((self.tile_n, 1.0), (self.tile_n // 2, HALF_TILE_RATE))
+                      for splits in range(1, 1 + max(1, min(MAX_SPLITS, k // SPLIT_K_MIN))))
         memory = (k * m + n * (k + m)) * self.shape.dtype_bytes / self.bw
-        return max(compute, memory)
+        return smooth_max(compute, memory)
+
+    def _tile_compute(self, n, k, m, tm, tn, rate, splits) -> float:
+        """Whole waves of (tm x tn x k/splits) work items at `rate` of a full tile's speed."""
+        items = -(-n // tm) * -(-m // tn) * splits
+        waves = -(-items // self.sms)
+        return waves * 2 * tm * tn * (k / splits) / (self._tile_flops * rate)
 
     def expert_time(self, flops: float, traffic: float) -> float:
         return max(flops / (self._tile_flops * self.sms), traffic / self.bw)
