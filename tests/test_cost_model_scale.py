@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from policylab.apps import sim_check
 from policylab.apps.config import CONFIG_DIR
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.kernel_model import KernelCostModel
 from policylab.dataplane.moe import experts_touched
 from policylab.dataplane.parallel import Link
@@ -182,3 +183,32 @@ def test_sim_check_prices_whole_steps_and_names_bad_cells(tmp_path, capsys):
                        "llama3-8b,h1000,1,bf16,decode,1,1,1000,6.0\n")
     assert sim_check.main([str(unknown)]) == 2
     assert "no configs/hardware/h1000.yaml (did you mean h100?)" in capsys.readouterr().err
+
+
+def test_each_data_plane_has_its_own_config_and_refuses_the_other_planes_keys():
+    from policylab.dataplane.config import DataplaneConfig, SimPlaneConfig, TorchPlaneConfig, plane_config
+    assert isinstance(DataplaneConfig(kind="sim", tensor_parallel=2), SimPlaneConfig)
+    assert isinstance(DataplaneConfig(device="cpu"), TorchPlaneConfig)
+    with pytest.raises(ValueError, match=r"dataplane.device is not a key of the SimPlaneConfig data plane "
+                                         r"\(a key of dataplane=torch\)"):
+        DataplaneConfig(kind="sim", device="cuda")
+    with pytest.raises(ValueError, match=r"did you mean dataplane.time_noise"):
+        DataplaneConfig(kind="sim", time_nose=0.1)
+    with pytest.raises(ValueError, match="choose the plane with dataplane=sim"):
+        plane_config({"_target_": "policylab.dataplane.torch_plane.TorchDataPlane", "kind": "sim"})
+    torch_yaml = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "dataplane" / "torch.yaml"))
+    sim_yaml = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "dataplane" / "sim.yaml"))["dataplane"]
+    assert plane_config(torch_yaml) == TorchPlaneConfig() and plane_config(sim_yaml) == SimPlaneConfig()
+
+
+def test_the_cli_keeps_dataplane_overrides_and_names_a_bad_one(tmp_path, capsys):
+    from policylab.apps.cli import main
+    main(["run", "policy=chunked", "trace=bursty", "dataplane=sim", "dataplane.tensor_parallel=2", "host=vllm_eager",
+          "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
+    import json
+    info = json.loads((tmp_path / "summary.json").read_text())["cost_model"]
+    assert info["tensor_parallel"] == 2 and info["host_time"]["preset"] == "vllm_eager"
+    with pytest.raises(SystemExit):
+        main(["run", "trace=bursty", "dataplane=sim", "+dataplane.device=cuda", "logger=none", "plots=false",
+              "progress=false", f"hydra.run.dir={tmp_path / 'bad'}"])
+    assert "dataplane.device is not a key of the SimPlaneConfig data plane" in capsys.readouterr().err

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from policylab.core.batch import Batch
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.profile import LAYER_OPS, ProfileCostModel
 from policylab.dataplane.profile_csv import ProfileError
 from policylab.dataplane.roofline import Roofline

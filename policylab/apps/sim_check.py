@@ -30,7 +30,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from policylab.apps.config import CONFIG_DIR
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 
 COLUMNS = ("model", "gpu", "tp", "dtype", "phase", "batch", "tokens_per_request", "context", "measured_ms")
 PHASES = ("decode", "prefill", "dense", "attention")

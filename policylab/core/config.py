@@ -1,5 +1,6 @@
 """Plain typed configuration of the core, the data planes and the analysis.
 
+(Each data plane's config lives with the planes: policylab.dataplane.config.)
 These dataclasses know nothing of Hydra: the app layer (`policylab.apps.config`) registers
 them as structured configs and converts the composed config into them once, so every layer
 below reads ordinary attributes (an OmegaConf node costs a resolver call per read).
@@ -103,30 +104,6 @@ class HardwareConfig:
     gemm_tile_n: int = 256          # ... and columns
     attention_floor: float = 11e-6  # seconds an attention kernel takes however little it does
     attention_efficiency: float = 0.60   # share of peak FLOP/s of FlashAttention-style prefill
-
-
-@dataclass
-class DataplaneConfig:
-    kind: str = "torch"             # torch | sim
-    device: str = "auto"            # torch: auto | cpu | cuda
-    attention: str = "torch"        # torch | flash_attn
-    dtype: str = "auto"             # auto: float32 on CPU, bfloat16 on CUDA
-    kv_cache_gb: float = 0.25       # torch on CPU: KV cache size
-    gpu_memory_utilization: float = 0.9   # torch on CUDA / sim: share of device memory for weights + KV
-    cuda_graphs: Optional[bool] = None    # decode steps replay CUDA graphs; None: on CUDA with attention=triton
-    calibration: Optional[str] = None     # sim: fitted cost-model file replacing the roofline
-    threads: Optional[int] = None   # torch on CPU: intra-op threads (None: torch default)
-    step_time: str = "measured"     # torch: measured | model (sim cost model times each step: machine-independent)
-    timer: str = "wall"             # torch: wall (perf_counter) | cpu (thread CPU time, one intra-op thread)
-    timer_repeats: int = 1          # torch, timer=cpu: run each step k times, keep the least time
-    timer_reference: bool = False   # torch, timer=cpu: scale each step by a reference step's best / current time
-    profile: Optional[str] = None   # sim: directory of a Vidur compute profile (mlp.csv [+ attention.csv])
-    network_profile: Optional[str] = None   # sim + profile: directory with Vidur's all_reduce.csv (tensor_parallel > 1)
-    tensor_parallel: int = 1        # sim: GPUs per pipeline stage (profile rows with num_tensor_parallel_workers)
-    pipeline_parallel: int = 1      # sim: pipeline stages (layers split evenly; GPUs = tp x pp)
-    cost_model: str = "roofline"    # sim: roofline (the default) | kernel (shape-aware kernels, docs/cost-model.md)
-    time_noise: float = 0.0         # sim: each step's duration x (1 + time_noise x N(0,1)): how much a result
-    time_noise_seed: int = 0        #   moves under step-time error as small as a timer's (0: exact)
 
 
 @dataclass

@@ -1,14 +1,18 @@
-"""Data planes: `torch` runs a real paged-KV transformer, `sim` a roofline cost model."""
+"""Data planes: `torch` runs a real paged-KV transformer, `sim` a cost model (policylab.dataplane.config)."""
 from __future__ import annotations
 
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from importlib import import_module
+
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import SimPlaneConfig, TorchPlaneConfig
 
 
-def build_dataplane(dp: DataplaneConfig, model: ModelConfig, hardware: HardwareConfig, seed: int = 0):
-    if dp.kind == "sim":
+def build_dataplane(dp, model: ModelConfig, hardware: HardwareConfig, seed: int = 0):
+    """The plane `dp` (a plane's config dataclass, policylab.dataplane.config) configures."""
+    if isinstance(dp, SimPlaneConfig):
         from policylab.dataplane.sim import SimDataPlane
         return SimDataPlane(model, hardware, dp, seed)
-    if dp.kind == "torch":
+    if isinstance(dp, TorchPlaneConfig):
         from policylab.dataplane.modeled_time import STEP_TIMES
         if dp.step_time not in STEP_TIMES:
             raise ValueError(f"dataplane.step_time must be one of {STEP_TIMES}, got '{dp.step_time}'")
@@ -17,6 +21,10 @@ def build_dataplane(dp: DataplaneConfig, model: ModelConfig, hardware: HardwareC
         if dp.step_time == "model":
             from policylab.dataplane.modeled_time import ModeledStepTime
             from policylab.dataplane.sim import SimDataPlane
-            return ModeledStepTime(plane, SimDataPlane(model, hardware, dp, seed))
+            return ModeledStepTime(plane, SimDataPlane(model, hardware, dp.model_timing(), seed))
         return plane
-    raise ValueError(f"dataplane.kind must be 'torch' or 'sim', got '{dp.kind}'")
+    target = getattr(dp, "target", None)          # a plane of your own: its class has a Config dataclass
+    if not target:
+        raise ValueError(f"dataplane: {type(dp).__name__} is not a data plane config (policylab.dataplane.config)")
+    module, _, name = target.rpartition(".")
+    return getattr(import_module(module), name)(model, hardware, dp, seed)

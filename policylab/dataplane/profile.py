@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import SimPlaneConfig
 from policylab.dataplane.profile_csv import ProfileError, floats, read_table, select_tp
 from policylab.dataplane.parallel import Link
 from policylab.dataplane.roofline import Roofline
@@ -98,7 +99,7 @@ class AllReduce:
 class ProfileCostModel:
     """Step time from measured per-op kernel times (see module doc); dense part cached per token count."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, dp: DataplaneConfig):
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, dp: SimPlaneConfig):
         self.roofline = Roofline(model, hw)
         self.tp, self.layers, self.overhead = dp.tensor_parallel, model.num_hidden_layers, hw.step_overhead
         directory = Path(dp.profile)

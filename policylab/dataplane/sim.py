@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import SimPlaneConfig
 from policylab.core.batch import Batch, StepResult
 from policylab.core.rng import splitmix64
 from policylab.dataplane.roofline import ModelShape, Roofline
@@ -22,7 +23,7 @@ COST_MODELS = ("roofline", "kernel")
 MAX_TIME_NOISE = 0.3   # relative: beyond it a step duration would often clip at 0
 
 
-def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig):
+def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneConfig):
     """The cost model the config names; each has step_time(q, ctx, tokens, sampled) and describe()."""
     if dp.calibration and dp.profile:
         raise ValueError("dataplane.calibration and dataplane.profile are two cost models: set one of them")
@@ -48,7 +49,7 @@ def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: Dataplane
     return Roofline(model, hardware, dp.tensor_parallel, dp.pipeline_parallel)
 
 
-def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneConfig) -> None:
+def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneConfig) -> None:
     """Refuse parameters that would give a step a duration that is not finite and >= 0 (a NaN
     step_overhead hung the virtual clock; mem_bandwidth=0 divided by zero)."""
     for name in ("peak_flops", "mem_bandwidth", "mem_bytes", "flops_efficiency", "bw_efficiency", "link_bandwidth",
@@ -76,7 +77,7 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneC
 
 
 class SimDataPlane:
-    def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig, seed: int = 0):
+    def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneConfig, seed: int = 0):
         check_cost_parameters(model, hardware, dp)
         self.hw, self.dp, self.seed = hardware, dp, seed
         self.shape = ModelShape(model, dp.tensor_parallel)

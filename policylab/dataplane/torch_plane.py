@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from policylab.core.config import DataplaneConfig, ModelConfig
+from policylab.core.config import ModelConfig
+from policylab.dataplane.config import TorchPlaneConfig
 from policylab.dataplane.attention import make_backend
 from policylab.core.batch import Batch, StepResult
 from policylab.dataplane.cuda_graphs import DecodeGraphRunner, capture_cuda_graph, cuda_graphs_wanted
@@ -81,7 +82,7 @@ def num_params(cfg: ModelConfig) -> int:
 
 
 class TorchDataPlane:
-    def __init__(self, model: CausalLM, cfg: ModelConfig, dp: DataplaneConfig, device: torch.device,
+    def __init__(self, model: CausalLM, cfg: ModelConfig, dp: TorchPlaneConfig, device: torch.device,
                  dtype: torch.dtype, seed: int, checkpoint: str | None = None):
         self.model, self.cfg, self.dp, self.seed = model, cfg, dp, seed
         self.device, self.dtype = device, dtype
@@ -103,7 +104,7 @@ class TorchDataPlane:
                 "threads": torch.get_num_threads()}
 
     @classmethod
-    def from_config(cls, dp: DataplaneConfig, model: ModelConfig, seed: int) -> "TorchDataPlane":
+    def from_config(cls, dp: TorchPlaneConfig, model: ModelConfig, seed: int) -> "TorchDataPlane":
         if dp.kind != "torch":
             raise ValueError(f"TorchDataPlane built from dataplane.kind='{dp.kind}' (expected torch)")
         device = resolve_device(dp.device)
