@@ -212,3 +212,12 @@ def test_the_cli_keeps_dataplane_overrides_and_names_a_bad_one(tmp_path, capsys)
         main(["run", "trace=bursty", "dataplane=sim", "+dataplane.device=cuda", "logger=none", "plots=false",
               "progress=false", f"hydra.run.dir={tmp_path / 'bad'}"])
     assert "dataplane.device is not a key of the SimPlaneConfig data plane" in capsys.readouterr().err
+
+
+def test_kernel_decode_attention_follows_a_published_kernel_benchmark():
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from check_attention_kernels import errors
+    err = errors()
+    assert max(abs(e) for e in err["kernel"]) < 0.12          # floor + bytes: within 12 % at every point
+    assert max(abs(e) for e in err["roofline"]) > 0.4         # the roofline misses the floor (what it fixes)

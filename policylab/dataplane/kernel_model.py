@@ -18,15 +18,18 @@ the roofline's p-norm (on Vidur's 20 profiles p = 3 has a smaller worst error th
 21 % against 28 %, experiments/check_roofline_profiles.py --cost-model kernel).
 
 Attention (one kernel per layer per phase, as vLLM launches FlashAttention varlen for prefill
-chunks and a paged kernel for decodes): each costs at least `attention_floor`, and
+chunks and a paged kernel for decodes): each costs `attention_floor` plus the larger of
 
 - FLOPs: scores and values over the query-key pairs the causal tiles touch (128 x 128 tiles:
   a 100-token chunk costs a whole tile), at `attention_efficiency` of peak, scaled by how many
   of the SMs the (query tile x head) work items fill;
 - bytes: Q read, O written, K and V read once per request, and the new tokens' K and V written
-  to the paged cache (the cache-write kernel is one more launch), at `bw_efficiency`;
-- decode work is split over the KV sequence (flash-decoding, 512-token splits), so a few short
-  requests leave SMs idle: the achieved bandwidth scales with min(1, work items / SMs).
+  to the paged cache (the cache-write kernel is one more launch), at `bw_efficiency`.
+
+Decode kernels split the KV sequence over the SMs (flash-decoding), so even one short request
+streams at full bandwidth: on vLLM's published decode benchmark (PR #43232, FLASH_ATTN, 1-16
+requests x 1k-32k tokens) the time is 11 us + bytes / bandwidth within ~10 %, where a floor
+taken as a max (no increment below it) is 50 % short at 16k tokens.
 
 The per-step cost stays O(prefill chunks): the decode part is computed from sums the roofline
 already takes.
@@ -37,7 +40,6 @@ from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.roofline import Roofline, smooth_max
 
 ATTN_TILE = 128          # FlashAttention-2/3 query and key tile (head_dim 128)
-DECODE_SPLIT = 512       # tokens of KV per decode work item (vLLM paged attention v2 partition)
 MIN_TILE_M = 16          # the narrowest tile rows a GEMM library launches
 SPLIT_K_MIN = 512        # the least K one split of a split-K GEMM keeps
 MAX_SPLITS = 4           # split-K factors tried
@@ -98,17 +100,14 @@ class KernelCostModel(Roofline):
             compute = pairs * self._pair_flops / (self._attn_flops * fill)
             memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
                       + prefill_ctx * self._kv_bytes_layer) / self.bw
-            t += max(self.floor, compute, memory) + self.latency       # + the cache write's launch
+            t += self.floor + max(compute, memory) + self.latency       # + the cache write's launch
         return layers * t
 
     def _decode(self, requests: int, context: int) -> float:
         """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens."""
-        s = self.shape
-        items = (context / DECODE_SPLIT + requests) * s.kv_heads
-        fill = min(1.0, items / self.sms)
         memory = (context * self._kv_bytes_layer + requests * (self._qo_bytes_token + self._kv_bytes_layer)) / self.bw
         compute = context * self._pair_flops / self._attn_flops
-        return max(self.floor, max(memory / fill, compute)) + self.latency
+        return self.floor + max(memory, compute) + self.latency
 
     def describe(self) -> dict:
         out = {"kind": "kernel", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,
