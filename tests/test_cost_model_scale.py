@@ -221,3 +221,28 @@ def test_kernel_decode_attention_follows_a_published_kernel_benchmark():
     err = errors()
     assert max(abs(e) for e in err["kernel"]) < 0.12          # floor + bytes: within 12 % at every point
     assert max(abs(e) for e in err["roofline"]) > 0.4         # the roofline misses the floor (what it fixes)
+
+
+class TinyPlane:
+    """A data plane of a user's own: a class with a Config dataclass, named by _target_."""
+    from dataclasses import dataclass as _dataclass
+
+    @_dataclass
+    class Config:
+        kind: str = "tiny"
+        step_seconds: float = 0.01
+
+    def __init__(self, model, hardware, config, seed):
+        self.config = config
+
+
+def test_a_user_plane_is_built_from_its_target_and_config():
+    from policylab.dataplane import build_dataplane
+    from policylab.dataplane.config import plane_config
+    cfg = plane_config({"_target_": f"{__name__}.TinyPlane", "step_seconds": 0.5})
+    plane = build_dataplane(cfg, LLAMA, hardware("h100"))
+    assert isinstance(plane, TinyPlane) and plane.config.step_seconds == 0.5
+    with pytest.raises(ValueError, match="step_sec is not a key of the Config data plane"):
+        plane_config({"_target_": f"{__name__}.TinyPlane", "step_sec": 0.5})
+    with pytest.raises(ValueError, match="no such importable class"):
+        plane_config({"_target_": "nowhere.Plane"})

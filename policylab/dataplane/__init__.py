@@ -1,10 +1,8 @@
 """Data planes: `torch` runs a real paged-KV transformer, `sim` a cost model (policylab.dataplane.config)."""
 from __future__ import annotations
 
-from importlib import import_module
-
 from policylab.core.config import HardwareConfig, ModelConfig
-from policylab.dataplane.config import SimPlaneConfig, TorchPlaneConfig
+from policylab.dataplane.config import PLANE_OF, SimPlaneConfig, TorchPlaneConfig
 
 
 def build_dataplane(dp, model: ModelConfig, hardware: HardwareConfig, seed: int = 0):
@@ -23,8 +21,7 @@ def build_dataplane(dp, model: ModelConfig, hardware: HardwareConfig, seed: int 
             from policylab.dataplane.sim import SimDataPlane
             return ModeledStepTime(plane, SimDataPlane(model, hardware, dp.model_timing(), seed))
         return plane
-    target = getattr(dp, "target", None)          # a plane of your own: its class has a Config dataclass
-    if not target:
+    plane = PLANE_OF.get(type(dp))                # a plane of your own: its class has a Config dataclass
+    if plane is None:
         raise ValueError(f"dataplane: {type(dp).__name__} is not a data plane config (policylab.dataplane.config)")
-    module, _, name = target.rpartition(".")
-    return getattr(import_module(module), name)(model, hardware, dp, seed)
+    return plane(model, hardware, dp, seed)

@@ -61,6 +61,7 @@ class TorchPlaneConfig:
 
 PLANES = {"sim": SimPlaneConfig, "torch": TorchPlaneConfig}
 TARGETS = {SIM_TARGET: SimPlaneConfig, TORCH_TARGET: TorchPlaneConfig}
+PLANE_OF: dict = {}      # a user plane's Config dataclass -> its plane class (filled as configs are read)
 
 
 def config_class(target: Optional[str], kind: Optional[str]):
@@ -75,6 +76,7 @@ def config_class(target: Optional[str], kind: Optional[str]):
             raise ValueError(f"dataplane._target_={target}: no such importable class") from None
         if not hasattr(plane, "Config"):
             raise ValueError(f"dataplane._target_={target}: a data plane class needs a `Config` dataclass")
+        PLANE_OF[plane.Config] = plane
         return plane.Config
     if kind not in PLANES:
         raise ValueError(f"dataplane.kind must be one of {', '.join(PLANES)}, got '{kind}'")
