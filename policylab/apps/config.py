@@ -153,6 +153,11 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
     return run
 
 
+def typed_dataplane(node):
+    """The plane config of a run's `dataplane` (a composed node is typed; a dataclass comes back as it is)."""
+    return _dataplane_node(node) if isinstance(node, DictConfig) else node
+
+
 def _dataplane_node(node: DictConfig):
     """The `dataplane` group as its plane's typed config: keys checked against that plane's
     dataclass (policylab.dataplane.config), values converted to its field types."""
