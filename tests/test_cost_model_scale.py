@@ -18,7 +18,6 @@ from policylab.dataplane.parallel import Link
 from policylab.dataplane.roofline import Roofline
 from policylab.dataplane.sim import SimDataPlane
 
-pytestmark = pytest.mark.timeout(120)
 
 
 def model(name: str) -> ModelConfig:

@@ -36,6 +36,8 @@ already takes.
 """
 from __future__ import annotations
 
+from itertools import compress
+
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.roofline import Roofline, smooth_max
 
@@ -81,26 +83,24 @@ class KernelCostModel(Roofline):
         requests = len(q)
         if tokens == requests:
             return layers * self._decode(requests, sum(ctx) + tokens)
-        decodes, dec_ctx, t = 0, 0, 0.0
-        pairs = items = 0
-        prefill_tokens = prefill_ctx = 0
-        for n, c in zip(q, ctx):
-            if n == 1:
-                decodes, dec_ctx = decodes + 1, dec_ctx + c + 1
-                continue
+        chunks = list(compress(range(requests), map((1).__lt__, q)))      # prefill chunks (n > 1), C-level
+        decodes = requests - len(chunks)
+        pairs = items = prefill_tokens = prefill_ctx = 0
+        for i in chunks:
+            n, c = q[i], ctx[i]
             q_tiles = -(-n // ATTN_TILE)
             # causal tiles: each query tile reads the cached keys and the chunk's keys up to its end
             pairs += q_tiles * ATTN_TILE * (c + (q_tiles + 1) * ATTN_TILE // 2)
             items += q_tiles
             prefill_tokens, prefill_ctx = prefill_tokens + n, prefill_ctx + c + n
+        t = 0.0
         if decodes:
-            t += self._decode(decodes, dec_ctx)
-        if items:
-            fill = min(1.0, items * s.heads / self.sms)
-            compute = pairs * self._pair_flops / (self._attn_flops * fill)
-            memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
-                      + prefill_ctx * self._kv_bytes_layer) / self.bw
-            t += self.floor + max(compute, memory) + self.latency       # + the cache write's launch
+            t += self._decode(decodes, sum(ctx) + tokens - prefill_ctx)
+        fill = min(1.0, items * s.heads / self.sms)
+        compute = pairs * self._pair_flops / (self._attn_flops * fill)
+        memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
+                  + prefill_ctx * self._kv_bytes_layer) / self.bw
+        t += self.floor + max(compute, memory) + self.latency       # + the cache write's launch
         return layers * t
 
     def _decode(self, requests: int, context: int) -> float:

@@ -29,6 +29,13 @@ projection), one LayerNorm feeding attention and MLP in parallel.
 No term is tuned to one file: the only per-GPU numbers are the two efficiencies and the kernel
 latency (and `step_overhead`), measured per regime and given with their source in
 configs/hardware/*.yaml.
+
+Shared with the kernel cost model (`policylab.dataplane.kernel_model`, which replaces the GEMM
+and attention terms): tensor and pipeline parallelism (`policylab.dataplane.parallel`: per-GPU
+shards, ring all-reduces, pipeline bubble), host time per step, request and token
+(`policylab.dataplane.host_time`), MoE layers (`policylab.dataplane.moe`) and MLA shapes
+(`policylab.dataplane.shape`). With one GPU, no MoE and host time `step_overhead` only, every
+number is the same as without them, and `step_time` is this class's own method.
 """
 from __future__ import annotations
 
@@ -68,6 +75,7 @@ class Roofline:
         self._s_per_kv_token = s.kv_bytes_per_token / self.bw
         self._dense: dict = {}
         self._lm_head: dict = {}
+        self._layers: dict = {}          # pipeline stages: one micro-batch's layers
         if tp > 1 or pp > 1 or self.host.per_request or self.host.per_token:
             self.step_time = self._parallel_step_time
 
@@ -149,10 +157,18 @@ class Roofline:
         """step_time with tensor or pipeline parallelism or per-request / per-token host time."""
         host = self.host(len(q), tokens)
         if self.pp == 1:
-            return self.dense_time(tokens) + self.lm_head_time(sampled) + self.attention_time(q, ctx, tokens) + host
+            dense, head = self._dense.get(tokens), self._lm_head.get(sampled)
+            if dense is None:
+                dense = self.dense_time(tokens)
+            if head is None:
+                head = self.lm_head_time(sampled)
+            return dense + head + self.attention_time(q, ctx, tokens) + host
         m = micro_batches(self.pp, len(q))
         per_mb = -(-tokens // m)
-        layers = self.layers_time(per_mb) + self.attention_time(q, ctx, tokens) / m
+        dense = self._layers.get(per_mb)
+        if dense is None:
+            dense = self._layers[per_mb] = self.layers_time(per_mb)
+        layers = dense + self.attention_time(q, ctx, tokens) / m
         handoff = self.link.send(per_mb * self.shape.hidden * self.shape.dtype_bytes)
         return (self.embedding_time(tokens) + pipelined(layers / self.pp, handoff, self.pp, m)
                 + self.lm_head_time(sampled) + host)
