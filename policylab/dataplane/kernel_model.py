@@ -49,6 +49,9 @@ HALF_TILE_RATE = 0.95    # a tile half as wide runs at this share of a full tile
 
 
 class KernelCostModel(Roofline):
+    """The roofline with shape-aware GEMM and attention kernels (module doc); always through the
+    general step path, since host time is part of what it states."""
+
     def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1):
         super().__init__(model, hw, tp, pp)
         self.sms, self.tile_m, self.tile_n = hw.num_sms, hw.gemm_tile_m, hw.gemm_tile_n
