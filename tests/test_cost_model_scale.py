@@ -203,10 +203,11 @@ def test_each_data_plane_has_its_own_config_and_refuses_the_other_planes_keys():
 def test_the_cli_keeps_dataplane_overrides_and_names_a_bad_one(tmp_path, capsys):
     from policylab.apps.cli import main
     main(["run", "policy=chunked", "trace=bursty", "dataplane=sim", "dataplane.tensor_parallel=2", "host=vllm_eager",
-          "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
+          "link=pcie4", "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
     import json
     info = json.loads((tmp_path / "summary.json").read_text())["cost_model"]
     assert info["tensor_parallel"] == 2 and info["host_time"]["preset"] == "vllm_eager"
+    assert info["link"]["name"] == "pcie4" and info["link"]["bandwidth"] == 20e9
     with pytest.raises(SystemExit):
         main(["run", "trace=bursty", "dataplane=sim", "+dataplane.device=cuda", "logger=none", "plots=false",
               "progress=false", f"hydra.run.dir={tmp_path / 'bad'}"])
