@@ -40,7 +40,8 @@ import yaml
 
 from bench_scale import RssSampler
 from policylab.cluster import Cluster, Replica
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing.loader import load_policy

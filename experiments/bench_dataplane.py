@@ -29,7 +29,8 @@ import torch
 from omegaconf import OmegaConf
 
 from policies.prefill_first import PrefillFirst
-from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
+from policylab.core.config import EngineConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.batch import Batch
 from policylab.dataplane.torch_plane import TorchDataPlane
 from policylab.dataplane.weights import random_state_dict, to_hf_config

@@ -9,7 +9,7 @@
     replay, result files, plots, the default offline W&B logger), in-process, with the split
     between trace load, replay, results, plots and W&B (target ≤ 20 s end to end).
 Usage: python experiments/bench_engine.py [--requests 20000] [--policy prefill_first] [--repeat 1]
-       [--only a,b,c]
+       [--only a,b,c] [--cost-model kernel]
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
@@ -49,9 +50,12 @@ def load_policy(name):
     return load_policy_spec(str(ROOT / f"configs/policy/{name}.yaml"))      # resolves ${fairness.*} / ${slo.*} too
 
 
+COST_MODEL = "roofline"      # --cost-model
+
+
 def sim_plane():
     model = ModelConfig(**yaml.safe_load(open(ROOT / "configs/model/llama3-8b.yaml")))
-    return SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim"))
+    return SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim", cost_model=COST_MODEL))
 
 
 def replay_engine(n, policy):
@@ -179,7 +183,9 @@ if __name__ == "__main__":
                     help="replays of (a), each from a fresh engine: on a shared, noisy machine one "
                          "number says little; the min is the least disturbed, the median the typical")
     ap.add_argument("--only", default="a,b,c", help="which measurements to run (comma-separated)")
+    ap.add_argument("--cost-model", default="roofline", help="(a), (b): the sim's cost model (roofline | kernel)")
     args = ap.parse_args()
+    COST_MODEL = args.cost_model
     only = set(args.only.split(","))
     if "b" in only:
         bench_decode_step(args.policy)

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing.loader import CONFIG_DIR, load_policy

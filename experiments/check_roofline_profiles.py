@@ -19,6 +19,7 @@ attn_prefill + attn_kv_cache_save (the KV write, where the file times it), as Vi
 
     python experiments/check_roofline_profiles.py /tmp/vidur_profiles [--gpus a100 h100 a40]
         [--hardware flops_efficiency=0.68 bw_efficiency=0.68 kernel_latency=0]   # what-if, every GPU
+        [--cost-model kernel]                                                     # the kernel cost model
 """
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ import numpy as np
 from vidur_profiles import cases
 from policylab.dataplane.profile import LAYER_OPS, PARALLEL_LAYER_OPS
 from policylab.dataplane.profile_csv import floats, read_table
+from policylab.dataplane.kernel_model import KernelCostModel
 from policylab.dataplane.roofline import Roofline
+
+COST_MODEL = {"roofline": Roofline, "kernel": KernelCostModel}
+Model = Roofline
 
 DECODE = [2 ** i for i in range(13)]                 # 1 .. 4,096
 PREFILL = [2 ** i for i in range(9, 15)]             # 512 .. 16,384
@@ -50,8 +55,8 @@ def measured_dense(case) -> dict:
 
 
 def dense_errors(case) -> dict:
-    roofline, truth = Roofline(case.model, case.hardware), measured_dense(case)
-    err = {n: roofline.dense_time(n) / t - 1 for n, t in sorted(truth.items())}
+    roofline, truth = Model(case.model, case.hardware), measured_dense(case)
+    err = {n: roofline.dense_time(int(n)) / t - 1 for n, t in sorted(truth.items())}
     decode = [abs(err[n]) for n in DECODE if n in err]
     prefill = [abs(err[n]) for n in PREFILL if n in err]
     return {"decode": max(decode), "decode_at": max((n for n in DECODE if n in err), key=lambda n: abs(err[n])),
@@ -78,7 +83,7 @@ def attention_rows(path: Path) -> dict:
 
 def attention_errors(case) -> dict:
     """phase -> (rows, median and worst error vs kernel + KV write, median error vs the kernel alone)."""
-    roofline, layers = Roofline(case.model, case.hardware), case.model.num_hidden_layers
+    roofline, layers = Model(case.model, case.hardware), case.model.num_hidden_layers
     out = {}
     for phase, (batch, chunk, cached, kernel, save) in attention_rows(case.directory / "attention.csv").items():
         if not len(kernel):
@@ -100,7 +105,11 @@ def main() -> None:
     ap.add_argument("--gpus", nargs="*", help="only these GPUs (default: every one with configs/hardware/<gpu>.yaml)")
     ap.add_argument("--hardware", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="override hardware fields on every GPU (e.g. to compare with other efficiencies)")
+    ap.add_argument("--cost-model", choices=sorted(COST_MODEL), default="roofline",
+                    help="roofline (the default) or kernel (dataplane.cost_model=kernel)")
     args = ap.parse_args()
+    global Model
+    Model = COST_MODEL[args.cost_model]
     found = cases(args.root, args.gpus)
     for case in found:
         for item in args.hardware:

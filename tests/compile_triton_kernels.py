@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from policylab.core.config import DataplaneConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane import triton_kernels as kernels
 from policylab.core.batch import Batch
 from policylab.dataplane.triton_attention import TritonAttention

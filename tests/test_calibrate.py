@@ -7,7 +7,8 @@ import pytest
 
 from policylab.apps.calibrate import batch_grid, fit, nnls
 from policylab.dataplane.fitted import FEATURES, batch_features, load_calibration
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.batch import Batch
 from policylab.dataplane.sim import SimDataPlane
 

@@ -17,7 +17,8 @@ from policies.routers.random import RandomRouter
 from policies.routers.round_robin import RoundRobin
 from policies.routers.session import Session
 from policylab import CapacityView, Router
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane

@@ -113,7 +113,7 @@ def llama3_8b() -> ModelConfig:
 
 def bench_cluster(trace, policy, router, replicas):
     from policylab.cluster import Cluster, Replica
-    from policylab.core.config import DataplaneConfig
+    from policylab.dataplane.config import DataplaneConfig
     from policylab.core.engine import Engine
     from policylab.dataplane.sim import SimDataPlane
     from policylab.testing.loader import policy_factory

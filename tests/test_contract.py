@@ -7,7 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.contract import ContractViolation, RequestView, StepPlan, validate_plan
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine

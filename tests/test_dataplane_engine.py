@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from policies.prefill_first import PrefillFirst
-from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
+from policylab.core.config import EngineConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.torch_plane import TorchDataPlane
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest

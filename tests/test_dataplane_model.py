@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from policylab.core.config import DataplaneConfig, ModelConfig
+from policylab.core.config import ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.batch import Batch
 from policylab.dataplane.sampling import filter_logits, sample
 from policylab.dataplane.torch_plane import TorchDataPlane

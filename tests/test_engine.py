@@ -62,7 +62,8 @@ def test_output_blocks_are_published_when_a_request_finishes_and_a_follow_up_hit
     """Output-token blocks are hashed once, at release; a later prompt extending the first
     conversation (prompt + answer) reuses every computed full block of it."""
     import numpy as np
-    from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+    from policylab.core.config import HardwareConfig, ModelConfig
+    from policylab.dataplane.config import DataplaneConfig
     from policylab.dataplane.sim import SimDataPlane
     from policylab.core.engine import Engine
     cfg = EngineConfig(block_size=4, num_blocks=32, max_num_batched_tokens=64, max_num_seqs=4)
@@ -83,7 +84,8 @@ def test_output_blocks_are_published_when_a_request_finishes_and_a_follow_up_hit
 def test_a_batch_is_never_changed_after_its_step_even_when_the_steady_batch_is_reused():
     """The persistent decode batch reuses its lists across steps; a data plane that keeps the
     batches it was sent must still see each one exactly as it ran."""
-    from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+    from policylab.core.config import HardwareConfig, ModelConfig
+    from policylab.dataplane.config import DataplaneConfig
     from policylab.dataplane.sim import SimDataPlane
     from policylab.core.engine import Engine
 
@@ -106,7 +108,8 @@ def test_a_batch_is_never_changed_after_its_step_even_when_the_steady_batch_is_r
 def test_sim_token_ids_depend_on_seed_and_position_only_however_the_id_table_grew():
     """The sim plane's ids come from a table grown on demand; the order of growth must not
     matter (determinism), and ids stay clear of the special tokens at both ends of the vocab."""
-    from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+    from policylab.core.config import HardwareConfig, ModelConfig
+    from policylab.dataplane.config import DataplaneConfig
     from policylab.core.batch import Batch
     from policylab.dataplane.sim import SimDataPlane
 
@@ -130,7 +133,8 @@ def test_sim_token_ids_depend_on_seed_and_position_only_however_the_id_table_gre
 def test_sim_plane_samples_only_where_the_batch_says_even_when_every_chunk_is_one_token():
     """A one-token prefill chunk that does not complete its prompt samples nothing: a batch of
     one-token entries is not necessarily all decodes."""
-    from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+    from policylab.core.config import HardwareConfig, ModelConfig
+    from policylab.dataplane.config import DataplaneConfig
     from policylab.core.batch import Batch
     from policylab.dataplane.sim import SimDataPlane
 

@@ -17,7 +17,8 @@ from policylab.apps.cli import CONFIG_DIR, main
 from policylab.apps.config import ConfigError, typed_config
 from policylab.apps.jobs import check_output_dir_writable
 from policylab.apps.run import run
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.contract import ContractViolation, StepPlan
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest

@@ -5,7 +5,8 @@ import weakref
 
 from policies.prefill_first import PrefillFirst
 from policylab.core import gc_freeze as heap
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest as T

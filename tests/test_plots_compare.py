@@ -11,7 +11,8 @@ import pytest
 from policies.prefill_first import PrefillFirst
 from policylab.analysis.compare import main as compare_main
 from policylab.analysis.run_table import collect_runs, find_run_dirs
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
 from policylab.analysis.plots import downsample_steps, itl_values, write_run_plots

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.profile import ProfileCostModel
 from policylab.dataplane.profile_attention import ProfiledAttention
 from policylab.dataplane.profile_csv import ProfileError

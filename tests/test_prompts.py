@@ -46,7 +46,8 @@ def test_a_sim_replay_holds_no_prompt_ids_yet_hashes_and_publishes_the_same_bloc
     (~100 bytes) instead of its ids; its prefix hashes, cache hits and output-block hashes are
     those of the ids (a plane that reads ids gets the array, and the same hashes)."""
     from policies.prefill_first import PrefillFirst
-    from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+    from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+    from policylab.dataplane.config import DataplaneConfig
     from policylab.core.engine import Engine
     from policylab.core.request import TraceRequest as T
     from policylab.core.synthetic_prompts import SyntheticPrompt
@@ -92,7 +93,8 @@ def test_own_prompts_keyed_without_hashing_hit_exactly_as_their_chained_hashes_d
     import dataclasses
 
     from policies.chunked import Chunked
-    from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+    from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+    from policylab.dataplane.config import DataplaneConfig
     from policylab.core.engine import Engine
     from policylab.core.kv import chain_hashes, own_block_keys
     from policylab.core.request import TraceRequest as T

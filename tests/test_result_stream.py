@@ -11,7 +11,8 @@ import pytest
 import policylab.analysis.result_stream as stream_module
 from policylab.analysis.result_stream import ResultStream
 from policylab.analysis.results import summarize_run, write_results
-from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
+from policylab.core.config import EngineConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane

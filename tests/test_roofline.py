@@ -44,7 +44,7 @@ def test_phi_is_a_gelu_mlp_in_a_parallel_block():
     assert llama.dense_params - phi.dense_params == 32 * h * f
 
 
-@pytest.mark.parametrize("gpu", ["a100", "a40", "h100", "h200"])
+@pytest.mark.parametrize("gpu", ["a100", "a40", "h100", "h200", "b200", "mi300x", "l40s"])
 def test_each_gpu_file_gives_every_roofline_number(gpu):
     data = hardware_file(gpu)
     assert set(data) == {f.name for f in fields(HardwareConfig)}

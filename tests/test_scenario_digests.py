@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from policylab.analysis.results import write_results
-from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
+from policylab.core.config import EngineConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane

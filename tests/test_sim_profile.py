@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from policylab.core.batch import Batch
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.profile import LAYER_OPS, ProfileCostModel
 from policylab.dataplane.profile_csv import ProfileError
 from policylab.dataplane.roofline import Roofline
@@ -78,9 +79,12 @@ def test_tensor_parallel_uses_its_rows_and_the_all_reduce_profile():
     assert tp2.dense_time(big) < tp1.dense_time(big)               # half the GEMM work per GPU
     no_comm = tp2.dense_time(big) - 65 * tp2.all_reduce(big * 4096 * 2)
     assert no_comm == pytest.approx(32 * sum(tp2.ops[op](big) for op in LAYER_OPS) + tp2.ops["emb"](big))
-    with pytest.raises(ProfileError, match="network_profile"):
-        ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B),
-                                                                      tensor_parallel=2))
+    # without a network profile the all-reduces come from the hardware's link model
+    linked = ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B),
+                                                                           tensor_parallel=2))
+    size = big * 4096 * 2
+    ring = HardwareConfig().collective_latency + 2 * HardwareConfig().link_latency + size / HardwareConfig().link_bandwidth
+    assert linked.dense_time(big) - 65 * ring == pytest.approx(no_comm)
     with pytest.raises(ProfileError, match="num_tensor_parallel_workers=3"):
         ProfileCostModel(LLAMA3_8B, HardwareConfig(), DataplaneConfig(kind="sim", profile=str(A100_LLAMA3_8B),
                                                                       tensor_parallel=3))
@@ -143,7 +147,9 @@ def test_default_roofline_on_the_shared_profile():
 def test_cost_model_choice_errors_and_the_roofline_record(tmp_path):
     with pytest.raises(ValueError, match="two cost models: set one"):
         SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", calibration="c.json", profile="p"))
-    with pytest.raises(ValueError, match="tensor_parallel > 1 needs a measured profile"):
-        SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", tensor_parallel=2))
+    with pytest.raises(ValueError, match="does not divide the model's 8 attention heads"):
+        SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", tensor_parallel=3))
+    with pytest.raises(ValueError, match="cost_model must be one of roofline, kernel"):
+        SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", cost_model="vidur"))
     info = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim")).describe_cost_model()
     assert info["kind"] == "roofline" and info["hardware"] == "h100" and info["step_overhead"] == 0.0

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from policylab.core.batch import Batch
-from policylab.core.config import DataplaneConfig, ModelConfig
+from policylab.core.config import ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.request import SamplingParams
 from policylab.dataplane.torch_plane import TorchDataPlane
 

@@ -7,7 +7,8 @@ import pytest
 
 from policies.prefill_first import PrefillFirst
 from policylab.core.batch import Batch
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest as T
 from policylab.dataplane.sim import SimDataPlane

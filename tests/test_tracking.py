@@ -19,7 +19,8 @@ from policylab.analysis.metrics import flatten
 from policylab.analysis.plots import write_run_plots
 from policylab.analysis.tracking import RUN_INFO_FILE, NullTracker, open_tracker
 from policylab.apps.config import PolicySpec, RunConfig
-from policylab.core.config import DataplaneConfig, LoggerConfig
+from policylab.core.config import LoggerConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.traces import TraceConfig
 from tests.test_plots_compare import make_run_dir
 

@@ -25,7 +25,8 @@ import torch  # noqa: E402
 pytest.importorskip("triton", reason="triton is not installed: pip install -e '.[triton]'")
 
 from policies.prefill_first import PrefillFirst  # noqa: E402
-from policylab.core.config import DataplaneConfig, EngineConfig  # noqa: E402
+from policylab.core.config import EngineConfig  # noqa: E402
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane import triton_kernels as kernels  # noqa: E402
 from policylab.dataplane.attention import make_backend  # noqa: E402
 from policylab.core.batch import Batch  # noqa: E402

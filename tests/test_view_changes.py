@@ -1,6 +1,7 @@
 """`view.sampled` and `view.arrived` tell a policy what changed since its previous
 schedule() call, each fact exactly once, so incremental policy state stays exact."""
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.contract import StepPlan
 from policylab.core.engine import Engine
 from policylab.core.policy import Policy

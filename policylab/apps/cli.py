@@ -86,6 +86,7 @@ def capacity_main(cfg: DictConfig) -> float:
 TOOLS = {
     "trace": "policylab.apps.trace_cli",
     "compare": "policylab.analysis.compare",
+    "sim-check": "policylab.apps.sim_check",
 }
 HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main,
               "capacity": capacity_main, "generate": generate_main}
@@ -98,6 +99,7 @@ USAGE = """usage: python -m policylab COMMAND ...
   capacity   highest arrival rate meeting the SLOs (same overrides as run, plus target=0.9 lo= hi= iters=)
   generate   complete a real prompt through the full engine (model=smollm2-135m prompt="...")
   compare    table, CDFs, markdown and HTML of run or multirun directories (compare --help)
+  sim-check  your step-time measurements (CSV) against the sim's cost model: MAPE, bias, worst (sim-check --help)
 """
 
 

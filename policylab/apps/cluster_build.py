@@ -9,7 +9,7 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from policylab.apps.config import CONFIG_DIR, RunConfig, pool_policy
+from policylab.apps.config import CONFIG_DIR, RunConfig, pool_policy, typed_dataplane
 from policylab.cluster import Cluster, Replica
 from policylab.cluster.config import check_cluster_config
 from policylab.cluster.disagg import Disaggregation, prefill_trace
@@ -42,7 +42,7 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
     replicas = []
     for k, (role, hw) in enumerate(zip(roles, hardware)):
         engine = Engine(front if role == "prefill" else trace, role_policy(make_policy, specs[role], role),
-                        build_dataplane(cfg.dataplane, cfg.model, hw, cfg.seed), cfg.engine,
+                        build_dataplane(typed_dataplane(cfg.dataplane), cfg.model, hw, cfg.seed), cfg.engine,
                         seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
         replicas.append(Replica(k, role, hw.name, engine))
     pd = Disaggregation(build_router(cfg.decode_router, "decode_router"), LinkModel(c.link),

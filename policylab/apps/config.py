@@ -19,8 +19,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from policylab.cluster.config import POOLS, ClusterConfig, check_cluster_config, policy_label, spec_name
-from policylab.core.config import (DataplaneConfig, EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig,
-                                   ModelConfig, SloConfig, check_engine_config, check_slo_config)
+from policylab.core.config import (EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig, ModelConfig,
+                                   SloConfig, check_engine_config, check_slo_config)
+from policylab.dataplane.config import SimPlaneConfig, TorchPlaneConfig, plane_config
 from policylab.traces.config import TraceConfig
 
 
@@ -75,7 +76,7 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)   # replicas, P/D split, link
     router: Any = None              # {_target_: importable Router class, ...}: who gets each arrival
     decode_router: Any = None       # P/D: who decodes each prefilled request
-    dataplane: DataplaneConfig = field(default_factory=DataplaneConfig)
+    dataplane: Any = None           # {_target_: a data plane class, ...}: policylab.dataplane.config
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -85,6 +86,10 @@ class RunConfig:
     objective: str = "goodput"   # summary key `run` returns to sweepers (Optuna): slo_attainment, ttft.p99, ...
     progress: bool = True        # progress bar over requests
     plots: bool = True           # PNG plots in the run directory
+
+    def __post_init__(self):
+        if self.dataplane is None:          # a RunConfig built by hand: the default group, torch
+            self.dataplane = TorchPlaneConfig()
 
 
 def register() -> None:
@@ -130,6 +135,8 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
         raise ConfigError(f"config: no value for {e.full_key}: add {e.full_key}=...") from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"config: {e}".splitlines()[0]) from None
+    if cfg.get("dataplane") is not None:
+        run.dataplane = _dataplane_node(cfg.dataplane)
     run.policy = PolicySpec(OmegaConf.to_container(cfg.policy, resolve=True))
     for key in ("router", "decode_router"):
         if cfg.get(key) is not None:
@@ -144,6 +151,25 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
             if getattr(run.cluster, f"{pool}_policy") is None:
                 setattr(run.cluster, f"{pool}_policy", PolicySpec(run.policy))
     return run
+
+
+def typed_dataplane(node):
+    """The plane config of a run's `dataplane` (a composed node is typed; a dataclass comes back as it is)."""
+    return _dataplane_node(node) if isinstance(node, DictConfig) else node
+
+
+def _dataplane_node(node: DictConfig):
+    """The `dataplane` group as its plane's typed config: keys checked against that plane's
+    dataclass (policylab.dataplane.config), values converted to its field types."""
+    values = OmegaConf.to_container(node, resolve=True)
+    try:
+        plane = plane_config(values)
+        values.pop("_target_", None)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(type(plane)), values))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"config: dataplane.{e.full_key}: {str(e).splitlines()[0]}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config: {e}") from None
 
 
 def pool_policy(run: RunConfig, pool: str) -> dict:
@@ -177,7 +203,7 @@ def check_run_config(run: RunConfig) -> None:
         check_engine_config(run.engine)
         check_slo_config(run.slo, run.fairness)
         check_cluster_config(run.cluster)
-        if run.dataplane.kind == "sim":       # (before a long trace is read, not after)
+        if isinstance(run.dataplane, SimPlaneConfig):       # (before a long trace is read, not after)
             from policylab.dataplane.sim import check_cost_parameters
             check_cost_parameters(run.model, run.hardware, run.dataplane)
     except ValueError as e:

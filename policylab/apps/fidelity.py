@@ -21,7 +21,7 @@ from policylab.analysis.results import plain_config, summarize_run, write_result
 from policylab.apps.calibrate import calibrate
 from policylab.apps.config import RunConfig, typed_config
 from policylab.apps.jobs import build_engine, build_policy, dataplane_of, measuring, replay
-from policylab.core.config import DataplaneConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.dataplane.fitted import Calibration, load_calibration
 from policylab.dataplane.sim import SimDataPlane

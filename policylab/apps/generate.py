@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
+from policylab.core.config import EngineConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import SamplingParams, TraceRequest
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
-from policylab.apps.config import RunConfig
+from policylab.apps.config import RunConfig, typed_dataplane
 from policylab.cluster.config import is_cluster
 from policylab.apps.signals import ReplaySignals
 from policylab.core.engine import Engine
@@ -107,7 +107,7 @@ def build_policy(spec: dict) -> Policy:
 
 
 def dataplane_of(cfg: RunConfig):
-    return build_dataplane(cfg.dataplane, cfg.model, cfg.hardware, cfg.seed)
+    return build_dataplane(typed_dataplane(cfg.dataplane), cfg.model, cfg.hardware, cfg.seed)
 
 
 def measuring(cfg: RunConfig, command: str) -> RunConfig:

@@ -1,5 +1,6 @@
 """Plain typed configuration of the core, the data planes and the analysis.
 
+(Each data plane's config lives with the planes: policylab.dataplane.config.)
 These dataclasses know nothing of Hydra: the app layer (`policylab.apps.config`) registers
 them as structured configs and converts the composed config into them once, so every layer
 below reads ordinary attributes (an OmegaConf node costs a resolver call per read).
@@ -63,6 +64,17 @@ class ModelConfig:
     attention_bias: bool = False    # q/k/v bias (Qwen2)
     dtype_bytes: int = 2            # bytes per weight/KV element, for the sim cost model
     eos_token_id: Optional[int] = None
+    # mixture of experts (sim only; 0: a dense MLP of intermediate_size)
+    num_experts: int = 0            # routed experts per MoE layer
+    num_experts_per_tok: int = 0    # top-k routing
+    moe_intermediate_size: int = 0  # one expert's MLP width
+    num_shared_experts: int = 0     # experts every token passes through (DeepSeek)
+    first_dense_layers: int = 0     # leading layers with the dense MLP (DeepSeek-V3: 3)
+    # multi-head latent attention (sim only; kv_lora_rank 0: no MLA)
+    kv_lora_rank: int = 0           # cached latent per token per layer (+ qk_rope_head_dim)
+    q_lora_rank: int = 0            # 0: a full-rank query projection
+    qk_rope_head_dim: int = 0
+    v_head_dim: Optional[int] = None   # None: head_dim
 
 
 @dataclass
@@ -78,29 +90,20 @@ class HardwareConfig:
     bw_efficiency: float = 0.90     # achieved share of peak bandwidth streaming weights (idem)
     kernel_latency: float = 4.8e-6  # seconds every kernel costs however small (launch, fill, tail; idem)
     step_overhead: float = 0.0      # seconds per step of host time not hidden (the profile is kernel time only)
-
-
-@dataclass
-class DataplaneConfig:
-    kind: str = "torch"             # torch | sim
-    device: str = "auto"            # torch: auto | cpu | cuda
-    attention: str = "torch"        # torch | flash_attn
-    dtype: str = "auto"             # auto: float32 on CPU, bfloat16 on CUDA
-    kv_cache_gb: float = 0.25       # torch on CPU: KV cache size
-    gpu_memory_utilization: float = 0.9   # torch on CUDA / sim: share of device memory for weights + KV
-    cuda_graphs: Optional[bool] = None    # decode steps replay CUDA graphs; None: on CUDA with attention=triton
-    calibration: Optional[str] = None     # sim: fitted cost-model file replacing the roofline
-    threads: Optional[int] = None   # torch on CPU: intra-op threads (None: 1 on <= 4 cores, else torch default)
-    step_time: str = "measured"     # torch: auto (model on CPU, measured on CUDA; configs/dataplane/torch.yaml's
-                                    # default) | measured | model (sim cost model times each step: machine-independent)
-    timer: str = "wall"             # torch: wall (perf_counter) | cpu (thread CPU time, one intra-op thread)
-    timer_repeats: int = 1          # torch, timer=cpu: run each step k times, keep the least time
-    timer_reference: bool = False   # torch, timer=cpu: scale each step by a reference step's best / current time
-    profile: Optional[str] = None   # sim: directory of a Vidur compute profile (mlp.csv [+ attention.csv])
-    network_profile: Optional[str] = None   # sim + profile: directory with Vidur's all_reduce.csv (tensor_parallel > 1)
-    tensor_parallel: int = 1        # sim: GPUs per replica (profile rows with num_tensor_parallel_workers)
-    time_noise: float = 0.0         # sim: each step's duration x (1 + time_noise x N(0,1)): how much a result
-    time_noise_seed: int = 0        #   moves under step-time error as small as a timer's (0: exact)
+    host_per_request: float = 0.0   # host seconds per scheduled request (configs/host/: engine presets)
+    host_per_token: float = 0.0     # host seconds per scheduled token
+    host: Optional[str] = None      # the host-time preset these three came from (configs/host/)
+    num_sms: int = 132              # streaming multiprocessors (CUs): wave quantisation, attention work split
+    link: str = "nvlink4"           # GPU-to-GPU link of a tensor/pipeline-parallel group (configs/link/)
+    link_bandwidth: float = 329e9   # bytes/s of ring bus bandwidth (configs/hardware/h100.yaml: measured)
+    link_latency: float = 0.79e-6   # seconds per ring hop
+    collective_latency: float = 18.3e-6   # seconds per collective, however small
+    # cost_model=kernel only (configs/hardware/*.yaml gives each one's source)
+    gemm_efficiency: float = 0.77   # share of peak FLOP/s of a large GEMM whose tiles fill every SM
+    gemm_tile_m: int = 128          # output tile of a large GEMM: rows (tokens) ...
+    gemm_tile_n: int = 256          # ... and columns
+    attention_floor: float = 11e-6  # seconds an attention kernel takes however little it does
+    attention_efficiency: float = 0.60   # share of peak FLOP/s of FlashAttention-style prefill
 
 
 @dataclass

@@ -29,8 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import SimPlaneConfig
 from policylab.dataplane.profile_csv import ProfileError, floats, read_table, select_tp
+from policylab.dataplane.parallel import Link
 from policylab.dataplane.roofline import Roofline
 
 LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
@@ -97,7 +99,7 @@ class AllReduce:
 class ProfileCostModel:
     """Step time from measured per-op kernel times (see module doc); dense part cached per token count."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, dp: DataplaneConfig):
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, dp: SimPlaneConfig):
         self.roofline = Roofline(model, hw)
         self.tp, self.layers, self.overhead = dp.tensor_parallel, model.num_hidden_layers, hw.step_overhead
         directory = Path(dp.profile)
@@ -114,11 +116,11 @@ class ProfileCostModel:
         self.files = [self.mlp_path]
         self.all_reduce = None
         if self.tp > 1:
-            if not dp.network_profile:
-                raise ProfileError(f"dataplane.tensor_parallel={self.tp} needs dataplane.network_profile=DIR "
-                                   "(a Vidur network profile with all_reduce.csv, e.g. .../network/a100_dgx)")
-            path = Path(dp.network_profile) / "all_reduce.csv"
-            self.all_reduce, self.files = AllReduce(path, self.tp), self.files + [path]
+            if dp.network_profile:
+                path = Path(dp.network_profile) / "all_reduce.csv"
+                self.all_reduce, self.files = AllReduce(path, self.tp), self.files + [path]
+            else:                      # the hardware's link model (policylab.dataplane.parallel)
+                self.all_reduce = Link(hw, self.tp).all_reduce
         self.attention = None
         if (directory / "attention.csv").is_file():
             from policylab.dataplane.profile_attention import ProfiledAttention

@@ -29,12 +29,25 @@ projection), one LayerNorm feeding attention and MLP in parallel.
 No term is tuned to one file: the only per-GPU numbers are the two efficiencies and the kernel
 latency (and `step_overhead`), measured per regime and given with their source in
 configs/hardware/*.yaml.
+
+Shared with the kernel cost model (`policylab.dataplane.kernel_model`, which replaces the GEMM
+and attention terms): tensor and pipeline parallelism (`policylab.dataplane.parallel`: per-GPU
+shards, ring all-reduces, pipeline bubble), host time per step, request and token
+(`policylab.dataplane.host_time`), MoE layers (`policylab.dataplane.moe`) and MLA shapes
+(`policylab.dataplane.shape`). With one GPU, no MoE and host time `step_overhead` only, every
+number is the same as without them, and `step_time` is this class's own method.
 """
 from __future__ import annotations
 
 from operator import mul
 
 from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.host_time import HostTime
+from policylab.dataplane.moe import expert_gemm_terms
+from policylab.dataplane.parallel import Link, check_parallel, micro_batches, pipelined
+from policylab.dataplane.shape import ModelShape
+
+__all__ = ["ModelShape", "Roofline", "smooth_max"]
 
 P_NORM = 3.0      # knee sharpness (see above): 2^(1/3) = 1.26x the larger bound at balance
 
@@ -44,60 +57,74 @@ def smooth_max(a: float, b: float) -> float:
     return (a ** P_NORM + b ** P_NORM) ** (1 / P_NORM)
 
 
-class ModelShape:
-    """Sizes derived from a model config that the cost models need."""
-
-    def __init__(self, m: ModelConfig):
-        head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
-        h, f = m.hidden_size, m.intermediate_size
-        q, kv = m.num_attention_heads * head_dim, m.num_key_value_heads * head_dim
-        gated = m.architecture != "phi"           # SwiGLU: gate and up projections, SiLU·mul
-        norms = 2 if gated else 1                 # phi: one LayerNorm feeds attention and MLP
-        self.gemms = ((h, q + 2 * kv), (q, h), (h, (2 if gated else 1) * f), (f, h))   # (K, N): QKV, O, up, down
-        self.layers, self.q_dim, self.vocab, self.hidden = m.num_hidden_layers, q, m.vocab_size, h
-        self.dtype_bytes = m.dtype_bytes
-        self.dense_params = m.num_hidden_layers * sum(k * n for k, n in self.gemms)
-        embed = m.vocab_size * h
-        self.weight_bytes = (self.dense_params + embed * (1 if m.tie_word_embeddings else 2)) * m.dtype_bytes
-        self.kv_bytes_per_token = 2 * m.num_hidden_layers * kv * m.dtype_bytes
-        # elements read + written per token per layer: norms (h in, h out), RoPE (q and k in and
-        # out), the activation (SiLU·mul: 2f in, f out; GELU: f in, f out), 2 residual adds (2h in, h out)
-        self.elementwise_elems = norms * 2 * h + 2 * (q + kv) + (3 if gated else 2) * f + 2 * 3 * h
-        self.kernels_per_layer = len(self.gemms) + norms + 1 + 1 + 2          # + RoPE, activation, adds
-
-
 class Roofline:
     """Step time of a batch from the shape and the hardware (seconds); dense part cached per token count."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig):
-        self.shape = s = ModelShape(model)
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1):
+        check_parallel(tp, pp, model.num_attention_heads, model.num_hidden_layers)
+        self.shape = s = ModelShape(model, tp)
+        self.tp, self.pp = tp, pp
         self.flops = hw.peak_flops * hw.flops_efficiency
         self.bw = hw.mem_bandwidth * hw.bw_efficiency
         self.latency = hw.kernel_latency
         self.overhead = hw.step_overhead
+        self.host = HostTime(hw)
+        self.link = Link(hw, tp)
         self.hw_name, self.flops_eff, self.bw_eff = hw.name, hw.flops_efficiency, hw.bw_efficiency
-        self._s_per_attn_pair = 4.0 * s.layers * s.q_dim / self.flops
+        self._s_per_attn_pair = s.attn_flops_per_pair * s.layers / self.flops
         self._s_per_kv_token = s.kv_bytes_per_token / self.bw
         self._dense: dict = {}
         self._lm_head: dict = {}
+        self._layers: dict = {}          # pipeline stages: one micro-batch's layers
+        if tp > 1 or pp > 1 or self.host.per_request or self.host.per_token:
+            self.step_time = self._parallel_step_time
+
+    def gemm_time(self, n: int, k: int, m: int) -> float:
+        """One n x k by k x m GEMM without its launch (counted per layer): the p-norm roofline."""
+        b = self.shape.dtype_bytes
+        return smooth_max(2 * n * k * m / self.flops, (k * m + n * (k + m)) * b / self.bw)
 
     def layers_time(self, n: int) -> float:
         """All transformer layers' GEMMs and elementwise ops for n tokens (no attention)."""
+        s, b, gemm_time = self.shape, self.shape.dtype_bytes, self.gemm_time
+        gemm = sum(gemm_time(n, k, m) for k, m in s.gemms)
+        t = s.dense_layers * (gemm + n * s.elementwise_elems * b / self.bw + s.kernels_per_layer * self.latency)
+        if s.moe_layers:
+            t += s.moe_layers * self.moe_layer_time(n)
+        if self.tp > 1:          # two all-reduces per layer (attention output, MLP down)
+            t += 2 * s.layers * self.link.all_reduce(n * s.hidden * b)
+        return t
+
+    def moe_layer_time(self, n: int) -> float:
+        """One MoE layer: attention GEMMs, router, shared experts, the routed experts touched."""
         s, b = self.shape, self.shape.dtype_bytes
-        gemm = sum(smooth_max(2 * n * k * m / self.flops, (k * m + n * (k + m)) * b / self.bw) for k, m in s.gemms)
-        return s.layers * (gemm + n * s.elementwise_elems * b / self.bw + s.kernels_per_layer * self.latency)
+        gemm = sum(self.gemm_time(n, k, m) for k, m in s.moe_gemms)
+        flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b)
+        experts = self.expert_time(flops, traffic)
+        return gemm + experts + n * s.moe_elementwise_elems * b / self.bw + s.moe_kernels_per_layer * self.latency
+
+    def expert_time(self, flops: float, traffic: float) -> float:
+        """The two grouped expert GEMMs, joined as a dense GEMM's terms are."""
+        return smooth_max(flops / self.flops, traffic / self.bw)
 
     def embedding_time(self, n: int) -> float:
-        """A gather: n rows read and written."""
-        return self.latency + 2 * n * self.shape.hidden * self.shape.dtype_bytes / self.bw
+        """A gather: n rows read and written (vocabulary-parallel under TP: one all-reduce more)."""
+        t = self.latency + 2 * n * self.shape.hidden * self.shape.dtype_bytes / self.bw
+        if self.tp > 1:
+            t += self.link.all_reduce(n * self.shape.hidden * self.shape.dtype_bytes)
+        return t
 
     def lm_head_time(self, sampled: int) -> float:
         t = self._lm_head.get(sampled)
         if t is None:
             s, b = self.shape, self.shape.dtype_bytes
-            compute = 2 * sampled * s.hidden * s.vocab / self.flops
-            memory = (s.hidden * s.vocab + sampled * (s.hidden + s.vocab)) * b / self.bw
-            t = self._lm_head[sampled] = self.latency + smooth_max(compute, memory) if sampled else 0.0
+            vocab = s.vocab // self.tp                      # vocabulary-parallel, then the logits gathered
+            compute = 2 * sampled * s.hidden * vocab / self.flops
+            memory = (s.hidden * vocab + sampled * (s.hidden + vocab)) * b / self.bw
+            t = self.latency + smooth_max(compute, memory) if sampled else 0.0
+            if sampled and self.tp > 1:
+                t += self.link.all_gather(sampled * s.vocab * b)
+            self._lm_head[sampled] = t
         return t
 
     def dense_time(self, tokens: int) -> float:
@@ -126,7 +153,38 @@ class Roofline:
             head = self.lm_head_time(sampled)
         return dense + head + self.attention_time(q, ctx, tokens) + self.overhead
 
+    def _parallel_step_time(self, q, ctx, tokens: int, sampled: int) -> float:
+        """step_time with tensor or pipeline parallelism or per-request / per-token host time."""
+        host = self.host(len(q), tokens)
+        if self.pp == 1:
+            dense, head = self._dense.get(tokens), self._lm_head.get(sampled)
+            if dense is None:
+                dense = self.dense_time(tokens)
+            if head is None:
+                head = self.lm_head_time(sampled)
+            return dense + head + self.attention_time(q, ctx, tokens) + host
+        m = micro_batches(self.pp, len(q))
+        per_mb = -(-tokens // m)
+        dense = self._layers.get(per_mb)
+        if dense is None:
+            dense = self._layers[per_mb] = self.layers_time(per_mb)
+        layers = dense + self.attention_time(q, ctx, tokens) / m
+        handoff = self.link.send(per_mb * self.shape.hidden * self.shape.dtype_bytes)
+        return (self.embedding_time(tokens) + pipelined(layers / self.pp, handoff, self.pp, m)
+                + self.lm_head_time(sampled) + host)
+
     def describe(self) -> dict:
-        return {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,
-                "bw_efficiency": self.bw_eff, "kernel_latency": self.latency, "step_overhead": self.overhead,
-                "p_norm": P_NORM}
+        out = {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,
+               "bw_efficiency": self.bw_eff, "kernel_latency": self.latency, "step_overhead": self.overhead,
+               "p_norm": P_NORM}
+        return {**out, **self.parallel_description()}
+
+    def parallel_description(self) -> dict:
+        """The parallel layout and host model, where they are not the single-GPU, fixed-host default
+        (which the keys above already state: one GPU, host time = step_overhead per step)."""
+        out = {}
+        if self.tp > 1 or self.pp > 1:
+            out.update(tensor_parallel=self.tp, pipeline_parallel=self.pp, link=self.link.describe())
+        if self.host.named or self.host.per_request or self.host.per_token:
+            out["host_time"] = self.host.describe()
+        return out

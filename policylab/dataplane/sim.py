@@ -12,41 +12,53 @@ import math
 
 import numpy as np
 
-from policylab.core.config import DataplaneConfig, HardwareConfig, ModelConfig
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import SimPlaneConfig
 from policylab.core.batch import Batch, StepResult
 from policylab.core.rng import splitmix64
 from policylab.dataplane.roofline import ModelShape, Roofline
 
 MIN_VOCAB = 32    # ids 0..15 and the top 16 are left out of sampled ids (special tokens)
+COST_MODELS = ("roofline", "kernel")
 MAX_TIME_NOISE = 0.3   # relative: beyond it a step duration would often clip at 0
 
 
-def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig):
+def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneConfig):
     """The cost model the config names; each has step_time(q, ctx, tokens, sampled) and describe()."""
     if dp.calibration and dp.profile:
         raise ValueError("dataplane.calibration and dataplane.profile are two cost models: set one of them")
     if dp.tensor_parallel < 1:
         raise ValueError(f"dataplane.tensor_parallel must be >= 1, got {dp.tensor_parallel}")
+    if dp.cost_model not in COST_MODELS:
+        raise ValueError(f"dataplane.cost_model must be one of {', '.join(COST_MODELS)}, got '{dp.cost_model}'")
+    if dp.pipeline_parallel > 1 and (dp.calibration or dp.profile):
+        raise ValueError("dataplane.pipeline_parallel > 1 is priced by the roofline and kernel cost models only: "
+                         "unset dataplane.profile / dataplane.calibration")
+    if dp.calibration and dp.tensor_parallel > 1:
+        raise ValueError("dataplane.calibration is a fit of the plane it measured (one device): it cannot price "
+                         "dataplane.tensor_parallel > 1; use the roofline, cost_model=kernel or a profile")
     if dp.calibration:
         from policylab.dataplane.fitted import load_calibration
         return load_calibration(dp.calibration)
     if dp.profile:
         from policylab.dataplane.profile import ProfileCostModel
         return ProfileCostModel(model, hardware, dp)
-    if dp.tensor_parallel > 1:
-        raise ValueError("dataplane.tensor_parallel > 1 needs a measured profile (dataplane.profile=DIR): "
-                         "the roofline models one GPU")
-    return Roofline(model, hardware)
+    if dp.cost_model == "kernel":
+        from policylab.dataplane.kernel_model import KernelCostModel
+        return KernelCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel)
+    return Roofline(model, hardware, dp.tensor_parallel, dp.pipeline_parallel)
 
 
-def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneConfig) -> None:
+def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneConfig) -> None:
     """Refuse parameters that would give a step a duration that is not finite and >= 0 (a NaN
     step_overhead hung the virtual clock; mem_bandwidth=0 divided by zero)."""
-    for name in ("peak_flops", "mem_bandwidth", "mem_bytes", "flops_efficiency", "bw_efficiency"):
+    for name in ("peak_flops", "mem_bandwidth", "mem_bytes", "flops_efficiency", "bw_efficiency", "link_bandwidth",
+                 "gemm_efficiency", "attention_efficiency", "num_sms", "gemm_tile_m", "gemm_tile_n"):
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number > 0, got {value!r}")
-    for name in ("kernel_latency", "step_overhead"):
+    for name in ("kernel_latency", "step_overhead", "host_per_request", "host_per_token", "link_latency",
+                 "collective_latency", "attention_floor"):
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number >= 0 (seconds), got {value!r}")
@@ -65,10 +77,11 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneC
 
 
 class SimDataPlane:
-    def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: DataplaneConfig, seed: int = 0):
+    def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneConfig, seed: int = 0):
         check_cost_parameters(model, hardware, dp)
         self.hw, self.dp, self.seed = hardware, dp, seed
-        self.shape = ModelShape(model)
+        self.shape = ModelShape(model, dp.tensor_parallel)
+        self.gpus = dp.tensor_parallel * dp.pipeline_parallel
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
         self.needs_token_ids = False
         self.cost_model = build_cost_model(model, hardware, dp)
@@ -78,11 +91,12 @@ class SimDataPlane:
             self._exact_step_time, self._step_time = self._step_time, self._noisy_step_time
 
     def num_kv_blocks(self, block_size: int) -> int:
-        free = self.hw.mem_bytes * self.dp.tensor_parallel * self.dp.gpu_memory_utilization - self.shape.weight_bytes
+        free = self.hw.mem_bytes * self.gpus * self.dp.gpu_memory_utilization - self.shape.weight_bytes
         if free <= 0:
             raise ValueError(f"model weights ({self.shape.weight_bytes / 1e9:.1f} GB) do not fit in "
-                             f"{self.hw.name} memory x {self.dp.gpu_memory_utilization}")
-        return int(free // (self.shape.kv_bytes_per_token * block_size))
+                             f"{self.gpus} x {self.hw.name} memory x {self.dp.gpu_memory_utilization}"
+                             + ("" if self.gpus > 1 else ": raise dataplane.tensor_parallel"))
+        return int(free // (self.shape.kv_bytes_per_token_all_gpus() * block_size))
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         """Nothing to allocate: the simulated cache is pure accounting."""

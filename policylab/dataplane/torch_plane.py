@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from policylab.core.config import DataplaneConfig, ModelConfig
+from policylab.core.config import ModelConfig
+from policylab.dataplane.config import TorchPlaneConfig
 from policylab.dataplane.attention import make_backend
 from policylab.dataplane.cpu_host import default_threads
 from policylab.core.batch import Batch, StepResult
@@ -82,7 +83,7 @@ def num_params(cfg: ModelConfig) -> int:
 
 
 class TorchDataPlane:
-    def __init__(self, model: CausalLM, cfg: ModelConfig, dp: DataplaneConfig, device: torch.device,
+    def __init__(self, model: CausalLM, cfg: ModelConfig, dp: TorchPlaneConfig, device: torch.device,
                  dtype: torch.dtype, seed: int, checkpoint: str | None = None):
         self.model, self.cfg, self.dp, self.seed = model, cfg, dp, seed
         self.device, self.dtype = device, dtype
@@ -104,7 +105,7 @@ class TorchDataPlane:
                 "threads": torch.get_num_threads()}
 
     @classmethod
-    def from_config(cls, dp: DataplaneConfig, model: ModelConfig, seed: int) -> "TorchDataPlane":
+    def from_config(cls, dp: TorchPlaneConfig, model: ModelConfig, seed: int) -> "TorchDataPlane":
         if dp.kind != "torch":
             raise ValueError(f"TorchDataPlane built from dataplane.kind='{dp.kind}' (expected torch)")
         device = resolve_device(dp.device)

@@ -16,7 +16,8 @@ from typing import Optional
 from policylab.cluster import Cluster, ClusterResult, LinkConfig, Replica
 from policylab.cluster.disagg import Disaggregation, prefill_trace
 from policylab.cluster.link import LinkModel
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import Status
 from policylab.dataplane.sim import ModelShape, SimDataPlane

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
 from policylab.core.result import RunResult

@@ -10,7 +10,8 @@ import copy
 import inspect
 from dataclasses import dataclass
 
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
 from policylab.core.result import RunResult

@@ -1,0 +1,181 @@
+"""`python -m policylab sim-check FILE.csv`: your own step-time measurements against the sim's cost model.
+
+FILE.csv is tidy, one measurement a row (lines starting with # are comments):
+
+    model,gpu,tp,dtype,phase,batch,tokens_per_request,context,measured_ms
+
+- model, gpu: names of configs/model/ and configs/hardware/ (llama3-8b, h100, ...);
+- tp: tensor-parallel GPUs; dtype: bf16 | fp16 | fp8 (bytes per weight and KV element);
+- phase: `decode` (a whole step of `batch` requests decoding one token each after `context`
+  tokens), `prefill` (a whole step of `batch` chunks of `tokens_per_request` tokens after
+  `context` cached ones), `dense` (kernel time of all layers' GEMMs and elementwise ops plus the
+  embedding for batch x tokens_per_request tokens: what a Vidur mlp.csv measures) or
+  `attention` (one layer's attention kernel for that batch);
+- measured_ms: the measured time in milliseconds.
+
+Printed: per phase the points, MAPE, bias (mean signed error) and the worst point, error being
+predicted / measured - 1; `--plot PATH` writes predicted against measured. `--sample` checks the
+shipped public sample (Vidur's A100 Llama-3-8B kernel times).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from dataclasses import replace
+from difflib import get_close_matches
+from importlib.resources import files
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from policylab.apps.config import CONFIG_DIR
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
+
+COLUMNS = ("model", "gpu", "tp", "dtype", "phase", "batch", "tokens_per_request", "context", "measured_ms")
+PHASES = ("decode", "prefill", "dense", "attention")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp8": 1}
+
+
+class CheckError(ValueError):
+    pass
+
+
+def sample_path() -> Path:
+    checkout = Path(__file__).resolve().parents[2] / "traces" / "sim_check_sample.csv"
+    return checkout if checkout.is_file() else Path(str(files("policylab.shipped_traces") / "sim_check_sample.csv"))
+
+
+def read_rows(path: Path) -> list:
+    """The CSV's rows as dicts of typed values; a bad cell names its line and column."""
+    if not path.is_file():
+        raise CheckError(f"{path}: no such file")
+    lines = [(i, line) for i, line in enumerate(path.read_text().splitlines(), 1)
+             if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
+        raise CheckError(f"{path}: no rows")
+    reader = csv.DictReader([line for _, line in lines])
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise CheckError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
+    rows = []
+    for (number, _), raw in zip(lines[1:], reader):
+        row = {}
+        for name, kind in (("tp", int), ("batch", int), ("tokens_per_request", int), ("context", int),
+                           ("measured_ms", float)):
+            try:
+                row[name] = kind(raw[name])
+            except (TypeError, ValueError):
+                raise CheckError(f"{path}:{number}: {name}={raw[name]!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if row["measured_ms"] <= 0 or row["batch"] < 1 or row["tp"] < 1 or row["context"] < 0:
+            raise CheckError(f"{path}:{number}: measured_ms must be > 0, batch and tp >= 1, context >= 0")
+        phase, dtype = raw["phase"].strip().lower(), raw["dtype"].strip().lower()
+        if phase not in PHASES:
+            raise CheckError(f"{path}:{number}: phase={raw['phase']!r}; expected one of {', '.join(PHASES)}")
+        if dtype not in DTYPE_BYTES:
+            raise CheckError(f"{path}:{number}: dtype={raw['dtype']!r}; expected one of {', '.join(DTYPE_BYTES)}")
+        if phase != "decode" and row["tokens_per_request"] < 1:
+            raise CheckError(f"{path}:{number}: tokens_per_request must be >= 1")
+        rows.append({**row, "model": raw["model"].strip(), "gpu": raw["gpu"].strip(), "phase": phase,
+                     "dtype_bytes": DTYPE_BYTES[dtype], "line": number})
+    return rows
+
+
+def load_group(group: str, name: str, schema):
+    path = Path(CONFIG_DIR) / group / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        close = get_close_matches(name, known, n=1)
+        raise CheckError(f"no configs/{group}/{name}.yaml" + (f" (did you mean {close[0]}?)" if close else "")
+                         + f"; known: {', '.join(known)}")
+    node = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(path))
+    return OmegaConf.to_object(node)
+
+
+def predict(row: dict, cost_model: str, host: str | None, cache: dict) -> float:
+    """The cost model's time (ms) of the row's batch."""
+    from policylab.dataplane.sim import build_cost_model
+    key = (row["model"], row["gpu"], row["tp"], row["dtype_bytes"])
+    model = cache.get(key)
+    if model is None:
+        m = replace(load_group("model", row["model"], ModelConfig), dtype_bytes=row["dtype_bytes"])
+        hw = load_group("hardware", row["gpu"], HardwareConfig)
+        if host:
+            hw = replace(hw, **{k: v for k, v in OmegaConf.to_container(OmegaConf.load(
+                Path(CONFIG_DIR) / "host" / f"{host}.yaml")).items()})
+        model = cache[key] = build_cost_model(m, hw, DataplaneConfig(kind="sim", tensor_parallel=row["tp"],
+                                                                     cost_model=cost_model))
+    b, n, c = row["batch"], max(1, row["tokens_per_request"]), row["context"]
+    phase = row["phase"]
+    if phase == "decode":
+        return 1e3 * model.step_time([1] * b, [c] * b, b, b)
+    if phase == "prefill":
+        return 1e3 * model.step_time([n] * b, [c] * b, n * b, b)
+    if phase == "dense":
+        return 1e3 * model.dense_time(n * b)
+    q = [1] * b if row["tokens_per_request"] <= 1 else [n] * b
+    return 1e3 * model.attention_time(q, [c] * b, sum(q)) / model.shape.layers
+
+
+def summarize(rows: list, predicted: list) -> list:
+    """(phase, points, MAPE, bias, worst error, worst line) per phase present, then all."""
+    out = []
+    for phase in [p for p in PHASES if any(r["phase"] == p for r in rows)] + ["all"]:
+        errs = [(p / r["measured_ms"] - 1, r["line"]) for r, p in zip(rows, predicted) if phase in ("all", r["phase"])]
+        worst = max(errs, key=lambda e: abs(e[0]))
+        out.append((phase, len(errs), sum(abs(e) for e, _ in errs) / len(errs), sum(e for e, _ in errs) / len(errs),
+                    worst[0], worst[1]))
+    return out
+
+
+def plot(rows: list, predicted: list, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for phase in PHASES:
+        pts = [(r["measured_ms"], p) for r, p in zip(rows, predicted) if r["phase"] == phase]
+        if pts:
+            ax.scatter(*zip(*pts), s=12, label=phase)
+    lo = min(min(r["measured_ms"] for r in rows), min(predicted))
+    hi = max(max(r["measured_ms"] for r in rows), max(predicted))
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="measured (ms)", ylabel="predicted (ms)", title="sim-check")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m policylab sim-check", description=__doc__.split("\n")[0])
+    ap.add_argument("file", nargs="?", type=Path, help="tidy CSV of measurements (see the module doc)")
+    ap.add_argument("--sample", action="store_true", help="check the shipped public sample instead")
+    ap.add_argument("--cost-model", choices=("roofline", "kernel"), default="roofline")
+    ap.add_argument("--host", default=None, help="a configs/host/ preset (whole-step phases)")
+    ap.add_argument("--plot", type=Path, default=None, help="write predicted vs measured to this PNG")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    path = sample_path() if args.sample else args.file
+    if path is None:
+        print("error: give FILE.csv or --sample", file=sys.stderr)
+        return 2
+    try:
+        rows = read_rows(path)
+        cache: dict = {}
+        predicted = [predict(r, args.cost_model, args.host, cache) for r in rows]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{path}: {len(rows)} points, cost_model={args.cost_model}, host={args.host or 'none'}\n")
+    print("| phase | points | MAPE | bias | worst (line) |\n|---|---|---|---|---|")
+    for phase, n, mape, bias, worst, line in summarize(rows, predicted):
+        print(f"| {phase} | {n} | {mape * 100:.1f} % | {bias * 100:+.1f} % | {worst * 100:+.1f} % ({line}) |")
+    if args.plot:
+        plot(rows, predicted, args.plot)
+        print(f"\nplot: {args.plot}")
+    return 0
