@@ -42,6 +42,10 @@ One token budget per step (`max_num_batched_tokens`), no phases:
    `remaining_tokens` and `cached_blocks` give exactly that.
 9. Preempted requests go back to the front of waiting in the order vLLM leaves them (the last
    one preempted first), so the plan lists them last-preempted first.
+10. The running order is vLLM's `Scheduler.running` list: admitted requests appended in the order
+   they were admitted (under priority, priority order), victims removed. The engine's own
+   `view.running` appends admissions in waiting-queue order, so the policy keeps vLLM's order
+   itself (`_running_order`).
 
 `max_num_partial_prefills` / `max_long_partial_prefills` are vLLM v0's knobs of these names;
 vLLM 0.32's v1 scheduler has neither (no limit). Left at null they change nothing; set, they cap
@@ -89,16 +93,29 @@ class VllmV1(Policy):
         self.watermark = watermark
         self.max_num_partial_prefills = max_num_partial_prefills
         self.max_long_partial_prefills = max_long_partial_prefills
+        self._order: list = []             # req_ids of running requests, in vLLM's running order
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, view: SchedulerView) -> StepPlan:
         plan = StepPlan()
-        running = list(view.running)
+        running = self._running_order(view)
         threshold = self.long_prefill_token_threshold if len(running) + len(view.waiting) > 1 else 0
         budget, free = self._schedule_running(view, plan, running, threshold)
+        self._order = [v.req_id for v in running]
         if not plan.preempt:
             self._schedule_waiting(view, plan, running, threshold, budget, free)
         return plan
+
+    def _running_order(self, view: SchedulerView) -> list:
+        """Rule 10: the running requests in vLLM's order (those that finished dropped)."""
+        ids = view.running_ids
+        if len(self._order) != len(ids) or set(self._order) != set(ids):
+            live = set(ids)
+            order = [rid for rid in self._order if rid in live]
+            known = set(order)
+            self._order = order + [rid for rid in ids if rid not in known]
+        by_id = view.by_id
+        return [by_id[rid] for rid in self._order]
 
     def _schedule_running(self, view: SchedulerView, plan: StepPlan, running: list, threshold: int) -> tuple:
         """Rule 1: running requests in order, preempting victims until each chunk fits.
@@ -176,6 +193,7 @@ class VllmV1(Policy):
             if need + reserve > free:
                 return
             tokens[v.req_id] = n
+            self._order.append(v.req_id)
             budget -= n
             free -= need
             seqs += 1
