@@ -71,9 +71,8 @@ def scenarios(draw) -> "VllmScenario":
     if not chunked:                              # vLLM: without chunking the budget holds max_model_len
         budget = max(budget, longest, 128)
     largest = blocks_for(longest, block_size)
-    tight = draw(st.sampled_from([1.0, 1.2, 1.5, 2.0, 3.0]))
-    num_blocks = draw(st.sampled_from([int(largest * tight), sum(blocks_for(len(r.prompt_ids) + r.output_tokens,
-                                                                             block_size) for r in requests)]))
+    everyone = sum(blocks_for(len(r.prompt_ids) + r.output_tokens, block_size) for r in requests)
+    num_blocks = draw(st.sampled_from([largest, int(largest * 1.3), int(largest * 2), int(largest * 3), everyone]))
     return VllmScenario(
         requests=tuple(requests), block_size=block_size, num_blocks=max(num_blocks, largest),
         max_num_batched_tokens=budget, max_num_seqs=draw(st.integers(1, min(16, budget))),
@@ -84,25 +83,34 @@ def scenarios(draw) -> "VllmScenario":
         watermark=draw(st.sampled_from([0.0, 0.0, 0.0, 0.05, 0.2])))
 
 
-COVERAGE = {"scenarios": 0, "preempted": 0, "prefix_hits": 0}
+COVERAGE = {"scenarios": 0, "identical": 0, "preempted": 0, "prefix_hits": 0, "stopped_at_kv_difference": 0}
+# (preempted, prefix_hits: among the scenarios identical to the end)
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], deadline=None)
 @given(scenarios())
 def test_vllm_v1_equals_vllm_scheduler(scenario):
+    """Identical steps; a scenario may stop being comparable only where the two engines' prefix
+    caches part ways (vLLM publishes a block once scheduled, policylab once computed: a request
+    admitted in the step that computes a block it shares), never where the schedulers do."""
     with time_limit(120):
-        result = check_conformance(scenario)
+        result = check_conformance(scenario, allow_kv_differences=True)
     COVERAGE["scenarios"] += 1
-    COVERAGE["preempted"] += result.preemptions[1] > 0
-    COVERAGE["prefix_hits"] += result.cached_tokens > 0
+    identical = result.divergence is None
+    COVERAGE["identical"] += identical
+    COVERAGE["stopped_at_kv_difference"] += not identical
+    COVERAGE["preempted"] += identical and result.preemptions[1] > 0
+    COVERAGE["prefix_hits"] += identical and result.cached_tokens > 0
 
 
 def test_generated_scenarios_reached_preemption_and_prefix_hits():
-    """The generator is not vacuous: some scenarios preempt and some reuse cached prefixes."""
+    """The generator is not vacuous: among the scenarios identical to the end, some preempt and
+    some reuse cached prefixes; most scenarios are identical to the end."""
     if not COVERAGE["scenarios"]:
         pytest.skip("run together with test_vllm_v1_equals_vllm_scheduler")
     print(f"vLLM conformance: {COVERAGE}")
     assert COVERAGE["preempted"] > 0 and COVERAGE["prefix_hits"] > 0, COVERAGE
+    assert COVERAGE["identical"] >= 0.6 * COVERAGE["scenarios"], COVERAGE
 
 
 # ------------------------------------------------------------------------- fixed scenarios
