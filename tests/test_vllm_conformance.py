@@ -16,7 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policies.chunked import Chunked
 from policylab.core.kv import blocks_for
+from policylab.testing.vllm_conformance import (ConformanceError, VllmRequest, VllmScenario, check_conformance,
+                                                compare)       # (imports vLLM only when it runs it)
 
 try:
     import vllm  # noqa: F401
@@ -28,10 +31,6 @@ if _MISSING and os.environ.get("POLICYLAB_REQUIRE_VLLM") == "1":
     raise RuntimeError(f"POLICYLAB_REQUIRE_VLLM=1 but {_MISSING}")
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING or "vllm present")
 
-if not _MISSING:
-    from policies.chunked import Chunked
-    from policylab.testing.vllm_conformance import (ConformanceError, VllmRequest, VllmScenario, check_conformance,
-                                                    compare)
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 
