@@ -14,7 +14,8 @@ One token budget per step (`max_num_batched_tokens`), no phases:
    lost) and the allocation retried, until it fits or the request preempted itself, which
    ends the running pass. Victim: `running[-1]` under `policy: fcfs`, the largest
    (priority, arrival_time) under `policy: priority` (a victim already scheduled this step
-   gives its tokens back).
+   gives its tokens back). Among equal keys `max` takes the first in running order, the oldest:
+   under `policy: priority` requests of equal priority and arrival preempt themselves.
 2. `long_prefill_token_threshold` applies only when more than one request is running or
    waiting (`Scheduler.schedule`, `num_eligible_reqs > 1`).
 3. Block arithmetic: ceil((computed + n) / block_size) minus the blocks held, no lookahead;
@@ -36,6 +37,8 @@ One token budget per step (`max_num_batched_tokens`), no phases:
    `full_sequence_must_fit`).
 7. `watermark` (vLLM default 0): a waiting request must leave int(watermark * total blocks) blocks
    free, once any request is running (`allocate_slots`, `watermark_blocks`, `has_scheduled_reqs`).
+   vLLM's total counts its null block (block 0): a vLLM cache of N + 1 blocks is policylab's N, so
+   the total here is num_total_blocks + 1.
 8. Prefix caching (`engine.enable_prefix_caching`) is counted as vLLM counts it: the longest
    block-aligned cached prefix, capped at num_tokens - 1 so the last prompt token is always
    recomputed (`kv_cache_manager.py`, `KVCacheManager.get_computed_blocks`); the view's
@@ -165,7 +168,7 @@ class VllmV1(Policy):
         """Rules 4-7: admit from waiting, head of line."""
         tokens = plan.num_scheduled_tokens
         seqs = len(running)
-        watermark_blocks = int(self.watermark * view.num_total_blocks)
+        watermark_blocks = int(self.watermark * (view.num_total_blocks + 1))   # vLLM counts its null block
         partials = self._partials_after(view, plan, running) if self._caps_partials else (0, 0)
         hits_taken = False                  # an admitted request reused cached blocks
         for v in self._waiting_order(view):

@@ -82,7 +82,8 @@ def scenarios(draw) -> "VllmScenario":
         watermark=draw(st.sampled_from([0.0, 0.0, 0.0, 0.05, 0.2])))
 
 
-COVERAGE = {"scenarios": 0, "identical": 0, "preempted": 0, "prefix_hits": 0, "stopped_at_kv_difference": 0}
+COVERAGE = {"scenarios": 0, "identical": 0, "preempted": 0, "prefix_hits": 0, "stopped_at_kv_difference": 0,
+            "livelocked": 0}
 # (preempted, prefix_hits: among the scenarios identical to the end)
 
 
@@ -100,14 +101,16 @@ def test_vllm_v1_equals_vllm_scheduler(scenario):
     COVERAGE["stopped_at_kv_difference"] += not identical
     COVERAGE["preempted"] += identical and result.preemptions[1] > 0
     COVERAGE["prefix_hits"] += identical and result.cached_tokens > 0
+    COVERAGE["livelocked"] += result.livelocked
 
 
 def test_generated_scenarios_reached_preemption_and_prefix_hits():
     """The generator is not vacuous: among the scenarios identical to the end, some preempt and
     some reuse cached prefixes; most scenarios are identical to the end."""
-    if not COVERAGE["scenarios"]:
-        pytest.skip("run together with test_vllm_v1_equals_vllm_scheduler")
     print(f"vLLM conformance: {COVERAGE}")
+    if COVERAGE["scenarios"] < 100:
+        pytest.skip("asserted over the deep profile's hundreds of scenarios (HYPOTHESIS_PROFILE=deep); "
+                    "in CI the fixed cases below cover preemption and prefix hits")
     assert COVERAGE["preempted"] > 0 and COVERAGE["prefix_hits"] > 0, COVERAGE
     assert COVERAGE["identical"] >= 0.6 * COVERAGE["scenarios"], COVERAGE
 
@@ -155,3 +158,17 @@ def test_divergence_report_names_the_step_and_both_states():
     text = str(result.divergence)
     assert result.divergence is not None and f"step {result.divergence.step}" in text
     assert "policylab" in text and "vLLM" in text and "free_blocks=" in text and "waiting=" in text
+
+
+def test_equal_priorities_livelock_in_vllm_and_in_vllm_v1():
+    """Under policy=priority vLLM preempts max(running, key=(priority, arrival)), the first of equal keys:
+    two requests of equal priority arriving together each preempt themselves in turn, without end, once
+    KV runs short (here with per-step chunks of 32 and no whole-prompt reservation). vllm_v1 does the same,
+    step for step, until the engine ends the run as a livelock."""
+    requests = (VllmRequest(0, tuple(range(1000, 1170)), 20), VllmRequest(0, tuple(range(2000, 2150)), 30))
+    scenario = VllmScenario(requests=requests, num_blocks=50, block_size=4, max_num_batched_tokens=197,
+                            max_num_seqs=12, max_model_len=197, enable_chunked_prefill=False,
+                            long_prefill_token_threshold=32, scheduler_reserve_full_isl=False, policy="priority")
+    with time_limit(120):
+        result = check_conformance(scenario)
+    assert result.livelocked and result.preemptions[0] == result.preemptions[1] > 50

@@ -30,6 +30,7 @@ from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
 
 VLLM_VERSION = "0.32.0"     # the vLLM `policies/vllm_v1.py` is pinned to
+STALL_STEPS = 300           # steps without a token or a finish that end a run as a livelock
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ class _Recorder:
         return plan
 
     def on_finished(self, view) -> None:
-        self.records[-1].finished += (view.req_id,)
+        if self.records:                  # (a request rejected on arrival finishes before any step)
+            self.records[-1].finished += (view.req_id,)
         hook = getattr(self.inner, "on_finished", None)
         if hook is not None:
             hook(view)
@@ -139,25 +141,27 @@ def engine_config(s: VllmScenario) -> EngineConfig:
     return EngineConfig(block_size=s.block_size, num_blocks=s.num_blocks,
                         max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
                         max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
-                        check_invariants=True)
+                        check_invariants=True, max_stall_steps=STALL_STEPS)
 
 
 def run_policylab(s: VllmScenario, policy=None) -> tuple:
-    """(step records, output ids per request, prefix-cache tokens) of policylab's engine with
-    `policy` (default vllm_v1)."""
+    """(step records, output ids per request, prefix-cache tokens, livelocked) of policylab's engine
+    with `policy` (default vllm_v1). A run that livelocks (preempting and readmitting without
+    progress for STALL_STEPS steps) keeps its records: vLLM must then livelock the same way."""
     recorder = _Recorder(policy if policy is not None else vllm_v1_policy(s))
     trace = [TraceRequest(arrival_time=float(r.arrival), prompt_tokens=len(r.prompt_ids),
                           output_tokens=r.output_tokens, priority=r.priority, prompt_ids=tuple(r.prompt_ids))
              for r in s.ordered()]
     result = Engine(trace, recorder, _UnitSteps(), engine_config(s)).run()
-    if result.status != "complete":
+    livelocked = result.status != "complete" and "'liveness'" in str(getattr(result, "error", ""))
+    if result.status != "complete" and not livelocked:
         raise ConformanceError(f"policylab's run ended {result.status}: {getattr(result, 'error', '')}")
     rejected = [r.req_id for r in result.requests if r.reject_reason]
     if rejected:
         raise ConformanceError(f"policylab rejected requests {rejected} (vLLM would queue them): "
                                f"{result.requests[rejected[0]].reject_reason}")
     return (recorder.records, [list(r.output_ids) for r in result.requests],
-            sum(r.num_cached_tokens_total for r in result.requests))
+            sum(r.num_cached_tokens_total for r in result.requests), livelocked)
 
 
 # ------------------------------------------------------------------------------ vLLM side
@@ -226,8 +230,9 @@ def vllm_requests(s: VllmScenario) -> list:
             for i, r in enumerate(s.ordered())]
 
 
-def run_vllm(s: VllmScenario, output_ids: list, max_steps: int = 100_000) -> list:
-    """Step records of vLLM's bare scheduler; the k-th token request i samples is output_ids[i][k]."""
+def run_vllm(s: VllmScenario, output_ids: list, max_steps: int = 100_000, max_records: Optional[int] = None) -> list:
+    """Step records of vLLM's bare scheduler; the k-th token request i samples is output_ids[i][k]
+    (ids past those are a fixed one). `max_records`: stop after that many records (a livelock)."""
     from vllm.v1.outputs import ModelRunnerOutput
     sched, requests = vllm_scheduler(s), vllm_requests(s)
     arrivals, now, records = [r.arrival for r in s.ordered()], 0.0, []
@@ -255,8 +260,9 @@ def run_vllm(s: VllmScenario, output_ids: list, max_steps: int = 100_000) -> lis
         sampled = []
         for rid in ids:
             r = sched.requests[rid]
-            sampled.append([output_ids[int(rid)][r.num_output_tokens]] if r.num_computed_tokens >= r.num_tokens
-                           else [])
+            ids_of = output_ids[int(rid)]
+            k = r.num_output_tokens
+            sampled.append([ids_of[k] if k < len(ids_of) else 17] if r.num_computed_tokens >= r.num_tokens else [])
         preempted = tuple(sorted(int(rid) for rid in out.preempted_req_ids or ()))
         if ids:
             sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in
@@ -267,6 +273,8 @@ def run_vllm(s: VllmScenario, output_ids: list, max_steps: int = 100_000) -> lis
         if ids or preempted:
             records.append(StepRecord(now, {int(rid): n for rid, n in out.num_scheduled_tokens.items()},
                                       preempted, finished, hits=hits, **state))
+            if len(records) == max_records:
+                return records
         if ids:
             now += 1.0
         elif not preempted:
@@ -323,6 +331,7 @@ class Comparison:
     vllm: list
     divergence: Optional[Divergence] = None
     cached_tokens: int = 0          # prompt tokens policylab served from the prefix cache
+    livelocked: bool = False        # both sides preempt and readmit without end (compared that far)
 
     @property
     def steps(self) -> tuple:
@@ -345,9 +354,9 @@ def first_divergence(ours: list, theirs: list) -> Optional[Divergence]:
 
 def compare(s: VllmScenario, policy=None) -> Comparison:
     """Replay `s` on both sides (policylab with `policy`, default vllm_v1) and compare them."""
-    ours, output_ids, cached = run_policylab(s, policy)
-    theirs = run_vllm(s, output_ids)
-    return Comparison(ours, theirs, first_divergence(ours, theirs), cached)
+    ours, output_ids, cached, livelocked = run_policylab(s, policy)
+    theirs = run_vllm(s, output_ids, max_records=len(ours) if livelocked else None)
+    return Comparison(ours, theirs, first_divergence(ours, theirs), cached, livelocked)
 
 
 def check_conformance(s: VllmScenario, policy=None, allow_kv_differences: bool = False) -> Comparison:
