@@ -60,7 +60,7 @@ def test_bare_scheduler_equals_the_vllm_engine():
     scenario = _burst(21, max_model_len=512)
     with time_limit(540):
         steps, lengths = engine_steps(scenario)
-        _, output_ids, _ = run_policylab(scenario)
+        output_ids = run_policylab(scenario)[1]
         bare = [(r.tokens, frozenset(r.preempted)) for r in run_vllm(scenario, output_ids)]
     assert lengths == [r.output_tokens for r in scenario.ordered()]
     assert sum(len(p) for _, p in steps) > 0                        # the case exercises preemption
