@@ -61,10 +61,16 @@ def conversation_trace(n: int, rate: float, seed: int = 0) -> list:
     return generate_trace([client], n, seed)
 
 
+PINNED = {"prefill_first": {"watermark": 0.0}}   # the published figures predate prefill_first's watermark
+
+
 def engine(trace: list, policy: str) -> Engine:
     model = ModelConfig(**yaml.safe_load(open(ROOT / "configs/model/llama3-8b.yaml")))
     plane = SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim"))
-    return Engine(trace, load_policy(str(ROOT / f"configs/policy/{policy}.yaml")), plane, EngineConfig(), prefix_block_tokens=512)
+    spec = str(ROOT / f"configs/policy/{policy}.yaml")
+    if policy in PINNED:
+        spec = {**yaml.safe_load(open(spec)), **PINNED[policy]}
+    return Engine(trace, load_policy(spec), plane, EngineConfig(), prefix_block_tokens=512)
 
 
 def router(name: str):
@@ -90,7 +96,8 @@ def timed(run) -> tuple:
 def job(trace_path: Path, run_dir: Path, args, replicas: int, *extra: str) -> dict:
     """The `run` job on a trace file, in process (what it prints kept off the terminal)."""
     from policylab.apps.cli import main as cli
-    overrides = ["run", f"policy={args.policy}", "trace=file", f"trace.path={trace_path}", "dataplane=sim",
+    overrides = ["run", f"policy={args.policy}", *(f"policy.{k}={v}" for k, v in PINNED.get(args.policy, {}).items()),
+                 "trace=file", f"trace.path={trace_path}", "dataplane=sim",
                  "model=llama3-8b", "hardware=h100", "engine.max_model_len=8192", f"logger={args.logger}",
                  "progress=false", "plots=false", f"hydra.run.dir={run_dir}"]
     if replicas > 1:

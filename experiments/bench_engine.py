@@ -46,7 +46,12 @@ def make_trace(n, rate, prompt_mean, output_mean, seed=0):
     return [TraceRequest(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompts, outputs)]
 
 
+PINNED = {"prefill_first": {"watermark": 0.0}}   # the published figures predate prefill_first's watermark
+
+
 def load_policy(name):
+    if name in PINNED:
+        return load_policy_spec({**yaml.safe_load(open(ROOT / f"configs/policy/{name}.yaml")), **PINNED[name]})
     return load_policy_spec(str(ROOT / f"configs/policy/{name}.yaml"))      # resolves ${fairness.*} / ${slo.*} too
 
 
@@ -159,8 +164,8 @@ def bench_cli(n, policy):
         trace = Path(tmp) / "conversation.jsonl"
         trace_main(["generate", "-n", str(n), *CONVERSATION, "-o", str(trace)])
         split = {}
-        argv = ["run", f"policy={policy}", "trace=file", f"trace.path={trace}", "dataplane=sim",
-                f"hydra.run.dir={tmp}/run", "progress=false"]
+        argv = ["run", f"policy={policy}", *(f"policy.{k}={v}" for k, v in PINNED.get(policy, {}).items()),
+                "trace=file", f"trace.path={trace}", "dataplane=sim", f"hydra.run.dir={tmp}/run", "progress=false"]
         with timed_calls(split):
             t0 = time.perf_counter()
             try:

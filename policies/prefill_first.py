@@ -8,17 +8,25 @@ short, preempt the most recently started running request (recompute later), and 
 request itself if nothing else is left.
 A prompt longer than the whole token budget runs alone in budget-size chunks (vLLM v0
 refuses such prompts at startup; chunking keeps every request servable instead).
-Sources: vLLM v0 `Scheduler._schedule_default`; nano-vLLM `Scheduler.schedule`.
+`watermark` (vLLM v0's, default 0.01): an admission must leave int(watermark * total blocks)
+blocks free, so that running requests have room to decode before anyone is preempted; a
+prompt whose blocks exceed the whole cache less the watermark can never be admitted and is
+rejected with the reason (v0 ignores it). Decodes ignore the watermark. 0 turns it off.
+Sources: vLLM v0 `Scheduler._schedule_default`, `BlockSpaceManager.can_allocate` (the
+watermark); nano-vLLM `Scheduler.schedule`.
 """
 from __future__ import annotations
 
 from policylab import Policy, SchedulerView, StepPlan
-
+from policylab.core.kv import blocks_for
 
 
 class PrefillFirst(Policy):
-    def __init__(self, name: str | None = None):
+    def __init__(self, name: str | None = None, watermark: float = 0.01):
         super().__init__(name)
+        if not isinstance(watermark, (int, float)) or isinstance(watermark, bool) or not 0 <= watermark < 1:
+            raise ValueError(f"{self.name}: watermark must be a number in [0, 1), got {watermark!r}")
+        self.watermark = watermark
         self._oversized = None       # req_id of a prompt longer than the budget, mid-prefill
 
     def schedule(self, view: SchedulerView) -> StepPlan:
@@ -28,13 +36,14 @@ class PrefillFirst(Policy):
                 self._oversized = None
         if view.waiting or self._oversized is not None:
             plan = self._prefills(view)
-            if plan.num_scheduled_tokens:
+            if plan.num_scheduled_tokens or plan.reject:
                 return plan
         return self._decodes(view)
 
     def _prefills(self, view: SchedulerView) -> StepPlan:
         plan, budget, free = StepPlan(), view.max_num_batched_tokens, view.num_free_blocks
         seqs = len(view.running)
+        reserve = int(self.watermark * view.num_total_blocks)
         v = view.by_id.get(self._oversized)
         if v is not None and v.status == "running" and v.is_prefill:   # keep chunking it, alone
             n = min(v.remaining_tokens, budget)
@@ -44,11 +53,15 @@ class PrefillFirst(Policy):
         for v in view.waiting:
             if seqs >= view.max_num_seqs:
                 break
+            if reserve and blocks_for(v.num_tokens, view.block_size) > view.num_total_blocks - reserve:
+                plan.reject[v.req_id] = (f"its {blocks_for(v.num_tokens, view.block_size)} KV blocks exceed the "
+                                         f"cache less the watermark ({view.num_total_blocks} - {reserve})")
+                continue
             n = v.remaining_tokens
             if n > view.max_num_batched_tokens and not plan.num_scheduled_tokens:
                 n = budget                      # oversized prompt: first chunk, alone
             need = view.blocks_needed(v, n)
-            if n > budget or need > free:
+            if n > budget or need > free - reserve:
                 break
             plan.num_scheduled_tokens[v.req_id] = n
             budget, free, seqs = budget - n, free - need, seqs + 1

@@ -40,9 +40,9 @@ def test_run_warns_when_the_load_is_too_light_for_policies_to_differ(tmp_path, c
 class Exploding:
     """A policy that raises mid-run."""
 
-    def __init__(self, name="exploding"):
+    def __init__(self, name="exploding", watermark=0.01):     # (its config is prefill_first's)
         from policies.prefill_first import PrefillFirst
-        self.name, self.inner = name, PrefillFirst()
+        self.name, self.inner = name, PrefillFirst(watermark=watermark)
 
     def schedule(self, view):
         if view.step == 50:

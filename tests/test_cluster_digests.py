@@ -88,12 +88,20 @@ def cluster_digest(result) -> str:
     return h.hexdigest()[:16]
 
 
+def pinned(policy: str):
+    """The policy spec the digests were recorded with (they predate prefill_first's watermark)."""
+    if policy == "prefill_first":
+        return {"_target_": "policies.prefill_first.PrefillFirst", "name": "prefill_first", "watermark": 0.0}
+    return policy
+
+
 def run_case(case: str):
     """`shape/router/policy/timing`: shape 4 (colocated replicas) or P+D; timing `fixed` (the tiny
     model at 4 ms a step: many simultaneous steps, so tie-breaking counts), `roofline` (Llama-3-8B
     on an H100), or `bench` (bench_cluster.py's model, hardware, engine config and trace shape).
     Colocated runs preempt (96 blocks); P/D ones get 192 blocks and half the rate."""
     shape, router, policy, timing = case.split("/")
+    policy = pinned(policy)
     if timing == "bench":
         return bench_cluster(conversation_trace(), policy, ROUTERS[router](), replicas=int(shape)).run()
     replicas, prefill, decode = (int(shape), 0, 0) if "+" not in shape else (0, *map(int, shape.split("+")))
@@ -129,9 +137,11 @@ CASES = [f"4/{r}/prefill_first/{t}" for r in ("round_robin", "least_loaded", "pr
     "2+2/round_robin/prefill_first/fixed", "2+2/least_loaded/chunked/roofline", "1+3/power_of_two/prefill_first/fixed",
     "4/round_robin/prefill_first/bench"]
 
-CLI_CASES = {
-    "cli/3/prefix_affinity/multitenant": ["cluster.replicas=3", "router=prefix_affinity", "trace=multitenant"],
-    "cli/1+2/round_robin/bursty": ["cluster.prefill_replicas=1", "cluster.decode_replicas=2", "trace=bursty"],
+CLI_CASES = {      # (the default policy, prefill_first, pinned to watermark 0 as its digests were recorded)
+    "cli/3/prefix_affinity/multitenant": ["cluster.replicas=3", "router=prefix_affinity", "trace=multitenant",
+                                          "policy.watermark=0"],
+    "cli/1+2/round_robin/bursty": ["cluster.prefill_replicas=1", "cluster.decode_replicas=2", "trace=bursty",
+                                   "policy.watermark=0"],
 }
 
 

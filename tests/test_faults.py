@@ -35,11 +35,11 @@ class ExplodeAt:
     """prefill_first that raises (or exits, or sleeps) on cue: the policy of these tests."""
 
     def __init__(self, name="explode_at", explode_at: int = 10**9, how: str = "raise",
-                 sleep: float = 0.0, marker: str = ""):
+                 sleep: float = 0.0, marker: str = "", watermark: float = 0.01):   # (prefill_first's config)
         from policies.prefill_first import PrefillFirst
         if not isinstance(explode_at, int):
             raise ValueError(f"explode_at must be an int, got {explode_at!r}")
-        self.name, self.inner, self.explode_at, self.how = name, PrefillFirst(), explode_at, how
+        self.name, self.inner, self.explode_at, self.how = name, PrefillFirst(watermark=watermark), explode_at, how
         self.sleep, self.marker = sleep, marker
 
     def schedule(self, view):
