@@ -52,11 +52,20 @@ def guarded_job(body):
         name = str(e) or "SIGINT"
         message = f"stopped ({name}) before any results were written"
         code = 128 + getattr(signal.Signals, name, signal.SIGINT)
-    try:
-        (run_dir / "error.txt").write_text(message + "\n")
-    except OSError:
-        pass                        # (an unwritable run directory is the message itself)
+    write_error_file(run_dir, message)
     fail(message, code)
+
+
+def write_error_file(run_dir: Path, message: str) -> None:
+    """`error.txt` with the message, or none at all (a full disk must not leave an empty one)."""
+    path = run_dir / "error.txt"
+    try:
+        path.write_text(message + "\n")
+    except OSError:
+        try:
+            path.unlink(missing_ok=True)    # (an unwritable run directory is the message itself)
+        except OSError:
+            pass
 
 
 def check_output_dir_writable(overrides: list) -> None:

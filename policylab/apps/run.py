@@ -42,7 +42,11 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         raise SystemExit(signals.exit_code())
     if cfg.plots:
         from policylab.analysis.plots import write_run_plots
-        write_run_plots(run_dir)
+        try:
+            write_run_plots(run_dir)
+        except OSError as e:         # the results are written: a missing figure is no failed run
+            print(f"warning: plots not all written ({getattr(e, 'strerror', None) or e}); the results "
+                  f"in {run_dir} are complete", file=sys.stderr)
     tracker.log_run(run_dir, summary)
     tracker.finish()
     if in_parallel_launcher():     # jobs side by side: one line each, never interleaved tables
