@@ -46,6 +46,9 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: DataplaneC
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number > 0, got {value!r}")
+    for name in ("flops_efficiency", "bw_efficiency"):
+        if getattr(hw, name) > 1:
+            raise ValueError(f"hardware.{name} is the achieved share of the peak: at most 1, got {getattr(hw, name)!r}")
     for name in ("kernel_latency", "step_overhead"):
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
