@@ -48,6 +48,11 @@ def guarded_job(body):
         return body(run_dir)
     except (RunError, TraceError, ResultsWriteError, ValueError, OSError) as e:
         message = str(e)
+    except Exception as e:           # anything else: this job failed, a sweep goes on to the next
+        import traceback
+        from policylab.apps.run import write_traceback
+        path = write_traceback(run_dir, traceback.format_exc())
+        message, code = f"{type(e).__name__}: {e} (traceback: {path})", 1
     except KeyboardInterrupt as e:   # a stop signal before the replay started (ReplaySignals)
         name = str(e) or "SIGINT"
         message = f"stopped ({name}) before any results were written"
