@@ -63,6 +63,9 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
             raise SystemExit(signals.exit_code())
         tracker.finish()
         report(cfg, summary, run_dir, partial, error)
+        if signals.stopped_by:         # (while the W&B run finished: everything is written)
+            print(f"{signal_name(signals.stopped_by)} received after the results were written", file=sys.stderr)
+            raise SystemExit(signals.exit_code())
     return summary
 
 

@@ -11,7 +11,8 @@ reports a process killed by it.
 A policy that swallows the `KeyboardInterrupt` (`except: pass` around a loop) would keep the
 replay running forever: a later signal (at least `ESCALATE_AFTER_S` after the first, so one
 Ctrl-C that reaches a process twice does not count) or `STOP_GRACE_S` without the engine
-returning writes the results from the handler (`stuck_writer`) and ends the process.
+returning writes the results from the handler (`stuck_writer`) and ends the process (where
+there is no writer, a cluster's replay, only the later signal ends it, without results).
 
 Outside a replay (`keep_stop_signals`), a stop signal is noted, never fatal: the next replay
 does not start, and a sweep's parent tells its running jobs (`on_stop`).
@@ -114,8 +115,7 @@ class ReplaySignals:
                 if hasattr(signal, "setitimer"):
                     signal.setitimer(signal.ITIMER_REAL, STOP_GRACE_S)
             raise _stop_error(signum)
-        if self.stopping and not self.shielded and self.stuck_writer is not None \
-                and time.monotonic() - self._first_at >= ESCALATE_AFTER_S:
+        if self.stopping and not self.shielded and time.monotonic() - self._first_at >= ESCALATE_AFTER_S:
             self._write_now(f"{signal_name(signum)} after {signal_name(self.received[0])}")
         _say(f"{signal_name(signum)} received: finishing the results files first")
 
@@ -129,7 +129,11 @@ class ReplaySignals:
         writer, code = self.stuck_writer, 128 + self.received[0]
         self.shield()
         try:
-            writer(why)
+            if writer is not None:
+                writer(why)
+            else:
+                _say(f"the replay did not stop after {signal_name(self.received[0])} ({why}): ending it "
+                     "without writing its results")
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:
