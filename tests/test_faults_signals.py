@@ -53,7 +53,8 @@ class Swallowing(Slow):
 def start(tmp_path: Path, *overrides, group: bool = False, env: dict | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "policylab", "run", *overrides, *BASE], cwd=ROOT, env=env,
+    base = [b for b in BASE if b.split("=")[0] not in {o.split("=")[0] for o in overrides}]   # (theirs win)
+    return subprocess.Popen([sys.executable, "-m", "policylab", "run", *overrides, *base], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group)
 
 
@@ -125,6 +126,23 @@ def test_a_stop_signal_reaches_every_job_of_a_joblib_sweep(tmp_path, how):
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in workers if alive(p)]              # no worker outlives the parent
+
+
+def test_a_stop_signal_to_a_basic_sweep_ends_its_job_and_starts_no_other(tmp_path):
+    marker, sweep = tmp_path / "started", tmp_path / "sweep"
+    proc = start(tmp_path, "-m", "plots=false", f"policy._target_={__name__}.Slow", "policy.name=slow",
+                 f"+policy.marker={marker}", "seed=0,1,2", f"hydra.sweep.dir={sweep}")
+    try:
+        wait_for(lambda: any(tmp_path.glob("started.*")), proc, 240)
+        proc.send_signal(signal.SIGTERM)
+        err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "3 jobs, 0 complete, 3 did not complete" in err, err[-3000:]
+    assert "0_slow_poisson [" in err and "]: partial: interrupted (SIGTERM)" in err
+    for job in ("1_slow_poisson", "2_slow_poisson"):
+        assert "not run: the sweep was stopped (SIGTERM)" in (sweep / job / "error.txt").read_text()
 
 
 def test_a_joblib_sweep_that_completes_leaves_no_worker_behind(tmp_path):
