@@ -88,3 +88,26 @@ def test_results_that_fit_when_plots_do_not_are_a_complete_run_with_a_warning(tm
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"
     assert not (run_dir / "error.txt").exists()
     assert not list(run_dir.glob(".*tmp"))
+
+
+def test_a_summary_that_only_fits_without_its_config_says_what_it_left_out(tmp_path, monkeypatch):
+    from policylab.analysis.result_files import ResultsWriteError, atomic_write
+    room = 3000                               # bytes left: the numbers fit, the config echo does not
+
+    def nearly_full(path, write):
+        if path.name != "summary.json":
+            return atomic_write(path, write)
+        data = io.BytesIO()
+        write(data)
+        if len(data.getvalue()) > room:
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError as e:
+                raise ResultsWriteError(f"could not write results file {path}: {e.strerror}") from e
+        return atomic_write(path, lambda f: f.write(data.getvalue()))
+    monkeypatch.setattr(result_stream, "atomic_write", nearly_full)
+    main([*BASE, "plots=false", "trace.max_requests=30", f"hydra.run.dir={tmp_path}"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["omitted_for_space"] == ["config"] and summary["config"] is None
+    assert summary["status"] == "complete" and summary["counts"]["finished"] == 30
+    assert not list(tmp_path.glob(".*tmp"))

@@ -18,6 +18,7 @@ files.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 from contextlib import nullcontext
@@ -108,7 +109,7 @@ def write_summary(path: Path, summary: dict) -> None:
         atomic_write(path, lambda f: f.write(text.encode()))
         return
     except ResultsWriteError as e:
-        if "No space left" not in str(e):
+        if getattr(e.__cause__, "errno", None) not in (errno.ENOSPC, errno.EDQUOT):
             raise
         first = e
     smaller = {**summary, "config": None, "omitted_for_space": ["config"]}
