@@ -12,6 +12,10 @@ what `python -m policylab run` runs and returns a `Run` (`.summary`, `.requests`
 `.dir`, `.plots`); `compare(runs)` returns the comparison table and writes its report.
 They live in the app layer and are imported on first use, so `import policylab` stays light.
 """
+import sys as _sys
+
+if _sys.argv[:1] == ["-m"]:            # `python -m policylab` is starting (its __main__ ends a stop
+    import policylab._startup  # noqa: F401  # signal during the imports in one line)
 from policylab.core.contract import ContractViolation, RequestView, SchedulerView, StepPlan
 from policylab.core.policy import Policy
 from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, RouteViolation

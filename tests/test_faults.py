@@ -138,6 +138,7 @@ def test_a_basic_sweep_runs_every_job_and_reports_the_failed_ones(tmp_path, caps
     assert_every_request_kept(sweep / "2_x_poisson", 40, "complete")
 
 
+@pytest.mark.timeout(900)
 def test_a_joblib_sweep_runs_every_job_and_reports_the_failed_ones(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="needs hydra-joblib-launcher")
     proc = cli_process(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "trace.max_requests=40",

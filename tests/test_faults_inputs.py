@@ -95,8 +95,13 @@ def test_a_bad_calibration_file_is_one_line_naming_it(tmp_path, content, expecte
 def test_arrivals_beyond_the_bound_are_refused(tmp_path):
     path = tmp_path / "far.jsonl"
     path.write_text('{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 5}\n'
+                    '{"arrival_time": 1e12, "prompt_tokens": 5, "output_tokens": 5}\n')
+    with pytest.raises(TraceError, match=r"far.jsonl: field 'arrival_time': a request arrives 1e\+12 s"):
+        load_trace(TraceConfig(path=str(path)))
+    path.write_text('{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 5}\n'
                     '{"arrival_time": 1e17, "prompt_tokens": 5, "output_tokens": 5}\n')
-    with pytest.raises(TraceError, match=r"far.jsonl: field 'arrival_time': a request arrives 1e\+17 s"):
+    with pytest.raises(TraceError, match=r"far.jsonl:2: field 'arrival_time': expected a finite number of seconds "
+                                         r">= 0 \(at most 1e\+15\), got 1e\+17"):      # (its line, when it can)
         load_trace(TraceConfig(path=str(path)))
     with pytest.raises(ValueError, match=r"arrival_time 1e\+17 s is outside \[0, 1e\+09\] s"):
         engine(trace=[TraceRequest(0.0, 5, 5), TraceRequest(1e17, 5, 5)])

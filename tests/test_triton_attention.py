@@ -208,6 +208,7 @@ def test_broken_kernels_are_caught(monkeypatch, variant):
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the kernels compile when the other tests run them")
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None,
                     reason="this triton wheel has no NVIDIA backend")
+@pytest.mark.timeout(900)
 def test_launched_kernels_compile_for_hopper():
     """What the backend launches compiles, through ptxas, for an H100/H200 (sm_90): no GPU is
     needed to catch a kernel that Triton cannot lower (tests/compile_triton_kernels.py)."""

@@ -261,5 +261,9 @@ def token_rates(steps: pd.DataFrame, bins: int) -> tuple[np.ndarray, dict]:
 
 def save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=110)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:          # (a full disk: no half-drawn PNG left, and the file named)
+        Path(path).unlink(missing_ok=True)
+        raise OSError(e.errno, f"could not write {path}: {e.strerror or e}") from e
     return Path(path)

@@ -18,6 +18,7 @@ files.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 from contextlib import nullcontext
@@ -89,12 +90,36 @@ class _ParquetFile:
             except (OSError, ValueError, pa.ArrowException):
                 pass                  # the file is being thrown away
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()        # (on a full disk the close's flush fails too)
+            except OSError:
+                pass
         self._file = self._writer = None
         try:
             self.tmp.unlink(missing_ok=True)
         except OSError:
             pass
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    """summary.json, indented; on a full disk compact, then without the config (it is also in
+    `.hydra/config.yaml`), so that the few kilobytes left still take the run's numbers."""
+    text = json.dumps(summary, indent=2, allow_nan=False, default=str) + "\n"
+    try:
+        atomic_write(path, lambda f: f.write(text.encode()))
+        return
+    except ResultsWriteError as e:
+        if getattr(e.__cause__, "errno", None) not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        first = e
+    smaller = {**summary, "config": None, "omitted_for_space": ["config"]}
+    for text in (json.dumps(summary, allow_nan=False, default=str), json.dumps(smaller, allow_nan=False, default=str)):
+        try:
+            atomic_write(path, lambda f: f.write(text.encode() + b"\n"))
+            return
+        except ResultsWriteError:
+            pass
+    raise first
 
 
 class ResultStream:
@@ -173,9 +198,8 @@ class ResultStream:
         failures = [f.failed for f in (self._requests, self._steps) if f.failed]
         if failures:
             summary["missing_files"] = [f.path.name for f in (self._requests, self._steps) if f.failed]
-        text = json.dumps(summary, indent=2, allow_nan=False, default=str) + "\n"
         try:
-            atomic_write(self.run_dir / "summary.json", lambda f: f.write(text.encode()))
+            write_summary(self.run_dir / "summary.json", summary)
         except ResultsWriteError as e:
             failures.append(str(e))
         if failures:

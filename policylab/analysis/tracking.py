@@ -35,7 +35,7 @@ class NullTracker:
     def log_result(self, summary: dict, tables: dict, images) -> None:
         pass
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int | None = None) -> None:
         pass
 
 
@@ -166,11 +166,14 @@ class WandbTracker:
         rows = shown.astype(object).where(shown.notna(), None).to_numpy().tolist()
         return self.wandb.Table(columns=list(shown.columns), data=rows)
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int | None = None) -> None:
         """Finish the run and stop W&B's service process: only then is the `.wandb` log
-        complete on disk (a Hydra joblib worker may be killed without running atexit)."""
+        complete on disk (a Hydra joblib worker may be killed without running atexit).
+        `exit_code`: the job's own (128 + a stop signal's number), else 1 for a partial run."""
+        if exit_code is None:
+            exit_code = 1 if self.failed or self.partial else 0
         try:
-            self.run.finish(exit_code=1 if self.failed or self.partial else 0)
+            self.run.finish(exit_code=exit_code)
             self.wandb.teardown()
         except Exception as e:
             self._fail(e)

@@ -13,10 +13,14 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from policylab.apps.config import CONFIG_DIR, register, typed_config
-from policylab.apps.jobs import check_output_dir_writable, expand_shorthands, fail, guarded_job, in_multirun
+from policylab.apps.jobs import check_output_dir_writable, expand_shorthands, fail, guarded_job, in_multirun, \
+    write_error_file
+from policylab.apps.signals import default_stop_signals, keep_stop_signals, noted_stop, signal_name
+from policylab.apps.sweep_control import STOP_MARKER, mark_stopped, stopped_sweep
 
 register()
 
@@ -24,15 +28,25 @@ register()
 def hydra_job(job):
     """`@hydra.main` over `job`; in a sweep, a job that fails or ends partial returns NaN instead
     of exiting, so the launcher (basic, joblib, ...) runs every other job, and the sweep report
-    (sweep_report.py) names the failed ones at the end. A stop signal (exit code >= 128) still
-    ends the sweep."""
+    (sweep_report.py) names the failed ones at the end. A job stopped by a signal (exit code
+    >= 128) marks the sweep stopped: the jobs after it do not start (sweep_control.py)."""
     @functools.wraps(job)
     def sweep_safe(cfg: DictConfig):
+        if not in_multirun():
+            return job(cfg)
+        keep_stop_signals()          # (a worker between jobs: a stop is noted, never fatal)
+        sweep_dir, run_dir = Path(HydraConfig.get().sweep.dir), Path(HydraConfig.get().runtime.output_dir)
+        stopped = stopped_sweep(sweep_dir)
+        if stopped:
+            write_error_file(run_dir, f"not run: the sweep was stopped ({stopped}) before this job started")
+            return math.nan
         try:
             return job(cfg)
         except SystemExit as e:
-            if not in_multirun() or not isinstance(e.code, int) or e.code == 0 or e.code >= 128:
+            if not isinstance(e.code, int) or e.code == 0:
                 raise
+            if e.code >= 128:
+                mark_stopped(sweep_dir / STOP_MARKER, e.code - 128)
             return math.nan
     return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(sweep_safe)
 
@@ -118,7 +132,11 @@ def main(argv=None) -> None:
         check_output_dir_writable(rest)
         sys.argv = [f"policylab {command}"] + rest
         HYDRA_JOBS[command]()
+        if noted_stop():             # (a signal after the job's own handlers: its files are whole)
+            print(f"{signal_name(noted_stop())} received after the job had written its files", file=sys.stderr)
+            raise SystemExit(128 + noted_stop())
     elif command in TOOLS:
+        default_stop_signals()       # (a tool is stopped the ordinary way)
         raise SystemExit(importlib.import_module(TOOLS[command]).main(rest))
     else:
         fail(f"unknown command '{command}'\n{USAGE}")

@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from policylab.apps.config_checks import check_values
 from policylab.cluster.config import POOLS, ClusterConfig, check_cluster_config, policy_label, spec_name
 from policylab.core.config import (EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig, ModelConfig,
                                    SloConfig, check_engine_config, check_slo_config)
@@ -189,6 +190,12 @@ def run_policy_label(run: RunConfig) -> str:
 def check_run_config(run: RunConfig) -> None:
     """Refuse, before anything runs, keys no typed group has (`+trace.max_request=10`, a typo
     Hydra's own hint suggests, was silently ignored) and values the engine or metrics cannot use."""
+    known_groups = {f.name for f in fields(run)}
+    extra = sorted(k for k in vars(run) if k not in known_groups)
+    if extra:
+        close = get_close_matches(extra[0], known_groups, n=1)
+        raise ConfigError(f"config: {extra[0]} is not a key of the run config"
+                          + (f" (did you mean {close[0]}?)" if close else f"; it has {', '.join(sorted(known_groups))}"))
     for group in fields(run):
         node = getattr(run, group.name)
         if is_dataclass(node):
@@ -206,6 +213,7 @@ def check_run_config(run: RunConfig) -> None:
         if isinstance(run.dataplane, SimPlaneConfig):       # (before a long trace is read, not after)
             from policylab.dataplane.sim import check_cost_parameters
             check_cost_parameters(run.model, run.hardware, run.dataplane)
+        check_values(run)
     except ValueError as e:
         raise ConfigError(f"config: {e}") from None
 

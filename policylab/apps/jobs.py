@@ -49,15 +49,29 @@ def guarded_job(body):
         return body(run_dir)
     except (RunError, TraceError, ResultsWriteError, ValueError, OSError) as e:
         message = str(e)
+    except Exception as e:           # anything else: this job failed, a sweep goes on to the next
+        import traceback
+        from policylab.apps.run import write_traceback
+        path = write_traceback(run_dir, traceback.format_exc())
+        message, code = f"{type(e).__name__}: {e} (traceback: {path})", 1
     except KeyboardInterrupt as e:   # a stop signal before the replay started (ReplaySignals)
         name = str(e) or "SIGINT"
         message = f"stopped ({name}) before any results were written"
         code = 128 + getattr(signal.Signals, name, signal.SIGINT)
-    try:
-        (run_dir / "error.txt").write_text(message + "\n")
-    except OSError:
-        pass                        # (an unwritable run directory is the message itself)
+    write_error_file(run_dir, message)
     fail(message, code)
+
+
+def write_error_file(run_dir: Path, message: str) -> None:
+    """`error.txt` with the message, or none at all (a full disk must not leave an empty one)."""
+    path = run_dir / "error.txt"
+    try:
+        path.write_text(message + "\n")
+    except OSError:
+        try:
+            path.unlink(missing_ok=True)    # (an unwritable run directory is the message itself)
+        except OSError:
+            pass
 
 
 def check_output_dir_writable(overrides: list) -> None:

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from policylab.apps.config import RunConfig, typed_config
 from policylab.apps.jobs import build_engine, in_parallel_launcher, replay, run_name, sweep_group
-from policylab.apps.signals import ReplaySignals
+from policylab.apps.signals import ReplaySignals, signal_name
 from policylab.traces import load_trace
 
 TRACEBACK_FILE = "traceback.txt"
@@ -16,11 +16,11 @@ TRACEBACK_FILE = "traceback.txt"
 
 def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     """Replay and write the results; a stop signal (SIGINT/SIGTERM/SIGHUP) ends the replay, the
-    results are still written (marked partial), then the job exits with 128 + the signal number."""
+    results are still written (marked partial), then the job exits with 128 + the signal number.
+    The handlers stay until the job ends: a signal while plots draw or W&B logs ends those, says
+    that the results are complete, and finishes the W&B run with the signal's exit code."""
     cfg = typed_config(cfg)
-    from policylab.analysis.compare_stats import light_load
     from policylab.analysis.result_stream import ResultStream
-    from policylab.analysis.results import print_summary
     from policylab.analysis.tracking import open_tracker
 
     with ReplaySignals() as signals:
@@ -29,24 +29,62 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         loaded = measured_on_loaded_cpu(cost_model_of(engine))
         tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
         results = ResultStream(run_dir, engine.trace, cfg, signals.held)   # written as the run goes
+        extra = {"trace_report": trace.report.as_dict()}
+        if not hasattr(engine, "replicas"):      # (a cluster's replicas: not rebuilt from a handler)
+            signals.stuck_writer = lambda why: write_stuck_replay(engine, results, extra, tracker, signals,
+                                                                  run_dir, why)
         result = replay(engine, cfg.progress, signals, results.attach(engine))
         if result.traceback:
             result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
         cost_model = cost_model_of(engine)                                  # what timed the steps
         loaded = loaded or measured_on_loaded_cpu(cost_model, finished=True)
-        extra = {"trace_report": trace.report.as_dict(), **({"cost_model": cost_model} if cost_model else {})}
+        extra.update({"cost_model": cost_model} if cost_model else {})
         summary = results.finish(result, extra)
         partial, error = result.partial, result.error
         del engine, trace, result, results      # (a million requests: gigabytes the plots can use)
-    if signals.stopped_by:
+        signals.stuck_writer = None
+        if signals.stopped_by:
+            tracker.finish(signals.exit_code())
+            print(f"run stopped by a signal: {error} — partial results written to {run_dir}", file=sys.stderr)
+            raise SystemExit(signals.exit_code())
+        signals.rearm()
+        phase = "drawing the plots"
+        try:
+            if cfg.plots:
+                draw_plots(run_dir)
+            phase = "logging to W&B"
+            tracker.log_run(run_dir, summary)
+        except KeyboardInterrupt:
+            pass                               # (signals.stopped_by says which)
+        signals.shield()
+        if signals.stopped_by:
+            tracker.finish(signals.exit_code())
+            print(f"stopped by {signal_name(signals.stopped_by)} while {phase}: the results in {run_dir} are "
+                  f"complete (summary.json, requests.parquet, steps.parquet)"
+                  + (", the plots may not all be there" if cfg.plots else ""), file=sys.stderr)
+            raise SystemExit(signals.exit_code())
         tracker.finish()
-        print(f"run stopped by a signal: {error} — partial results written to {run_dir}", file=sys.stderr)
-        raise SystemExit(signals.exit_code())
-    if cfg.plots:
-        from policylab.analysis.plots import write_run_plots
+        report(cfg, summary, run_dir, partial, error)
+        if signals.stopped_by:         # (while the W&B run finished: everything is written)
+            print(f"{signal_name(signals.stopped_by)} received after the results were written", file=sys.stderr)
+            raise SystemExit(signals.exit_code())
+    return summary
+
+
+def draw_plots(run_dir: Path) -> None:
+    from policylab.analysis.plots import write_run_plots
+    try:
         write_run_plots(run_dir)
-    tracker.log_run(run_dir, summary)
-    tracker.finish()
+    except OSError as e:         # the results are written: a missing figure is no failed run
+        print(f"warning: plots not all written ({getattr(e, 'strerror', None) or e}); the results "
+              f"in {run_dir} are complete", file=sys.stderr)
+
+
+def report(cfg, summary: dict, run_dir: Path, partial: bool, error: str) -> None:
+    """What the terminal shows at the end of a run: the summary table (one line in a parallel
+    sweep), a light-load warning, where the results are."""
+    from policylab.analysis.compare_stats import light_load
+    from policylab.analysis.results import print_summary
     if in_parallel_launcher():     # jobs side by side: one line each, never interleaved tables
         attainment, goodput = summary["slo_attainment"], summary["goodput"]
         print(f"{run_dir.name}: SLO attainment {'—' if attainment is None else f'{attainment:.1%}'}, goodput "
@@ -66,7 +104,23 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     print(f"results: {run_dir}")
     if partial:
         print(f"run ended early: {error} — partial results written to {run_dir}", file=sys.stderr)
-    return summary
+
+
+def write_stuck_replay(engine, results, extra: dict, tracker, signals, run_dir: Path, why: str) -> None:
+    """The replay did not return after a stop signal (a policy that swallows exceptions): the
+    results as they are, from the signal handler, before the process ends."""
+    from policylab.apps.jobs import salvage
+    name = signal_name(signals.stopped_by)
+    result = salvage(engine, KeyboardInterrupt(name))
+    result.error = f"interrupted ({name}); the replay did not stop, results written at {why}"
+    try:
+        results.finish(result, {**extra, **({"cost_model": cost_model_of(engine)} if cost_model_of(engine) else {})})
+        print(f"run stopped by {name}: the policy did not return from schedule(); partial results written to "
+              f"{run_dir} ({why})", file=sys.stderr)
+    except Exception as e:          # (the process ends either way: say what is missing)
+        print(f"run stopped by {name}: the policy did not return, and the results could not all be "
+              f"written: {e}", file=sys.stderr)
+    tracker.finish(signals.exit_code())
 
 
 def cost_model_of(engine) -> dict | None:

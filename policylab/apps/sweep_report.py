@@ -9,7 +9,9 @@ exits with status 1 if any did not.
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -47,8 +49,33 @@ def overrides_of(job_dir: Path) -> str:
 
 
 class SweepReport(Callback):
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+    """Also, in the sweep's parent: the sweep directory's lock and the stop signals passed on to
+    the jobs, from the sweep's start to its end (sweep_control.py)."""
+
+    def __init__(self):
+        self._lock = self._stop = None
+        self._handlers: dict = {}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from policylab.apps.signals import STOP_SIGNALS, keep_stop_signals
+        from policylab.apps.sweep_control import SweepBusy, SweepStop, lock_sweep_dir
         sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            self._lock = lock_sweep_dir(sweep_dir)
+        except (SweepBusy, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        if threading.current_thread() is threading.main_thread():
+            self._handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        keep_stop_signals()
+        self._stop = SweepStop(sweep_dir).install()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from policylab.apps.sweep_control import stop_exit_code, stop_workers, stopped_sweep
+        stop_workers()                          # no idle worker outlives the sweep
+        sweep_dir = Path(config.hydra.sweep.dir)
+        stopped = stopped_sweep(sweep_dir)
+        self._release()
         if not sweep_dir.is_dir():
             return
         outcomes = job_outcomes(sweep_dir)
@@ -57,5 +84,18 @@ class SweepReport(Callback):
               + (f", {len(bad)} did not complete:" if bad else ""), file=sys.stderr)
         for name, status, error in bad:
             print(f"  {name} [{overrides_of(sweep_dir / name)}]: {status}: {error}", file=sys.stderr)
+        if stopped:
+            print(f"sweep stopped by {stopped}", file=sys.stderr)
+            raise SystemExit(stop_exit_code(stopped))
         if bad:
             raise SystemExit(1)
+
+    def _release(self) -> None:
+        if self._stop is not None:
+            self._stop.remove()
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
+        if self._lock is not None:
+            self._lock.close()
+        self._lock = self._stop = None
+        self._handlers = {}

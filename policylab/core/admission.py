@@ -14,8 +14,12 @@ from policylab.core.kv import blocks_for
 
 
 def never_fits(prompt_tokens: int, output_tokens: int, max_model_len: int, num_blocks: int,
-               block_size: int) -> str:
-    """Why a request can never run on an engine with this context length and KV cache ("" if it can)."""
+               block_size: int, max_tokens: Optional[int] = None) -> str:
+    """Why a request can never run on an engine with this context length and KV cache ("" if it can):
+    prompt + the tokens it will generate, its output capped at `max_tokens` (the request's or the
+    engine's cap, when one is set)."""
+    if max_tokens:
+        output_tokens = min(output_tokens, max_tokens)
     total = prompt_tokens + output_tokens
     if total > max_model_len:
         return (f"prompt ({prompt_tokens}) + output ({output_tokens}) tokens exceed "

@@ -175,7 +175,7 @@ class Engine(DecodeSteps):
         t: TraceRequest = self.trace[i]
         cfg = self.cfg
         reason = never_fits(t.prompt_tokens, t.output_tokens, cfg.max_model_len, self.kv.num_blocks,
-                            self.kv.block_size)   # by arithmetic: no token or hash is built for a request
+                            self.kv.block_size, t.max_tokens or cfg.max_tokens)   # by arithmetic: no token or hash is built for a request
         if reason:                       # that can never run (a 2e8-token prompt took 114 s)
             ids = NO_TOKENS
         elif t.prompt_ids is not None:

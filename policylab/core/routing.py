@@ -107,7 +107,7 @@ class ReplicaView:
         """Why this replica can never run the request ("" if it can); `output_tokens` as the driver knows it."""
         e = self._engine
         return admission.never_fits(request.prompt_tokens, output_tokens, e.cfg.max_model_len,
-                                    e.kv.num_blocks, e.kv.block_size)
+                                    e.kv.num_blocks, e.kv.block_size, request.max_tokens or e.cfg.max_tokens)
 
     def __repr__(self) -> str:
         return f"ReplicaView({self.index}, {self.role}, {self.hardware}, waiting={self.num_waiting}, " \

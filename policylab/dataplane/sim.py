@@ -57,6 +57,9 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneCo
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number > 0, got {value!r}")
+    for name in ("flops_efficiency", "bw_efficiency"):
+        if getattr(hw, name) > 1:
+            raise ValueError(f"hardware.{name} is the achieved share of the peak: at most 1, got {getattr(hw, name)!r}")
     for name in ("kernel_latency", "step_overhead", "host_per_request", "host_per_token", "link_latency",
                  "collective_latency", "attention_floor"):
         value = getattr(hw, name)

@@ -20,8 +20,8 @@ from policylab.traces.raw import RawRequest
 
 def _rows(path: Path, name: str, columns: Sequence[str], client_column: Optional[str]):
     """Yield (line number, cells of `columns` in that order, client or None) per data row."""
-    with F.open_text(path) as f:
-        reader = csv.reader(f)
+    reader = csv.reader(line for _, line in F.trace_lines(path, name))
+    try:
         header = [h.strip() for h in next(reader, [])]
         wanted = list(columns) + ([client_column] if client_column else [])
         for col in wanted:
@@ -36,6 +36,8 @@ def _rows(path: Path, name: str, columns: Sequence[str], client_column: Optional
                                  f"expected {len(header)} cells like the header, got {len(cells)}")
             picked = [cells[i].strip() for i in index]
             yield reader.line_num, picked[:len(columns)], (picked[-1] if client_column else None)
+    except csv.Error as e:          # (a cell past csv's field size limit, a NUL byte, ...)
+        raise TraceError(name, reader.line_num, None, f"not a readable CSV row ({e})") from None
 
 
 def _request(t, prompt, output, client, skipped: Counter, prompt_col, output_col):
@@ -77,7 +79,8 @@ def read_vidur(path: Path, name: str, skipped: Counter,
     """Vidur / Splitwise request trace: arrived_at (s), num_prefill_tokens, num_decode_tokens."""
     cols = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
     for line, (at, pre, dec), client in _rows(path, name, cols, client_column):
-        r = _request(F.cell_number(at, name, line, cols[0]), F.cell_count(pre, name, line, cols[1]),
+        r = _request(F.arrival(F.cell_number(at, name, line, cols[0]), name, line, cols[0], kind="column"),
+                     F.cell_count(pre, name, line, cols[1]),
                      F.cell_count(dec, name, line, cols[2]), client, skipped, cols[1], cols[2])
         if r is not None:
             yield r
@@ -104,7 +107,8 @@ def read_burstgpt(path: Path, name: str, skipped: Counter, client_column: Option
         if response == 0:
             skipped["failed (0 response tokens)"] += 1
             continue
-        r = _request(F.cell_number(ts, name, line, cols[0]), F.cell_count(req, name, line, cols[2]),
+        r = _request(F.arrival(F.cell_number(ts, name, line, cols[0]), name, line, cols[0], kind="column"),
+                     F.cell_count(req, name, line, cols[2]),
                      response, client, skipped, cols[2], cols[3])
         if r is not None:
             yield r

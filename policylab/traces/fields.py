@@ -10,23 +10,66 @@ from policylab.core.request import MAX_TOKENS
 from policylab.traces.errors import TraceError, shown
 
 
+MAX_LINE_CHARS = 1 << 24        # 16 Mi characters: a record with a long prefix list is far shorter
+MAX_BLANK_LINES = 1_000_000     # blank lines in one file: past it the file is not a trace
+GZIP_MAX_RATIO = 200            # text traces compress 5-50x; a bomb expands thousands of times
+GZIP_ALLOWANCE = 64 << 20       # characters any .gz may expand to whatever its ratio
+MAX_ARRIVAL_VALUE = 1e15        # s, or ms (Mooncake): 31 million years, past any clock's epoch
+MAX_SLO_S = 1e9
+
+
 def open_text(path: Path):
-    """Text handle on a trace file; `.gz` files are decompressed on the fly (streamed)."""
+    """Text handle on a trace file; `.gz` files are decompressed on the fly (streamed). A UTF-8
+    byte order mark (as spreadsheet programs write) is dropped."""
     if str(path).endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return open(path, "r", encoding="utf-8", newline="")
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return open(path, "r", encoding="utf-8-sig", newline="")
+
+
+def trace_lines(path: Path, name: str):
+    """(line number, line) of a text trace, each line bounded in length, a `.gz` bounded in how
+    far it expands and any file in its blank lines: a small file that decompresses to one huge
+    line or to billions of blank ones is refused in one line, not read for minutes."""
+    limit = max(GZIP_ALLOWANCE, GZIP_MAX_RATIO * path.stat().st_size) if str(path).endswith(".gz") else 0
+    read = blank = 0
+    with open_text(path) as f:
+        for line_no in range(1, 1 << 62):
+            line = f.readline(MAX_LINE_CHARS + 1)
+            if not line:
+                return
+            if len(line) > MAX_LINE_CHARS:
+                raise TraceError(name, line_no, None, f"a line longer than {MAX_LINE_CHARS:,} characters: "
+                                                      "not a trace record")
+            read += len(line)
+            if limit and read > limit:
+                raise TraceError(name, line_no, None, f"expands to more than {limit:,} characters from "
+                                 f"{path.stat().st_size:,} compressed bytes ({GZIP_MAX_RATIO}x): not a trace")
+            if not line.strip():
+                blank += 1
+                if blank > MAX_BLANK_LINES:
+                    raise TraceError(name, line_no, None, f"more than {MAX_BLANK_LINES:,} blank lines: "
+                                                          "not a trace")
+            yield line_no, line
+
+
+def parse_json_line(line: str, name: str, line_no: int):
+    """One JSON value, or a TraceError at that line (bad syntax, nesting too deep, an integer
+    of more digits than Python converts)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TraceError(name, line_no, None, f"not valid JSON ({e.msg}, column {e.colno})") from None
+    except RecursionError:
+        raise TraceError(name, line_no, None, "JSON nested too deeply to be a trace record") from None
+    except ValueError as e:             # (an integer past Python's digit limit)
+        raise TraceError(name, line_no, None, f"not a readable JSON record ({e})") from None
 
 
 def json_records(path: Path, name: str):
     """(line number, object) for each non-blank line of a JSONL file; bad lines raise TraceError."""
-    with open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceError(name, line_no, None, f"not valid JSON ({e.msg}, column {e.colno})") from None
+    for line_no, line in trace_lines(path, name):
+        if line.strip():
+            rec = parse_json_line(line, name, line_no)
             if not isinstance(rec, dict):
                 raise TraceError(name, line_no, None, "expected a JSON object per line")
             yield line_no, rec
@@ -42,10 +85,10 @@ def positive_int(value, file, line, field, kind="field") -> int:
 
 
 def arrival(value, file, line, field, kind="field") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0:
-        raise TraceError(file, line, field,
-                         f"expected a finite number of seconds >= 0, got {shown(value)}", kind=kind)
+    # (compared, not converted: a 400-digit integer overflows float(); NaN fails every comparison)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_ARRIVAL_VALUE:
+        raise TraceError(file, line, field, f"expected a finite number of seconds >= 0 (at most "
+                                            f"{MAX_ARRIVAL_VALUE:.0e}), got {shown(value)}", kind=kind)
     return float(value)
 
 
@@ -53,10 +96,9 @@ def optional_seconds(value, file, line, field):
     """An SLO in seconds: null, or a finite number > 0."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise TraceError(file, line, field, f"expected a positive number of seconds or null, "
-                                            f"got {shown(value)}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SLO_S:
+        raise TraceError(file, line, field, f"expected a positive number of seconds (at most {MAX_SLO_S:.0e}) "
+                                            f"or null, got {shown(value)}")
     return float(value)
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import inspect as pyinspect
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Iterator, Optional
@@ -39,15 +38,12 @@ def detect_format(path: Path, name: str) -> str:
     """Format of a file from its suffix (parquet) or its first non-blank line."""
     if path.name.endswith((".parquet", ".pq")):
         return "parquet"
-    with F.open_text(path) as f:
-        first = next((line for line in f if line.strip()), "")
+    line_no, first = next(((n, line) for n, line in F.trace_lines(path, name) if line.strip()), (None, ""))
     if not first:
         raise TraceError(name, None, None, "empty file: no header and no requests")
     if first.lstrip().startswith("{"):
-        try:
-            keys = set(json.loads(first))
-        except json.JSONDecodeError as e:
-            raise TraceError(name, 1, None, f"not valid JSON ({e.msg})") from None
+        record = F.parse_json_line(first, name, line_no)
+        keys = set(record) if isinstance(record, dict) else set()
         if "arrival_time" in keys:
             return "native"
         if "input_length" in keys:
@@ -61,7 +57,7 @@ def detect_format(path: Path, name: str) -> str:
         if "arrived_at" in header:
             return "vidur"
     known = "; ".join(f"{k}: {v}" for k, v in SIGNATURES.items())
-    raise TraceError(name, 1, None, f"cannot tell the trace format from {first.strip()[:80]!r}. "
+    raise TraceError(name, line_no, None, f"cannot tell the trace format from {first.strip()[:80]!r}. "
                                     f"Known formats — {known}. Set trace.format to force one.")
 
 

@@ -38,6 +38,10 @@ def resolve_path(path) -> Path:
     for c in candidates:
         if c.is_file():
             return c
+    for c in candidates:            # (a FIFO would block the read; a directory is no trace)
+        if c.exists():
+            what = "a directory" if c.is_dir() else "not a regular file (a FIFO, socket or device)"
+            raise TraceError(text, None, None, f"{c} is {what}: give a trace file (CSV, JSON lines, parquet)")
     raise TraceError(text, None, None, "file not found (looked in: "
                      + ", ".join(str(c) for c in candidates) + ")")
 

@@ -16,6 +16,8 @@ measured in its steady state rather than in a transient of a few seconds.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 BLOCK = 32          # requests per bootstrap block: long enough to keep a burst together
@@ -43,3 +45,12 @@ def resample(reqs: list, times: list, replicate: int, seed: int) -> tuple[list, 
     picks = np.concatenate([np.arange(s, s + block) for s in starts])[:n]
     new_times = np.cumsum(gaps[picks]) - gaps[picks[0]]
     return [reqs[i] for i in picks], new_times.tolist()
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (0 where the platform does not say): the bound a tiling or a
+    KV cache is refused against before the run."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0

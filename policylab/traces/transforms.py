@@ -13,7 +13,7 @@ import numpy as np
 
 from policylab.core.request import TraceRequest
 from policylab.traces.errors import TraceError
-from policylab.traces.replicate import resample, tile
+from policylab.traces.replicate import physical_memory, resample, tile
 
 CLIENT_ASSIGNMENTS = ("keep", "column", "round_robin", "zipf")
 
@@ -79,6 +79,11 @@ def check_config(cfg) -> None:
         raise _bad("num_clients", f"must be >= 1, got {cfg.num_clients}")
     if cfg.prefix_block_tokens < 1:
         raise _bad("prefix_block_tokens", f"must be >= 1, got {cfg.prefix_block_tokens}")
+    if not (isinstance(cfg.zipf_exponent, (int, float)) and 0 <= cfg.zipf_exponent < math.inf):
+        raise _bad("zipf_exponent", f"must be a finite number >= 0, got {cfg.zipf_exponent!r}")
+    _slo_table(cfg)
+    for cls, weight in cfg.slo_ratio.items():
+        _number(weight, f"slo_ratio.{cls}", "a weight", zero_allowed=True)
     if cfg.slo_by_client and cfg.slo_ratio:
         raise _bad("slo_ratio", "set slo_by_client or slo_ratio, not both")
     for source in ("slo_by_client", "slo_ratio"):
@@ -88,13 +93,27 @@ def check_config(cfg) -> None:
                 raise _bad(source, f"SLO class '{cls}' is not in trace.slo_classes {list(cfg.slo_classes)}")
 
 
+def _number(value, key: str, what: str, zero_allowed: bool = False) -> float:
+    """`value` as a finite float > 0 (>= 0 when `zero_allowed`), else an error naming trace.KEY."""
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not ((0 <= number if zero_allowed else 0 < number) and number < math.inf):
+        raise _bad(key, f"must be {what}, a finite number {'>= 0' if zero_allowed else '> 0'}; got {value!r}")
+    return number
+
+
 def _slo_table(cfg) -> dict:
     table = {}
     for cls, spec in cfg.slo_classes.items():
+        if not isinstance(spec, dict):
+            raise _bad(f"slo_classes.{cls}", f"takes ttft_slo and tpot_slo, got {spec!r}")
         unknown = set(spec) - {"ttft_slo", "tpot_slo"}
         if unknown:
             raise _bad(f"slo_classes.{cls}", f"takes ttft_slo and tpot_slo, got {sorted(unknown)}")
-        table[cls] = {k: (None if spec.get(k) is None else float(spec[k])) for k in ("ttft_slo", "tpot_slo")}
+        table[cls] = {k: (None if spec.get(k) is None else _number(spec[k], f"slo_classes.{cls}.{k}", "seconds"))
+                      for k in ("ttft_slo", "tpot_slo")}
     return table
 
 
@@ -121,6 +140,17 @@ def _slo_classes(clients: list, cfg, rng: np.random.Generator) -> list:
     return [None] * len(clients)
 
 
+BYTES_PER_REQUEST = 2600      # what a replay holds per trace request (a million: 2.45 GiB)
+
+
+def check_repeat_fits(requests: int, repeat: int) -> None:
+    """`trace.repeat` tiles the trace: refuse, by arithmetic, a tiling this machine cannot hold."""
+    memory, need = physical_memory(), requests * repeat * BYTES_PER_REQUEST
+    if memory and need > memory:
+        raise _bad("repeat", f"{requests:,} requests x {repeat:,} = {requests * repeat:,} requests, about "
+                             f"{need / 2**30:,.0f} GiB to replay; this machine has {memory / 2**30:,.0f} GiB")
+
+
 def apply_transforms(reqs: list, cfg, seed: int, report: TraceReport) -> list:
     """TraceRequests from RawRequests (absolute times, any order); cfg passed check_config."""
     report.read = len(reqs)
@@ -140,6 +170,7 @@ def apply_transforms(reqs: list, cfg, seed: int, report: TraceReport) -> list:
     if cfg.max_requests is not None and len(reqs) > cfg.max_requests:
         report.over_max_requests = len(reqs) - cfg.max_requests
         reqs, times = reqs[:cfg.max_requests], times[:cfg.max_requests]
+    check_repeat_fits(len(reqs), cfg.repeat)
     reqs, times = resample(*tile(reqs, times, cfg.repeat), cfg.replicate, seed)
     base = times[0] if times and cfg.start_time is None else 0.0
     clients = _clients(reqs, cfg, np.random.default_rng([seed, 2]))
