@@ -41,8 +41,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         extra.update({"cost_model": cost_model} if cost_model else {})
         summary = results.finish(result, extra)
         partial, error = result.partial, result.error
-        del engine, trace, result, results      # (a million requests: gigabytes the plots can use)
         signals.stuck_writer = None
+        del engine, trace, result, results      # (a million requests: gigabytes the plots can use)
         if signals.stopped_by:
             tracker.finish(signals.exit_code())
             print(f"run stopped by a signal: {error} — partial results written to {run_dir}", file=sys.stderr)
@@ -64,7 +64,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
                   + (", the plots may not all be there" if cfg.plots else ""), file=sys.stderr)
             raise SystemExit(signals.exit_code())
         tracker.finish()
-        report(cfg, summary, run_dir, partial, error)
+        report(cfg, summary, run_dir, partial, error, loaded, cost_model)
         if signals.stopped_by:         # (while the W&B run finished: everything is written)
             print(f"{signal_name(signals.stopped_by)} received after the results were written", file=sys.stderr)
             raise SystemExit(signals.exit_code())
@@ -80,9 +80,9 @@ def draw_plots(run_dir: Path) -> None:
               f"in {run_dir} are complete", file=sys.stderr)
 
 
-def report(cfg, summary: dict, run_dir: Path, partial: bool, error: str) -> None:
+def report(cfg, summary: dict, run_dir: Path, partial: bool, error: str, loaded: str, cost_model: dict) -> None:
     """What the terminal shows at the end of a run: the summary table (one line in a parallel
-    sweep), a light-load warning, where the results are."""
+    sweep), a light-load or loaded-machine warning, what timed the steps, where the results are."""
     from policylab.analysis.compare_stats import light_load
     from policylab.analysis.results import print_summary
     if in_parallel_launcher():     # jobs side by side: one line each, never interleaved tables

@@ -193,7 +193,7 @@ class TorchDataPlane:
             self.reference = ReferenceTimer(self._reference_forward, lambda n: self._new_kv(n, block_size)[1],
                                             block_size, self.clock)
         if self.use_cuda_graphs:
-            max_len = min(c.max_position_embeddings, num_blocks * block_size)
+            max_len = min(self.cfg.max_position_embeddings, num_blocks * block_size)
             with torch.inference_mode():
                 self.graphs = DecodeGraphRunner(self.model, self.kv_caches, self.backend, block_size, max_len,
                                                 self.device, capture_cuda_graph(torch.cuda.graph_pool_handle()))
