@@ -22,9 +22,9 @@ BASE = ["trace=poisson", "dataplane=sim", "logger=none", "progress=false"]
 class Slow:
     """prefill_first that sleeps each step and touches `marker` once it runs (the test may signal)."""
 
-    def __init__(self, name="slow", sleep: float = 0.02, marker: str = ""):
-        from policies.prefill_first import PrefillFirst
-        self.name, self.inner, self.sleep, self.marker = name, PrefillFirst(), sleep, marker
+    def __init__(self, name="slow", sleep: float = 0.02, marker: str = "", watermark: float = 0.01):
+        from policies.prefill_first import PrefillFirst      # (its config is prefill_first's)
+        self.name, self.inner, self.sleep, self.marker = name, PrefillFirst(watermark=watermark), sleep, marker
 
     def schedule(self, view):
         if self.marker and view.step == 0:
