@@ -85,6 +85,7 @@ def capacity_main(cfg: DictConfig) -> float:
 
 TOOLS = {
     "trace": "policylab.apps.trace_cli",
+    "profile": "policylab.apps.data_cli",
     "compare": "policylab.analysis.compare",
 }
 HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main,
@@ -92,7 +93,8 @@ HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity
 USAGE = """usage: python -m policylab COMMAND ...
 
   run        replay a trace under a policy (Hydra overrides: policy=chunked trace=bursty ...; -m for sweeps)
-  trace      inspect, convert or generate arrival traces (python -m policylab trace --help)
+  trace      inspect, convert, generate or download arrival traces (python -m policylab trace --help)
+  profile    download Vidur's published GPU profiles (python -m policylab profile list)
   calibrate  profile the real data plane (a grid of batches + a replay of the trace), fit the sim
   fidelity   replay on the real data plane and on the calibrated sim; report per-metric error
   capacity   highest arrival rate meeting the SLOs (same overrides as run, plus target=0.9 lo= hi= iters=)
