@@ -19,7 +19,7 @@ from policylab.analysis.breakdown import breakdowns
 from policylab.analysis.compare_figures import capacity_compare, cdf_compare, metric_vs_load, read_capacity
 from policylab.analysis.compare_stats import CI_NOTE, GROUP, aggregate, best_marks, findings
 from policylab.analysis.report import display_table, group_title, write_html, write_markdown
-from policylab.analysis.run_table import COLUMNS, CompareError, collect_runs, find_dirs, mixed_cost_models
+from policylab.analysis.run_table import PARTIAL, COLUMNS, CompareError, collect_runs, find_dirs, mixed_cost_models
 
 PRINTED = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)", "ITL p99 (ms)",
            "E2E p99 (s)", "preemptions", "KV peak (%)")
@@ -33,6 +33,8 @@ def print_table(agg, marks, common) -> None:
     if not console.is_terminal:         # piped or captured: don't fold the table to 80 columns
         console = Console(width=240)
     title = f"{int(agg['n'].sum())} runs, {CI_NOTE}; * = best in its trace and load, ≈ = within noise"
+    if "partial" in agg and agg["partial"].any():
+        title += f";{PARTIAL} = stopped early, never ranked"
     table = Table(title=title + (f" (common: {' '.join(common)})" if common else ""), title_justify="left")
     cluster = tuple(m for m in CLUSTER_PRINTED[1:] if m in agg and agg[m].notna().any())
     printed = PRINTED + (CLUSTER_PRINTED[:1] + cluster if cluster else ())
@@ -110,7 +112,11 @@ def main(argv=None) -> int:
     agg = marks = None
     common, notes, tables, files = [], [], {}, []
     if run_dirs:
-        agg, marks, common, notes, tables, files = compare_runs(run_dirs, out)
+        try:
+            agg, marks, common, notes, tables, files = compare_runs(run_dirs, out)
+        except CompareError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if capacity_dirs:
         curves = read_capacity(capacity_dirs)
         print_capacities(curves)

@@ -21,7 +21,8 @@ DIGITS = {c.label: c.digits for c in COLUMNS} | {"requests": 0, "SLO attainment 
 ARROWS = {c.label: {"min": "↓", "max": "↑"}.get(c.better, "") for c in COLUMNS}
 LEGEND = (f"Cells: {CI_NOTE}; n = replicates. Best of each column within a trace and load in bold "
           "(↓ lower is better, ↑ higher is better); ≈ = that best is within noise (its interval overlaps "
-          "another configuration's, or n = 1).")
+          "another configuration's, or n = 1). A configuration marked (partial) stopped before every request "
+          "ended: its metrics cover only the requests that did, so it is shown but never ranked.")
 
 
 def cell_text(mean, half, digits: int) -> str:

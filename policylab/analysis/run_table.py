@@ -48,6 +48,7 @@ COLUMNS = (
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]
+PARTIAL = " (partial)"      # appended to a partial run's label: its own cell in every table, never ranked
 
 
 class CompareError(Exception):
@@ -91,10 +92,28 @@ def summary_value(summary: dict, path: tuple):
 
 
 def read_summary(run_dir: Path) -> dict:
+    path = run_dir / "summary.json"
     try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CompareError(f"{run_dir / 'summary.json'}: unreadable ({e})") from None
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CompareError(f"{path}: unreadable ({e}): truncated or not a policylab summary") from None
+    if not isinstance(summary, dict):
+        raise CompareError(f"{path}: not a policylab summary (a JSON {type(summary).__name__}, not an object)")
+    return summary
+
+
+def read_requests_file(path: Path, read):
+    """`read(path)` of a run's requests.parquet, a damaged file becoming one CompareError naming it."""
+    import pyarrow as pa
+    try:
+        return read(path)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise CompareError(f"{path}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
+                           "truncated or not a policylab requests table") from None
+
+
+def is_partial(summary: dict) -> bool:
+    return bool(summary.get("partial")) or summary.get("status", "complete") != "complete"
 
 
 def cost_model_label(summary: dict) -> str:
@@ -145,9 +164,13 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
                         and _key(o) not in (*REPLICATE_KEYS, LOAD_KEY)]
         counts = summary.get("counts") or {}
         duration = summary.get("trace_duration")
+        partial = is_partial(summary)
         row = {"trace": " ".join([str(trace.get("name", "?")), *trace_params]),
                "load": float(trace.get("rate_scale", 1.0)),
-               "label": " ".join([policy, *params]), "policy": policy, "params": " ".join(params),
+               "label": " ".join([policy, *params]) + (PARTIAL if partial else ""),
+               "policy": policy, "params": " ".join(params), "partial": partial,
+               "finished": f"{counts.get('finished', '?')}/{counts.get('requests', '?')}",
+               "error": str(summary.get("error") or ""),
                "replicate": f"seed={config.get('seed', '?')} replicate={trace.get('replicate', 0)}",
                "status": summary.get("status", "?"), "run_dir": str(run_dir),
                "cost_model": cost_model_label(summary),
@@ -157,6 +180,7 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
             value = summary_value(summary, c.path)
             row[c.label] = None if value is None else value * c.scale
         rows.append(row)
-    df = pd.DataFrame(rows, columns=[*IDENTITY, "cost_model", "rate", "ttft_slo", *METRICS])
+    df = pd.DataFrame(rows, columns=[*IDENTITY, "partial", "finished", "error", "cost_model", "rate", "ttft_slo",
+                                     *METRICS])
     df[METRICS + ["rate", "ttft_slo"]] = df[METRICS + ["rate", "ttft_slo"]].apply(pd.to_numeric, errors="coerce")
     return df, common
