@@ -116,6 +116,9 @@ def main(argv=None) -> None:
         rest = job_args(rest)
     if command in HYDRA_JOBS:
         check_output_dir_writable(rest)
+        from policylab.apps.plugins import check_plugins
+        if why := check_plugins(rest, CONFIG_DIR):
+            fail(why)
         sys.argv = [f"policylab {command}"] + rest
         HYDRA_JOBS[command]()
     elif command in TOOLS:
