@@ -130,3 +130,15 @@ def test_a_damaged_result_file_is_one_line_naming_it(sweep, tmp_path, capsys, na
 def test_summary_marks_the_run_partial(sweep):
     summary = json.loads((sweep / "2_stopped" / "summary.json").read_text())
     assert summary["partial"] and summary["status"] == "partial"
+
+
+def test_printed_table_fits_120_columns_and_drops_empty_columns(sweep, tmp_path, capsys):
+    assert compare_main([str(sweep), "-o", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    table = out.split("wrote ")[0]
+    assert max(len(line) for line in table.splitlines()) <= 120
+    assert "imbal." not in table and "GPU" not in table             # cluster columns: no cluster run
+    assert "engine.num_blocks=400" in table                        # labels are not cut
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    assert page.count('<div class="table-wrap">') == page.count("<table") >= 1   # each table scrolls in its box
+    assert ".table-wrap{overflow-x:auto" in page and "load imbalance" not in page

@@ -10,41 +10,36 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
+from policylab.analysis.metric_catalog import Shown
+
 REPLICATE_KEYS = ("seed", "trace.replicate")
 LOAD_KEY = "trace.rate_scale"
 
 
-@dataclass(frozen=True)
-class Column:
-    label: str
-    path: tuple            # keys into summary.json
-    scale: float           # summary unit → shown unit
-    better: str            # min | max | "" (context, never marked best)
-    digits: int
-
-
+# compare's columns: metrics declared in `metric_catalog`, each in the unit and precision shown
 COLUMNS = (
-    Column("TTFT p50 (ms)", ("ttft", "p50"), 1e3, "min", 1),
-    Column("TTFT p99 (ms)", ("ttft", "p99"), 1e3, "min", 1),
-    Column("TPOT p50 (ms)", ("tpot", "p50"), 1e3, "min", 2),
-    Column("TPOT p99 (ms)", ("tpot", "p99"), 1e3, "min", 2),
-    Column("ITL p99 (ms)", ("itl", "p99"), 1e3, "min", 2),
-    Column("E2E p99 (s)", ("e2e", "p99"), 1.0, "min", 3),
-    Column("goodput (req/s)", ("goodput",), 1.0, "max", 3),
-    Column("SLO attainment (%)", ("slo_attainment",), 100.0, "max", 1),
-    Column("throughput (out tok/s)", ("throughput", "output_tokens_per_s"), 1.0, "max", 1),
-    Column("preemptions", ("preemptions",), 1.0, "min", 0),
-    Column("queueing p99 (s)", ("queueing_delay", "p99"), 1.0, "", 3),
-    Column("KV peak (%)", ("kv_utilization", "max"), 100.0, "", 1),
-    Column("prefix hit (%)", ("prefix_cache_hit_rate",), 100.0, "max", 1),
-    Column("load imbalance", ("cluster", "load_imbalance"), 1.0, "min", 3),       # cluster runs only
-    Column("goodput/GPU (req/s)", ("cluster", "goodput_per_gpu"), 1.0, "max", 3),
+    Shown("ttft", "p50", "ms", "min", 1),
+    Shown("ttft", "p99", "ms", "min", 1),
+    Shown("tpot", "p50", "ms", "min", 2),
+    Shown("tpot", "p99", "ms", "min", 2),
+    Shown("itl", "p99", "ms", "min", 2),
+    Shown("e2e", "p99", "s", "min", 3),
+    Shown("goodput", better="max", digits=3),
+    Shown("slo_attainment", unit="%", better="max", digits=1),
+    Shown("throughput.output_tokens_per_s", better="max", digits=1),
+    Shown("preemptions", better="min", digits=0),
+    Shown("queueing_delay", "p99", "s", "", 3),
+    Shown("kv_utilization.max", unit="%", digits=1),
+    Shown("prefix_cache_hit_rate", unit="%", better="max", digits=1),
+    Shown("fairness_windows.jain_mean", better="max", digits=3),              # runs of several clients
+    Shown("fairness_windows.service_difference_mean", better="min", digits=0),
+    Shown("cluster.load_imbalance", better="min", digits=3),                  # cluster runs only
+    Shown("cluster.goodput_per_gpu", better="max", digits=3),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]
