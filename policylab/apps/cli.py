@@ -103,6 +103,12 @@ USAGE = """usage: python -m policylab COMMAND ...
 """
 
 
+def quoted_list(arg: str, key: str) -> str:
+    """`plots.format=png,svg,pdf` → `plots.format='png,svg,pdf'`: one value, not a Hydra sweep."""
+    value = arg[len(key):] if arg.startswith(key) else ""
+    return f"{key}'{value}'" if "," in value and not value.startswith(("'", '"', "[")) else arg
+
+
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -115,6 +121,7 @@ def main(argv=None) -> None:
         from policylab.apps.capacity import job_args
         rest = job_args(rest)
     if command in HYDRA_JOBS:
+        rest = [quoted_list(a, "plots.format=") for a in rest]
         check_output_dir_writable(rest)
         from policylab.apps.plugins import check_plugins
         if why := check_plugins(rest, CONFIG_DIR):

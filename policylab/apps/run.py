@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from policylab.apps.config import RunConfig, typed_config
+from policylab.apps.config import RunConfig, plot_settings, typed_config
 from policylab.apps.jobs import build_engine, in_parallel_launcher, replay, run_name, sweep_group
 from policylab.apps.signals import ReplaySignals
 from policylab.traces import load_trace
@@ -28,7 +28,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         engine = build_engine(cfg, trace=trace)
         tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
         results = ResultStream(run_dir, engine.trace, cfg, signals.held)   # written as the run goes
-        result = replay(engine, cfg.progress, signals, results.attach(engine))
+        progress = cfg.progress and ("lines" if in_parallel_launcher() else True)
+        result = replay(engine, progress, signals, results.attach(engine), label=run_dir.name)
         if result.traceback:
             result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
         cost_model = cost_model_of(engine)                                  # what timed the steps
@@ -40,9 +41,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         tracker.finish()
         print(f"run stopped by a signal: {error} — partial results written to {run_dir}", file=sys.stderr)
         raise SystemExit(signals.exit_code())
-    if cfg.plots:
+    plots = plot_settings(cfg.plots)
+    if plots.enabled:
         from policylab.analysis.plots import write_run_plots
-        write_run_plots(run_dir)
+        write_run_plots(run_dir, plots)
     tracker.log_run(run_dir, summary)
     tracker.finish()
     if in_parallel_launcher():     # jobs side by side: one line each, never interleaved tables
