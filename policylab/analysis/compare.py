@@ -138,7 +138,8 @@ def parse_args(argv):
     p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR")
     p.add_argument("-o", "--out", type=Path, help="output folder (default: <first path>/compare)")
     p.add_argument("--wandb-online", action="store_true",
-                   help="also create a W&B report of the runs (needs `wandb login`, wandb-workspaces)")
+                   help="also create a W&B report (needs `wandb login` and the reports extra): uploads the "
+                        "runs logged offline, logs the comparison with its figures and tables, builds the report")
     p.add_argument("--log-wandb", action="store_true",
                    help="log the comparison (tables, figures, files) as a W&B run of its own; offline "
                         "unless --wandb-online")
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
         files += [write_markdown(out, agg, marks, common, notes, tables, figures),
                   write_html(out, agg, marks, common, notes, tables, figures)]
     print("wrote " + ", ".join(str(p) for p in files))
-    if args.log_wandb:
+    if args.log_wandb and not args.wandb_online:     # (--wandb-online logs the comparison run itself)
         from policylab.analysis.tracking import log_comparison
         named = {"compare": agg, **{f"per_{k.replace(' ', '_').lower()}": t for k, t in tables.items()}} \
             if agg is not None else {}
@@ -185,9 +186,12 @@ def main(argv=None) -> int:
     if not args.wandb_online:
         print("W&B report: skipped (offline; pass --wandb-online with a logged-in W&B API to create one)")
         return 0
-    from policylab.analysis.tracking import ReportError, create_report
+    from policylab.analysis.tracking import ReportError
+    from policylab.analysis.wandb_report import publish
+    named = {"compare": agg, **{f"per_{k.replace(' ', '_').lower()}": t for k, t in tables.items()}} \
+        if agg is not None else {}
     try:
-        print(create_report(run_dirs, [c.path for c in COLUMNS], out / "compare.md"))
+        print(publish(run_dirs, [c.path for c in COLUMNS], out, named, figures, sweep_group(run_dirs or capacity_dirs)))
     except ReportError as e:
         print(f"error: W&B report not created: {e}", file=sys.stderr)
         return 1
