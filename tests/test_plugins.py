@@ -16,7 +16,8 @@ def without(monkeypatch):
     """Pretend the given plugin modules are not installed."""
     hidden = set()
     real = importlib.util.find_spec
-    monkeypatch.setattr(plugins.importlib.util, "find_spec", lambda name, *a: None if name in hidden else real(name, *a))
+    monkeypatch.setattr(plugins.importlib.util, "find_spec",
+                        lambda name, *a: None if name in hidden else real(name, *a))
     return hidden
 
 
