@@ -112,8 +112,14 @@ def replay_at(cfg, scale: float, min_span: float = 0.0) -> dict:
 def tiles_and_rate(cfg, min_span: float) -> tuple:
     """(times to tile `cfg`'s trace at its rate_scale for its arrivals to span `min_span` s, its
     arrival rate in req/s): the rate is the trace's own, the same however often it is tiled."""
+    import logging
     from policylab.traces import load_trace
-    arrivals = [t.arrival_time for t in load_trace(cfg.trace, seed=cfg.seed)]
+    log = logging.getLogger("policylab.traces")
+    level, log.level = log.level, logging.WARNING        # (the replay itself reports the trace it reads)
+    try:
+        arrivals = [t.arrival_time for t in load_trace(cfg.trace, seed=cfg.seed)]
+    finally:
+        log.setLevel(level)
     span = max(arrivals) - min(arrivals) if arrivals else 0.0
     if span <= 0:
         return 1, None

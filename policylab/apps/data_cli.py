@@ -35,7 +35,8 @@ def add_commands(sub, kind: str) -> None:
 def cmd_download(a, kind: str) -> int:
     for name in a.names:
         path = download(kind, name, a.cache_dir, a.mirror, a.force, a.timeout)
-        use = f"trace={name}" if kind == "trace" else f"dataplane.profile={name}"
+        use = f"trace={name}" if kind == "trace" else f"dataplane.profile={name}" if not name.startswith(
+            "network/") else f"dataplane.network_profile={name} or cluster.link.profile={name}"
         print(f"ready    {name}: {path}  (use: {use})")
     return 0
 
