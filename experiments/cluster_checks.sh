@@ -25,8 +25,8 @@ long_prompt_trace() {
       --output-len lognormal:mean=200,p90=400,max=600
 }
 if [[ $WHAT == prefix || $WHAT == all ]]; then
-  "$PY" -m policylab run -m router=round_robin,prefix_affinity cluster.replicas=4 trace=file \
-      trace.path=../shared/traces/mooncake_synthetic.jsonl "${COMMON[@]}" \
+  "$PY" -m policylab run -m router=round_robin,prefix_affinity cluster.replicas=4 trace=mooncake_synthetic \
+      "${COMMON[@]}" \
       hydra.sweep.dir=$OUT/prefix
   "$PY" -m policylab compare $OUT/prefix
 fi

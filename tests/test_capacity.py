@@ -55,7 +55,7 @@ def sim_config(*overrides):
 
 def test_find_capacity_on_the_sim_data_plane(tmp_path):
     cfg = sim_config()
-    result = find_capacity(cfg, CapacityConfig(target=0.9, lo=8.0, hi=512.0, iters=3), tmp_path)
+    result = find_capacity(cfg, CapacityConfig(target=0.9, lo=8.0, hi=512.0, iters=3, sustain=False), tmp_path)
     curve = pd.read_csv(tmp_path / "capacity.csv")
     assert result.status == "found" and len(curve) >= 5
     assert (tmp_path / "capacity.png").stat().st_size > 20_000
@@ -82,7 +82,8 @@ def test_shorthands_and_run_dir_of_the_cli():
 def test_capacity_job_end_to_end(tmp_path, monkeypatch, capsys):
     overrides = ["policy=prefill_first", "trace=poisson", "dataplane=sim", "trace.max_requests=40",
                  "hardware.step_overhead=0.004",     # the step cost this bracket was chosen for
-                 "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=2", f"hydra.run.dir={tmp_path}", "logger=none"]
+                 "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=2", f"hydra.run.dir={tmp_path}", "logger=none",
+                 "capacity.sustain=false"]      # replays as short as the trace: warned about
     monkeypatch.setattr(sys, "argv", ["policylab"])
     main(["capacity", *overrides])
     captured = capsys.readouterr()
@@ -97,7 +98,7 @@ def test_capacity_job_end_to_end(tmp_path, monkeypatch, capsys):
 
 def fake_curve(threshold: float):
     """A replay stand-in: attainment falls from 1 to 0.5 above `threshold` (rate_scale); 10 req/s per scale."""
-    def evaluate(scale):
+    def evaluate(scale, min_span=0.0):
         ok = scale <= threshold
         return {"rate_scale": scale, "rate": 10.0 * scale, "slo_attainment": 1.0 if ok else 0.5,
                 "goodput": 10.0 * scale, "ttft_p50": 0.1, "ttft_p99": 0.2 if ok else 3.0, "tpot_p50": 0.01,
@@ -120,3 +121,37 @@ def test_compare_overlays_the_capacity_curves_of_several_searches(tmp_path, caps
     assert set(curves["policy"]) == {"prefill_first", "chunked"} and set(curves["search_status"]) == {"found"}
     assert set(curves["status"]) == {"complete"}                   # each replay's own status is kept
     assert (tmp_path / "cmp" / "capacity_compare.png").stat().st_size > 20_000
+
+
+def transient_curve(calls: list):
+    """Capacity 3 (rate_scale) on replays under 60 s of arrivals, 2 once the queue has built up."""
+    def evaluate(scale, min_span=0.0):
+        calls.append((scale, min_span))
+        ok = scale <= (3.0 if min_span < 60 else 2.0)
+        return {"rate_scale": scale, "rate": 10.0 * scale, "slo_attainment": 1.0 if ok else 0.5,
+                "goodput": 10.0 * scale, "ttft_p50": 0.1, "ttft_p99": 0.2, "tpot_p50": 0.01, "tpot_p99": 0.02,
+                "preemptions": 0, "rejected": 0, "replay_s": min_span, "status": "complete", "error": ""}
+    return evaluate
+
+
+def test_the_search_repeats_until_the_capacity_holds_over_twice_its_span(tmp_path):
+    calls = []
+    cap = CapacityConfig(target=0.9, lo=0.5, hi=8.0, iters=6, min_replay_s=30.0)
+    result = find_capacity(sim_config(), cap, tmp_path, evaluate=transient_curve(calls))
+    assert 2.0 * 16 ** (-1 / 64) <= result.rate_scale <= 2.0                  # the sustained capacity
+    assert result.steady_span_s == 60.0                                       # 30 s misled, 60 s held at 120 s
+    assert {span for _, span in calls} == {30.0, 60.0, 120.0}
+    saved = json.loads((tmp_path / "capacity.json").read_text())
+    assert saved["steady_span_s"] == 60.0 and saved["interval"][0] == pytest.approx(10.0 * result.rate_scale)
+    unsustained = find_capacity(sim_config(), CapacityConfig(target=0.9, lo=0.5, hi=8.0, iters=6, sustain=False),
+                                tmp_path / "short", evaluate=transient_curve([]))
+    assert unsustained.rate_scale > 2.9 and unsustained.steady_span_s is None   # the transient's answer
+
+
+def test_sustained_replays_on_the_sim_span_the_minimum(tmp_path):
+    cfg = sim_config()
+    result = find_capacity(cfg, CapacityConfig(target=0.9, lo=8.0, hi=128.0, iters=2, min_replay_s=5.0), tmp_path)
+    curve = pd.read_csv(tmp_path / "capacity.csv")
+    spans = (curve["rate_scale"] * 0 + 1) * 60 / curve["rate"] * curve["repeat"]  # 60 requests per tile
+    assert (spans >= 5.0 * 0.9).all() and (curve["repeat"] > 1).all()
+    assert result.status == "found" and result.steady_span_s is not None

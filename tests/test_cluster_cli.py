@@ -119,7 +119,8 @@ def test_capacity_search_over_cluster_configurations(tmp_path, monkeypatch, caps
         out = tmp_path / str(replicas)
         main(["capacity", "policy=prefill_first", "trace=poisson", "dataplane=sim", "trace.max_requests=60",
               "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=3", f"cluster.replicas={replicas}",
-              "router=least_loaded", f"hydra.run.dir={out}"])
+              "router=least_loaded", f"hydra.run.dir={out}",
+              "capacity.sustain=false"])    # the ratio of two searches; replays as long as the trace
         rates[replicas] = json.loads((out / "capacity.json").read_text())["rate"]
     assert rates[3] > 1.5 * rates[1]          # three replicas hold well over the load of one
 

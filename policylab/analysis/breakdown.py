@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from policylab.analysis.compare_stats import CELL, aggregate
-from policylab.analysis.run_table import IDENTITY
+from policylab.analysis.run_table import IDENTITY, read_requests_file
 
 COLUMNS = ["client", "status", "ttft", "tpot", "ttft_slo", "tpot_slo", "slo_met"]
 BREAKDOWN_METRICS = ["requests", "SLO attainment (%)", "TTFT p99 (ms)", "TPOT p99 (ms)"]
@@ -49,7 +49,7 @@ def breakdowns(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
         if not path.exists():
             print(f"note: {path} missing, {run.label} left out of the per-class tables", file=sys.stderr)
             continue
-        requests = pd.read_parquet(path, columns=COLUMNS)
+        requests = read_requests_file(path, lambda p: pd.read_parquet(p, columns=COLUMNS))
         requests["slo_class"] = [slo_class(a, b) for a, b in zip(requests["ttft_slo"], requests["tpot_slo"])]
         for kind, column in KINDS.items():
             table = run_breakdown(requests, column)

@@ -119,7 +119,8 @@ def _block_difference(rows, client, value, is_backlog, n_rows, ids, served, wait
 
 
 def client_fairness(table: pd.DataFrame, facts, cfg: FairnessConfig, end_time: float) -> dict:
-    """Fairness of one replay from its request table (see `policylab.analysis.metrics.request_table`).
+    """Fairness of one replay from its request table (see `policylab.analysis.metrics.request_table`):
+    the whole-run numbers under "fairness", the windowed ones (`fairness_windows`) under "windows".
 
     `facts` (metrics.TokenFacts) gives the output tokens' service as (time, client, tokens) events.
     Requests arriving after `end_time` never arrived (a run cut short) and are not backlogged.
@@ -149,5 +150,8 @@ def client_fairness(table: pd.DataFrame, facts, cfg: FairnessConfig, end_time: f
                          + cfg.w_out * table["output_tokens"].to_numpy(dtype=np.float64))
     asked = demand > 0
     worst, mean = service_difference(service, backlog, n)
+    from policylab.analysis.fairness_windows import window_fairness
+    start = float(arrival.min()) if arrival.size else float("nan")
     return {"num_clients": n, "jain_index": jain_index(received[asked] / demand[asked]),
-            "service_difference_max": worst, "service_difference_mean": mean}
+            "service_difference_max": worst, "service_difference_mean": mean,
+            "windows": window_fairness(service, backlog, n, start, end_time, getattr(cfg, "window", None))}

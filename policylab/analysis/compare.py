@@ -19,31 +19,82 @@ from policylab.analysis.breakdown import breakdowns
 from policylab.analysis.compare_figures import capacity_compare, cdf_compare, metric_vs_load, read_capacity
 from policylab.analysis.compare_stats import CI_NOTE, GROUP, aggregate, best_marks, findings
 from policylab.analysis.report import display_table, group_title, write_html, write_markdown
-from policylab.analysis.run_table import COLUMNS, CompareError, collect_runs, find_dirs, mixed_cost_models
+from policylab.analysis.run_table import PARTIAL, COLUMNS, CompareError, collect_runs, find_dirs, mixed_cost_models
 
 PRINTED = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)", "ITL p99 (ms)",
            "E2E p99 (s)", "preemptions", "KV peak (%)")
-CLUSTER_PRINTED = ("prefix hit (%)", "load imbalance", "goodput/GPU (req/s)")   # when a run is a cluster
+# shown when some run has a value that is not 0: runs of several clients, prefix sharing, clusters
+OPTIONAL_PRINTED = ("Jain (windowed)", "prefix hit (%)", "load imbalance", "goodput/GPU (req/s)")
+WIDTH = 120                                  # the printed table fits a 120-column terminal
+
+
+SHORT_WORDS = {"attainment": "attain.", "preemptions": "preempt.", "(windowed)": "window", "imbalance": "imbal.",
+               "goodput/GPU": "goodput/\nGPU"}
+
+
+def short_header(label: str) -> str:
+    """'SLO attainment (%) ↑' → 'SLO\nattain.\n%\n↑': one short word a line keeps columns narrow."""
+    words = [SHORT_WORDS.get(w, w) for w in label.split(" ")]
+    return "\n".join(w.strip("()") if w.startswith("(") and w.endswith(")") else w for w in words)
+
+
+def _visible(text: str) -> int:
+    """Width of a cell's longest line, markup left out."""
+    import re
+    return max(len(re.sub(r"\[/?[^\]]*\]", "", line)) for line in text.split("\n"))
+
+
+def _width(headers, cells) -> int:
+    """Characters the metric columns take (padding and separator: three each, as SIMPLE_HEAD draws them)."""
+    return sum(max([_visible(h)] + [_visible(row[k]) for row in cells]) + 3 for k, h in enumerate(headers))
+
+
+def _two_lines(cell: str) -> str:
+    return cell.replace(" ± ", "\n± ").replace(" ≈", "\n≈", 1) if " ± " not in cell else \
+        cell.replace(" ± ", "\n± ")
+
+
+def printed_columns(agg) -> tuple:
+    """PRINTED and the OPTIONAL_PRINTED that say something, without columns no run has a value in."""
+    def informative(m, optional):
+        values = agg[m] if m in agg else None
+        return values is not None and values.notna().any() and not (optional and (values.fillna(0) == 0).all())
+    return tuple(m for m in PRINTED if informative(m, False)) + \
+        tuple(m for m in OPTIONAL_PRINTED if informative(m, True))
 
 
 def print_table(agg, marks, common) -> None:
+    """One table per trace and load, at most WIDTH columns wide: headers one word a line, the
+    configuration column folded, columns no run has a value in left out (all columns are in
+    compare.md, compare.html and compare.csv)."""
+    from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     console = Console()
-    if not console.is_terminal:         # piped or captured: don't fold the table to 80 columns
-        console = Console(width=240)
-    title = f"{int(agg['n'].sum())} runs, {CI_NOTE}; * = best in its trace and load, ≈ = within noise"
-    table = Table(title=title + (f" (common: {' '.join(common)})" if common else ""), title_justify="left")
-    cluster = tuple(m for m in CLUSTER_PRINTED[1:] if m in agg and agg[m].notna().any())
-    printed = PRINTED + (CLUSTER_PRINTED[:1] + cluster if cluster else ())
-    shown = display_table(agg, printed, marks, lambda t: f"[bold green]{t}*[/]")
-    for i, h in enumerate(shown.columns):
-        table.add_column(h.replace(" (", "\n("), justify="left" if i == 0 else "right")
+    console = Console(width=min(console.width, WIDTH) if console.is_terminal else WIDTH)
+    legend = f"{int(agg['n'].sum())} runs, {CI_NOTE}; * = best in its trace and load, ≈ = within noise"
+    if "partial" in agg and agg["partial"].any():
+        legend += f";{PARTIAL} = stopped early, never ranked"
+    console.print(legend + (f"\ncommon overrides: {' '.join(common)}" if common else ""), markup=False)
+    columns = printed_columns(agg)
     for (trace, load), group in agg.groupby(GROUP, sort=False):
-        table.add_row(f"[bold]{group_title(trace, load, group['rate'].mean())}[/]", end_section=False)
-        for i in group.index:
-            table.add_row(*map(str, shown.loc[i]), end_section=i == group.index[-1])
-    console.print(table)
+        shown = display_table(group, columns, marks, lambda t: f"[bold green]{escape(t)}*[/]")
+        shown = shown.drop(columns=["rate (req/s)"] + ([] if agg["n"].max() > 1 else ["n"]), errors="ignore")
+        table = Table(title=group_title(trace, load, group["rate"].mean()), title_justify="left",
+                      title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+        headers = [short_header(h) for h in shown.columns[1:]]
+        cells = [[str(v) for v in shown.loc[i].iloc[1:]] for i in group.index]
+        labels = [str(v) for v in shown.iloc[:, 0]]
+        if _width(headers, cells) + min(max(map(len, labels)), 36) + 2 > console.width:
+            cells = [[_two_lines(c) for c in row] for row in cells]     # `x ± ci ≈*` over two lines
+        table.add_column(shown.columns[0], overflow="fold",
+                         width=max(14, min(max(map(len, labels)), console.width - _width(headers, cells) - 2)))
+        for h in headers:
+            table.add_column(h, justify="right")
+        for label, row in zip(labels, cells):
+            table.add_row(escape(label), *row)
+        console.print(table)
 
 
 def compare_runs(run_dirs, out: Path) -> tuple:
@@ -87,7 +138,8 @@ def parse_args(argv):
     p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR")
     p.add_argument("-o", "--out", type=Path, help="output folder (default: <first path>/compare)")
     p.add_argument("--wandb-online", action="store_true",
-                   help="also create a W&B report of the runs (needs `wandb login`, wandb-workspaces)")
+                   help="also create a W&B report (needs `wandb login` and the reports extra): uploads the "
+                        "runs logged offline, logs the comparison with its figures and tables, builds the report")
     p.add_argument("--log-wandb", action="store_true",
                    help="log the comparison (tables, figures, files) as a W&B run of its own; offline "
                         "unless --wandb-online")
@@ -110,7 +162,11 @@ def main(argv=None) -> int:
     agg = marks = None
     common, notes, tables, files = [], [], {}, []
     if run_dirs:
-        agg, marks, common, notes, tables, files = compare_runs(run_dirs, out)
+        try:
+            agg, marks, common, notes, tables, files = compare_runs(run_dirs, out)
+        except CompareError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if capacity_dirs:
         curves = read_capacity(capacity_dirs)
         print_capacities(curves)
@@ -122,7 +178,7 @@ def main(argv=None) -> int:
         files += [write_markdown(out, agg, marks, common, notes, tables, figures),
                   write_html(out, agg, marks, common, notes, tables, figures)]
     print("wrote " + ", ".join(str(p) for p in files))
-    if args.log_wandb:
+    if args.log_wandb and not args.wandb_online:     # (--wandb-online logs the comparison run itself)
         from policylab.analysis.tracking import log_comparison
         named = {"compare": agg, **{f"per_{k.replace(' ', '_').lower()}": t for k, t in tables.items()}} \
             if agg is not None else {}
@@ -130,9 +186,12 @@ def main(argv=None) -> int:
     if not args.wandb_online:
         print("W&B report: skipped (offline; pass --wandb-online with a logged-in W&B API to create one)")
         return 0
-    from policylab.analysis.tracking import ReportError, create_report
+    from policylab.analysis.tracking import ReportError
+    from policylab.analysis.wandb_report import publish
+    named = {"compare": agg, **{f"per_{k.replace(' ', '_').lower()}": t for k, t in tables.items()}} \
+        if agg is not None else {}
     try:
-        print(create_report(run_dirs, [c.path for c in COLUMNS], out / "compare.md"))
+        print(publish(run_dirs, [c.path for c in COLUMNS], out, named, figures, sweep_group(run_dirs or capacity_dirs)))
     except ReportError as e:
         print(f"error: W&B report not created: {e}", file=sys.stderr)
         return 1

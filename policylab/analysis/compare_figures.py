@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from policylab.analysis.compare_stats import GROUP
+from policylab.analysis.run_table import read_requests_file
 from policylab.analysis.plots import CDF_METRICS, cdf_row, latency_samples, line_styles, read_requests, save, slo_lines
 
 LOAD_METRICS = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)")
@@ -48,7 +49,7 @@ def cdf_compare(runs: pd.DataFrame, out: Path) -> list[Path]:
                 if not path.exists():
                     print(f"note: {path} missing, left out of the CDFs", file=sys.stderr)
                     continue
-                req, with_tokens = read_requests(path)
+                req, with_tokens = read_requests_file(path, read_requests)
                 requests.append(req[["ttft_slo", "tpot_slo"]])
                 for m, v in latency_samples(req, with_tokens).items():
                     pooled[m].append(v)

@@ -44,6 +44,8 @@ def aggregate(df: pd.DataFrame, metrics=METRICS) -> pd.DataFrame:
     for m in metrics:
         out[f"{m} ±"] = grouped[m].agg(ci_half_width)
     out.insert(0, "n", grouped.size())
+    if "partial" in df:
+        out["partial"] = grouped["partial"].any()
     if "rate" in df:
         out.insert(1, "rate", grouped["rate"].mean())
     out = out.reset_index()
@@ -69,9 +71,12 @@ def _interval(row, m: str) -> tuple[float, float]:
 def best_marks(agg: pd.DataFrame) -> dict:
     """(row index, metric) → Mark, for each metric's best mean within each trace-and-load group
     (rounded to the shown digits, so ties are all marked); groups of one configuration and
-    metrics equal across the group get no mark."""
+    metrics equal across the group get no mark. Partial runs are never ranked: a run that
+    stopped early measured only the requests that ended, which look fast."""
     marks = {}
     for _, group in agg.groupby(GROUP, sort=False):
+        if "partial" in group:
+            group = group[~group["partial"].astype(bool)]
         if len(group) < 2:
             continue
         for c in (c for c in COLUMNS if c.better):
@@ -94,6 +99,11 @@ def _overlap(a: tuple, b: tuple) -> bool:
 def findings(df: pd.DataFrame, agg: pd.DataFrame, marks: dict) -> list[str]:
     """Warnings that make a comparison uninformative, one sentence each."""
     notes = []
+    if "partial" in df:
+        for run in df[df["partial"].astype(bool)].itertuples(index=False):
+            why = f"; {run.error}" if run.error else ""
+            notes.append(f"{run.label} on {run.trace} at load ×{run.load:g} ({run.run_dir}) is a partial run "
+                         f"({run.finished} requests finished{why}): shown, never ranked against complete runs")
     for (trace, load, label), cell in df.groupby(CELL, sort=False):
         if len(cell) > 1 and (cell[METRICS].nunique(dropna=False) <= 1).all():
             notes.append(f"{label} on {trace} at load ×{load:g}: its {len(cell)} replicates gave identical "

@@ -212,7 +212,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         "prefix_cache_hit_rate": _rate(df["cached_tokens"].to_numpy()[scheduled].sum(),
                                        df["prompt_tokens"].to_numpy()[scheduled].sum()),
         "kv_utilization": {"mean": kv.mean() if kv.size else NAN, "max": _nanmax(kv)},
-        "fairness": client_fairness(df, facts, fairness_cfg, end),
+        **_fairness(client_fairness(df, facts, fairness_cfg, end)),
         "rejections": [{"req_id": int(i), "client": c, "reason": why} for i, c, why in
                        zip(rejected["req_id"], rejected["client"], rejected["reason"])],
     }
@@ -221,6 +221,12 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"],
                                              distribution)
     return json_safe(summary)
+
+
+def _fairness(whole_run: dict) -> dict:
+    """"fairness" (whole run) and "fairness_windows" (`policylab.analysis.fairness_windows`)."""
+    windows = whole_run.pop("windows")
+    return {"fairness": whole_run, "fairness_windows": windows}
 
 
 def _rate(amount, seconds) -> float:

@@ -6,6 +6,8 @@ CDF figure takes several runs at once, so `policylab.analysis.compare` overlays 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import json
 from pathlib import Path
 
@@ -34,9 +36,18 @@ STEP_AGGREGATION = {"clock": "first", "duration": SUMS, "batch_size": MEANS,
                     "waiting": MEANS, "running": MEANS, "preempted": SUMS, "rejected": SUMS}
 
 
-def write_run_plots(run_dir) -> list[Path]:
-    """Write latency_cdf.png, latency_over_time.png and timeline.png into `run_dir` (and
-    cluster_timeline.png for a cluster run)."""
+@dataclass(frozen=True)
+class PlotSettings:
+    """`plots.*`: which files each figure becomes, latency axes on a log scale or not."""
+    enabled: bool = True
+    formats: tuple = ("png",)          # any of png, svg, pdf
+    log_latency: bool = True           # CDF x axes and latency-over-time y axes (else: log only for heavy tails)
+    dpi: int = 150
+
+
+def write_run_plots(run_dir, settings: PlotSettings = PlotSettings()) -> list[Path]:
+    """Write latency_cdf, latency_over_time and timeline (and cluster_timeline for a cluster run)
+    into `run_dir`, each in every format of `settings`."""
     run_dir = Path(run_dir)
     requests, with_tokens = read_requests(run_dir / "requests.parquet")
     steps = pd.read_parquet(run_dir / "steps.parquet")
@@ -44,16 +55,16 @@ def write_run_plots(run_dir) -> list[Path]:
     label = summary.get("policy") or run_dir.name
     slo = summary.get("slo") or {}
     every = -(-len(requests) // MAX_PLOTTED_REQUESTS)          # scatter at most that many points
-    written = [save(cdf_figure({label: latency_samples(requests, with_tokens)}, slo_lines(requests),
-                               f"{label}: latency CDFs"),
-                    run_dir / "latency_cdf.png"),
-               save(latency_over_time_figure(requests.iloc[::max(every, 1)], slo, label),
-                    run_dir / "latency_over_time.png"),
-               save(timeline_figure(steps, label), run_dir / "timeline.png")]
+    log = settings.log_latency
+    written = [*save_all(cdf_figure({label: latency_samples(requests, with_tokens)}, slo_lines(requests),
+                                    f"{label}: latency CDFs", log=log or None), run_dir / "latency_cdf", settings),
+               *save_all(latency_over_time_figure(requests.iloc[::max(every, 1)], slo, label, log=log),
+                         run_dir / "latency_over_time", settings),
+               *save_all(timeline_figure(steps, label), run_dir / "timeline", settings)]
     if "replica" in steps:
         from policylab.analysis.cluster_plots import cluster_timeline_figure
         roles = {k: v["role"] for k, v in (summary.get("cluster") or {}).get("replicas", {}).items()}
-        written.append(save(cluster_timeline_figure(steps, label, roles), run_dir / "cluster_timeline.png"))
+        written += save_all(cluster_timeline_figure(steps, label, roles), run_dir / "cluster_timeline", settings)
     return written
 
 
@@ -111,20 +122,21 @@ def slo_lines(requests: pd.DataFrame) -> dict:
             "TPOT": sorted(requests["tpot_slo"].dropna().unique())}
 
 
-def cdf_figure(runs: dict, slos: dict, title: str, styles: dict | None = None) -> Figure:
+def cdf_figure(runs: dict, slos: dict, title: str, styles: dict | None = None, log: bool | None = None) -> Figure:
     """One panel per CDF_METRICS entry, one line per run: `runs` maps a label to latency_samples,
     `slos` a panel name to its SLO values in seconds (each drawn as a dashed line)."""
     fig = Figure(figsize=(15, 4.6 + 0.25 * len(runs)), layout="constrained")
     fig.suptitle(title)
     styles = styles or line_styles(runs)
-    cdf_row(fig.subplots(1, len(CDF_METRICS)), runs, slos, styles)
+    cdf_row(fig.subplots(1, len(CDF_METRICS)), runs, slos, styles, log=log)
     handles = [Line2D([], [], **styles[label]) for label in runs]
     fig.legend(handles, list(runs), loc="outside lower center", ncols=min(len(runs), 3), fontsize="small")
     return fig
 
 
-def cdf_row(axes, runs: dict, slos: dict, styles: dict, what: str = "") -> None:
-    """Draw the CDF_METRICS panels of `runs` (Axes.ecdf) into `axes`, SLOs as dashed lines."""
+def cdf_row(axes, runs: dict, slos: dict, styles: dict, what: str = "", log: bool | None = None) -> None:
+    """Draw the CDF_METRICS panels of `runs` (Axes.ecdf) into `axes`, SLOs as dashed lines; x on
+    a log scale when `log` (positive samples), or when None and the tail is heavy."""
     for ax, (metric, (factor, unit)) in zip(axes, CDF_METRICS.items()):
         drawn = []
         for label, samples in runs.items():
@@ -144,12 +156,13 @@ def cdf_row(axes, runs: dict, slos: dict, styles: dict, what: str = "") -> None:
             title += f" (SLO {', '.join(off)} {unit}: off the scale)"
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small", loc="lower right")
-        log = bool(drawn) and _tail_heavy(np.concatenate(drawn))
-        if log:
+        on_log = bool(drawn) and (_tail_heavy(np.concatenate(drawn)) if log is None else
+                                  bool(log) and (np.concatenate(drawn) > 0).any())
+        if on_log:
             ax.set_xscale("log")
         if not drawn:
             ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center")
-        ax.set(title=title, xlabel=f"{metric} ({unit}{', log scale' if log else ''})",
+        ax.set(title=title, xlabel=f"{metric} ({unit}{', log scale' if on_log else ''})",
                ylabel="fraction of samples", ylim=(0, 1.02))
         ax.grid(alpha=0.3)
 
@@ -173,7 +186,7 @@ def _tail_heavy(values: np.ndarray) -> bool:
     return positive.size > 1 and positive.max() > TAIL_HEAVY * np.median(positive)
 
 
-def latency_over_time_figure(requests: pd.DataFrame, slo: dict, label: str) -> Figure:
+def latency_over_time_figure(requests: pd.DataFrame, slo: dict, label: str, log: bool = False) -> Figure:
     """TTFT and E2E of each finished request against its arrival time; misses in red."""
     fig = Figure(figsize=(12, 7), layout="constrained")
     fig.suptitle(f"{label}: latency by arrival time")
@@ -185,7 +198,10 @@ def latency_over_time_figure(requests: pd.DataFrame, slo: dict, label: str) -> F
             if mask.any():
                 ax.scatter(finished["arrival_time"][mask], finished[column][mask], s=6, color=color,
                            alpha=0.6, label=f"{what} ({mask.sum():,})", rasterized=True)
-        ax.set(ylabel=f"{name} (s)", title=f"{name} per finished request")
+        positive = (finished[column] > 0).any()
+        if log and positive:
+            ax.set_yscale("log")
+        ax.set(ylabel=f"{name} (s{', log scale' if log and positive else ''})", title=f"{name} per finished request")
         ax.grid(alpha=0.3)
     for i, limit in enumerate(slo_lines(requests)["TTFT"] if "ttft_slo" in requests else [slo.get("ttft")]):
         if limit:
@@ -259,11 +275,16 @@ def token_rates(steps: pd.DataFrame, bins: int) -> tuple[np.ndarray, dict]:
                    for k in ("prefill_tokens", "decode_tokens")}
 
 
-def save(fig: Figure, path: Path) -> Path:
+def save(fig: Figure, path: Path, dpi: int = 110) -> Path:
     FigureCanvasAgg(fig)
     try:
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=dpi)
     except OSError as e:          # (a full disk: no half-drawn PNG left, and the file named)
         Path(path).unlink(missing_ok=True)
         raise OSError(e.errno, f"could not write {path}: {e.strerror or e}") from e
     return Path(path)
+
+
+def save_all(fig: Figure, stem: Path, settings: PlotSettings) -> list[Path]:
+    """The figure as `<stem>.<format>` for each format (vector formats ignore the dpi but for rasterized points)."""
+    return [save(fig, Path(f"{stem}.{fmt}"), settings.dpi) for fmt in settings.formats]

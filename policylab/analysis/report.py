@@ -21,7 +21,8 @@ DIGITS = {c.label: c.digits for c in COLUMNS} | {"requests": 0, "SLO attainment 
 ARROWS = {c.label: {"min": "↓", "max": "↑"}.get(c.better, "") for c in COLUMNS}
 LEGEND = (f"Cells: {CI_NOTE}; n = replicates. Best of each column within a trace and load in bold "
           "(↓ lower is better, ↑ higher is better); ≈ = that best is within noise (its interval overlaps "
-          "another configuration's, or n = 1).")
+          "another configuration's, or n = 1). A configuration marked (partial) stopped before every request "
+          "ended: its metrics cover only the requests that did, so it is shown but never ranked.")
 
 
 def cell_text(mean, half, digits: int) -> str:
@@ -75,7 +76,7 @@ def write_markdown(out: Path, agg, marks, common, notes, breakdowns: dict, figur
     lines += [LEGEND, ""]
     if notes:
         lines += ["**Warnings:**", "", *(f"- {n}" for n in notes), ""]
-    lines += _markdown_sections(agg, metrics, marks, "##")
+    lines += _markdown_sections(agg, _with_values(agg, metrics), marks, "##")
     for kind, table in breakdowns.items():
         lines += [f"## Per {kind}", ""]
         lines += _markdown_sections(table, ["SLO attainment (%)", "TTFT p99 (ms)", "TPOT p99 (ms)"], {}, "###")
@@ -103,6 +104,16 @@ def styled_html(agg, metrics, marks) -> str:
     return shown.style.apply(lambda _: style, axis=None).to_html()
 
 
+def _scrolling(table_html: str) -> str:
+    """A wide table scrolls inside its own box instead of widening the page."""
+    return f'<div class="table-wrap">{table_html}</div>'
+
+
+def _with_values(agg, metrics) -> list:
+    """The metrics some row has a value for (a column of dashes only says the runs lack it)."""
+    return [m for m in metrics if m in agg and agg[m].notna().any()]
+
+
 def write_html(out: Path, agg, marks, common, notes, breakdowns: dict, figures: list[Path]) -> Path:
     metrics = [c.label for c in COLUMNS]
     parts = [f"<h1>Comparison of {int(agg['n'].sum())} runs</h1>"]
@@ -111,14 +122,16 @@ def write_html(out: Path, agg, marks, common, notes, breakdowns: dict, figures: 
     parts.append(f"<p>{html.escape(LEGEND)} Bold green: best; bold amber: best within noise.</p>")
     if notes:
         parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
-    parts.append(styled_html(agg, metrics, marks))
+    parts.append(_scrolling(styled_html(agg, _with_values(agg, metrics), marks)))
     for kind, table in breakdowns.items():
         parts += [f"<h2>Per {html.escape(kind)}</h2>",
-                  styled_html(table, ["SLO attainment (%)", "TTFT p99 (ms)", "TPOT p99 (ms)"], {})]
+                  _scrolling(styled_html(table, ["SLO attainment (%)", "TTFT p99 (ms)", "TPOT p99 (ms)"], {}))]
     parts += [f'<img src="{p.name}" alt="{p.stem}" style="max-width:100%">' for p in figures]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>policylab comparison</title>"
-            "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;margin-bottom:1em}"
-            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style></head><body>"
+            "<style>body{font-family:sans-serif;margin:2em;max-width:100%} .table-wrap{overflow-x:auto;"
+            "max-width:100%;margin-bottom:1em} table{border-collapse:collapse;font-size:13px}"
+            "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right} td{white-space:nowrap}"
+            "th{white-space:normal;max-width:8em;vertical-align:bottom}</style></head><body>"
             + "\n".join(parts) + "</body></html>\n")
     path = out / "compare.html"
     path.write_text(page)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import RunResult
+from policylab.analysis.metric_catalog import METRICS
 from policylab.analysis.metrics import MAX_LISTED_REJECTIONS, request_table, step_table, summarize
 from policylab.analysis.result_files import ResultsWriteError, plain_config, section  # noqa: F401 (re-exported)
 from policylab.analysis.result_stream import ResultStream
@@ -45,6 +46,18 @@ def _num(x, fmt: str = ",.2f", suffix: str = "") -> str:
     return "—" if x is None else f"{x:{fmt}}{suffix}"
 
 
+def fairness_line(fair: dict, windows: dict) -> str:
+    """Windowed Jain and service difference of the backlogged clients first, the whole run after."""
+    whole = (f"whole run: Jain {_num(fair.get('jain_index'), '.3f')}, max service diff "
+             f"{_num(fair.get('service_difference_max'), ',.0f')}")
+    if not windows.get("contended_windows"):
+        return f"no window had two clients backlogged throughout; {whole}"
+    return (f"windowed Jain {_num(windows.get('jain_mean'), '.3f')} (worst {_num(windows.get('jain_min'), '.3f')}), "
+            f"service diff {_num(windows.get('service_difference_mean'), ',.0f')} per "
+            f"{_num(windows.get('window_s'), '.3g')} s window ({windows['contended_windows']} of "
+            f"{windows.get('windows')} contended); {whole}")
+
+
 def print_summary(summary: dict, console: Console | None = None) -> None:
     """Compact end-of-run report: latency percentiles (ms), SLOs, throughput, rejections."""
     console = console or Console()
@@ -54,9 +67,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     latency = Table(title=f"policy {summary.get('policy', '?')}: latency (ms)", title_justify="left")
     for column in ("metric", "p50", "p90", "p99"):
         latency.add_column(column, justify="left" if column == "metric" else "right")
-    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E")):
+    for key in ("ttft", "tpot", "itl", "e2e"):
         stats = summary.get(key) or {}
-        latency.add_row(label, *(_ms(stats.get(q)) for q in ("p50", "p90", "p99")))
+        latency.add_row(METRICS[key].name, *(_ms(stats.get(q)) for q in ("p50", "p90", "p99")))
     counts, tput, fair = summary["counts"], summary["throughput"], summary.get("fairness", {})
     overview = Table(show_header=False, box=None)
     overview.add_column(style="bold")
@@ -64,16 +77,17 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     overview.add_row("requests", f"{counts['finished']} finished, {counts['rejected']} rejected, "
                      f"{counts['unfinished']} unfinished of {counts['requests']}")
     attainment = summary.get("slo_attainment")
-    overview.add_row("SLO attainment", _num(None if attainment is None else attainment * 100, ".1f", " %"))
-    overview.add_row("goodput", _num(summary.get("goodput"), ",.3f", " req/s"))
+    overview.add_row(METRICS["slo_attainment"].name, _num(None if attainment is None else attainment * 100,
+                                                          ".1f", " %"))
+    overview.add_row(METRICS["goodput"].name, _num(summary.get("goodput"), ",.3f", " " + METRICS["goodput"].unit))
     overview.add_row("throughput", f"{_num(tput['output_tokens_per_s'], ',.1f')} out tok/s, "
                      f"{_num(tput['input_tokens_per_s'], ',.1f')} in tok/s, "
                      f"{_num(tput['requests_per_s'], ',.3f')} req/s")
     overview.add_row("preemptions", str(summary.get("preemptions", 0)))
     overview.add_row("prefix cache", f"{_num(100 * (summary.get('prefix_cache_hit_rate') or 0), '.1f')} % "
                      "of prompt tokens served from cached blocks")
-    overview.add_row("fairness", f"Jain {_num(fair.get('jain_index'), '.3f')}, max service diff "
-                     f"{_num(fair.get('service_difference_max'), ',.0f')}")
+    if (fair.get("num_clients") or 0) > 1:
+        overview.add_row("fairness", fairness_line(fair, summary.get("fairness_windows") or {}))
     cluster = summary.get("cluster")
     if cluster:
         busy = ", ".join(f"{_num(100 * (r.get('utilization') or 0), '.0f')} %" for r in cluster["replicas"].values())

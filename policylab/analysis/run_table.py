@@ -10,44 +10,40 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
+from policylab.analysis.metric_catalog import Shown
+
 REPLICATE_KEYS = ("seed", "trace.replicate")
 LOAD_KEY = "trace.rate_scale"
 
 
-@dataclass(frozen=True)
-class Column:
-    label: str
-    path: tuple            # keys into summary.json
-    scale: float           # summary unit → shown unit
-    better: str            # min | max | "" (context, never marked best)
-    digits: int
-
-
+# compare's columns: metrics declared in `metric_catalog`, each in the unit and precision shown
 COLUMNS = (
-    Column("TTFT p50 (ms)", ("ttft", "p50"), 1e3, "min", 1),
-    Column("TTFT p99 (ms)", ("ttft", "p99"), 1e3, "min", 1),
-    Column("TPOT p50 (ms)", ("tpot", "p50"), 1e3, "min", 2),
-    Column("TPOT p99 (ms)", ("tpot", "p99"), 1e3, "min", 2),
-    Column("ITL p99 (ms)", ("itl", "p99"), 1e3, "min", 2),
-    Column("E2E p99 (s)", ("e2e", "p99"), 1.0, "min", 3),
-    Column("goodput (req/s)", ("goodput",), 1.0, "max", 3),
-    Column("SLO attainment (%)", ("slo_attainment",), 100.0, "max", 1),
-    Column("throughput (out tok/s)", ("throughput", "output_tokens_per_s"), 1.0, "max", 1),
-    Column("preemptions", ("preemptions",), 1.0, "min", 0),
-    Column("queueing p99 (s)", ("queueing_delay", "p99"), 1.0, "", 3),
-    Column("KV peak (%)", ("kv_utilization", "max"), 100.0, "", 1),
-    Column("prefix hit (%)", ("prefix_cache_hit_rate",), 100.0, "max", 1),
-    Column("load imbalance", ("cluster", "load_imbalance"), 1.0, "min", 3),       # cluster runs only
-    Column("goodput/GPU (req/s)", ("cluster", "goodput_per_gpu"), 1.0, "max", 3),
+    Shown("ttft", "p50", "ms", "min", 1),
+    Shown("ttft", "p99", "ms", "min", 1),
+    Shown("tpot", "p50", "ms", "min", 2),
+    Shown("tpot", "p99", "ms", "min", 2),
+    Shown("itl", "p99", "ms", "min", 2),
+    Shown("e2e", "p99", "s", "min", 3),
+    Shown("goodput", better="max", digits=3),
+    Shown("slo_attainment", unit="%", better="max", digits=1),
+    Shown("throughput.output_tokens_per_s", better="max", digits=1),
+    Shown("preemptions", better="min", digits=0),
+    Shown("queueing_delay", "p99", "s", "", 3),
+    Shown("kv_utilization.max", unit="%", digits=1),
+    Shown("prefix_cache_hit_rate", unit="%", better="max", digits=1),
+    Shown("fairness_windows.jain_mean", better="max", digits=3),              # runs of several clients
+    Shown("fairness_windows.service_difference_mean", better="min", digits=0),
+    Shown("cluster.load_imbalance", better="min", digits=3),                  # cluster runs only
+    Shown("cluster.goodput_per_gpu", better="max", digits=3),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]
+PARTIAL = " (partial)"      # appended to a partial run's label: its own cell in every table, never ranked
 
 
 class CompareError(Exception):
@@ -91,10 +87,28 @@ def summary_value(summary: dict, path: tuple):
 
 
 def read_summary(run_dir: Path) -> dict:
+    path = run_dir / "summary.json"
     try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CompareError(f"{run_dir / 'summary.json'}: unreadable ({e})") from None
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CompareError(f"{path}: unreadable ({e}): truncated or not a policylab summary") from None
+    if not isinstance(summary, dict):
+        raise CompareError(f"{path}: not a policylab summary (a JSON {type(summary).__name__}, not an object)")
+    return summary
+
+
+def read_requests_file(path: Path, read):
+    """`read(path)` of a run's requests.parquet, a damaged file becoming one CompareError naming it."""
+    import pyarrow as pa
+    try:
+        return read(path)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise CompareError(f"{path}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
+                           "truncated or not a policylab requests table") from None
+
+
+def is_partial(summary: dict) -> bool:
+    return bool(summary.get("partial")) or summary.get("status", "complete") != "complete"
 
 
 def cost_model_label(summary: dict) -> str:
@@ -145,9 +159,13 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
                         and _key(o) not in (*REPLICATE_KEYS, LOAD_KEY)]
         counts = summary.get("counts") or {}
         duration = summary.get("trace_duration")
+        partial = is_partial(summary)
         row = {"trace": " ".join([str(trace.get("name", "?")), *trace_params]),
                "load": float(trace.get("rate_scale", 1.0)),
-               "label": " ".join([policy, *params]), "policy": policy, "params": " ".join(params),
+               "label": " ".join([policy, *params]) + (PARTIAL if partial else ""),
+               "policy": policy, "params": " ".join(params), "partial": partial,
+               "finished": f"{counts.get('finished', '?')}/{counts.get('requests', '?')}",
+               "error": str(summary.get("error") or ""),
                "replicate": f"seed={config.get('seed', '?')} replicate={trace.get('replicate', 0)}",
                "status": summary.get("status", "?"), "run_dir": str(run_dir),
                "cost_model": cost_model_label(summary),
@@ -157,6 +175,7 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
             value = summary_value(summary, c.path)
             row[c.label] = None if value is None else value * c.scale
         rows.append(row)
-    df = pd.DataFrame(rows, columns=[*IDENTITY, "cost_model", "rate", "ttft_slo", *METRICS])
+    df = pd.DataFrame(rows, columns=[*IDENTITY, "partial", "finished", "error", "cost_model", "rate", "ttft_slo",
+                                     *METRICS])
     df[METRICS + ["rate", "ttft_slo"]] = df[METRICS + ["rate", "ttft_slo"]].apply(pd.to_numeric, errors="coerce")
     return df, common

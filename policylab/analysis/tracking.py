@@ -204,10 +204,12 @@ def _logged_in_api(wandb):
     return api
 
 
-def log_comparison(out: Path, tables: dict, images: list, group: str | None, online: bool = False) -> str:
+def log_comparison(out: Path, tables: dict, images: list, group: str | None, online: bool = False,
+                   info: dict | None = None) -> str:
     """`compare --log-wandb`: the comparison as a W&B run of its own (job type `compare`, in the
     sweep's group): the grouped table with CIs and the per-class tables as W&B tables, the
-    figures as images, and every file of `out`. What it says, never raises: W&B never fails compare."""
+    figures as images, and every file of `out`. What it says, never raises: W&B never fails compare.
+    `info`, when given, receives the run's id, project and entity (for a report's panels)."""
     try:
         import wandb
         run = wandb.init(project="policylab", job_type="compare", group=group, name=f"compare {group or out.name}",
@@ -221,6 +223,8 @@ def log_comparison(out: Path, tables: dict, images: list, group: str | None, onl
             if path.is_file():
                 shutil.copy2(path, Path(run.dir) / path.name)
         where = run.url if online else f"{Path(run.dir).parent} (upload: wandb sync {Path(run.dir).parent})"
+        if info is not None:
+            info.update({"id": run.id, "project": run.project, "entity": run.entity})
         run.finish()
         wandb.teardown()
         return f"W&B comparison run: {where}"
@@ -228,9 +232,12 @@ def log_comparison(out: Path, tables: dict, images: list, group: str | None, onl
         return f"W&B comparison run: not logged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
 
 
-def create_report(run_dirs: list[Path], metric_paths: list[tuple], markdown: Path) -> str:
+def create_report(run_dirs: list[Path], metric_paths: list[tuple], markdown: Path, comparison: dict | None = None,
+                  figures: tuple = (), tables: tuple = ()) -> str:
     """A W&B report of these runs (table, bar charts of the metrics, run comparer): its URL, or
     why there is nothing to report. Runs logged offline must be uploaded (`wandb sync`) first.
+    With `comparison` (the comparison's own W&B run: id, project, entity) a second panel grid
+    shows that run's `figures` (metric against load with CI bands, CDFs) and `tables`.
     Raises ReportError when the report cannot be made (no reports API, offline, not logged in)."""
     infos = [json.loads((d / RUN_INFO_FILE).read_text()) for d in run_dirs if (d / RUN_INFO_FILE).exists()]
     if not infos:
@@ -241,15 +248,24 @@ def create_report(run_dirs: list[Path], metric_paths: list[tuple], markdown: Pat
     except ImportError:
         raise ReportError("the W&B reports API is not installed: pip install wandb-workspaces") from None
     api = _logged_in_api(wandb)
-    offline = [i["dir"] for i in infos if i["mode"] != "online"]
+    offline = [i["dir"] for i in infos if i["mode"] == "offline"]     # (not uploaded: "synced" ones were)
     entity, project = infos[0]["entity"] or api.default_entity, infos[0]["project"]
     ids = ", ".join(repr(i["id"]) for i in infos)
     runset = wr.Runset(entity=entity, project=project, name="compared runs",
                        filters=f"Metric('ID') in [{ids}]")
     panels = [wr.BarPlot(title="/".join(p), metrics=[wr.SummaryMetric("/".join(p))]) for p in metric_paths]
     grid = wr.PanelGrid(runsets=[runset], panels=[*panels, wr.RunComparer(diff_only="split")])
+    blocks = [wr.MarkdownBlock(text=_without_images(markdown.read_text())), grid]
+    if comparison:
+        own = wr.Runset(entity=comparison.get("entity") or entity, project=comparison.get("project") or project,
+                        name="comparison", filters=f"Metric('ID') in [{comparison['id']!r}]")
+        shown = [wr.MediaBrowser(title="figures: metric against load (95% CI bands), latency CDFs",
+                                 media_keys=[f"figures/{f}" for f in figures], num_columns=1)] if figures else []
+        shown += [wr.WeavePanelSummaryTable(table_name=t) for t in tables]
+        blocks += [wr.H2(text="Load curves, latency CDFs and per-class tables"),
+                   wr.PanelGrid(runsets=[own], panels=shown)]
     report = wr.Report(entity=entity, project=project, title=f"policylab: comparison of {len(infos)} runs",
-                       blocks=[wr.MarkdownBlock(text=_without_images(markdown.read_text())), grid])
+                       blocks=blocks)
     try:
         report.save()
     except Exception as e:

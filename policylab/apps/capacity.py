@@ -5,6 +5,13 @@ stays ≥ a target. The trace is replayed at several `trace.rate_scale` values (
 off, same seed): first the bracket ends `lo` and `hi`, then `iters` bisection steps on a
 log scale (rates span orders of magnitude); a bracket that misses the capacity is moved
 by its own width up to `widen` times first. Attainment is assumed to fall as load rises.
+
+A short replay measures a transient: queues have not built up yet, so a rate the system cannot
+sustain still looks served. With `capacity.sustain` (the default) every replay is tiled
+(`trace.repeat`) until its arrivals span `capacity.min_replay_s`, and the capacity found is
+replayed again over twice that span; if it no longer meets the target, the span doubles and
+the search runs again (`capacity.steady_rounds` times at most). The result says over which
+span the capacity held (`steady_span_s`) and the bisection interval it lies in.
 The job writes capacity.json, the curve as capacity.csv, and capacity.png into its
 Hydra output directory, and returns the capacity in req/s (an objective for sweepers).
 """
@@ -37,6 +44,7 @@ class CapacityResult:
     rate: Optional[float]           # that scale's arrival rate, req/s
     target: float
     curve: pd.DataFrame             # one row per evaluated scale, sorted by rate
+    steady_span_s: Optional[float] = None   # arrivals span over which the capacity held (and over 2x)
 
     @property
     def interval(self) -> tuple:
@@ -81,35 +89,56 @@ def search(evaluate: Callable[[float], dict], cap: CapacityConfig) -> tuple[str,
     return "found", lo, list(rows.values())
 
 
-def replay_at(cfg, scale: float) -> dict:
-    """Replay `cfg`'s trace at `rate_scale=scale`: rate and the metrics the curve needs."""
+def replay_at(cfg, scale: float, min_span: float = 0.0) -> dict:
+    """Replay `cfg`'s trace at `rate_scale=scale`, tiled until its arrivals span `min_span`
+    seconds: rate and the metrics the curve needs."""
     from policylab.analysis.results import summarize_run
     cfg = copy.deepcopy(cfg)
     cfg.trace.rate_scale = float(scale)
+    tiles, rate = tiles_and_rate(cfg, min_span)
+    cfg.trace.repeat *= tiles
     engine = build_engine(cfg)
     result = replay(engine, progress=False)
     summary = summarize_run(result, cfg)[2]
-    arrivals = [t.arrival_time for t in engine.trace]
-    span = max(arrivals) - min(arrivals)
-    return {"rate_scale": float(scale), "rate": len(arrivals) / span if span > 0 else None,
+    return {"rate_scale": float(scale), "rate": rate,
             "slo_attainment": summary["slo_attainment"], "goodput": summary["goodput"],
             "ttft_p50": summary["ttft"]["p50"], "ttft_p99": summary["ttft"]["p99"],
             "tpot_p50": summary["tpot"]["p50"], "tpot_p99": summary["tpot"]["p99"],
             "preemptions": summary["preemptions"], "rejected": summary["counts"]["rejected"],
-            "replay_s": summary["makespan"],
+            "replay_s": summary["makespan"], "repeat": cfg.trace.repeat,
             "status": summary["status"], "error": summary["error"], "traceback": result.traceback}
 
 
+def tiles_and_rate(cfg, min_span: float) -> tuple:
+    """(times to tile `cfg`'s trace at its rate_scale for its arrivals to span `min_span` s, its
+    arrival rate in req/s): the rate is the trace's own, the same however often it is tiled."""
+    import logging
+    from policylab.traces import load_trace
+    log = logging.getLogger("policylab.traces")
+    level, log.level = log.level, logging.WARNING        # (the replay itself reports the trace it reads)
+    try:
+        arrivals = [t.arrival_time for t in load_trace(cfg.trace, seed=cfg.seed)]
+    finally:
+        log.setLevel(level)
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    if span <= 0:
+        return 1, None
+    period = span * len(arrivals) / max(len(arrivals) - 1, 1)      # a tile starts one mean gap after the last
+    return max(1, math.ceil(min_span / period)) if min_span > 0 else 1, len(arrivals) / span
+
+
 def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
-                  evaluate: Optional[Callable[[float], dict]] = None) -> CapacityResult:
-    """Search, then write capacity.json, capacity.csv and capacity.png into `out_dir`."""
+                  evaluate: Optional[Callable[[float, float], dict]] = None) -> CapacityResult:
+    """Search (until steady, with `cap.sustain`), then write capacity.json, capacity.csv and
+    capacity.png into `out_dir`. `evaluate(scale, min_span)` stands in for a replay."""
     cfg = typed_config(cfg)
     import pandas as pd
     from policylab.analysis.plots import save
     rows_so_far = []
+    span = cap.min_replay_s if cap.sustain else 0.0
 
     def logged(scale: float) -> dict:
-        row = (evaluate or (lambda s: replay_at(cfg, s)))(scale)
+        row = (evaluate or (lambda s, m: replay_at(cfg, s, m)))(scale, span)
         trace_text = row.pop("traceback", "")
         print(f"  rate_scale {scale:8.4f}: {_fmt(row['rate'], '.3f')} req/s, SLO attainment "
               f"{_fmt(row['slo_attainment'], '.1%')}, p99 TTFT {_fmt(row['ttft_p99'], '.3f')} s"
@@ -123,8 +152,20 @@ def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
         return row
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    steady = None
     try:
-        status, scale, rows = search(logged, cap)
+        for round_ in range(max(1, cap.steady_rounds) if cap.sustain else 1):
+            status, scale, rows = search(logged, cap)
+            if not cap.sustain or scale is None:
+                break
+            searched, span = span, 2 * span
+            print(f"  steady state: replaying rate_scale {scale:g} over {span:g} s of arrivals", file=sys.stderr)
+            check = logged(scale)
+            if check["slo_attainment"] is not None and check["slo_attainment"] >= cap.target:
+                steady = searched
+                break
+            print(f"  rate_scale {scale:g} does not hold over {span:g} s: searching again with replays of "
+                  f"{span:g} s", file=sys.stderr)
     except PolicyFailed as e:
         _write_json(out_dir, cfg, cap, {"status": "failed", "partial": True, "error": str(e),
                                         "rate_scale": None, "rate": None})
@@ -134,8 +175,9 @@ def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
     rate = None if scale is None else curve.loc[curve["rate_scale"] == scale, "rate"].iloc[0]
     result = CapacityResult(status, scale, rate, cap.target, curve)
     curve.to_csv(out_dir / "capacity.csv", index=False)
+    result.steady_span_s = steady
     _write_json(out_dir, cfg, cap, {"status": status, "partial": False, "error": "", "rate_scale": scale,
-                                    "rate": rate, "interval": result.interval})
+                                    "rate": rate, "interval": result.interval, "steady_span_s": steady})
     save(curve_figure(result, cfg), out_dir / "capacity.png")
     return result
 
@@ -207,6 +249,13 @@ def capacity_job(cfg) -> float:
     low, high = result.interval
     print(f"  bisection interval: [{_fmt(low, '.3f')}, {_fmt(high, '.3f')}] req/s "
           f"(passes at the first, fails at the second)")
+    if result.steady_span_s is not None:
+        print(f"  steady state: each replay spanned >= {result.steady_span_s:g} s of arrivals, and the capacity "
+              f"held over {2 * result.steady_span_s:g} s")
+    elif cap.sustain and result.rate_scale is not None:
+        print(f"warning: the capacity still fell when replayed over twice the span after {cap.steady_rounds} "
+              "doublings: no steady state found; raise capacity.min_replay_s or capacity.steady_rounds",
+              file=sys.stderr)
     _warn_short_replay(result, cap, cfg)
     _log(cfg, out_dir, result)
     if result.status == "below_range":
@@ -219,7 +268,7 @@ def capacity_job(cfg) -> float:
 
 def _warn_short_replay(result: CapacityResult, cap: CapacityConfig, cfg) -> None:
     """A replay of a few seconds at the found rate measures a transient, not a steady state."""
-    if result.rate_scale is None:
+    if result.rate_scale is None or cap.sustain:
         return
     seconds = result.curve.loc[result.curve["rate_scale"] == result.rate_scale, "replay_s"].iloc[0]
     if seconds < cap.min_replay_s:

@@ -99,6 +99,7 @@ def capacity_main(cfg: DictConfig) -> float:
 
 TOOLS = {
     "trace": "policylab.apps.trace_cli",
+    "profile": "policylab.apps.data_cli",
     "compare": "policylab.analysis.compare",
     "sim-check": "policylab.apps.sim_check",
 }
@@ -107,7 +108,8 @@ HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity
 USAGE = """usage: python -m policylab COMMAND ...
 
   run        replay a trace under a policy (Hydra overrides: policy=chunked trace=bursty ...; -m for sweeps)
-  trace      inspect, convert or generate arrival traces (python -m policylab trace --help)
+  trace      inspect, convert, generate or download arrival traces (python -m policylab trace --help)
+  profile    download Vidur's published GPU profiles (python -m policylab profile list)
   calibrate  profile the real data plane (a grid of batches + a replay of the trace), fit the sim
   fidelity   replay on the real data plane and on the calibrated sim; report per-metric error
   capacity   highest arrival rate meeting the SLOs (same overrides as run, plus target=0.9 lo= hi= iters=)
@@ -115,6 +117,12 @@ USAGE = """usage: python -m policylab COMMAND ...
   compare    table, CDFs, markdown and HTML of run or multirun directories (compare --help)
   sim-check  your step-time measurements (CSV) against the sim's cost model: MAPE, bias, worst (sim-check --help)
 """
+
+
+def quoted_list(arg: str, key: str) -> str:
+    """`plots.format=png,svg,pdf` → `plots.format='png,svg,pdf'`: one value, not a Hydra sweep."""
+    value = arg[len(key):] if arg.startswith(key) else ""
+    return f"{key}'{value}'" if "," in value and not value.startswith(("'", '"', "[")) else arg
 
 
 def main(argv=None) -> None:
@@ -129,7 +137,11 @@ def main(argv=None) -> None:
         from policylab.apps.capacity import job_args
         rest = job_args(rest)
     if command in HYDRA_JOBS:
+        rest = [quoted_list(a, "plots.format=") for a in rest]
         check_output_dir_writable(rest)
+        from policylab.apps.plugins import check_plugins
+        if why := check_plugins(rest, CONFIG_DIR):
+            fail(why)
         sys.argv = [f"policylab {command}"] + rest
         HYDRA_JOBS[command]()
         if noted_stop():             # (a signal after the job's own handlers: its files are whole)

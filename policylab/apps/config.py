@@ -46,7 +46,9 @@ class CapacityConfig:
     hi: float = 8.0
     iters: int = 7          # bisection steps inside the bracket (precision: (hi/lo)^(1/2^iters))
     widen: int = 3          # times the bracket may move by ×/÷ (hi/lo) when the capacity is outside it
-    min_replay_s: float = 30.0   # a replay shorter than this at the capacity is warned about (a transient)
+    min_replay_s: float = 30.0   # seconds of arrivals each replay spans at least (the trace is tiled to reach it)
+    sustain: bool = True         # tile to min_replay_s, then confirm the capacity over twice that (steady state)
+    steady_rounds: int = 3       # times the span may double until the capacity holds over twice its span
 
 
 @dataclass
@@ -86,7 +88,28 @@ class RunConfig:
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)   # `policylab fidelity`
     objective: str = "goodput"   # summary key `run` returns to sweepers (Optuna): slo_attainment, ttft.p99, ...
     progress: bool = True        # progress bar over requests
-    plots: bool = True           # PNG plots in the run directory
+    plots: Any = True            # run plots: false, or {format: png,svg,pdf, log_latency: true, dpi: 150}
+
+
+def plot_settings(value) -> "PlotSettings":
+    """`plots=false`, `plots=true` or the `plots` section (`plots.format=png,svg,pdf`) as PlotSettings."""
+    from policylab.analysis.plots import PlotSettings
+    if isinstance(value, bool) or value is None:
+        return PlotSettings(enabled=bool(value))
+    if isinstance(value, DictConfig):
+        value = OmegaConf.to_container(value, resolve=True)
+    if not isinstance(value, dict):
+        raise ConfigError(f"plots={value!r}: expected true, false or keys format, log_latency, dpi")
+    unknown = set(value) - {"enabled", "format", "log_latency", "dpi"}
+    if unknown:
+        raise ConfigError(f"plots.{sorted(unknown)[0]}: unknown key (known: enabled, format, log_latency, dpi)")
+    formats = value.get("format", "png")
+    formats = [f.strip().lower() for f in (formats.split(",") if isinstance(formats, str) else formats)]
+    bad = [f for f in formats if f not in ("png", "svg", "pdf")]
+    if bad or not formats:
+        raise ConfigError(f"plots.format={','.join(formats)}: each format is png, svg or pdf")
+    return PlotSettings(bool(value.get("enabled", True)), tuple(formats), bool(value.get("log_latency", True)),
+                        int(value.get("dpi", 150)))
 
     def __post_init__(self):
         if self.dataplane is None:          # a RunConfig built by hand: the default group, torch

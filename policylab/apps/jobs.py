@@ -143,10 +143,12 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
                   seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
 
 
-def replay(engine: Engine, progress: bool = True, signals: ReplaySignals | None = None,
-           on_request_done=None) -> RunResult:
+def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals | None = None,
+           on_request_done=None, label: str = "") -> RunResult:
     """Run the engine with a progress bar over requests (finished + rejected); `on_request_done`
-    (e.g. a results stream's) is called with each request's id as well.
+    (e.g. a results stream's) is called with each request's id as well. `progress="lines"`
+    (jobs running side by side) prints whole lines instead, `label: 25% (50/200 requests)` at
+    each quarter: bars redrawn by several processes on one terminal interleave.
 
     With `signals`, a stop signal ends the replay like Ctrl-C, and from the moment the engine
     returns, signals only get noted (`shield`): the caller writes the results undisturbed.
@@ -156,6 +158,9 @@ def replay(engine: Engine, progress: bool = True, signals: ReplaySignals | None 
         try:
             if not progress:
                 result = engine.run(on_request_done)
+            elif progress == "lines":
+                result = engine.run(on_request_done=ProgressLines(len(engine.trace), label or engine.policy_name,
+                                                                  on_request_done))
             else:
                 from tqdm import tqdm
                 with tqdm(total=len(engine.trace), unit="req", desc=engine.policy_name, file=sys.stderr,
@@ -169,6 +174,24 @@ def replay(engine: Engine, progress: bool = True, signals: ReplaySignals | None 
         if result is None:
             result = salvage(engine, e)
     return result
+
+
+class ProgressLines:
+    """Progress as whole lines, one write each (a write this short reaches a pipe or terminal in
+    one piece, so lines of jobs running side by side never mix)."""
+
+    def __init__(self, total: int, label: str, then=None, parts: int = 4):
+        self.total, self.label, self.then, self.done = total, label, then, 0
+        self.marks = sorted({max(1, total * k // parts) for k in range(1, parts + 1)}) if total else []
+
+    def __call__(self, rid: int) -> None:
+        if self.then is not None:
+            self.then(rid)
+        self.done += 1
+        if self.marks and self.done == self.marks[0]:
+            self.marks.pop(0)
+            sys.stderr.write(f"{self.label}: {100 * self.done // self.total}% ({self.done}/{self.total} requests)\n")
+            sys.stderr.flush()
 
 
 def salvage(engine: Engine, e: BaseException) -> RunResult:

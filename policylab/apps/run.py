@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from policylab.apps.config import RunConfig, typed_config
+from policylab.apps.config import RunConfig, plot_settings, typed_config
 from policylab.apps.jobs import build_engine, in_parallel_launcher, replay, run_name, sweep_group
 from policylab.apps.signals import ReplaySignals, signal_name
 from policylab.traces import load_trace
@@ -33,7 +33,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         if not hasattr(engine, "replicas"):      # (a cluster's replicas: not rebuilt from a handler)
             signals.stuck_writer = lambda why: write_stuck_replay(engine, results, extra, tracker, signals,
                                                                   run_dir, why)
-        result = replay(engine, cfg.progress, signals, results.attach(engine))
+        progress = cfg.progress and ("lines" if in_parallel_launcher() else True)
+        result = replay(engine, progress, signals, results.attach(engine), label=run_dir.name)
         if result.traceback:
             result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
         cost_model = cost_model_of(engine)                                  # what timed the steps
@@ -48,10 +49,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
             print(f"run stopped by a signal: {error} — partial results written to {run_dir}", file=sys.stderr)
             raise SystemExit(signals.exit_code())
         signals.rearm()
-        phase = "drawing the plots"
+        phase, plots = "drawing the plots", plot_settings(cfg.plots)
         try:
-            if cfg.plots:
-                draw_plots(run_dir)
+            if plots.enabled:
+                draw_plots(run_dir, plots)
             phase = "logging to W&B"
             tracker.log_run(run_dir, summary)
         except KeyboardInterrupt:
@@ -61,7 +62,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
             tracker.finish(signals.exit_code())
             print(f"stopped by {signal_name(signals.stopped_by)} while {phase}: the results in {run_dir} are "
                   f"complete (summary.json, requests.parquet, steps.parquet)"
-                  + (", the plots may not all be there" if cfg.plots else ""), file=sys.stderr)
+                  + (", the plots may not all be there" if plots.enabled else ""), file=sys.stderr)
             raise SystemExit(signals.exit_code())
         tracker.finish()
         report(cfg, summary, run_dir, partial, error, loaded, cost_model)
@@ -71,10 +72,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     return summary
 
 
-def draw_plots(run_dir: Path) -> None:
+def draw_plots(run_dir: Path, settings) -> None:
     from policylab.analysis.plots import write_run_plots
     try:
-        write_run_plots(run_dir)
+        write_run_plots(run_dir, settings)
     except OSError as e:         # the results are written: a missing figure is no failed run
         print(f"warning: plots not all written ({getattr(e, 'strerror', None) or e}); the results "
               f"in {run_dir} are complete", file=sys.stderr)

@@ -1,8 +1,10 @@
 """`python -m policylab trace ...`: inspect, convert and generate arrival traces.
 
 Examples:
-  python -m policylab trace inspect ../shared/traces/azure_code_2023.csv --plot azure.png
-  python -m policylab trace convert ../shared/traces/mooncake_synthetic.jsonl mc.parquet --max-requests 500
+  python -m policylab trace list
+  python -m policylab trace download azure_code mooncake_synthetic
+  python -m policylab trace inspect azure_code --plot azure.png
+  python -m policylab trace convert mooncake_synthetic mc.parquet --max-requests 500
   python -m policylab trace generate --kind poisson -n 300 --rate 4 -o my.jsonl
 """
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from policylab.apps.data_cli import add_commands
+from policylab.datasets.cache import DatasetError
 from policylab.traces.arrivals import ArrivalProcess
 from policylab.traces.config import TraceConfig
 from policylab.traces.errors import TraceError
@@ -134,7 +138,7 @@ def cmd_generate(a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m policylab trace", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="{inspect,convert,generate}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{inspect,convert,generate,download,list}")
     i = sub.add_parser("inspect", help="print a trace's statistics (and plot it)",
                        description="Rate, burstiness (CV), length percentiles, prefix sharing, clients.")
     i.add_argument("file", help="trace file (native .jsonl, Azure/BurstGPT/Vidur .csv, Mooncake .jsonl, .parquet)")
@@ -173,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefix-block-tokens", type=int, default=64,
                    help="tokens per block; replay with trace.prefix_block_tokens equal to it")
     g.set_defaults(run=cmd_generate)
+    add_commands(sub, "trace")
     return p
 
 
@@ -182,7 +187,7 @@ def main(argv: Optional[list] = None) -> int:
     level, log.level = log.level, logging.ERROR   # the commands print the load report themselves
     try:
         return args.run(args)
-    except (TraceError, ValueError) as e:   # bad input: one clear line, no traceback
+    except (TraceError, DatasetError, ValueError) as e:   # bad input: one clear line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:                 # `... | head`: the reader left, nothing is wrong

@@ -15,7 +15,7 @@ class LinkConfig:
     kind: str = "bandwidth"         # bandwidth: latency + bytes / bandwidth | profile: a measured send_recv.csv
     bandwidth: float = 50e9         # bytes/s: 400 Gb/s InfiniBand NDR per GPU (cross-node, as Mooncake's RDMA)
     latency: float = 20e-6          # seconds per transfer
-    profile: Optional[str] = None   # Vidur network profile, e.g. ../shared/profiles/vidur/network/h100_dgx/send_recv.csv
+    profile: Optional[str] = None   # Vidur network profile, send_recv.csv, or a downloaded name: network/h100_dgx
     devices_per_node: int = 1       # profile rows to use: 1 = across nodes, 2 = within a node (NVLink)
 
 

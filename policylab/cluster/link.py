@@ -1,7 +1,7 @@
 """KV-transfer time between a prefill and a decode replica (DistServe §4, Splitwise §4.3).
 
 Either latency + bytes / bandwidth, or a measured profile: Vidur's `send_recv.csv`
-(../shared/profiles/vidur/network/<node>/send_recv.csv), read as published: `size` in bytes
+(a file, or a downloaded network profile's name: `cluster.link.profile=network/h100_dgx`), read as published: `size` in bytes
 (Vidur divides it by 2 × hidden size to get tokens of fp16 activations), times in ms, one row per
 size and `devices_per_node` (1: the two GPUs on different nodes, 2: on one node). The median
 time is interpolated linearly between sizes; beyond the largest size it grows in proportion,
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from policylab.cluster.config import LinkConfig
+from policylab.datasets.cache import DatasetError, profile_path
 
 PROFILE_COLUMNS = ("size", "devices_per_node", "collective", "time_stats.send_recv.median")
 
@@ -24,7 +25,7 @@ class LinkModel:
         self.cfg = cfg
         self.sizes = self.times = None
         if cfg.kind == "profile":
-            self.sizes, self.times = read_send_recv(Path(cfg.profile), cfg.devices_per_node)
+            self.sizes, self.times = read_send_recv(_send_recv_path(cfg.profile), cfg.devices_per_node)
 
     def transfer_time(self, num_bytes: float) -> float:
         """Seconds to move `num_bytes` over the link."""
@@ -34,6 +35,15 @@ class LinkModel:
         if num_bytes <= sizes[-1]:
             return float(np.interp(num_bytes, sizes, times))
         return float(times[-1] * num_bytes / sizes[-1])      # the largest size's throughput
+
+
+def _send_recv_path(value: str) -> Path:
+    """A send_recv.csv path, or a downloaded network profile's name (`network/h100_dgx`)."""
+    try:
+        path = profile_path(str(value))
+    except DatasetError as e:
+        raise FileNotFoundError(f"cluster.link.profile={value}: {e}") from None
+    return path / "send_recv.csv" if path.is_dir() else path
 
 
 def read_send_recv(path: Path, devices_per_node: int) -> tuple:

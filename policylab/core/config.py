@@ -40,6 +40,7 @@ class SloConfig:
 class FairnessConfig:
     w_in: float = 1.0
     w_out: float = 2.0
+    window: Optional[float] = None      # seconds per fairness window (None: 1/20 of the run)
 
 
 @dataclass

@@ -157,7 +157,11 @@ class Engine(DecodeSteps):
     def step(self) -> None:
         self.clock.start_step()
         self._admit()
-        batch = self._schedule()
+        try:
+            batch = self._schedule()
+        except ContractViolation as e:     # say where: the step and the replay time it was planned at
+            e.locate(self.step_index, self.clock.now)
+            raise
         if batch is not None:
             result = self.dataplane.execute(batch)
             if not 0.0 <= result.duration < math.inf:     # (NaN fails too) a NaN clock would hang

@@ -1,9 +1,10 @@
-"""A measured GPU profile as the sim's cost model (`dataplane.profile=DIR`), read as Vidur publishes it.
+"""A measured GPU profile as the sim's cost model (`dataplane.profile=DIR` or a downloaded
+profile's name, `dataplane.profile=a100/meta-llama/Meta-Llama-3-8B`), read as Vidur publishes it.
 
 DIR holds Vidur's compute profile of one model on one GPU (github.com/microsoft/vidur,
-`data/profiling/compute/<gpu>/<model>/`; a copy for the A100 and Llama-3-8B is in
-../shared/profiles). `mlp.csv` gives the median kernel time (ms) of each op of one transformer
-block at each `num_tokens`; a step costs, for its n scheduled tokens,
+`data/profiling/compute/<gpu>/<model>/`; `python -m policylab profile download NAME` fetches it).
+`mlp.csv` gives the median kernel time (ms) of each op of one transformer block at each
+`num_tokens`; a step costs, for its n scheduled tokens,
 
     layers x Σ op(n)  +  emb(n)  +  tp all-reduces  +  LM head  +  attention  +  step_overhead
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.config import SimPlaneConfig
+from policylab.datasets.cache import DatasetError, profile_path
 from policylab.dataplane.profile_csv import ProfileError, floats, read_table, select_tp
 from policylab.dataplane.parallel import Link
 from policylab.dataplane.roofline import Roofline
@@ -96,13 +98,21 @@ class AllReduce:
         return self.curve(size)
 
 
+def _profile_dir(value: str, key: str) -> Path:
+    """A directory, or a downloaded Vidur profile's name (`python -m policylab profile list`)."""
+    try:
+        return profile_path(str(value))
+    except DatasetError as e:
+        raise ProfileError(f"{key}={value}: {e}") from None
+
+
 class ProfileCostModel:
     """Step time from measured per-op kernel times (see module doc); dense part cached per token count."""
 
     def __init__(self, model: ModelConfig, hw: HardwareConfig, dp: SimPlaneConfig):
         self.roofline = Roofline(model, hw)
         self.tp, self.layers, self.overhead = dp.tensor_parallel, model.num_hidden_layers, hw.step_overhead
-        directory = Path(dp.profile)
+        directory = _profile_dir(dp.profile, "dataplane.profile")
         self.mlp_path = directory / "mlp.csv"
         table = read_table(self.mlp_path, [f"time_stats.{op}.median" for op in sorted(set(PARALLEL_LAYER_OPS))]
                            + ["time_stats.emb.median", "num_tokens", "num_tensor_parallel_workers", *SHAPE_COLUMNS])
@@ -117,7 +127,7 @@ class ProfileCostModel:
         self.all_reduce = None
         if self.tp > 1:
             if dp.network_profile:
-                path = Path(dp.network_profile) / "all_reduce.csv"
+                path = _profile_dir(dp.network_profile, "dataplane.network_profile") / "all_reduce.csv"
                 self.all_reduce, self.files = AllReduce(path, self.tp), self.files + [path]
             else:                      # the hardware's link model (policylab.dataplane.parallel)
                 self.all_reduce = Link(hw, self.tp).all_reduce

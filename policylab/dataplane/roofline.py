@@ -7,8 +7,8 @@ bandwidth), joined by a p-norm `(tc^p + tm^p)^(1/p)` instead of `max(tc, tm)`:
 - far from the knee the larger term wins, as in the roofline (a 1-token GEMM streams its
   weights; a 16k-token one is FLOP-bound);
 - at the knee a pipelined kernel hits neither bound: loads and tensor-core work overlap only
-  partly. On Vidur's A100 Llama-3-8B profile (../shared/profiles) the GEMMs take 1.3-1.4x the
-  larger bound where the two are equal, which is 2^(1/p) for p ≈ 2-3. Over all 20 of Vidur's
+  partly. On Vidur's A100 Llama-3-8B profile (`a100/meta-llama/Meta-Llama-3-8B`) the GEMMs take 1.3-1.4x
+  the larger bound where the two are equal, which is 2^(1/p) for p ≈ 2-3. Over all 20 of Vidur's
   profiles (8 models on the A100, A40 and H100), p = 3 has the smallest worst error at the
   powers of two of p in {2, 2.5, 3, 4, 6} on each GPU (11 / 15 / 18 %; p = 2: 23-25 %), its
   median within a point of p = 2's (experiments/check_roofline_profiles.py). A sum (p = 1)

@@ -109,6 +109,18 @@ def fingerprint(result: RunResult) -> tuple:
     return reqs, tuple((k, tuple(v)) for k, v in sorted(result.steps.items())), result.status
 
 
+def reproduction(policy, scenario: Scenario) -> str:
+    """Python that replays `scenario` under `policy` on its own (every field of the scenario spelled
+    out: dataclass reprs evaluate back to equal objects)."""
+    spec = policy if isinstance(policy, str) else f"{getattr(policy, '__module__', '?')}:" \
+        f"{getattr(policy, '__qualname__', type(policy).__qualname__)}"
+    return ("reproduce with:\n"
+            "    from policylab.core.config import EngineConfig\n"
+            "    from policylab.core.request import TraceRequest\n"
+            "    from policylab.testing.harness import Scenario, check_policy\n"
+            f"    check_policy({spec!r}, {scenario!r})")
+
+
 def check_policy(policy, scenario: Scenario, determinism: bool = True,
                  max_steps: int | None = None, properties: bool = True) -> RunResult:
     """All invariants of DESIGN §8 on one scenario, including same seed → identical results."""

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest
-from policylab.testing.harness import Scenario, check_policy
+from policylab.testing.harness import Scenario, check_policy, reproduction
 from policylab.testing.loader import shipped_policy_configs, spec_id
 from policylab.testing.strategies import scenarios
 
@@ -38,5 +38,11 @@ def pressure_scenario(seed: int) -> Scenario:
 
 
 def test_invariants_under_kv_pressure(policy_spec):
+    """On failure the exception carries the scenario as code that reproduces it alone."""
     for seed in (0, 1):
-        check_policy(policy_spec, pressure_scenario(seed))
+        scenario = pressure_scenario(seed)
+        try:
+            check_policy(policy_spec, scenario)
+        except Exception as e:
+            e.add_note(reproduction(policy_spec, scenario))
+            raise

@@ -8,7 +8,9 @@ from typing import Optional
 @dataclass
 class TraceConfig:
     name: str = "file"
-    path: str = ""                           # required; relative: to the cwd, else to the project root
+    path: str = ""                           # a file (relative: to the cwd, else the shipped traces), or a dataset name
+    dataset: Optional[str] = None            # downloaded public trace read when path is empty (`trace list`)
+    cache_dir: Optional[str] = None          # where downloads live (default: $POLICYLAB_CACHE, ~/.cache/policylab)
     format: str = "auto"                     # auto | native | azure | mooncake | burstgpt | vidur | parquet
     rate_scale: float = 1.0                  # >1 compresses inter-arrival times (more load)
     repeat: int = 1                          # tile the trace N times (a longer steady state at high load)

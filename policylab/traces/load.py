@@ -9,8 +9,12 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
+from typing import Optional
 
 from policylab.core.request import MAX_ARRIVAL_S
+from policylab.datasets.cache import DatasetError
+from policylab.datasets.cache import resolve as resolve_dataset
+from policylab.datasets.catalog import TRACES
 from policylab.traces.errors import TraceError
 from policylab.traces.formats import detect_format, read_requests
 from policylab.traces.transforms import TraceReport, apply_transforms, check_config
@@ -25,11 +29,17 @@ class LoadedTrace(list):
     report: TraceReport
 
 
-def resolve_path(path) -> Path:
-    """A relative path is looked up in the cwd first; `traces/NAME` then among the shipped traces."""
+def resolve_path(path, dataset: Optional[str] = None, cache_dir: Optional[str] = None) -> Path:
+    """A relative path is looked up in the cwd first; `traces/NAME` then among the shipped traces;
+    a downloadable trace's name (or `dataset` when no path is given) in the download cache."""
     text = "" if path is None else str(path)
+    if text in ("", "???") and dataset:
+        return _downloaded(dataset, cache_dir)
     if text in ("", "???"):
-        raise TraceError("trace config", None, "trace.path", "no trace file given: add trace.path=FILE")
+        raise TraceError("trace config", None, "trace.path", "no trace file given: add trace.path=FILE "
+                         "or a downloaded trace (python -m policylab trace list)")
+    if text in TRACES and not Path(text).exists():
+        return _downloaded(text, cache_dir)
     p = Path(text).expanduser()
     candidates = [p]
     if not p.is_absolute():
@@ -44,6 +54,13 @@ def resolve_path(path) -> Path:
             raise TraceError(text, None, None, f"{c} is {what}: give a trace file (CSV, JSON lines, parquet)")
     raise TraceError(text, None, None, "file not found (looked in: "
                      + ", ".join(str(c) for c in candidates) + ")")
+
+
+def _downloaded(name: str, cache_dir: Optional[str]) -> Path:
+    try:
+        return resolve_dataset("trace", name, cache_dir)
+    except DatasetError as e:
+        raise TraceError("trace config", None, None, str(e)) from None
 
 
 def _plain(value):
@@ -86,7 +103,8 @@ def load_trace(cfg, seed: int = 0) -> LoadedTrace:
     window's start_time), with cfg's transforms applied. `.report` says what was skipped/clipped."""
     given = cfg.path
     check_config(cfg)
-    path, name = resolve_path(given), str(given)
+    path = resolve_path(given, cfg.dataset, cfg.cache_dir)
+    name = str(given) if given not in (None, "", "???") else str(cfg.dataset)
     with unreadable_as_trace_error(path, name):
         fmt = detect_format(path, name) if cfg.format == "auto" else cfg.format
         report = TraceReport(name, fmt, skipped=Counter())

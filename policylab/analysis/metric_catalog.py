@@ -1,0 +1,140 @@
+"""Every metric of a run, declared once: its summary.json key, name, unit, formula and what it
+is aggregated over (DESIGN §6). The summary's end-of-run printout, `compare`'s columns and
+docs/metrics.md all read these declarations; tests check that every number a summary holds is
+declared here and documented there.
+
+Units are the summary's (seconds, fractions, per second); a compare column converts to the
+unit it shows (`Shown`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DISTRIBUTION_FIELDS = ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str              # dotted path in summary.json; a distribution holds DISTRIBUTION_FIELDS below it
+    name: str             # as printed: "TTFT", "goodput"
+    unit: str             # of the summary value: s, fraction, req/s, tok/s, count, service, ...
+    formula: str          # what is computed, in one sentence
+    over: str             # which requests, steps or windows it aggregates
+    distribution: bool = False
+
+
+FINISHED = "finished requests"
+METRICS = {m.key: m for m in (
+    Metric("ttft", "TTFT", "s", "first output token time − arrival", FINISHED, True),
+    Metric("tpot", "TPOT", "s", "(finish − first token) / (output tokens − 1)",
+           "finished requests with ≥ 2 output tokens", True),
+    Metric("itl", "ITL", "s", "gap between consecutive output tokens of one request",
+           "every gap of every finished request, pooled", True),
+    Metric("e2e", "E2E", "s", "finish − arrival", FINISHED, True),
+    Metric("normalized_latency", "normalized latency", "s/token", "E2E / output tokens", FINISHED, True),
+    Metric("queueing_delay", "queueing", "s", "first scheduled − arrival", FINISHED, True),
+    Metric("slo_attainment", "SLO attainment", "fraction",
+           "requests meeting both their TTFT and TPOT SLO / all requests",
+           "all trace requests: rejected and unfinished ones miss"),
+    Metric("goodput", "goodput", "req/s", "requests meeting their SLOs / trace duration", "all trace requests"),
+    Metric("throughput.output_tokens_per_s", "throughput", "out tok/s", "generated tokens / makespan",
+           "all requests"),
+    Metric("throughput.input_tokens_per_s", "input throughput", "in tok/s", "prompt tokens prefilled / makespan",
+           "requests that got their first token"),
+    Metric("throughput.requests_per_s", "request throughput", "req/s", "finished requests / makespan",
+           FINISHED),
+    Metric("preemptions", "preemptions", "count", "times a running request lost its KV blocks", "all requests"),
+    Metric("prefix_cache_hit_rate", "prefix hit", "fraction",
+           "prompt tokens served from cached blocks / prompt tokens", "requests that were scheduled"),
+    Metric("kv_utilization.mean", "KV mean", "fraction", "used KV blocks / KV blocks", "steps (unweighted)"),
+    Metric("kv_utilization.max", "KV peak", "fraction", "used KV blocks / KV blocks, highest", "steps"),
+    Metric("counts.requests", "requests", "count", "trace requests", "the trace"),
+    Metric("counts.finished", "finished", "count", "requests that produced all their output", "the trace"),
+    Metric("counts.rejected", "rejected", "count", "requests refused (with a reason)", "the trace"),
+    Metric("counts.unfinished", "unfinished", "count", "requests still open when a partial run stopped",
+           "the trace"),
+    Metric("trace_duration", "trace duration", "s", "last − first arrival (the makespan if 0)", "the trace"),
+    Metric("makespan", "makespan", "s", "first arrival to the last completion, rejection or step end", "the run"),
+    Metric("slo.ttft", "TTFT SLO", "s", "the global TTFT SLO (a request's own SLO wins)", "configuration"),
+    Metric("slo.tpot", "TPOT SLO", "s", "the global TPOT SLO (a request's own SLO wins)", "configuration"),
+    Metric("fairness.num_clients", "clients", "count", "distinct client names", "the trace"),
+    Metric("fairness.jain_index", "Jain (whole run)", "index",
+           "Jain's index of each client's received / requested service", "clients, over the whole run"),
+    Metric("fairness.service_difference_max", "service diff max", "service",
+           "max − min cumulative service (w_in·prompt + w_out·output tokens) of the backlogged clients",
+           "every event with ≥ 2 clients backlogged; the worst"),
+    Metric("fairness.service_difference_mean", "service diff mean", "service",
+           "as service_difference_max", "time-weighted mean over the same events"),
+    Metric("fairness_windows.window_s", "fairness window", "s", "window length (fairness.window, "
+           "default 1/20 of the run)", "configuration"),
+    Metric("fairness_windows.windows", "windows", "count", "windows the run is cut into", "the run"),
+    Metric("fairness_windows.contended_windows", "contended windows", "count",
+           "windows with ≥ 2 clients backlogged throughout", "windows"),
+    Metric("fairness_windows.service_difference_mean", "service diff (windowed)", "service",
+           "max − min service received in the window by the clients backlogged throughout it (VTC's measure)",
+           "contended windows, mean"),
+    Metric("fairness_windows.service_difference_max", "service diff (windowed, worst)", "service",
+           "as service_difference_mean", "contended windows, the worst"),
+    Metric("fairness_windows.jain_mean", "Jain (windowed)", "index",
+           "Jain's index of the window service of the clients backlogged throughout it",
+           "contended windows, mean"),
+    Metric("fairness_windows.jain_min", "Jain (windowed, worst)", "index", "as jain_mean",
+           "contended windows, the lowest"),
+    Metric("cluster.num_replicas", "replicas", "count", "engine replicas", "cluster runs"),
+    Metric("cluster.load_imbalance", "load imbalance", "ratio", "busiest replica's busy time / mean busy time",
+           "replicas"),
+    Metric("cluster.goodput_per_gpu", "goodput/GPU", "req/s", "goodput / replicas", "cluster runs"),
+)}
+# per replica, under cluster.replicas.<name>
+REPLICA_METRICS = {m.key: m for m in (
+    Metric("requests", "requests", "count", "requests admitted to the replica", "the replica"),
+    Metric("busy_time", "busy time", "s", "sum of the replica's step durations", "the replica's steps"),
+    Metric("utilization", "utilization", "fraction", "busy time / makespan", "the replica"),
+    Metric("prefix_cache_hit_rate", "prefix hit", "fraction", "as the run's, on this replica",
+           "requests scheduled there"),
+    Metric("preemptions", "preemptions", "count", "as the run's, on this replica", "the replica"),
+    Metric("goodput", "goodput", "req/s", "its requests meeting their SLOs / trace duration", "the replica"),
+    Metric("steps", "steps", "count", "engine steps run", "the replica"),
+)}
+# summary entries that are not metrics: the run's identity, its inputs and its bookkeeping
+NOT_METRICS = ("status", "partial", "error", "policy", "router", "rejections", "config", "trace_report",
+               "cost_model", "missing_files", "files", "wall", "cluster.replicas")
+
+SCALE = {("s", "ms"): 1e3, ("fraction", "%"): 100.0}
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A compare column: a metric (one field of a distribution), in the unit it is shown in."""
+    metric: str
+    field: str = ""
+    unit: str = ""               # shown unit ("" = the metric's own)
+    better: str = ""             # min | max | "" (context, never marked best)
+    digits: int = 2
+
+    @property
+    def path(self) -> tuple:
+        return tuple(self.metric.split(".")) + ((self.field,) if self.field else ())
+
+    @property
+    def scale(self) -> float:
+        return SCALE.get((METRICS[self.metric].unit, self.unit), 1.0)
+
+    @property
+    def label(self) -> str:
+        m = METRICS[self.metric]
+        unit = self.unit or m.unit
+        name = f"{m.name} {self.field}" if self.field else m.name
+        return f"{name} ({unit})" if unit not in ("count", "index", "ratio", "service") else name
+
+
+def lookup(key: str) -> Metric:
+    """The declaration of a summary key (a distribution's field resolves to its distribution)."""
+    if key in METRICS:
+        return METRICS[key]
+    for field in DISTRIBUTION_FIELDS:
+        head = key.removesuffix("." + field)
+        if head != key and head in METRICS and METRICS[head].distribution:
+            return METRICS[head]
+    if key.startswith("cluster.replicas."):
+        return REPLICA_METRICS[key.rsplit(".", 1)[1]]
+    raise KeyError(key)

@@ -1,0 +1,112 @@
+"""What a run shows and writes: plot formats and log axes, progress lines of side-by-side jobs,
+a contract violation naming its step, and a failing pressure scenario printed as code."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hydra import compose, initialize_config_dir
+from matplotlib.figure import Figure
+
+from policies.prefill_first import PrefillFirst
+from policylab.analysis.plots import PlotSettings, cdf_row, line_styles, write_run_plots
+from policylab.apps.cli import CONFIG_DIR, quoted_list
+from policylab.apps.config import ConfigError, plot_settings
+from policylab.apps.jobs import ProgressLines
+from policylab.apps.run import run
+from policylab.core.config import EngineConfig
+from policylab.core.contract import StepPlan
+from policylab.core.request import TraceRequest
+from policylab.testing.harness import Scenario
+from policylab.testing import suite
+from policylab.testing.suite import pressure_scenario
+from tests.test_plots_compare import make_run_dir
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def config(*overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides=["trace=bursty", "dataplane=sim", "logger=none", "progress=false",
+                                            *overrides])
+
+
+def test_plots_in_every_requested_format(tmp_path):
+    settings = plot_settings(config("plots.format='png,svg,pdf'", "trace.max_requests=30").plots)
+    assert settings.formats == ("png", "svg", "pdf") and settings.log_latency
+    paths = write_run_plots(make_run_dir(tmp_path, n=30), settings)
+    assert sorted(p.name for p in paths) == sorted(f"{stem}.{fmt}" for stem in
+                                                   ("latency_cdf", "latency_over_time", "timeline")
+                                                   for fmt in ("png", "svg", "pdf"))
+    assert (tmp_path / "latency_cdf.svg").read_text().lstrip().startswith("<?xml")
+    assert (tmp_path / "latency_cdf.pdf").read_bytes().startswith(b"%PDF")
+    assert plot_settings(False).enabled is False and plot_settings(True).formats == ("png",)
+    with pytest.raises(ConfigError, match="plots.format=gif"):
+        plot_settings({"format": "gif"})
+    assert quoted_list("plots.format=png,svg", "plots.format=") == "plots.format='png,svg'"
+
+
+def test_log_latency_puts_latency_axes_on_a_log_scale():
+    samples = {"run": {"TTFT": [0.01, 0.02, 0.03, 0.05], "TPOT": [0.01, 0.011], "ITL": [0.01, 0.012]}}
+    for log, scale in ((True, "log"), (None, "linear")):      # None: log only for a heavy tail
+        axes = Figure().subplots(1, 3)
+        cdf_row(axes, samples, {}, line_styles(["run"]), log=log)
+        assert {ax.get_xscale() for ax in axes} == {scale}
+
+
+def test_progress_lines_are_whole_lines_at_each_quarter(capsys):
+    seen = []
+    progress = ProgressLines(10, "3_chunked_bursty", seen.append)
+    for rid in range(10):
+        progress(rid)
+    lines = capsys.readouterr().err.splitlines()
+    assert seen == list(range(10)) and "\r" not in "".join(lines)
+    assert lines == [f"3_chunked_bursty: {p}% ({n}/10 requests)" for p, n in ((20, 2), (50, 5), (70, 7), (100, 10))]
+
+
+class OverBudget:
+    """Schedules twice the token budget at its first decision from the 5th on with a request waiting."""
+
+    def __init__(self, name="over_budget"):
+        self.name, self.inner, self.calls = name, PrefillFirst(), 0
+
+    def schedule(self, view):
+        self.calls += 1
+        plan = self.inner.schedule(view)
+        if self.calls >= 5 and view.waiting:
+            return StepPlan({view.waiting[0].req_id: 2 * view.max_num_batched_tokens + 1})
+        return plan
+
+    def on_finished(self, view):
+        pass
+
+
+def test_a_contract_violation_on_the_cli_names_the_step(tmp_path, capsys):
+    summary = run(config(f"policy._target_={__name__}.OverBudget", "policy.name=over_budget", "plots=false"), tmp_path)
+    assert summary["status"] == "partial"
+    match = re.search(r"broke rule '(\w+)'.* \(at step (\d+), t=([\d.e-]+) s\)$", summary["error"])
+    assert match, summary["error"]
+    assert int(match[2]) >= 4
+    err = capsys.readouterr().err
+    assert f"at step {match[2]}" in err
+    assert json.loads((tmp_path / "summary.json").read_text())["error"] == summary["error"]
+
+
+class LeaksBlocks(PrefillFirst):
+    """Preempts nothing and schedules every waiting prompt whole: breaks the KV rules under pressure."""
+
+    def schedule(self, view):
+        plan = super().schedule(view)
+        return StepPlan({**plan.num_scheduled_tokens, **{r.req_id: r.num_prompt_tokens for r in view.waiting}})
+
+
+def test_a_failing_pressure_scenario_prints_code_that_reproduces_it():
+    with pytest.raises(Exception) as failure:
+        suite.test_invariants_under_kv_pressure(f"{__name__}:LeaksBlocks")
+    note = "\n".join(getattr(failure.value, "__notes__", []))
+    assert note.startswith("reproduce with:") and f"check_policy('{__name__}:LeaksBlocks', Scenario(" in note
+    call = note.split("check_policy(", 1)[1]
+    rebuilt = eval(call[call.index("Scenario("):-1],
+                   {"Scenario": Scenario, "EngineConfig": EngineConfig, "TraceRequest": TraceRequest})
+    assert rebuilt == pressure_scenario(0)
