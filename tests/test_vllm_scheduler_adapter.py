@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/run runs these tests)")
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
 
 from policylab.core.config import EngineConfig  # noqa: E402
 from policylab.core.contract import ContractViolation, StepPlan  # noqa: E402
@@ -66,7 +66,6 @@ def scenarios(draw):
 
 @pytest.mark.parametrize("policy", POLICIES)
 @given(scenario=scenarios())
-@settings(max_examples=6)
 def test_policy_schedules_inside_vllm_as_in_its_own_replay(policy, scenario):
     trace, cfg = scenario
     with time_limit(120):
