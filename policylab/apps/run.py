@@ -18,6 +18,9 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     """Replay and write the results; a stop signal (SIGINT/SIGTERM/SIGHUP) ends the replay, the
     results are still written (marked partial), then the job exits with 128 + the signal number."""
     cfg = typed_config(cfg)
+    if cfg.dataplane.kind == "vllm":
+        from policylab.apps.run_vllm import run_vllm
+        return run_vllm(cfg, run_dir)
     from policylab.analysis.compare_stats import light_load
     from policylab.analysis.result_stream import ResultStream
     from policylab.analysis.results import print_summary
