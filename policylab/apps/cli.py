@@ -53,6 +53,9 @@ def calibrate_main(cfg: DictConfig) -> None:
 
     def body(run_dir: Path):
         run = typed_config(cfg)
+        if run.dataplane.kind == "vllm":
+            from policylab.apps.fidelity_vllm import calibrate_vllm
+            return calibrate_vllm(run, run_dir)
         plane = dataplane_of(run)
         return calibrate(plane, run.engine, run_dir, run.seed, build_engine(run, plane))
     guarded_job(body)

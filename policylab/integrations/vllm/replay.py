@@ -66,9 +66,10 @@ def setup_from_config(engine: EngineConfig, model: ModelConfig, dp: DataplaneCon
 
 
 def replay_trace(trace: list, policy_spec, setup: VllmSetup, prefix_block_tokens: int = 512,
-                 on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
+                 on_request_done: Optional[Callable[[int], None]] = None, batch_log: Optional[list] = None) -> RunResult:
     """Serve `trace` with vLLM under the policy; every request ends finished, rejected, or (a run
-    cut short) unfinished in a result marked partial."""
+    cut short) unfinished in a result marked partial. With `batch_log` (a list), every executed
+    step's (query lens, context lens, sampled requests, seconds) is appended to it."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import EngineArgs, LLMEngine
     from vllm import SamplingParams as VllmSampling
@@ -101,6 +102,7 @@ def replay_trace(trace: list, policy_spec, setup: VllmSetup, prefix_block_tokens
             on_request_done(i)
 
     scheduler.on_request_done = done
+    scheduler.batch_log = batch_log
     t0[0] = time.perf_counter()
     nxt = 0
     try:

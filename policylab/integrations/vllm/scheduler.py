@@ -91,6 +91,8 @@ class PolicyScheduler(Scheduler):
         self.step_index = 0
         self.step_rows: list = []        # one row per executed step, in policylab's STEP_FIELDS order
         self.on_request_done = None      # callback(LiveRequest) when a request leaves (results writers)
+        self.batch_log = None            # a list: each executed step's (query lens, context lens, sampled,
+        self._batch = None               #   seconds) are appended (calibrating the simulator on vLLM)
         self._log_plans = os.environ.get(PLAN_LOG_ENV, "") not in ("", "0")
         logger.info("policylab PolicyScheduler: policy '%s' schedules this engine (%d KV blocks of %d tokens)",
                     self.policy_name, self._kv.num_blocks, self.block_size)
@@ -206,6 +208,11 @@ class PolicyScheduler(Scheduler):
                 raise RuntimeError(self._disagreement(rid, n, view))
             new_blocks[request.request_id] = blocks
             num_scheduled[request.request_id] = n
+        if self.batch_log is not None:
+            q = list(sched.values())
+            ctx = [live[rid].vllm.num_computed_tokens for rid in sched]
+            sampled = sum(1 for rid, n, c in zip(sched, q, ctx) if c + n >= live[rid].vllm.num_tokens)
+            self._batch = (q, ctx, sampled)
         scheduled_new, scheduled_resumed = [], []
         if starting_ids:
             started = set(starting_ids)
@@ -307,6 +314,8 @@ class PolicyScheduler(Scheduler):
         self.step_rows.append([self._step_start, now - self._step_start, size, prefill_tokens,
                                tokens - prefill_tokens, n_prefill, size - n_prefill, self._kv.num_used,
                                len(self._waiting_order), len(self.running), preempted, rejected])
+        if self.batch_log is not None and self._batch is not None:
+            self.batch_log.append((*self._batch, now - self._step_start))
         self.step_index += 1
 
 
