@@ -25,10 +25,10 @@ LoRA and multimodal inputs.
 """
 from __future__ import annotations
 
-import logging
 import os
 import time
 
+from vllm.logger import init_logger
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
@@ -41,7 +41,7 @@ from policylab.integrations.vllm.policy_config import load_policy, policy_spec_f
 from policylab.integrations.vllm.support import check_supported
 from policylab.integrations.vllm.view import LiveKV, LiveRequest, build_view, hits_of, new_request_view
 
-logger = logging.getLogger("policylab.vllm")
+logger = init_logger("vllm.policylab")         # under vLLM's logger: its handlers, in every process
 
 PLAN_LOG_ENV = "POLICYLAB_LOG_PLANS"      # "1": one log line per applied plan (tests, debugging)
 META_KEY = "policylab"                    # SamplingParams.extra_args[META_KEY]: client, SLOs, prediction
