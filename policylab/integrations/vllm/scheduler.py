@@ -155,8 +155,9 @@ class PolicyScheduler(Scheduler):
         self._kv.epoch += 1
         views = self._views
         waiting = tuple(views[rid] for rid in self._waiting_order if self._ready(self._live[rid].vllm))
-        running = tuple(views[self._int_id[r.request_id]] for r in self.running)
-        view = build_view(now, self.step_index, waiting, running, self.max_num_scheduled_tokens,
+        int_id = self._int_id
+        running = tuple([views[int_id[r.request_id]] for r in self.running])
+        view = build_view(now, self.step_index, waiting, running, self.running, self.max_num_scheduled_tokens,
                           self.max_num_running_reqs, self._kv, views, self._sampled, self._arrived)
         plan = self.policylab_policy.schedule(view)
         self._sampled, self._arrived = [], []
@@ -180,15 +181,19 @@ class PolicyScheduler(Scheduler):
                 self._preempt_request(request, stamp)
             self._waiting_order[:0] = plan.preempt
         sched = plan.num_scheduled_tokens
-        starting_ids = [rid for rid in sched if live[rid].vllm.status in READY]
-        if len(starting_ids) > 1:
-            position = {rid: i for i, rid in enumerate(self._waiting_order)}
-            starting_ids.sort(key=position.__getitem__)
-        prefill_tokens = n_prefill = 0
-        for rid, n in sched.items():
-            if n > 1 or not live[rid].vllm.num_output_tokens:
-                prefill_tokens += n
-                n_prefill += 1
+        decoding = view.decoding
+        if len(decoding) == len(sched) and sched.keys() == decoding:   # decodes only: no start, no prefill
+            starting_ids, prefill_tokens, n_prefill = [], 0, 0
+        else:
+            starting_ids = [rid for rid in sched if live[rid].vllm.status in READY]
+            if len(starting_ids) > 1:
+                position = {rid: i for i, rid in enumerate(self._waiting_order)}
+                starting_ids.sort(key=position.__getitem__)
+            prefill_tokens = n_prefill = 0
+            for rid, n in sched.items():
+                if n > 1 or not live[rid].vllm.num_output_tokens:
+                    prefill_tokens += n
+                    n_prefill += 1
         for rid in starting_ids:                 # every planned hit adopted before any allocation
             request, hits = live[rid].vllm, hits_of(self._views[rid])
             if hits:
@@ -199,13 +204,12 @@ class PolicyScheduler(Scheduler):
                     raise RuntimeError(self._disagreement(rid, 0, view))
                 request.num_computed_tokens = len(hits) * bs
             kvm.record_prefix_cache_stats(request, len(hits) * bs)
-        new_blocks, num_scheduled = {}, {}
-        for rid, n in sched.items():
-            request = live[rid].vllm
-            blocks = kvm.allocate_slots(request, n, num_lookahead_tokens=self.num_lookahead_tokens,
-                                        has_scheduled_reqs=False)
+        new_blocks, num_scheduled, allocate, lookahead = {}, {}, kvm.allocate_slots, self.num_lookahead_tokens
+        scheduled_requests = [live[rid].vllm for rid in sched]
+        for request, n in zip(scheduled_requests, sched.values()):
+            blocks = allocate(request, n, num_lookahead_tokens=lookahead, has_scheduled_reqs=False)
             if blocks is None:
-                raise RuntimeError(self._disagreement(rid, n, view))
+                raise RuntimeError(self._disagreement(self._int_id[request.request_id], n, view))
             new_blocks[request.request_id] = blocks
             num_scheduled[request.request_id] = n
         if self.batch_log is not None:
@@ -229,8 +233,11 @@ class PolicyScheduler(Scheduler):
                 live[rid].first_scheduled_time = now
             if self.log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, stamp)
-        started_set = set(scheduled_new) | set(scheduled_resumed)
-        scheduled_running = [live[rid].vllm for rid in sched if live[rid].vllm not in started_set]
+        if starting_ids:
+            started_set = set(scheduled_new) | set(scheduled_resumed)
+            scheduled_running = [r for r in scheduled_requests if r not in started_set]
+        else:
+            scheduled_running = scheduled_requests
         self._step_start = now
         self._step_counts = (prefill_tokens, n_prefill, len(plan.preempt), len(plan.reject))
         if self._log_plans:
@@ -284,18 +291,26 @@ class PolicyScheduler(Scheduler):
     # ------------------------------------------------------------ outputs
     def update_from_output(self, scheduler_output, model_runner_output):
         sched = scheduler_output.num_scheduled_tokens
-        scheduled = [self._live[self._int_id[rid]] for rid in sched if rid in self._int_id]
+        int_id, lives = self._int_id, self._live
+        scheduled = [lives[int_id[rid]] for rid in sched if rid in int_id]
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         now = self._now()
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
+        got = self._sampled
         for live in scheduled:
-            i = index.get(live.vllm.request_id) if sampled else None
-            if i is not None and sampled[i]:
-                self._sampled.append(live.req_id)
-                live.token_times.extend([now] * len(sampled[i]))
-            if live.vllm.is_finished():
-                self._leave(live.vllm)
+            request = live.vllm
+            i = index.get(request.request_id) if sampled else None
+            if i is not None:
+                tokens = sampled[i]
+                if tokens:
+                    got.append(live.req_id)
+                    if len(tokens) == 1:
+                        live.token_times.append(now)
+                    else:
+                        live.token_times.extend([now] * len(tokens))
+            if request.status > RequestStatus.PREEMPTED:      # RequestStatus.is_finished, inlined
+                self._leave(request)
         for request in self._rejected:
             outs = outputs.get(request.client_index)
             if outs is None:

@@ -155,20 +155,22 @@ def hits_of(view: RequestView) -> tuple:
     return view.cached_blocks()
 
 
-def build_view(clock: float, step: int, waiting: tuple, running: tuple, max_num_batched_tokens: int,
-               max_num_seqs: int, kv: LiveKV, by_id: dict, sampled, arrived) -> SchedulerView:
+def build_view(clock: float, step: int, waiting: tuple, running: tuple, running_requests: list,
+               max_num_batched_tokens: int, max_num_seqs: int, kv: LiveKV, by_id: dict, sampled,
+               arrived) -> SchedulerView:
     """One step's view: `waiting` and `running` are RequestViews in policylab's orders (preempted
-    first, latest preemption first, then arrivals; running in the order they started)."""
-    bs = kv.block_size
+    first, latest preemption first, then arrivals; running in the order they started), and
+    `running_requests` vLLM's requests behind `running`, in the same order (read directly: the
+    decoding set is one pass over plain attributes)."""
+    bs, blocks_of = kv.block_size, kv.blocks_of
     running_ids = tuple(v.req_id for v in running)
     decoding, needs_block = {}, {}
-    for v in running:
-        r = v.req_id
-        live = by_id[r]
-        if live.is_decode:
-            decoding[r] = 1
-            if len(kv.blocks_of(_vllm_id(live))) * bs <= _computed(live):
-                needs_block[r] = None
+    for rid, r in zip(running_ids, running_requests):
+        computed = r.num_computed_tokens
+        if computed == r.num_tokens - 1 and r.num_output_tokens:     # policylab's RequestView.is_decode
+            decoding[rid] = 1
+            if len(blocks_of(r.request_id)) * bs <= computed:
+                needs_block[rid] = None
     return SchedulerView(
         clock=clock, step=step, waiting=waiting, running=running,
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -176,12 +178,3 @@ def build_view(clock: float, step: int, waiting: tuple, running: tuple, max_num_
         by_id=MappingProxyType(by_id), running_ids=running_ids,
         decoding=decoding.keys(), needs_block=needs_block.keys(),
         decode_all=ReadOnlyPlanTokens(decoding), sampled=tuple(sampled), arrived=tuple(arrived))
-
-
-def _vllm_id(view: RequestView) -> str:
-    from policylab.core.contract import request_of
-    return request_of(view).vllm.request_id
-
-
-def _computed(view: RequestView) -> int:
-    return view.num_computed_tokens
