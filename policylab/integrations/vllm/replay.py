@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from policylab.core.config import DataplaneConfig, EngineConfig, ModelConfig
-from policylab.core.request import Request, SamplingParams, Status, TraceRequest
+from policylab.core.request import Request, SamplingParams, Status
 from policylab.core.result import STEP_FIELDS, RunResult, mark_partial
 from policylab.core.synthetic_prompts import synthesize_prompt
 
@@ -138,4 +138,4 @@ def step_columns(rows: list) -> dict:
             for i, k in enumerate(STEP_FIELDS)}
 
 
-__all__ = ["VllmSetup", "setup_from_config", "replay_trace", "TraceRequest"]
+__all__ = ["VllmSetup", "setup_from_config", "replay_trace"]

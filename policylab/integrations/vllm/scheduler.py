@@ -35,7 +35,7 @@ from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutp
 from vllm.v1.request import RequestStatus
 
 from policylab.core.admission import never_fits
-from policylab.core.contract import ContractViolation, request_of, validate_plan
+from policylab.core.contract import validate_plan
 from policylab.core.result import STEP_FIELDS
 from policylab.integrations.vllm.policy_config import load_policy, policy_spec_from_env
 from policylab.integrations.vllm.support import check_supported
@@ -335,4 +335,4 @@ class PolicyScheduler(Scheduler):
 
 
 assert len(STEP_FIELDS) == 12, "PolicyScheduler._record writes policylab's 12 step fields"
-__all__ = ["PolicyScheduler", "ContractViolation", "META_KEY", "request_of"]
+__all__ = ["PolicyScheduler", "META_KEY"]
