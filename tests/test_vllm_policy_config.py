@@ -40,3 +40,20 @@ def test_bad_specs_say_what_is_wrong(spec, message):
 def test_the_integration_imports_without_vllm_and_names_what_needs_it():
     import policylab.integrations.vllm as integration
     assert "PolicyScheduler" in integration.__all__
+
+
+def test_run_on_vllm_without_vllm_says_how_to_get_it(tmp_path):
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: tests/test_vllm_run.py runs the replay")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "policylab", "run", "dataplane=vllm", "logger=none",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: dataplane=vllm needs vLLM in this Python")
