@@ -103,6 +103,7 @@ def replay_trace(trace: list, policy_spec, setup: VllmSetup, prefix_block_tokens
 
     scheduler.on_request_done = done
     scheduler.batch_log = batch_log
+    scheduler.step_rows = []
     t0[0] = time.perf_counter()
     nxt = 0
     try:

@@ -89,7 +89,8 @@ class PolicyScheduler(Scheduler):
         self._step_start = None
         self._step_counts = None
         self.step_index = 0
-        self.step_rows: list = []        # one row per executed step, in policylab's STEP_FIELDS order
+        self.step_rows = None            # a list: one row per executed step is appended, in policylab's
+                                         #   STEP_FIELDS order (a replay's steps.parquet; a server keeps none)
         self.on_request_done = None      # callback(LiveRequest) when a request leaves (results writers)
         self.batch_log = None            # a list: each executed step's (query lens, context lens, sampled,
         self._batch = None               #   seconds) are appended (calibrating the simulator on vLLM)
@@ -320,7 +321,9 @@ class PolicyScheduler(Scheduler):
                                                  stop_reason=request.stop_reason, events=request.take_events()))
         self._rejected = []
         if sched:
-            self._record(now, scheduler_output)
+            self.step_index += 1
+            if self.step_rows is not None:
+                self._record(now, scheduler_output)
         return outputs
 
     def _record(self, now: float, scheduler_output) -> None:
@@ -331,7 +334,6 @@ class PolicyScheduler(Scheduler):
                                len(self._waiting_order), len(self.running), preempted, rejected])
         if self.batch_log is not None and self._batch is not None:
             self.batch_log.append((*self._batch, now - self._step_start))
-        self.step_index += 1
 
 
 assert len(STEP_FIELDS) == 12, "PolicyScheduler._record writes policylab's 12 step fields"
