@@ -7,7 +7,7 @@ All three hold 256 requests in decode and take `--steps` steps after warm-up:
 - PolicyScheduler: the same loop with the policy's view, plan validation and plan applied;
 - policylab: `Engine.step()` on the sim plane minus the sim plane's own time (experiments/
   bench_engine.py (b)'s measure), same budgets.
-Best of `--repeat` runs each (CPU time of a shared machine varies; the ratio is the figure).
+Best of `--repeat` rounds each (the three measured side by side in every round) (CPU time of a shared machine varies; the ratio is the figure).
 Usage (vLLM venv): python experiments/bench_vllm_scheduler.py [--policy chunked] [--steps 300] [--repeat 3]
 """
 from __future__ import annotations
@@ -91,9 +91,11 @@ def main() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from policylab.integrations.vllm.scheduler import PolicyScheduler
-    vllm = min(vllm_loop(Scheduler, a.steps) for _ in range(a.repeat))
-    adapted = min(vllm_loop(PolicyScheduler.with_policy(a.policy), a.steps) for _ in range(a.repeat))
-    ours = min(policylab_step(a.policy, a.steps) for _ in range(a.repeat))
+    runs = []
+    for _ in range(a.repeat):          # the three side by side in each round: a load change hits all
+        runs.append((vllm_loop(Scheduler, a.steps), vllm_loop(PolicyScheduler.with_policy(a.policy), a.steps),
+                     policylab_step(a.policy, a.steps)))
+    vllm, adapted, ours = (min(r[i] for r in runs) for i in range(3))
     print(f"{RUNNING} running decodes, best of {a.repeat} x {a.steps} steps:")
     print(f"  vLLM Scheduler schedule()+update_from_output(): {vllm:8.0f} µs/step")
     print(f"  PolicyScheduler ({a.policy}) in vLLM:          {adapted:8.0f} µs/step ({adapted / vllm:.2f}x vLLM's own)")
