@@ -11,7 +11,8 @@ import pytest
 from policies.prefill_first import PrefillFirst
 from policylab.analysis.compare import main as compare_main
 from policylab.analysis.results import write_results
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig
+from policylab.core.config import EngineConfig, HardwareConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane

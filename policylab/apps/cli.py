@@ -66,7 +66,11 @@ def calibrate_main(cfg: DictConfig) -> None:
     from policylab.apps.jobs import build_engine, dataplane_of, measuring
 
     def body(run_dir: Path):
-        run = measuring(typed_config(cfg), "calibrate")
+        run = typed_config(cfg)
+        if run.dataplane.kind == "vllm":
+            from policylab.apps.fidelity_vllm import calibrate_vllm
+            return calibrate_vllm(run, run_dir)
+        run = measuring(run, "calibrate")
         plane = dataplane_of(run)
         return calibrate(plane, run.engine, run_dir, run.seed, build_engine(run, plane))
     guarded_job(body)

@@ -48,8 +48,11 @@ def error_table(real: dict, sim: dict, real_again: dict) -> pd.DataFrame:
 
 def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
     cfg = typed_config(cfg)
+    if cfg.dataplane.kind == "vllm":
+        from policylab.apps.fidelity_vllm import fidelity_vllm
+        return fidelity_vllm(cfg, run_dir)
     if cfg.dataplane.kind != "torch":
-        raise ValueError("fidelity compares against the real data plane: use dataplane=torch")
+        raise ValueError("fidelity compares against a real data plane: use dataplane=torch or dataplane=vllm")
     cfg = measuring(cfg, "fidelity")
     path = cfg.dataplane.calibration
     real_plane = dataplane_of(cfg)

@@ -20,6 +20,9 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
     The handlers stay until the job ends: a signal while plots draw or W&B logs ends those, says
     that the results are complete, and finishes the W&B run with the signal's exit code."""
     cfg = typed_config(cfg)
+    if cfg.dataplane.kind == "vllm":
+        from policylab.apps.run_vllm import run_vllm
+        return run_vllm(cfg, run_dir)
     from policylab.analysis.result_stream import ResultStream
     from policylab.analysis.tracking import open_tracker
 

@@ -60,7 +60,20 @@ class TorchPlaneConfig:
                               gpu_memory_utilization=self.gpu_memory_utilization)
 
 
-PLANES = {"sim": SimPlaneConfig, "torch": TorchPlaneConfig}
+@dataclass
+class VllmPlaneConfig:
+    """`dataplane=vllm`: vLLM's own engine serves the model, the policy as its scheduler
+    (policylab.integrations.vllm; the app layer runs it, so it has no plane class here)."""
+    target: ClassVar[str] = ""
+    kind: str = "vllm"
+    device: str = "auto"            # auto | cpu | cuda (vLLM's build decides)
+    dtype: str = "auto"             # auto: float32 on CPU
+    kv_cache_gb: float = 1.0        # CPU: vLLM's KV cache space (VLLM_CPU_KVCACHE_SPACE, GiB) unless set
+    gpu_memory_utilization: float = 0.9   # CUDA: vLLM's share of device memory
+    calibration: Optional[str] = None     # fidelity: a fitted cost model for the sim side
+
+
+PLANES = {"sim": SimPlaneConfig, "torch": TorchPlaneConfig, "vllm": VllmPlaneConfig}
 TARGETS = {SIM_TARGET: SimPlaneConfig, TORCH_TARGET: TorchPlaneConfig}
 PLANE_OF: dict = {}      # a user plane's Config dataclass -> its plane class (filled as configs are read)
 

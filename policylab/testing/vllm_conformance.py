@@ -24,7 +24,8 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane

