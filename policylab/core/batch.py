@@ -37,6 +37,16 @@ class StepResult:
     duration: float    # seconds this step took (measured, or modelled in simulation)
 
 
+@dataclass(slots=True)
+class CommittedStep:
+    """What one commit did, for the postprocess of the same step (vLLM's `SchedulerOutput`)."""
+    batch: Batch
+    decodes: int             # the batch's first entries: running decodes, on the persistent decode batch
+    requests: list           # the Requests of the other entries, in batch order
+    preempted: int
+    rejected: int
+
+
 class DataPlane(Protocol):
     vocab_size: int
     eos_token_id: int | None
