@@ -81,14 +81,14 @@ class RequestView:
                 f"computed={self.num_computed_tokens}, out={self.num_output_tokens})")
 
 
-def _hide_slot(cls, name: str) -> tuple:
+def hide_slot(cls, name: str) -> tuple:
     """(get, set) of a slot whose descriptor is removed from the class: only this module reaches it."""
     descriptor = cls.__dict__[name]
     delattr(cls, name)
     return descriptor.__get__, descriptor.__set__
 
 
-(request_of, _set_request), (_kv, _set_kv) = _hide_slot(RequestView, "_r"), _hide_slot(RequestView, "_kv")
+(request_of, _set_request), (_kv, _set_kv) = hide_slot(RequestView, "_r"), hide_slot(RequestView, "_kv")
 _request = request_of     # the engine's Request behind a view: for the engine and validate_plan only
 
 _FACTS = ("clock", "step", "waiting", "running", "decoding", "max_num_batched_tokens", "max_num_seqs",
@@ -187,8 +187,8 @@ class SchedulerView:
                 f"running={len(self.running)}, decoding={len(self.decoding)}, free_blocks={self.num_free_blocks})")
 
 
-_full, _set_full = _hide_slot(SchedulerView, "_full")   # decoding req_ids whose last block is full
-_running_ids, _set_running_ids = _hide_slot(SchedulerView, "_running_ids")
+_full, _set_full = hide_slot(SchedulerView, "_full")   # decoding req_ids whose last block is full
+_running_ids, _set_running_ids = hide_slot(SchedulerView, "_running_ids")
 
 
 @dataclass

@@ -75,11 +75,8 @@ class Engine:
         self._arrived: list = []         #   and req_ids that arrived into waiting
 
     running = property(lambda self: self._running)
-
-    @property
-    def waiting(self) -> list:
-        """The waiting requests in queue order (a new list: for checks and tests, not the hot loop)."""
-        return [self.requests[rid] for rid in self._waiting.ids()]
+    waiting = property(lambda self: [self.requests[rid] for rid in self._waiting.ids()],
+                       doc="The waiting requests in queue order (a new list: for checks and tests).")
 
     @running.setter
     def running(self, value: list) -> None:
@@ -129,13 +126,6 @@ class Engine:
         """When this engine's next step starts: now while requests run or wait, else never (running
         first: a list's truth is free, the waiting queue's is a Python call; a cluster asks every step)."""
         return self.clock.now if self._running or self._waiting else math.inf
-
-    def steps_before(self, t: float) -> None:
-        """Every step that starts before `t` (a driver's replica up to its next arrival): the loop
-        `while next_step_time() < t: step()` without a call per step to ask."""
-        clock, step = self.clock, self.step
-        while clock.now < t and (self._running or self._waiting):
-            step()
 
     @property
     def steps(self) -> dict:

@@ -194,6 +194,16 @@ class StepChecker:
                       f"used={kv.num_used} held={len(held)} free={kv.num_free} total={kv.num_blocks}")
 
     # ------------------------------------------------------------ at drain
+    def _check_output_length(self, engine: Engine, r) -> None:
+        """A finished request generated min(its trace output length, its max_tokens) tokens (fewer
+        only when it stopped at EOS): checked against the request and the trace, not against the
+        engine's own target."""
+        want, n = min(engine.trace[r.req_id].output_tokens, r.max_tokens), len(r.output_ids)
+        eos = engine.cfg.stop_at_eos and r.output_ids and r.output_ids[-1] == engine.dataplane.eos_token_id
+        if n > want or (n < want and not eos):
+            self.fail("output_length", f"request {r.req_id} generated {n} tokens; max_tokens is {r.max_tokens} "
+                      f"and the trace's output length {engine.trace[r.req_id].output_tokens}")
+
     def finish(self, engine: Engine, result: RunResult) -> None:
         if self.violation is not None:
             raise self.violation
@@ -212,6 +222,8 @@ class StepChecker:
             if repeated or any(b < a - EPS for a, b in zip(times, times[1:])):
                 self.fail("causality", f"request {r.req_id}: arrival, scheduled, tokens, completion "
                           f"out of order: {times}")
+            if r.status is Status.FINISHED:
+                self._check_output_length(engine, r)
             if r.status is Status.FINISHED and r.token_times[-1] != r.finish_time:
                 self.fail("causality", f"request {r.req_id} completed at {r.finish_time}, "
                           "not at its last token")
