@@ -1,13 +1,11 @@
 """Cluster replays stay identical: every router's decisions and every request's outcome, on
-generated traces, hash to the digests recorded on main before the cluster loop was sped up (#20; with #18's
-measured H100 numbers and kernel latency), as
-tests/test_replay_digests.py does for single replicas.
+generated traces, hash to a fixed table, as tests/test_replay_digests.py does for single replicas.
 
 A digest covers, per request: the replica that admitted it, its decode replica, its KV transfer
 time and decode-side KV wait, status and reason, first scheduled time, every token time, finish
 time, preemptions and cached tokens; and every column of the merged step table (with `replica`).
 The CLI cases hash requests.parquet and summary.json as test_replay_digests does (the results
-stream and the cluster figures). A change that moves these on purpose updates the table here
+stream and the cluster figures; tests/run_digest.py). A change that moves these on purpose updates the table here
 and says why in its commit. `python tests/test_cluster_digests.py` prints the current table.
 """
 from __future__ import annotations
@@ -28,6 +26,7 @@ from policies.routers.session import Session
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
 from policylab.core.request import TraceRequest
 from policylab.testing.cluster import build_cluster
+from run_digest import replay_digest
 
 ROUTERS = {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "prefix_affinity": PrefixAffinity,
            "power_of_two": PowerOfTwo, "random": RandomRouter, "session": Session}
@@ -49,8 +48,8 @@ DIGESTS = {
     "2+2/least_loaded/chunked/roofline": "b6b5eba8efd046ca",
     "1+3/power_of_two/prefill_first/fixed": "22d13694d3348036",
     "4/round_robin/prefill_first/bench": "1586e1036614be29",
-    "cli/1+2/round_robin/bursty": "e6dd8a5fe5b037c6",
-    "cli/3/prefix_affinity/multitenant": "3914016f36d1f7ba",
+    "cli/1+2/round_robin/bursty": "bbaec8bba097c291",
+    "cli/3/prefix_affinity/multitenant": "35f9d289ccd24156",
 }
 
 
@@ -159,17 +158,6 @@ def cli_digest(case: str, run_dir) -> str:
     main(["run", *CLI_CASES[case], "dataplane=sim", "logger=none", "plots=false", "progress=false",
           f"hydra.run.dir={run_dir}"])
     return replay_digest(run_dir)
-
-
-def replay_digest(run_dir) -> str:
-    """requests.parquet and summary.json's numbers, as tests/test_replay_digests.py hashes them."""
-    import pandas as pd
-    requests = pd.read_parquet(run_dir / "requests.parquet")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    h = hashlib.sha256(requests.to_csv(index=False, float_format=repr).encode())
-    numbers = {k: v for k, v in summary.items() if k not in ("config", "trace_report") and "wall" not in k}
-    h.update(json.dumps(numbers, sort_keys=True, default=str).encode())
-    return h.hexdigest()[:16]
 
 
 if __name__ == "__main__":

@@ -1,59 +1,41 @@
 """Replays stay identical: every shipped policy on the shipped traces, sim data plane, through
-the CLI job, hashes to the digest recorded when the sim's default roofline took a latency per
-kernel and the H100's numbers measured over all of Vidur's H100 profiles (#18: 0.68 / 0.90 /
-4.8 us), then again when the ITL mean became the count-weighted mean of the gaps kept as
-distinct values with counts (#17: the last bit of `itl.mean` in 12 of them; requests.parquet
-and every other number unchanged). Before that, the first refit on one A100 profile: elementwise traffic, embedding gather,
-p-norm knee, 0.68 / 0.68, step_overhead 0, `cost_model` in summary.json; before that, the layers
-restructure).
+the CLI job, hashes to a fixed table (tests/run_digest.py says what a digest covers: every
+column of requests.parquet exactly and every summary number at 12 significant digits, not the
+config echo, the input's trace_report, or wall-clock fields).
 
 A change that moves these on purpose (a new cost model, a policy fix) updates the table here
-and says why in its commit. The digest covers every column of requests.parquet and every
-summary number (not the config echo, the input's trace_report, or wall-clock fields).
+and says why in its commit. `python tests/test_replay_digests.py` prints the current table.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-
-import pandas as pd
 import pytest
 
 from policylab.apps.cli import main
+from run_digest import replay_digest
 
 DIGESTS = {
-    "prefill_first/bursty": "9f56f0b6a31d550e",
-    "decode_first/bursty": "2878f47cddd18eb9",
-    "chunked/bursty": "bbc2cb95a3ca2752",
-    "slo_aware/bursty": "7c8e761d4d2e3e7b",
-    "fairness/bursty": "f15ed3537e0736e4",
-    "priority/bursty": "4070cf1aa9c22f20",
-    "sjf/bursty": "230c88ba68a25956",
-    "prefill_first/multitenant": "f1f9cc5c085f8fd6",
-    "decode_first/multitenant": "0c8d1651b03c1ff3",
-    "chunked/multitenant": "cd61228f0c90039e",
-    "slo_aware/multitenant": "42d7a3e3c128fadf",
-    "fairness/multitenant": "56b10350796009b6",
-    "priority/multitenant": "7b2e67f660640f5c",
-    "sjf/multitenant": "604cc68dbdad3bb8",
-    "prefill_first/poisson": "ce371362b2a1bd2f",
-    "decode_first/poisson": "f94b274017f3d809",
-    "chunked/poisson": "3cad99082fe35c71",
-    "slo_aware/poisson": "492f92150c63bf24",
-    "fairness/poisson": "eb9c1b5611faff80",
-    "priority/poisson": "9792ba9bf00d7ea9",
-    "sjf/poisson": "99ab2b1c2b7c65f8"
+    "prefill_first/bursty": "b7eaaa31420e01de",
+    "decode_first/bursty": "ed91d1f6c46e76fb",
+    "chunked/bursty": "f72b39eb71076c4a",
+    "slo_aware/bursty": "19464e7f1b2cb29d",
+    "fairness/bursty": "fdba7bcf2bff7113",
+    "priority/bursty": "e97e6693cc3e56cc",
+    "sjf/bursty": "78b1fd2021e92eb8",
+    "prefill_first/multitenant": "c122559d51711af7",
+    "decode_first/multitenant": "4162b445026d01fb",
+    "chunked/multitenant": "ff3875d4656844cb",
+    "slo_aware/multitenant": "a0b98f40cdce1b64",
+    "fairness/multitenant": "22f36c5ceeabb51d",
+    "priority/multitenant": "062ade613c6725fb",
+    "sjf/multitenant": "e15ef9691d0cd840",
+    "prefill_first/poisson": "b575c4f87fa9fc33",
+    "decode_first/poisson": "6dcc66290d82836d",
+    "chunked/poisson": "81f99ee902ee7403",
+    "slo_aware/poisson": "b1b1a78e12d4eb3f",
+    "fairness/poisson": "5f8a7236228b89ea",
+    "priority/poisson": "05b41f839f31c55d",
+    "sjf/poisson": "d39f3579d0243827"
 }
-
-
-def replay_digest(run_dir) -> str:
-    requests = pd.read_parquet(run_dir / "requests.parquet")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    h = hashlib.sha256(requests.to_csv(index=False, float_format=repr).encode())
-    numbers = {k: v for k, v in summary.items()     # (trace_report describes the input, not the replay)
-               if k not in ("config", "trace_report") and "wall" not in k}
-    h.update(json.dumps(numbers, sort_keys=True, default=str).encode())
-    return h.hexdigest()[:16]
 
 
 @pytest.mark.parametrize("case", sorted(DIGESTS))
@@ -62,3 +44,18 @@ def test_replay_is_identical(case, tmp_path):
     main(["run", f"policy={policy}", f"trace={trace}", "dataplane=sim", "logger=none", "plots=false",
           "progress=false", f"hydra.run.dir={tmp_path}"])
     assert replay_digest(tmp_path) == DIGESTS[case]
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    import tempfile
+    from pathlib import Path
+    table = {}
+    for case in sorted(DIGESTS):
+        policy, trace = case.split("/")
+        with tempfile.TemporaryDirectory() as d:
+            main(["run", f"policy={policy}", f"trace={trace}", "dataplane=sim", "logger=none", "plots=false",
+                  "progress=false", f"hydra.run.dir={d}"])
+            table[case] = replay_digest(Path(d))
+    print(json.dumps(table, indent=4), file=sys.stderr)
