@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -157,6 +157,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 TestBlockManager = BlockManagerMachine.TestCase
+# The machine is cheap per example and finds planted accounting bugs only after many runs: it gets
+# far more examples than the suite's default (a profile that asks for more still gets more).
+TestBlockManager.settings = settings(max_examples=max(200, settings.default.max_examples))
 
 
 def test_freed_blocks_are_reused_least_recently_freed_first():
