@@ -19,6 +19,7 @@ from policies.routers.session import Session
 from policylab import CapacityView, Router
 from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
 from policylab.core.engine import Engine
+from policylab.core.contract import StepPlan
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing import fingerprint
@@ -225,3 +226,45 @@ def test_a_loop_that_cannot_progress_stops_with_an_error_instead_of_spinning(rea
     stuck.step = lambda: None                 # has work, never runs it
     result = cluster.run()
     assert result.partial and "no progress" in result.error and "replica 1" in result.error
+
+
+class Pairs(PrefillFirst):
+    """With nothing running, requests 0, 1, 4, 5, 8, ... wait alone for the next request, unless they
+    have waited 5 ms: a policy whose plan depends on the clock while it waits."""
+
+    def schedule(self, view):
+        if not view.running and len(view.waiting) == 1 and view.waiting[0].req_id % 4 < 2 \
+                and view.clock < view.waiting[0].arrival_time + 0.005:
+            return StepPlan()
+        return super().schedule(view)
+
+
+def test_a_waiting_replica_sleeps_until_its_next_delivery_in_either_loop():
+    """A replica whose policy waits wakes at its next delivery, whichever loop runs the cluster, so
+    even a policy that would act on the clock alone replays step for step the same in both (it is
+    not asked again at other replicas' step times)."""
+    import numpy as np
+    rng = np.random.default_rng(2)
+    arrivals = np.cumsum(rng.exponential(0.03, 24))
+    trace = [TraceRequest(round(float(t), 6), int(p), 8) for t, p in zip(arrivals, rng.integers(20, 120, 24))]
+    runs = [build_cluster(trace, Pairs, type("R", (RoundRobin,), {"reads_load": reads}), CFG, replicas=2).run()
+            for reads in (False, True)]
+    by_replica, turns = runs
+    assert by_replica.status == turns.status == "complete", (by_replica.error, turns.error)
+    assert fingerprint(by_replica) == fingerprint(turns)
+    assert {k: list(v) for k, v in by_replica.steps.items()} == {k: list(v) for k, v in turns.steps.items()}
+    # requests wait for their pair: the second of each pair on a replica starts both
+    firsts = [r.first_scheduled_time for r in by_replica.requests]
+    assert firsts[0] == firsts[2] == trace[2].arrival_time
+
+
+def test_a_replica_left_waiting_when_nothing_more_can_come_breaks_work_conservation():
+    """At the end, with nothing left to arrive, a sleeping replica is woken; a policy that still
+    waits breaks work_conservation (named, the run partial), in either loop."""
+    class Never(PrefillFirst):
+        def schedule(self, view):
+            return StepPlan() if not view.running else super().schedule(view)
+    for reads in (False, True):
+        result = build_cluster(poisson_trace(6), Never, type("R", (RoundRobin,), {"reads_load": reads}), CFG,
+                               replicas=2).run()
+        assert result.partial and "work_conservation" in result.error

@@ -1,4 +1,4 @@
-"""Fault injection, part 2: wrong numbers, contract bypasses and bad input (issue #15, items 7–13).
+"""Fault injection, part 2: wrong numbers, contract bypasses and bad input .
 
 All in-process and on the sim data plane; each bad input must end in one line naming the file
 or the field, and a run that starts must keep every request.

@@ -60,6 +60,7 @@ class Engine:
         self._needs_block_ro = MappingProxyType(self._needs_block).keys()
         self.next_arrival = 0
         self._next_arrival_time = self._next_trace_arrival   # when more work can come (None: never)
+        self.asleep = False              # a replica whose policy waits: no step until a delivery
         self.num_done = 0
         self._forgotten = 0              # requests below this req_id were handed to a writer
         self.step_index = 0
@@ -82,7 +83,6 @@ class Engine:
     def running(self, value: list) -> None:
         self._running, self._running_views = value, None
 
-    # ---------------------------------------------------------------- loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
         result = self.begin(on_request_done)
         with FrozenHeap() as heap:
@@ -104,14 +104,16 @@ class Engine:
                          self.kv.block_size, self.policy_name)
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
-        """Make this engine a replica: requests come only through `deliver`/`receive_prefilled`, and
-        when its policy waits for arrivals it idles until `next_event_time()` (None: nothing left)."""
+        """Make this engine a replica: requests come only through `deliver`/`receive_prefilled`. When
+        its policy waits, `next_event_time()` is when more can come: a time (it idles until then),
+        math.inf (it sleeps until a delivery wakes it) or None (never: work conservation broken)."""
         self.next_arrival = len(self.trace)
         self._next_arrival_time = next_event_time
 
     def deliver(self, i: int) -> None:
         """Request i of the trace arrives now: a router chose this replica for it."""
         self.clock.idle_until(self.trace[i].arrival_time)
+        self.asleep = False
         self._arrive(i)
 
     def receive_prefilled(self, r: Request, target_len: int) -> None:
@@ -121,11 +123,11 @@ class Engine:
         self.views[r.req_id] = RequestView(r, self.kv)
         self._waiting.append(r.req_id)
         self._arrived.append(r.req_id)
+        self.asleep = False
 
     def next_step_time(self) -> float:
-        """When this engine's next step starts: now while requests run or wait, else never (running
-        first: a list's truth is free, the waiting queue's is a Python call; a cluster asks every step)."""
-        return self.clock.now if self._running or self._waiting else math.inf
+        """When this engine's next step starts: now while requests run or wait and it is awake."""
+        return self.clock.now if (self._running or self._waiting) and not self.asleep else math.inf
 
     @property
     def steps(self) -> dict:
@@ -228,7 +230,9 @@ class Engine:
 
     def _idle_until_next_arrival(self) -> None:
         t = self._next_arrival_time()
-        if t is not None:
+        if t == math.inf:
+            self.asleep = True
+        elif t is not None:
             self.clock.idle_until(t)
 
     def _next_trace_arrival(self) -> Optional[float]:

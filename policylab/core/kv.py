@@ -50,9 +50,9 @@ def own_block_keys(seed: int, index: int, start: int, stop: int) -> range:
     No other request can share a block of such a prompt (its first ids come from its own key),
     so its chained hashes only ever match its own blocks, after a preemption. A key unique to
     (request, block) gives the cache exactly those hits without reading a token (the sim plane
-    keeps no prompt ids, and hashing them was ~10 % of a large replay), and the engine makes
+    keeps no prompt ids, and hashing them is a real part of a large replay), and the engine makes
     the keys only when the request is preempted: until then no request could hit its blocks,
-    and once it finishes none ever can (`BlockManager.release_unhittable`). Keys are a 63-bit
+    and once it finishes none ever can (`BlockManager.release(table, unhittable)`). Keys are a 63-bit
     mix of (seed, request) plus the block's index: spread over the hash table like hashes, and
     as unlikely to meet another request's keys or a chained hash as two chained hashes are to
     meet each other.
