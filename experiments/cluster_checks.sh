@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The research checks of the cluster issue (#20), sim data plane, one command each; each ends
+# The cluster research checks, sim data plane, one command each; each ends
 # with a compare table. Run from the repository root; outputs under multirun/cluster_checks/.
 #   experiments/cluster_checks.sh [prefix|pd|pools|capacity|all]
 # prefix: Mooncake's prefix-heavy trace on 4 replicas, round_robin vs prefix_affinity

@@ -5,8 +5,8 @@ max_num_batched_tokens). First every running decode gets its token (stall-free),
 running partial prefills get chunks, then new requests from `waiting` in queue order
 (FCFS, head-of-line: stop at the first that does not fit). On KV shortage the request at
 the tail of running (latest started, not yet scheduled this step) is preempted and
-recomputed later; a step that preempts admits nothing new (as vLLM v1). Running requests
-are capped at min(max_num_seqs, budget), so every decode always fits the budget.
+recomputed later; a step that preempts admits nothing new (as vLLM v1). Admission stops
+at max_num_seqs running requests or when the budget is spent.
 
 `max_partial_prefills` is vLLM's `max_num_partial_prefills` (default 1): at most that many
 requests may hold a started, unfinished prefill after a step. With k > 1 each prefill gets
@@ -19,10 +19,9 @@ waiting, preempt `running.pop()`); vLLM v0 `PartialPrefillMetadata`.
 Subclasses change only the order (`running_order`, `admission_order`) and may reject
 (`rejections`), cap prefill tokens (`prefill_cap`), size new chunks (`new_chunk`) or
 account for admissions (`on_admitted`).
-Cost: when every running decode fits the free KV (the usual step), all of them get their
-token whatever the order, so the decodes are served as one set (`view.decoding`,
-`view.needs_block`, `view.decode_all`) and only the prefills are ordered; the full
-running order is built only when KV runs short and victims must be chosen.
+When every running decode fits the free KV (the usual step), all of them get their token
+whatever the order (`view.decode_tokens()`), and only the prefills are ordered; the full
+running order matters only when KV runs short and victims must be chosen.
 """
 from __future__ import annotations
 
@@ -44,10 +43,7 @@ class _Step:
         self.admitted = 0
 
     def add(self, v: RequestView, n: int, need: int) -> None:
-        tokens = self.plan.num_scheduled_tokens
-        if tokens is self.view.decode_all:
-            tokens = self.plan.num_scheduled_tokens = dict(tokens)
-        tokens[v.req_id] = n
+        self.plan.num_scheduled_tokens[v.req_id] = n
         self.taken.add(v.req_id)
         self.budget -= n
         self.free -= need
@@ -124,12 +120,12 @@ class Chunked(Policy):
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         budget = self.token_budget(view)
-        decoding, by_id = view.decoding, view.by_id
+        decoding = view.decoding
         prefills = [] if len(decoding) == len(view.running) else \
-            [by_id[rid] for rid in view.running_ids if rid not in decoding]
+            [v for v in view.running if v.req_id not in decoding]
         sharing = min(self.max_partial_prefills, len(prefills) + len(view.waiting))
         slot = max(1, budget // max(1, sharing))        # each prefill's share of the budget
-        if len(view.needs_block) <= view.num_free_blocks:     # every decode fits: no victim
+        if view.decode_blocks_needed <= view.num_free_blocks:     # every decode fits: no victim
             s = _Step(view, budget, slot, self.running_order(view, prefills), len(view.running), len(prefills))
             self._all_decodes(s)
         else:
@@ -142,16 +138,16 @@ class Chunked(Policy):
         s.budget = min(s.budget, self.prefill_cap(view, s.budget))
         self._running_prefills(s, s.pending[:])
         if not s.plan.preempt:
-            self._admit(s, min(view.max_num_seqs, budget))
+            self._admit(s, view.max_num_seqs)
         return s.plan
 
     def _all_decodes(self, s: _Step) -> None:
-        """Every running decode gets its token: the engine's `decode_all` (read-only: copied by the
-        first add, so the decodes lead the plan in running order and the prefills follow)."""
+        """Every running decode gets its token: the decodes lead the plan in running order and the
+        prefills follow."""
         view = s.view
-        s.plan.num_scheduled_tokens = view.decode_all
+        s.plan.num_scheduled_tokens = view.decode_tokens()
         s.budget -= len(view.decoding)
-        s.free -= len(view.needs_block)
+        s.free -= view.decode_blocks_needed
 
     def _decodes(self, s: _Step, decodes: list) -> None:
         """KV runs short: serve decodes in running order, preempting from the tail."""

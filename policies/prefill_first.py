@@ -73,8 +73,8 @@ class PrefillFirst(Policy):
     def _decodes(self, view: SchedulerView) -> StepPlan:
         free = view.num_free_blocks
         if len(view.decoding) == len(view.running) <= view.max_num_batched_tokens \
-                and len(view.needs_block) <= free:       # the steady state: every request decodes
-            return StepPlan(view.decode_all)
+                and view.decode_blocks_needed <= free:   # the steady state: every request decodes
+            return StepPlan(view.decode_tokens())
         plan = StepPlan()
         running, head, tail = view.running, 0, len(view.running)
         budget = view.max_num_batched_tokens

@@ -20,6 +20,7 @@ from policylab import CapacityView, Router
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
+from policylab.core.contract import StepPlan
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing import fingerprint
@@ -190,3 +191,81 @@ def test_a_policy_that_raises_ends_the_cluster_run_partial_with_what_finished_ke
     assert result.partial and "RuntimeError: policy bug" in result.error
     finished = [r for r in result.requests if r is not None and r.status.value == "finished"]
     assert 0 < len(finished) < 60 and all(r.token_times and r.finish_time for r in finished)
+
+
+def first_step_end(trace, replicas: int) -> float:
+    """When replica 0's first step ends (its first request's first token) for `trace`."""
+    return build_cluster(trace, "prefill_first", RoundRobin, CFG, replicas=replicas).run().requests[0].token_times[0]
+
+
+@pytest.mark.parametrize("reads_load", [False, True], ids=["by_replica", "turn_by_turn"])
+def test_an_arrival_exactly_at_a_step_start_is_admitted_before_that_step(reads_load):
+    """Arrivals win ties: a request arriving at the very instant replica 0's next step starts is in
+    that step (as `Engine.run` admits arrivals at or before a step's start), in either loop, with
+    the invariants checked after every turn; the loop ends (a tie must not spin it)."""
+    router = type("Router", (RoundRobin,), {"reads_load": reads_load})
+    head = [TraceRequest(0.0, 64, 6), TraceRequest(0.0, 64, 6)]
+    tie = first_step_end(head, replicas=2)
+    trace = head + [TraceRequest(tie, 48, 4), TraceRequest(tie, 48, 4)]
+    result = check_cluster(lambda: build_cluster(trace, "prefill_first", router, CFG, replicas=2, checked=True))
+    assert result.status == "complete"
+    assert [result.placement["replica"][i] for i in range(4)] == [0, 1, 0, 1]
+    assert result.requests[2].first_scheduled_time == tie == result.requests[0].token_times[0]
+    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, DataplaneConfig(kind="sim"))
+    alone = Engine([trace[0], trace[2]], PrefillFirst(), plane, CFG, prefix_block_tokens=32).run()
+    assert alone.requests[1].first_scheduled_time == tie    # the engine's own rule, for comparison
+
+
+@pytest.mark.parametrize("reads_load", [False, True], ids=["by_replica", "turn_by_turn"])
+def test_a_loop_that_cannot_progress_stops_with_an_error_instead_of_spinning(reads_load, monkeypatch):
+    """A replica whose step runs nothing and moves no clock while it has work would make either loop
+    spin at one instant forever: the liveness check ends the run partial, naming the replica."""
+    monkeypatch.setattr("policylab.cluster.driver.Cluster.MAX_IDLE_TURNS", 50)
+    router = type("Router", (RoundRobin,), {"reads_load": reads_load})
+    cluster = build_cluster(poisson_trace(12), "prefill_first", router, CFG, replicas=2)
+    stuck = cluster.replicas[1].engine
+    stuck.step = lambda: None                 # has work, never runs it
+    result = cluster.run()
+    assert result.partial and "no progress" in result.error and "replica 1" in result.error
+
+
+class Pairs(PrefillFirst):
+    """With nothing running, requests 0, 1, 4, 5, 8, ... wait alone for the next request, unless they
+    have waited 5 ms: a policy whose plan depends on the clock while it waits."""
+
+    def schedule(self, view):
+        if not view.running and len(view.waiting) == 1 and view.waiting[0].req_id % 4 < 2 \
+                and view.clock < view.waiting[0].arrival_time + 0.005:
+            return StepPlan()
+        return super().schedule(view)
+
+
+def test_a_waiting_replica_sleeps_until_its_next_delivery_in_either_loop():
+    """A replica whose policy waits wakes at its next delivery, whichever loop runs the cluster, so
+    even a policy that would act on the clock alone replays step for step the same in both (it is
+    not asked again at other replicas' step times)."""
+    import numpy as np
+    rng = np.random.default_rng(2)
+    arrivals = np.cumsum(rng.exponential(0.03, 24))
+    trace = [TraceRequest(round(float(t), 6), int(p), 8) for t, p in zip(arrivals, rng.integers(20, 120, 24))]
+    runs = [build_cluster(trace, Pairs, type("R", (RoundRobin,), {"reads_load": reads}), CFG, replicas=2).run()
+            for reads in (False, True)]
+    by_replica, turns = runs
+    assert by_replica.status == turns.status == "complete", (by_replica.error, turns.error)
+    assert fingerprint(by_replica) == fingerprint(turns)
+    assert {k: list(v) for k, v in by_replica.steps.items()} == {k: list(v) for k, v in turns.steps.items()}
+    # requests wait for their pair: the second of each pair on a replica starts both
+    firsts = [r.first_scheduled_time for r in by_replica.requests]
+    assert firsts[0] == firsts[2] == trace[2].arrival_time
+
+
+def test_a_replica_left_waiting_when_nothing_more_can_come_breaks_work_conservation():
+    """At the end, with nothing left to arrive, a sleeping replica is woken; a policy that still
+    waits breaks work_conservation (named, the run partial), in either loop."""
+    class Never(PrefillFirst):
+        def schedule(self, view):
+            return StepPlan() if not view.running else super().schedule(view)
+    for reads in (False, True):
+        result = build_cluster(poisson_trace(6), Never, type("R", (RoundRobin,), {"reads_load": reads}), CFG,
+                               replicas=2).run()
+        assert result.partial and "work_conservation" in result.error

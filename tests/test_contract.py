@@ -74,7 +74,9 @@ def test_each_broken_rule_is_named_and_nothing_is_committed(rule):
 
 
 def test_every_rule_of_validate_plan_has_a_breaking_plan():
-    rules = set(re.findall(r'ContractViolation\(policy, "(\w+)"', inspect.getsource(validate_plan)))
+    from policylab.core import contract
+    source = inspect.getsource(validate_plan) + inspect.getsource(contract._check_entries)
+    rules = set(re.findall(r'ContractViolation\(policy, "(\w+)"', source))
     assert rules == set(BAD_PLANS)
 
 
@@ -127,27 +129,25 @@ def test_the_view_carries_each_engine_fact_in_its_own_field():
     assert view.blocks_needed(view.by_id[1], 8) == 2
     assert view.blocks_freed_by_preempting(view.by_id[0]) == 3
     assert view.plan_kv(StepPlan({1: 8})) == (2, 3)
-    assert sorted(view.by_id) == [0, 1, 2] and view.running_ids == (0,)
-    assert set(view.decoding) == {0} and set(view.needs_block) == set()
-    assert dict(view.decode_all) == {0: 1}
-    with pytest.raises(TypeError):
-        view.decode_all[0] = 2                      # read-only: the engine trusts what it built
-    with pytest.raises(TypeError):
-        view.decode_all.update({1: 8})
-    logged = copy.deepcopy(StepPlan(view.decode_all))          # a policy may keep copies of plans
-    assert type(logged.num_scheduled_tokens) is dict and logged.num_scheduled_tokens == {0: 1}
+    assert sorted(view.by_id) == [0, 1, 2] and set(view.decoding) == {0}
+    assert view.decode_blocks_needed == 0 and view.decode_tokens() == {0: 1}
+    with pytest.raises(AttributeError):
+        view.max_num_batched_tokens = 10 ** 9       # read-only: the engine checks against its own
+    tokens = view.decode_tokens()
+    tokens[1] = 8                                   # a new dict each call: the policy's own
+    assert view.decode_tokens() == {0: 1}
 
 
-def test_a_decode_all_kept_from_an_earlier_step_is_checked_like_any_plan():
-    """Only the current view's decode_all skips the per-request checks; an old one (here naming
-    a request that has finished since) goes through them and breaks a rule."""
+def test_a_plan_kept_from_an_earlier_step_is_checked_like_any_plan():
+    """A plan of decodes kept from an earlier step (here naming a request that has finished since)
+    goes through every check and breaks a rule."""
     kept = []
 
     class Hoarder(Policy):
         def schedule(self, view):
             if view.waiting:
                 return StepPlan({v.req_id: v.remaining_tokens for v in view.waiting[:2]})
-            kept.append(view.decode_all)
+            kept.append(view.decode_tokens())
             return StepPlan(kept[0])
 
     dataplane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
@@ -157,13 +157,11 @@ def test_a_decode_all_kept_from_an_earlier_step_is_checked_like_any_plan():
     assert [len(r.output_ids) for r in result.requests] == [2, 2]
 
 
-def test_a_plan_that_begins_with_decode_all_is_checked_as_one_block_with_the_same_outcome():
-    """chunked copies `view.decode_all` and adds its prefill chunks: the decodes are checked as one
-    block (`leading_decodes`). On every such step of a replay the KV accounting and the verdict
-    equal those of the same entries in another order (checked entry by entry), and a copy whose
-    decode got 2 tokens, or whose chunk is too long, still breaks its rule."""
+def test_the_verdict_and_kv_count_of_a_plan_do_not_depend_on_its_order():
+    """The engine finds a plan's decodes by their keys: chunked's plans (decodes first, then prefill
+    chunks) get the same KV count and verdict with the chunks first, and a decode given 2 tokens, or
+    a chunk that is too long, breaks its rule in either order."""
     from policies.chunked import Chunked
-    from policylab.core.contract import leading_decodes
 
     checked = []
 
@@ -171,18 +169,17 @@ def test_a_plan_that_begins_with_decode_all_is_checked_as_one_block_with_the_sam
         def schedule(self, view):
             plan = super().schedule(view)
             sched = plan.num_scheduled_tokens
-            k = leading_decodes(view, sched)
+            k = sum(rid in view.decoding for rid in sched)
             if k and len(sched) > k and not plan.preempt:
                 chunks_first = StepPlan(dict([*list(sched.items())[k:], *list(sched.items())[:k]]))
-                assert leading_decodes(view, chunks_first.num_scheduled_tokens) == 0
                 assert view.plan_kv(plan) == view.plan_kv(chunks_first)
-                assert validate_plan(view, plan, "c") == (False, k)
-                assert validate_plan(view, chunks_first, "c") == (False, 0)
+                assert validate_plan(view, plan, "c") is None and validate_plan(view, chunks_first, "c") is None
                 first_decode, chunk = next(iter(sched)), list(sched)[k]
-                with pytest.raises(ContractViolation, match="decode_one"):
-                    validate_plan(view, StepPlan({**sched, first_decode: 2}), "c")
-                with pytest.raises(ContractViolation, match="chunk_bounds"):
-                    validate_plan(view, StepPlan({**sched, chunk: 10 ** 6}), "c")
+                for order in (plan, chunks_first):
+                    with pytest.raises(ContractViolation, match="decode_one"):
+                        validate_plan(view, StepPlan({**order.num_scheduled_tokens, first_decode: 2}), "c")
+                    with pytest.raises(ContractViolation, match="chunk_bounds"):
+                        validate_plan(view, StepPlan({**order.num_scheduled_tokens, chunk: 10 ** 6}), "c")
                 checked.append(k)
             return plan
 
@@ -193,3 +190,23 @@ def test_a_plan_that_begins_with_decode_all_is_checked_as_one_block_with_the_sam
     cfg = EngineConfig(block_size=8, num_blocks=400, max_num_batched_tokens=96, max_num_seqs=16)
     assert Engine(trace, Checking(chunk_size=64), dataplane, cfg).run().status == "complete"
     assert len(checked) > 20 and max(checked) > 3
+
+
+def test_the_design_notes_policy_example_runs_and_keeps_every_invariant():
+    """The 20-line policy of docs/design.md §3 is the whole API a policy author needs: it runs to
+    completion under the invariant harness, with preemptions, on a cache too small for its load."""
+    from pathlib import Path
+
+    from policylab.testing import Scenario, run_checked
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    source = next(block for block in text.split("```python\n")[1:] if "class ShortestPromptFirst" in block)
+    namespace: dict = {}
+    exec(source.split("```")[0], namespace)
+    rng = np.random.default_rng(3)
+    trace = tuple(TraceRequest(float(t), int(p), int(o)) for t, p, o in
+                  zip(np.sort(rng.uniform(0, 0.2, 30)), rng.integers(10, 120, 30), rng.integers(5, 60, 30)))
+    cfg = EngineConfig(block_size=8, num_blocks=40, max_num_batched_tokens=128, max_num_seqs=8)
+    result = run_checked(lambda: namespace["ShortestPromptFirst"]("spf"), Scenario(trace, cfg), properties=False)
+    assert all(r.status.value == "finished" for r in result.requests)
+    assert sum(r.num_preemptions for r in result.requests) > 0

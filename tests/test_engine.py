@@ -6,7 +6,8 @@ from hypothesis import given
 
 from policies.chunked import Chunked
 from policies.prefill_first import PrefillFirst
-from policylab.core import contract
+from policylab.core.batch import CommittedStep
+from policylab.core.engine import Engine
 from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest as T
 from policylab.testing import Scenario, check_policy, fingerprint, run_checked
@@ -21,14 +22,18 @@ def test_engine_invariants_hold_over_random_traces_and_budgets(scenario):
 
 
 @given(scenario=scenarios())
-def test_the_decode_only_fast_path_gives_the_same_replay_as_the_general_path(scenario):
-    """Validation, commit and postprocess of decode-only steps have a lean path of their own;
-    with it switched off every step takes the general path, and nothing may differ."""
+def test_the_persistent_decode_batch_gives_the_same_replay_as_committing_request_by_request(scenario):
+    """Running decodes are committed on the persistent decode batch (a cache of the one commit
+    path); with it switched off every entry is committed request by request, and nothing may differ."""
+    def request_by_request(engine, plan):
+        batch, requests = engine._commit_requests(plan.num_scheduled_tokens, plan.preempt, plan.reject)
+        return CommittedStep(batch, 0, requests, len(plan.preempt), len(plan.reject)) if requests else None
+
     for policy in (PrefillFirst, Chunked):
-        fast = run_checked(policy, scenario, properties=False)
-        with mock.patch.object(contract, "is_decode_only", lambda view, plan: False):
-            general = run_checked(policy, scenario, properties=False)
-        assert fingerprint(fast) == fingerprint(general)
+        cached = run_checked(policy, scenario, properties=False)
+        with mock.patch.object(Engine, "_commit", request_by_request):
+            plain = run_checked(policy, scenario, properties=False)
+        assert fingerprint(cached) == fingerprint(plain)
 
 
 def test_a_request_larger_than_the_kv_cache_is_rejected_with_its_reason_and_the_rest_finish():
@@ -72,7 +77,7 @@ def test_output_blocks_are_published_when_a_request_finishes_and_a_follow_up_hit
     first.run()
     r = first.requests[0]
     assert len(r.block_hashes) == 4                  # 16 known tokens = 4 full blocks, all hashed
-    assert len(first.kv.cached) == 3                 # 15 computed tokens: 3 full blocks published
+    assert len(first.kv.cache_map) == 3                 # 15 computed tokens: 3 full blocks published
     follow = tuple(np.concatenate([r.prompt_ids, r.output_ids]).tolist()) + (7, 7)
     second = Engine([T(0.0, 8, 8, prompt_ids=tuple(range(100, 108))), T(50.0, 18, 2, prompt_ids=follow)],
                     PrefillFirst(), plane, cfg)

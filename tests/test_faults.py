@@ -1,4 +1,4 @@
-"""Fault injection, part 1: nothing is lost (issue #15, items 1–6, 14, 15).
+"""Fault injection, part 1: nothing is lost.
 
 Signals need a real process, so those tests run the CLI as a subprocess; everything else runs
 in-process. In every test each trace request is in requests.parquet (finished, rejected with a

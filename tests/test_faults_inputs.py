@@ -1,4 +1,4 @@
-"""Fault injection, part 2: wrong numbers, contract bypasses and bad input (issue #15, items 7–13).
+"""Fault injection, part 2: wrong numbers, contract bypasses and bad input .
 
 All in-process and on the sim data plane; each bad input must end in one line naming the file
 or the field, and a run that starts must keep every request.
@@ -159,7 +159,7 @@ class RaisesItsOwnLimits(PrefillFirst):
                 setattr(view, name, 10**9)
             except AttributeError:
                 pass
-        view = view._replace(max_num_batched_tokens=10**9, max_num_seqs=10**9)   # a copy: no effect
+        view = view.replace(max_num_batched_tokens=10**9, max_num_seqs=10**9)   # a copy: no effect
         return StepPlan({v.req_id: v.remaining_tokens for v in view.waiting})
 
 
@@ -171,23 +171,53 @@ def test_a_policy_cannot_raise_its_own_limits():
         engine(RaisesItsOwnLimits(), trace=trace).step()
 
 
-class TampersWithDecodeAll(PrefillFirst):
-    """Swaps a running id of view.decode_all for a waiting one through dict's own methods."""
+class ChangesAfterValidation(dict):
+    """A plan mapping that answers with small counts when first read and huge ones later."""
 
-    def schedule(self, view):
-        plan = super().schedule(view)
-        if plan.num_scheduled_tokens is view.decode_all and view.waiting and view.running_ids[0] in view.decode_all:
-            dict.pop(view.decode_all, view.running_ids[0])
-            dict.__setitem__(view.decode_all, view.waiting[0].req_id, 1)
-        return plan
+    reads = 0
+
+    def values(self):
+        ChangesAfterValidation.reads += 1
+        return super().values() if ChangesAfterValidation.reads == 1 else [3100] * len(self)
+
+    def items(self):
+        return zip(self.keys(), self.values())
 
 
-def test_a_decode_all_changed_behind_its_back_schedules_only_the_engines_running_ids():
-    trace = [TraceRequest(0.01 * i, 60, 30) for i in range(12)]
-    reference = engine(trace=trace).run()
-    result = engine(TampersWithDecodeAll(), trace=trace, check_invariants=True).run()
+class ShiftyPlan(StepPlan):
+    """A StepPlan whose token map is a new, larger one every time it is read after the first."""
+
+    def __init__(self, tokens):
+        super().__init__()
+        self._tokens, self._reads = tokens, 0
+
+    @property
+    def num_scheduled_tokens(self):
+        self._reads += 1
+        return self._tokens if self._reads == 1 else {rid: 3100 for rid in self._tokens}
+
+    @num_scheduled_tokens.setter
+    def num_scheduled_tokens(self, value):
+        pass
+
+
+@pytest.mark.parametrize("make", [lambda t: StepPlan(ChangesAfterValidation(t)), ShiftyPlan],
+                         ids=["dict_subclass", "stepplan_subclass"])
+def test_a_plan_that_changes_after_validation_runs_as_validated(make):
+    """The engine reads a plan once into a private copy, validates it and executes that copy: a plan
+    object that answers differently on later reads cannot get a step past the token budget."""
+    class Shifty(PrefillFirst):
+        def schedule(self, view):
+            plan = super().schedule(view)
+            return make(dict(plan.num_scheduled_tokens)) if not plan.preempt else plan
+
+    ChangesAfterValidation.reads = 0
+    trace = [TraceRequest(0.0, 60, 4), TraceRequest(0.0, 60, 4)]
+    result = engine(Shifty(), trace=trace).run()
     assert result.status == "complete", result.error
-    assert [r.token_times for r in result.requests] == [r.token_times for r in reference.requests]
+    tokens = result.steps["prefill_tokens"] + result.steps["decode_tokens"]
+    assert max(tokens) == 120 <= 128         # both prompts whole in one step, within the budget
+    assert [len(r.output_ids) for r in result.requests] == [4, 4]
 
 
 # ------------------------------------------------------------- 11. bad files

@@ -1,7 +1,13 @@
 """The replay freezes what is alive for the garbage collector as it goes (policylab.core.gc_freeze),
-and leaves the collector as it found it: cyclic garbage made during the replay is still freed."""
+and leaves the collector as it found it: cyclic garbage made during the replay is still freed.
+
+Each check runs in a fresh interpreter: what the collector holds (and what a full collection or a
+scan of every object costs) then does not depend on the tests that ran before in this process."""
 import gc
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 
 from policies.prefill_first import PrefillFirst
 from policylab.core import gc_freeze as heap
@@ -38,8 +44,24 @@ def replay(policy):
     assert result.status == "complete"
 
 
-def test_the_heap_is_frozen_as_requests_finish_and_unfrozen_after_the_run(monkeypatch):
-    monkeypatch.setattr(heap, "FREEZE_EVERY", 5)
+def in_fresh_interpreter(check: str) -> None:
+    """Run `check` (a function of this module) in a new Python process; fail with its output."""
+    code = f"import sys; sys.path.insert(0, 'tests'); import test_heap; test_heap.{check}()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_heap_is_frozen_as_requests_finish_and_unfrozen_after_the_run():
+    in_fresh_interpreter("frozen_as_requests_finish")
+
+
+def test_a_heap_the_caller_froze_stays_frozen():
+    in_fresh_interpreter("caller_frozen_heap_stays")
+
+
+def frozen_as_requests_finish():
+    heap.FREEZE_EVERY = 5
     gc.collect()
     assert gc.get_freeze_count() == 0
     policy = CycleMakingPolicy()
@@ -51,7 +73,7 @@ def test_the_heap_is_frozen_as_requests_finish_and_unfrozen_after_the_run(monkey
     assert all(ref() is None for ref in policy.cycles), "cycles made during the replay leaked"
 
 
-def test_a_heap_the_caller_froze_stays_frozen():
+def caller_frozen_heap_stays():
     mine = [object()]                     # a container the collector tracks
     gc.freeze()
     try:

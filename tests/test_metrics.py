@@ -200,3 +200,13 @@ def test_service_difference_matches_reference(monkeypatch, max_cells):
     monkeypatch.setattr(fairness, "MAX_CELLS", max_cells)
     assert service_difference(service, backlog, clients) == pytest.approx(
         naive_service_difference(service, backlog, clients))
+
+
+def test_itl_leaves_out_the_gaps_of_unfinished_requests():
+    """ITL pools the token gaps of finished requests only (DESIGN §6): request 3 of the hand run,
+    left running when the run stopped (gap .75), drops out; request 0's gaps .2 and .3 remain."""
+    result = four_request_run(status="partial", error="stopped")
+    result.requests[3].status, result.requests[3].finish_time = Status.RUNNING, None
+    s = summary_of(result)
+    assert s["itl"]["mean"] == pytest.approx((0.2 + 0.3) / 2)
+    assert s["itl"]["max"] == pytest.approx(0.3)

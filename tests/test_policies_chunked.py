@@ -102,3 +102,26 @@ def test_chunking_cuts_tail_inter_token_latency_against_prefill_first():
 def test_rejects_bad_parameters(kwargs):
     with pytest.raises(ValueError):
         Chunked(**kwargs)
+
+
+def test_one_prefill_candidate_gets_the_whole_budget_when_several_may_share_it():
+    """With max_partial_prefills=2 the budget is split only among prefills that exist: a lone
+    prompt gets every token of it."""
+    _, records = replay(Chunked(chunk_size=256, max_partial_prefills=2), [T(0.0, 900, 2)], CFG)
+    assert prefill_chunks(records, 0) == [256, 256, 256, 132]
+
+
+def test_a_step_that_preempts_admits_no_waiting_request():
+    """As vLLM v1: a step that had to preempt admits nothing new, even when the freed blocks would
+    hold the waiting prompt. 8 blocks of 4, chunks of 8: B decodes while A's 24-token prompt is
+    chunked in; when B needs a block and none is free, A (the tail, mid-prefill) is preempted and
+    frees 5 blocks; C (1 block) waits for the next step."""
+    trace = [T(0.0, 8, 16), T(0.0, 24, 2), T(0.0, 4, 2)]
+    cfg = EngineConfig(block_size=4, num_blocks=8, max_num_batched_tokens=64, max_num_seqs=4)
+    result, records = replay(Chunked(chunk_size=8), trace, cfg)
+    preempting = [r for r in records if r.plan.preempt]
+    assert preempting and preempting[0].plan.preempt == [1] and 2 in preempting[0].waiting
+    for r in preempting:
+        admitted = [rid for rid in r.plan.num_scheduled_tokens if rid not in r.running]
+        assert admitted == [], f"step {r.step} preempted {r.plan.preempt} and admitted {admitted}"
+    assert all(r.status.value == "finished" for r in result.requests)

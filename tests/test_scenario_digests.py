@@ -24,9 +24,9 @@ from policylab.dataplane.sim import SimDataPlane
 from policylab.testing.loader import CONFIG_DIR, load_policy
 from policylab.testing.replay import SCENARIO_HARDWARE
 
-DIGESTS = {       # policy: (ample KV, short KV), derived on main 274739e without #17's changes
+DIGESTS = {       # policy: (ample KV, short KV)
     "prefill_first": ("433a87c9deedd724", "24f85fcc1a560dc7"),
-    "decode_first": ("4cf28592fd32dc09", "4cf28592fd32dc09"),
+    "decode_first": ("4cf28592fd32dc09", "a23c86f8e3c19670"),
     "chunked": ("e5eaa3d2dec81829", "9beaaf6a7b9584f5"),
     "slo_aware": ("b7bd689a9c7fe08f", "8f23f84399f83171"),
     "fairness": ("e1cf99aa95f3cee2", "693d582a5f6eb590"),
@@ -57,7 +57,11 @@ def sim_plane() -> SimDataPlane:
     return SimDataPlane(model, SCENARIO_HARDWARE, DataplaneConfig(kind="sim"))   # fixed across roofline refits
 
 
-def replay_digest(policy_name: str, num_blocks: int, tmp_path) -> str:
+SHORT_KV = {"decode_first": 32}    # it admits only into a drained batch: at 70 blocks it never preempts
+
+
+def replay_digest(policy_name: str, num_blocks: int, tmp_path) -> tuple:
+    """(digest of requests.parquet, preemptions) of the scenario on `num_blocks` KV blocks."""
     cfg = EngineConfig(num_blocks=num_blocks, max_num_batched_tokens=384, max_num_seqs=16,
                        predictor="oracle", predictor_noise=0.3)
     spec = yaml.safe_load((CONFIG_DIR / "policy" / f"{policy_name}.yaml").read_text())
@@ -67,11 +71,14 @@ def replay_digest(policy_name: str, num_blocks: int, tmp_path) -> str:
     assert result.status == "complete", result.error
     write_results(tmp_path, result)
     table = pd.read_parquet(tmp_path / "requests.parquet")
-    return hashlib.sha256(table.to_csv(index=False, float_format=repr).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(table.to_csv(index=False, float_format=repr).encode()).hexdigest()[:16]
+    return digest, sum(r.num_preemptions for r in result.requests)
 
 
 @pytest.mark.parametrize("policy_name", sorted(DIGESTS))
 def test_replays_are_unchanged(policy_name, tmp_path):
     ample, short = DIGESTS[policy_name]
-    assert replay_digest(policy_name, 4000, tmp_path / "ample") == ample
-    assert replay_digest(policy_name, 70, tmp_path / "short") == short
+    assert replay_digest(policy_name, 4000, tmp_path / "ample")[0] == ample
+    digest, preemptions = replay_digest(policy_name, SHORT_KV.get(policy_name, 70), tmp_path / "short")
+    assert preemptions > 0, "the short-KV scenario must preempt"
+    assert digest == short

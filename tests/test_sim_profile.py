@@ -131,8 +131,8 @@ def test_default_roofline_on_the_shared_profile():
     """The A100's efficiencies and kernel latency are measured over all 8 models Vidur profiled on the
     A100 (configs/hardware/a100.yaml), not fitted to this one file; with step_overhead=0, at the
     profile's power-of-two num_tokens, decode-shaped steps (context ~0) 1-4,096 tokens and prefill
-    chunks 512-16,384 are within 7.3 % here (the worst, -7.3 % at 1,024; issue #18 asked for 5 % on
-    prefill, which a fit to this file alone met). Between powers of two the measured kernels step with
+    chunks 512-16,384 are within 7.3 % here (the worst, -7.3 % at 1,024; a fit to this file alone
+    meets 5 % on prefill). Between powers of two the measured kernels step with
     their GEMM tiles (up to 40 % from one 8-token point to the next), which no smooth model follows.
     The other 19 profiles: experiments/check_roofline_profiles.py and the README."""
     hw = config("hardware", "a100", HardwareConfig)

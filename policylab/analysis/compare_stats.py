@@ -33,7 +33,7 @@ def ci_half_width(values) -> float:
     v = v[np.isfinite(v)]
     if v.size < 2:
         return math.nan
-    from scipy import stats        # (1.3 s to import: only a comparison with replicates needs it)
+    from scipy import stats        # (slow to import: only a comparison with replicates needs it)
     return float(stats.t.ppf(0.5 + CONFIDENCE / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
 
 

@@ -29,7 +29,7 @@ from policylab.traces import load_trace
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p99")
-HEADLINE = ("ttft p50", "ttft p99", "tpot p50", "tpot p99", "e2e mean")   # issue #18's fidelity targets
+HEADLINE = ("ttft p50", "ttft p99", "tpot p50", "tpot p99", "e2e mean")   # the fidelity targets
 
 
 def _values(summary: dict) -> list:

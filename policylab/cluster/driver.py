@@ -44,9 +44,14 @@ class Replica:
 
 class Cluster:
     STRETCH = 4096       # arrivals routed at a time when replicas replay one after the other
+    MAX_IDLE_TURNS = 10_000   # turns in a row without progress before the loop is declared stuck
 
-    def __init__(self, trace: list, replicas: list, router: Router, disaggregation=None):
-        """`trace` sorted by arrival, as every replica's engine was built on it (same indices)."""
+    def __init__(self, trace: list, replicas: list, router: Router, disaggregation=None,
+                 observer: Optional[Callable[["Cluster"], None]] = None):
+        """`trace` sorted by arrival, as every replica's engine was built on it (same indices);
+        `observer(cluster)` runs after every turn of the loop (the test harness checks invariants)."""
+        self.observer = observer
+        self._idle_turns = 0             # turns in a row that ran no step and moved no clock
         self.trace, self.replicas, self.router = trace, replicas, router
         self.router_name = getattr(router, "name", type(router).__name__)
         pools = {r.role: r.engine.policy_name for r in replicas}     # (one policy per pool)
@@ -93,57 +98,32 @@ class Cluster:
         return result
 
     def _loop(self, freeze_if_due: Callable[[int], None]) -> None:
-        """Turns until every request is done. Under a router that reads no load (and without P/D),
-        replica by replica (`_loop_by_replica`). Else without P/D (no events), the steps that start
-        before the next arrival run in a row, each the earliest (lowest index on a tie), with no
-        other check: the same turns `_advance` takes one by one (taken when P/D has events, or when
-        a subclass checks every turn: `_check`)."""
-        n, checked = len(self.trace), type(self)._check is not Cluster._check
+        """Turns until every request is done: the one loop (`_advance`), the observer called after
+        each turn. Under a router that reads no load and without P/D the replicas are independent,
+        and the same turns run grouped replica by replica (`_loop_by_replica`): an optimisation,
+        step for step the same replay."""
         if self.pd is None and not getattr(self.router, "reads_load", True):
-            return self._loop_by_replica(freeze_if_due, checked)
-        if self.pd is not None or checked:
-            while self.num_done < n:
-                self._advance()
-                self._check()
-                freeze_if_due(self.num_done)
-            return
-        times, engines = self._times, self._engines
-        arrivals = [t.arrival_time for t in self.trace]
-        arrivals.append(INF)                # (no arrival left: steps run until every replica idles)
+            return self._loop_by_replica(freeze_if_due)
+        n, observe = len(self.trace), self.observer
         while self.num_done < n:
-            i = self.next_arrival
-            t_arrival, t_step = arrivals[i], min(times)
-            while t_step < t_arrival:       # arrivals win ties
-                k = times.index(t_step)
-                engine = engines[k]
-                try:
-                    engine.step()
-                except ContractViolation as e:
-                    raise self._on_replica(e, k) from None
-                times[k] = engine.next_step_time()
-                freeze_if_due(self.num_done)
-                t_step = min(times)
-            if i < n:
-                self.next_arrival = i + 1
-                self._route(i)
-                freeze_if_due(self.num_done)
-            elif self.num_done < n:
-                raise self._stalled()
+            self._advance()
+            if observe is not None:
+                observe(self)
+            freeze_if_due(self.num_done)
 
-    def _loop_by_replica(self, freeze_if_due: Callable[[int], None], checked: bool) -> None:
+    def _loop_by_replica(self, freeze_if_due: Callable[[int], None]) -> None:
         """The loop under a router that reads no load: each replica's steps then depend only on
         the requests routed to it. The trace goes by in stretches of STRETCH arrivals: each is
         routed (in arrival order, as always), then each replica in turn runs its share: the steps
         that start before each of its arrivals (arrivals win ties), then the arrival, just what it
         runs between them in the turn-by-turn loop. An engine then stays in the CPU's caches for
-        hundreds of steps rather than one (8 replicas interleaved step by step cost ~20% more).
-        One difference: a replica whose policy waits with work queued idles until its own next
-        arrival (nothing else can reach it), not until the next step elsewhere."""
+        hundreds of steps rather than one. A replica whose policy waits with work queued sleeps
+        until its next delivery in both loops, so the grouping changes nothing."""
         trace, engines, n = self.trace, self._engines, len(self.trace)
         pool = [CapacityView(v, self.router_name) for v in self._front]
         own_next: list = [None] * len(engines)        # each replica's next arrival (None: no more)
         for k, e in enumerate(engines):
-            e.take_arrivals_from(partial(own_next.__getitem__, k))
+            e.take_arrivals_from(partial(lambda k: None if own_next[k] is None else INF, k))
         for start in range(0, n, self.STRETCH):
             shares: list = [[] for _ in engines]
             for i in range(start, min(start + self.STRETCH, n)):
@@ -155,35 +135,34 @@ class Cluster:
                     shares[choice].append(i)
             for k, share in enumerate(shares):
                 if share:
-                    self._replay_share(k, share, own_next, freeze_if_due, checked)
+                    self._replay_share(k, share, own_next, freeze_if_due)
         for k in range(len(engines)):
             own_next[k] = None
-            self._replay_share(k, [], own_next, freeze_if_due, checked)
+            self._replay_share(k, [], own_next, freeze_if_due)
         if self.num_done < n:
             raise self._stalled()
 
-    def _replay_share(self, k: int, share: list, own_next: list, freeze_if_due, checked: bool) -> None:
+    def _replay_share(self, k: int, share: list, own_next: list, freeze_if_due) -> None:
         """Replica k's steps up to and between its arrivals `share`; with none: until it idles."""
         engine, trace = self._engines[k], self.trace
+        if not share:
+            engine.asleep = False          # nothing more will come: its policy must run what it holds
         try:
             for i in share or [None]:
                 arrival = INF if i is None else trace[i].arrival_time
                 if i is not None:
                     own_next[k] = arrival
-                if checked:
-                    while engine.next_step_time() < arrival:
-                        engine.step()
-                        self._check()
-                else:
-                    engine.steps_before(arrival)
+                while engine.next_step_time() < arrival:
+                    steps, now = engine.step_index, engine.clock.now
+                    engine.step()
+                    self._check_progress(k, steps, now)
+                    if self.observer is not None:
+                        self.observer(self)
                 freeze_if_due(self.num_done)           # (per arrival: often enough)
                 if i is not None:
                     self._deliver(k, i)
         except ContractViolation as e:
             raise self._on_replica(e, k) from None
-
-    def _check(self) -> None:
-        """Called after every turn when a subclass overrides it (the tests' checked cluster)."""
 
     def _advance(self) -> None:
         """One turn: the next arrival if it is due by the earliest step or event, else that event,
@@ -201,6 +180,7 @@ class Cluster:
         elif t_step < INF:
             k = times.index(t_step)
             engine = self._engines[k]
+            steps = engine.step_index
             try:
                 engine.step()
             except ContractViolation as e:
@@ -208,12 +188,37 @@ class Cluster:
             times[k] = engine.next_step_time()
             if self.pd is not None:
                 self.pd.after_step(self.replicas[k])
+            self._check_progress(k, steps, t_step)
+            return
         else:
-            raise self._stalled()
+            sleeping = [k for k, e in enumerate(self._engines) if e.asleep]
+            if not sleeping:
+                raise self._stalled()
+            for k in sleeping:             # nothing else will happen: their policies must run
+                self._engines[k].asleep = False      # what they hold (or break work conservation)
+                self.refresh(k)
+        self._idle_turns = 0
+
+    def _check_progress(self, k: int, steps_before: int, clock_before: float) -> None:
+        """Liveness: replica k's step ran nothing and moved no clock. Turns like that in a row mean
+        the loop would spin forever at one instant; it stops with an error instead."""
+        engine = self._engines[k]
+        if engine.step_index != steps_before or engine.clock.now > clock_before:
+            self._idle_turns = 0
+            return
+        self._idle_turns += 1
+        if self._idle_turns > self.MAX_IDLE_TURNS:
+            raise self._stuck(k, clock_before)
 
     def _on_replica(self, e: ContractViolation, k: int) -> ContractViolation:
         """The violation, naming the replica whose step broke it (and so which pool's policy)."""
         return ContractViolation(e.policy, e.rule, f"{e.detail} (on {self.replicas[k].role} replica {k})")
+
+    def _stuck(self, k: int, t: float) -> RuntimeError:
+        return RuntimeError(f"cluster loop made no progress: {self.MAX_IDLE_TURNS} turns in a row at t={t!r} s "
+                            f"ran no step, moved no clock and routed nothing (last: {self.replicas[k].role} "
+                            f"replica {k}, next step at {self._times[k]!r} s); "
+                            f"{len(self.trace) - self.num_done} requests unfinished")
 
     def _stalled(self) -> RuntimeError:
         return RuntimeError(f"cluster stalled with {len(self.trace) - self.num_done} requests unfinished: "
@@ -238,16 +243,14 @@ class Cluster:
         self._sequence += 1
 
     def _next_event_time(self, engine: Engine) -> Optional[float]:
-        """For a replica whose policy waits for something to arrive: the next time anything happens
-        elsewhere in the cluster (None: nothing can, and the replica broke work conservation)."""
-        now = engine.clock.now
-        candidates = [t for t, e in zip(self._times, self._engines) if e is not engine]
-        if self.next_arrival < len(self.trace):
-            candidates.append(self.trace[self.next_arrival].arrival_time)
-        if self._events:
-            candidates.append(self._events[0][0])
-        later = [t for t in candidates if now < t < INF]
-        return min(later) if later else None
+        """For a replica whose policy waits for something to arrive: INF while anything can still
+        reach it (it sleeps until a delivery wakes it, in either loop), None when nothing can (the
+        replica broke work conservation)."""
+        if self.next_arrival < len(self.trace) or self._events:
+            return INF
+        if self.pd is not None and any(t < INF for t, e in zip(self._times, self._engines) if e is not engine):
+            return INF                   # a prefill replica may still hand a request over
+        return None
 
     # --------------------------------------------------------------- routing
     def route_request(self, i: int, prefilled: bool = False) -> RouteRequest:
@@ -329,7 +332,7 @@ def prompt_block_keys(trace: list, engine: Engine, i: int, block_size: int) -> l
 
 def merged_steps(parts: list) -> dict:
     """Every replica's step columns plus `replica`, in clock order (ties: replica order), as arrays
-    (joined as numpy columns: a list of Python floats per column cost 7 s and 1.3 GB at 3.3M steps)."""
+    (joined as numpy columns: a list of Python floats per column would hold millions of objects)."""
     columns = {k: np.concatenate([np.asarray(p.result.steps[k]) for p in parts]) for k in STEP_FIELDS}
     columns["replica"] = np.repeat(np.array([p.index for p in parts], dtype=np.int64),
                                    [len(p.result.steps["clock"]) for p in parts])

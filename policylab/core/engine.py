@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from itertools import compress, islice
+from itertools import compress
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -17,26 +17,22 @@ import numpy as np
 from policylab.core.admission import never_fits, predict_output
 from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
-from policylab.core.contract import (ContractViolation, ReadOnlyPlanTokens, RequestView, SchedulerView, StepPlan,
-                                validate_plan)
-from policylab.core.batch import Batch, DataPlane, StepResult, bad_duration
+from policylab.core.contract import (ContractViolation, DecodeFacts, RequestView, SchedulerView, StepPlan,
+                                     private_copy, validate_plan)
+from policylab.core.batch import Batch, CommittedStep, DataPlane, StepResult, bad_duration, joined
 from policylab.core.decode_batch import DecodeBatch
-from policylab.core.decode_steps import DecodeSteps
 from policylab.core.gc_freeze import FrozenHeap
-from policylab.core.kv import BlockManager, chain_hashes, own_block_keys
+from policylab.core.kv import BlockManager, chain_hashes
 from policylab.core.policy import Policy
 from policylab.core.synthetic_prompts import SyntheticPrompt, synthesize_prompt
 from policylab.core.waiting_queue import QueueView, WaitingQueue
 from policylab.core.request import (NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals,
-                                    forget_done)
+                                    forget_done, is_decoding)
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.step_log import StepLog
 
 
-_new_view = tuple.__new__       # SchedulerView from its 16 fields without the named tuple's lambda
-
-
-class Engine(DecodeSteps):
+class Engine:
     def __init__(self, trace: list, policy: Policy, dataplane: DataPlane, cfg: EngineConfig,
                  seed: int = 0, prefix_block_tokens: int = 512,
                  sampling: SamplingParams = SamplingParams()):
@@ -57,14 +53,15 @@ class Engine(DecodeSteps):
         self._waiting = WaitingQueue(self.views)       # req_ids; changes cost what changed (§2 admit)
         self._waiting_view = QueueView(self._waiting)  # the policies' live, read-only window on it
         self._running: list = []
-        self._running_views = None       # (views, ids) of running, rebuilt when it changes
-        self._decode_all = None          # the view's decode_all, rebuilt when running or decoding change
+        self._running_views = None       # views of running, rebuilt when it changes
+        self._decode_facts = None        # the view's DecodeFacts, rebuilt when running or decoding change
         self._decoding: dict = {}        # req_id -> None: running requests in decode (ordered set)
         self._needs_block: dict = {}     # req_id -> None: decoding ones whose last block is full
-        self._decoding_ro = MappingProxyType(self._decoding).keys()
-        self._needs_block_ro = MappingProxyType(self._needs_block).keys()
+        self._decoding_ro, self._needs_block_ro = (MappingProxyType(d).keys() for d in (self._decoding,
+                                                                                      self._needs_block))
         self.next_arrival = 0
         self._next_arrival_time = self._next_trace_arrival   # when more work can come (None: never)
+        self.asleep = False              # a replica whose policy waits: no step until a delivery
         self.num_done = 0
         self._forgotten = 0              # requests below this req_id were handed to a writer
         self.step_index = 0
@@ -74,24 +71,18 @@ class Engine(DecodeSteps):
         self._on_done = None
         self.before_release: Optional[Callable[[Request], None]] = None   # a finished request, its KV
                                          # still in its blocks (a P/D prefill replica copies it)
-        self._decode_step = False        # the step being executed schedules running decodes only
         self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
-        self._sampled: list = []         # since the last schedule(): req_ids given a token
-        self._arrived: list = []         #   and req_ids that arrived into waiting
+        self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
 
     running = property(lambda self: self._running)
-
-    @property
-    def waiting(self) -> list:
-        """The waiting requests in queue order (a new list: for checks and tests, not the hot loop)."""
-        return [self.requests[rid] for rid in self._waiting.ids()]
+    waiting = property(lambda self: [self.requests[rid] for rid in self._waiting.ids()],
+                       doc="The waiting requests in queue order (a new list: for checks and tests).")
 
     @running.setter
     def running(self, value: list) -> None:
-        self._running, self._running_views, self._decode_all = value, None, None
+        self._running, self._running_views, self._decode_facts = value, None, None
 
-    # ---------------------------------------------------------------- loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
         result = self.begin(on_request_done)
         with FrozenHeap() as heap:
@@ -113,14 +104,16 @@ class Engine(DecodeSteps):
                          self.kv.block_size, self.policy_name)
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
-        """Make this engine a replica: requests come only through `deliver`/`receive_prefilled`, and
-        when its policy waits for arrivals it idles until `next_event_time()` (None: nothing left)."""
+        """Make this engine a replica: requests come only through `deliver`/`receive_prefilled`. When
+        its policy waits, `next_event_time()` is when more can come: a time (it idles until then),
+        math.inf (it sleeps until a delivery wakes it) or None (never: work conservation broken)."""
         self.next_arrival = len(self.trace)
         self._next_arrival_time = next_event_time
 
     def deliver(self, i: int) -> None:
         """Request i of the trace arrives now: a router chose this replica for it."""
         self.clock.idle_until(self.trace[i].arrival_time)
+        self.asleep = False
         self._arrive(i)
 
     def receive_prefilled(self, r: Request, target_len: int) -> None:
@@ -130,18 +123,11 @@ class Engine(DecodeSteps):
         self.views[r.req_id] = RequestView(r, self.kv)
         self._waiting.append(r.req_id)
         self._arrived.append(r.req_id)
+        self.asleep = False
 
     def next_step_time(self) -> float:
-        """When this engine's next step starts: now while requests run or wait, else never (running
-        first: a list's truth is free, the waiting queue's is a Python call; a cluster asks every step)."""
-        return self.clock.now if self._running or self._waiting else math.inf
-
-    def steps_before(self, t: float) -> None:
-        """Every step that starts before `t` (a driver's replica up to its next arrival): the loop
-        `while next_step_time() < t: step()` without a call per step to ask."""
-        clock, step = self.clock, self.step
-        while clock.now < t and (self._running or self._waiting):
-            step()
+        """When this engine's next step starts: now while requests run or wait and it is awake."""
+        return self.clock.now if (self._running or self._waiting) and not self.asleep else math.inf
 
     @property
     def steps(self) -> dict:
@@ -158,15 +144,15 @@ class Engine(DecodeSteps):
         self.clock.start_step()
         self._admit()
         try:
-            batch = self._schedule()
+            committed = self._schedule()
         except ContractViolation as e:     # say where: the step and the replay time it was planned at
             e.locate(self.step_index, self.clock.now)
             raise
-        if batch is not None:
-            result = self.dataplane.execute(batch)
+        if committed is not None:
+            result = self.dataplane.execute(committed.batch)
             if not 0.0 <= result.duration < math.inf:     # (NaN fails too) a NaN clock would hang
-                raise bad_duration(self.dataplane, batch, result.duration)   # the replay forever
-            self._postprocess(batch, result)
+                raise bad_duration(self.dataplane, committed.batch, result.duration)   # the replay forever
+            self._postprocess(committed, result)
 
     # ------------------------------------------------------------- admit
     def _admit(self) -> None:
@@ -179,8 +165,8 @@ class Engine(DecodeSteps):
         t: TraceRequest = self.trace[i]
         cfg = self.cfg
         reason = never_fits(t.prompt_tokens, t.output_tokens, cfg.max_model_len, self.kv.num_blocks,
-                            self.kv.block_size, t.max_tokens or cfg.max_tokens)   # by arithmetic: no token or hash is built for a request
-        if reason:                       # that can never run (a 2e8-token prompt took 114 s)
+                            self.kv.block_size, t.max_tokens or cfg.max_tokens)   # by arithmetic: no token or hash
+        if reason:                       # is built for a request that can never run, however long its prompt
             ids = NO_TOKENS
         elif t.prompt_ids is not None:
             ids = np.asarray(t.prompt_ids, dtype=np.int32)
@@ -218,45 +204,29 @@ class Engine(DecodeSteps):
 
     # ---------------------------------------------------------- schedule
     def _view(self) -> SchedulerView:
-        kv, views = self.kv, self.views
+        kv, decoding = self.kv, self._decoding
         if self._running_views is None:
-            running_ids = tuple([r.req_id for r in self._running])
-            self._running_views = (tuple(map(views.__getitem__, running_ids)), running_ids)
-        running, running_ids = self._running_views
-        decode_all = self._decode_all
-        if decode_all is None:
-            decoding = self._decoding        # (a subset of running: equal sizes, equal sets)
-            ids = running_ids if len(decoding) == len(running_ids) else [i for i in running_ids if i in decoding]
-            decode_all = self._decode_all = ReadOnlyPlanTokens(dict.fromkeys(ids, 1))
-        waiting = self._waiting_view
-        return _new_view(SchedulerView, (  # in field order, one C call (every step: the named
-            self.clock.now, self.step_index, waiting, running,           # tuple's own __new__ is a
-            self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,      # Python lambda, keywords 2.8x)
-            kv.block_size, kv.num_free, kv.num_blocks, self._views_ro,
-            running_ids, self._decoding_ro, self._needs_block_ro, decode_all, self._sampled, self._arrived))
+            self._running_views = tuple([self.views[r.req_id] for r in self._running])
+        if self._decode_facts is None:
+            ids = [r.req_id for r in self._running]
+            self._decode_facts = DecodeFacts(self._needs_block_ro, tuple(
+                ids if len(ids) == len(decoding) else [i for i in ids if i in decoding]))
+        return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
+                             self._decoding_ro, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
+                             kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
+                             self._arrived, self._decode_facts)
 
-    def _schedule(self) -> Optional[Batch]:
+    def _schedule(self) -> Optional[CommittedStep]:
+        """Ask the policy, validate its plan, commit it: the step to execute (None: nothing runs)."""
         if not self._running and not self._waiting:
             self._idle_until_next_arrival()
             return None
-        self.kv.epoch += 1
         view = self._view()
-        plan = self.policy.schedule(view)
-        self._sampled, self._arrived = (), []      # told once
-        self._decode_step, leading = validate_plan(view, plan, self.policy_name)
-        self._mixed_decodes = 0
-        if self._decode_step:
-            return self._commit_decodes(plan)
-        if not plan.preempt and not plan.reject:
-            if leading:                      # decode_all, then prefill chunks: split, not searched
-                return self._commit_mixed(plan, list(view.decode_all),
-                                          dict(islice(plan.num_scheduled_tokens.items(), leading, None)))
-            decoding, sched = self._decoding, plan.num_scheduled_tokens
-            decodes = [rid for rid in sched if rid in decoding]
-            if decodes:
-                return self._commit_mixed(plan, decodes, {rid: n for rid, n in sched.items() if rid not in decoding})
+        plan = private_copy(self.policy.schedule(view), self.policy_name)   # read once: what is
+        self._sampled, self._arrived = (), []      # told once                  checked is what runs
+        validate_plan(view, plan, self.policy_name)
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
-            if self.running or self._next_arrival_time() is None:
+            if self._running or self._next_arrival_time() is None:
                 raise ContractViolation(self.policy_name, "work_conservation",
                                         "empty plan while requests wait and nothing else can arrive "
                                         "or run; the replay would never end")
@@ -266,38 +236,66 @@ class Engine(DecodeSteps):
 
     def _idle_until_next_arrival(self) -> None:
         t = self._next_arrival_time()
-        if t is not None:
+        self.asleep = t == math.inf
+        if t is not None and not self.asleep:
             self.clock.idle_until(t)
 
     def _next_trace_arrival(self) -> Optional[float]:
         return self.trace[self.next_arrival].arrival_time if self.next_arrival < len(self.trace) else None
 
     # ------------------------------------------------------------ commit
-    def _commit(self, plan: StepPlan) -> Optional[Batch]:
+    def _commit(self, plan: StepPlan) -> Optional[CommittedStep]:
+        """Commit a valid plan: without preemptions or rejections its running decodes (found by their
+        keys) lead the batch on the persistent decode batch; every other entry goes one by one."""
+        sched, decoding = plan.num_scheduled_tokens, self._decoding
+        same = (ids := list(sched)) == self._decode_batch.ids     # (the decode batch's members all decode)
+        if plan.preempt or plan.reject:
+            decodes, chunks = [], sched
+        elif same or all(map(decoding.__contains__, ids)):
+            decodes, chunks = ids, {}
+        else:
+            decodes = [rid for rid in ids if rid in decoding]
+            chunks = {rid: n for rid, n in sched.items() if rid not in decoding} if decodes else sched
+        parts = self._commit_requests(chunks, plan.preempt, plan.reject) if chunks or plan.preempt or plan.reject \
+            else None
+        if not decodes:
+            if parts is None or not parts[1]:
+                return None
+            return CommittedStep(parts[0], 0, parts[1], len(plan.preempt), len(plan.reject))
+        db = self._decode_batch.commit(decodes, self._needs_block, len(decodes) == len(decoding), self.kv,
+                                       same and not chunks)
+        if self.dataplane.needs_token_ids:
+            db.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decode_batch.requests]
+        if parts is None:
+            return CommittedStep(db, len(decodes), [], 0, 0)
+        return CommittedStep(joined(db, parts[0]), len(decodes), parts[1], 0, 0)
+
+    def _commit_requests(self, sched: dict, preempt: list, reject: dict) -> tuple:
+        """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
+        (the batch of `sched`'s entries, their Requests)."""
         now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
-        sched = plan.num_scheduled_tokens
-        if plan.preempt or not sched.keys().isdisjoint(self._decode_batch.ids):   # its members change
+        if preempt or not sched.keys().isdisjoint(self._decode_batch.ids):   # its members change
             self._decode_batch.clear()
-        for rid, reason in plan.reject.items():
+        rs = [reqs[rid] for rid in sched]
+        waiting = self._waiting
+        starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
+        starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
+        hits = [kv.hits(r) for r in starting]      # as validated: before a release changes the cache
+        for rid, reason in reject.items():
             self._reject(reqs[rid], f"rejected by policy: {reason}")
-        preempted = [reqs[rid] for rid in plan.preempt]
+        preempted = [reqs[rid] for rid in preempt]
         for r in preempted:
             self._release(r)
             r.num_computed_tokens, r.status = 0, Status.WAITING
             r.num_preemptions += 1
-        waiting, rs = self._waiting, [reqs[rid] for rid in sched]
-        starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
-        starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
-        for r in starting:       # take every cache hit before any allocation can evict one
+        for r, blocks in zip(starting, hits):    # take every cache hit before any allocation can evict one
             r.status = Status.RUNNING
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = now
-            if not r.block_table and not r.num_computed_tokens:
-                hits = self.views[r.req_id].cached_blocks()
-                if hits:
-                    kv.acquire(r.block_table, hits)
-                    r.num_computed_tokens = len(hits) * bs
-                    r.num_cached_tokens_total += r.num_computed_tokens
+            if blocks:
+                kv.acquire(r.block_table, blocks)
+                r.num_computed_tokens = len(blocks) * bs
+                r.num_cached_tokens_total += r.num_computed_tokens
         ns = list(sched.values())
         ctxs = [r.num_computed_tokens for r in rs]
         for r, n, c in zip(rs, ns, ctxs):
@@ -308,43 +306,22 @@ class Engine(DecodeSteps):
                       [r.sampling for r in rs])
         if self.dataplane.needs_token_ids:
             batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
-        self._batch_requests = rs
         if preempted:
             self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
         elif starting:                  # (rejected requests were waiting: running only grows)
             self.running = self._running + starting
-        if preempted or plan.reject or starting:
+        if preempted or reject or starting:
             waiting.remove(starting_ids)
-            waiting.remove(plan.reject)
+            waiting.remove(reject)
             waiting.put_back([r.req_id for r in preempted])
-        self._pending_counts = (len(preempted), len(plan.reject))
-        self._check_progress(bool(plan.reject))
-        return batch if rs else None
+        self._check_progress(bool(reject))
+        return batch, rs
 
     def _release(self, r: Request) -> None:
-        """Publish the request's computed full blocks in the prefix cache, then free its table
-        (it stops running, so it leaves the decoding sets too).
-
-        Prompt blocks are published as they fill; blocks holding output tokens are hashed here,
-        once, instead of on every decode step (no other request can hit them while it runs).
-        A prompt of its own (`own_block_keys`) can only ever hit its own blocks, after a
-        preemption: its blocks are keyed and published when it is preempted, and when it
-        finishes they are freed unpublished (`release_unhittable`), in the same LRU order.
-        """
-        kv, bs = self.kv, self.kv.block_size
-        if r.own_prompt and r.status is Status.FINISHED:
-            kv.release_unhittable(r.block_table, r.num_computed_tokens)
-        else:
-            have, full = len(r.block_hashes), r.num_tokens // bs
-            if kv.prefix_caching and (full > have or r.own_prompt):    # (its prompt blocks too: unpublished)
-                if full > have:
-                    r.block_hashes.extend(own_block_keys(self.seed, r.req_id, have, full) if r.own_prompt else
-                                          chain_hashes(r.token_ids(have * bs, full * bs), bs,
-                                                       r.block_hashes[-1] if have else None, have * bs))
-                kv.register(r.block_table, r.block_hashes, r.num_computed_tokens, 0 if r.own_prompt else have)
-            kv.release(r.block_table)
+        """Free the request's KV (its computed blocks published first): it leaves the decoding sets."""
+        self.kv.release_request(r, self.seed, r.own_prompt and r.status is Status.FINISHED)
         if self._decoding.pop(r.req_id, 0) is None:
-            self._decode_all = None
+            self._decode_facts = None
         self._needs_block.pop(r.req_id, None)
 
     def _check_progress(self, progressed: bool) -> None:
@@ -356,22 +333,17 @@ class Engine(DecodeSteps):
                                     "and finished no request (preempt/requeue livelock?)")
 
     # ------------------------------------------------------- postprocess
-    def _postprocess(self, batch: Batch, result: StepResult) -> None:
+    def _postprocess(self, step: CommittedStep, result: StepResult) -> None:
         start = self.clock.now
         self.clock.advance(result.duration)
-        if self._decode_step:
-            finished, prefill_tokens, n_prefill = self._postprocess_decodes(result.sampled), 0, 0
-        elif self._mixed_decodes:
-            n, sampled = self._mixed_decodes, result.sampled
-            finished = self._postprocess_decodes(sampled[:n])
-            if self._prefill_batch is None:
-                prefill_tokens = n_prefill = 0
-            else:
-                more, prefill_tokens, n_prefill = self._postprocess_general(self._prefill_batch, sampled[n:])
-                finished += more
-        else:
-            finished, prefill_tokens, n_prefill = self._postprocess_general(batch, result.sampled)
-        now = self.clock.now
+        batch, n, now, sampled = step.batch, step.decodes, self.clock.now, result.sampled
+        finished = self._decode_batch.postprocess(sampled[:n] if step.requests else sampled, now, self._eos,
+                                                  self._needs_block) if n else []
+        prefill_tokens = n_prefill = 0
+        if step.requests:
+            more, prefill_tokens, n_prefill = self._postprocess_requests(
+                step.requests, batch.query_lens[n:], batch.sample[n:], sampled[n:])
+            finished += more
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
             if self.before_release is not None:
@@ -383,21 +355,25 @@ class Engine(DecodeSteps):
             for r in finished:
                 running.remove(r)
             self.running = running
-        if result.sampled:
+        if sampled:
             self._stalled_steps = 0
-        self._sampled = batch.req_ids if self._decode_step else list(compress(batch.req_ids, batch.sample))
-        self._record(start, result.duration, batch, prefill_tokens, n_prefill)
+        self._sampled = list(compress(batch.req_ids, batch.sample)) if step.requests else batch.req_ids
+        size = len(batch.req_ids)
+        tokens = n + sum(batch.query_lens[n:]) if step.requests else n
+        self.step_log.append([start, result.duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,
+                              size - n_prefill, self.kv.num_used, len(self._waiting), len(self._running),
+                              step.preempted, step.rejected])
         self.step_index += 1
         if self.cfg.check_invariants:
             self.kv.check()
 
-    def _postprocess_general(self, batch: Batch, sampled: list) -> tuple:
-        """Any other step, request by request: (finished requests, prefill tokens, prefill requests)."""
+    def _postprocess_requests(self, requests: list, query_lens: list, sample: list, sampled: list) -> tuple:
+        """The entries committed request by request: (finished requests, prefill tokens, prefill requests)."""
         now, kv, bs, eos = self.clock.now, self.kv, self.kv.block_size, self._eos
         finished, prefill_tokens, n_prefill = [], 0, 0
         target, decoding, needs_block = self.target_len, self._decoding, self._needs_block
         sampled = iter(sampled)
-        for r, n, sample in zip(self._batch_requests, batch.query_lens, batch.sample):
+        for r, n, sample in zip(requests, query_lens, sample):
             out, rid = r.output_ids, r.req_id
             if n > 1 or not out:
                 prefill_tokens += n
@@ -413,23 +389,15 @@ class Engine(DecodeSteps):
                 if len(out) >= target[rid] or tok == eos:
                     finished.append(r)
                     continue
-            if out and len(r.prompt_ids) + len(out) - after == 1:   # decoding from now on
+            if is_decoding(r):          # decoding from now on (also a recompute one token short of the end)
                 if rid not in decoding:
-                    decoding[rid] = self._decode_all = None   # (also a recompute one token short of the end)
+                    decoding[rid] = self._decode_facts = None
                 if after % bs == 0:
                     needs_block[rid] = None
                 else:
                     needs_block.pop(rid, None)
             else:
                 if decoding.pop(rid, 0) is None:
-                    self._decode_all = None
+                    self._decode_facts = None
                 needs_block.pop(rid, None)
         return finished, prefill_tokens, n_prefill
-
-    def _record(self, start, duration, batch, prefill_tokens, n_prefill) -> None:
-        preempted, rejected = self._pending_counts
-        size = len(batch.req_ids)
-        tokens = size if self._decode_step else sum(batch.query_lens)
-        self.step_log.append([start, duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,
-                              size - n_prefill, self.kv.num_used, len(self._waiting), len(self._running),
-                              preempted, rejected])

@@ -2,8 +2,7 @@
 
 A replay keeps every request (tokens, timestamps, block tables) and every step record for the
 metrics: millions of objects that are never garbage. CPython's full collections traverse all
-of them again each time the heap grows by a quarter, which was 11 % of a 20,000-request sim
-replay (8 full collections, 1.8 s). The engine makes next to no cyclic garbage (reference
+of them again each time the heap grows by a quarter, a real share of a long replay. The engine makes next to no cyclic garbage (reference
 counting frees it), so the replay moves what is alive to the collector's permanent generation
 (`gc.freeze`) at the start and every `FREEZE_EVERY` finished requests: collections then look
 only at what is newer. Frozen objects are still freed by reference counting; a reference cycle

@@ -7,8 +7,9 @@ Invariant: free + used == total, and at drain every reference count is 0.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 
@@ -49,9 +50,9 @@ def own_block_keys(seed: int, index: int, start: int, stop: int) -> range:
     No other request can share a block of such a prompt (its first ids come from its own key),
     so its chained hashes only ever match its own blocks, after a preemption. A key unique to
     (request, block) gives the cache exactly those hits without reading a token (the sim plane
-    keeps no prompt ids, and hashing them was ~10 % of a large replay), and the engine makes
+    keeps no prompt ids, and hashing them is a real part of a large replay), and the engine makes
     the keys only when the request is preempted: until then no request could hit its blocks,
-    and once it finishes none ever can (`BlockManager.release_unhittable`). Keys are a 63-bit
+    and once it finishes none ever can (`BlockManager.release(table, unhittable)`). Keys are a 63-bit
     mix of (seed, request) plus the block's index: spread over the hash table like hashes, and
     as unlikely to meet another request's keys or a chained hash as two chained hashes are to
     meet each other.
@@ -91,32 +92,32 @@ class BlockManager:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching = enable_prefix_caching
-        self.ref = [0] * num_blocks
-        self.block_hash: list = [None] * num_blocks
-        self.cached: dict = {}                  # hash -> block id
-        self.free_plain = deque(range(num_blocks))   # free, no reusable content
+        self._ref = [0] * num_blocks
+        self._block_hash: list = [None] * num_blocks
+        self._cached: dict = {}                  # hash -> block id
+        self._free_plain = deque(range(num_blocks))   # free, no reusable content
         # Free, hashed blocks, least recently freed first. A cache hit takes a block out of the
         # middle: its entry stays and is skipped later (`_stale`), so freeing and reusing a block
         # touch only the ends of a deque, not an ordered hash table (a cache miss per block).
-        self.free_cached: deque = deque()
+        self._free_cached: deque = deque()
         self._stale = [0] * num_blocks           # per block: its older entries in free_cached
         self._num_free_cached = 0
-        self.epoch = 0                           # bumped by the engine each step (memoizes lookups)
+        self._hits: dict = {}                    # req_id -> its cache hits, until the cache changes
 
     @property
     def num_free(self) -> int:
-        return len(self.free_plain) + self._num_free_cached
+        return len(self._free_plain) + self._num_free_cached
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self.free_plain) - self._num_free_cached   # (every step)
+        return self.num_blocks - len(self._free_plain) - self._num_free_cached   # (every step)
 
     def lookup(self, hashes: list, max_blocks: int) -> tuple:
         """Longest run of cached blocks matching the chain `hashes` (at most max_blocks)."""
         if not self.prefix_caching:
             return ()
         hit = []
-        cached = self.cached
+        cached = self._cached
         for h in hashes[:max_blocks]:
             b = cached.get(h)
             if b is None:
@@ -126,20 +127,85 @@ class BlockManager:
 
     def reclaim_cost(self, blocks) -> int:
         """How many free blocks taking `blocks` (cache hits) consumes: those nobody holds."""
-        ref = self.ref
+        ref = self._ref
         return sum(1 for b in blocks if ref[b] == 0)
+
+    # ---------------------------------------------- cost questions (the view and the validator ask)
+    def hits(self, r) -> tuple:
+        """Prefix-cache blocks request `r` would reuse if it started now (none once it holds KV or
+        has computed tokens; its last known token is always left to compute). Remembered until
+        the cache changes."""
+        if r.block_table or r.num_computed_tokens:
+            return ()
+        blocks = self._hits.get(r.req_id)
+        if blocks is None:
+            blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, (r.num_tokens - 1) // self.block_size)
+        return blocks
+
+    def blocks_needed(self, r, n: int) -> int:
+        """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included)."""
+        table, bs = r.block_table, self.block_size
+        if table:                # running: no cache lookup, just the tail of its table
+            need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
+            return need if need > 0 else 0
+        hits = self.hits(r)
+        new = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(hits)
+        return max(new, 0) + (self.reclaim_cost(hits) if hits else 0)
+
+    def freed_by(self, r) -> int:
+        """Blocks that releasing request `r`'s table frees: those no other request holds."""
+        ref = self._ref
+        return sum(1 for b in r.block_table if ref[b] == 1)
+
+    def plan_cost(self, preempted: list, chunks) -> tuple:
+        """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
+        once the `preempted` requests have released their tables. A block is available when every
+        reference to it is a preempted one; a cache hit on a block that nobody holds after the
+        preemptions takes a free block, counted once however many requests hit it."""
+        ref, bs = self._ref, self.block_size
+        released = Counter()
+        for r in preempted:
+            released.update(r.block_table)
+        available = self.num_free + sum(1 for b, k in released.items() if ref[b] == k)
+        needed, reclaimed = 0, set()
+        for r, n in chunks:
+            table = r.block_table
+            if table:
+                need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
+            else:
+                hits = self.hits(r)
+                need = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(hits)
+                reclaimed.update(b for b in hits if ref[b] == released[b])
+            if need > 0:
+                needed += need
+        return needed + len(reclaimed), available
+
+    # ------------------------------------------------------------------ read-only state for checks
+    @property
+    def refs(self) -> tuple:
+        """Every block's reference count, by block id."""
+        return tuple(self._ref)
+
+    @property
+    def cache_map(self):
+        """The prefix cache, hash -> block id (read-only)."""
+        return MappingProxyType(self._cached)
+
+    def holds(self, b: int) -> bool:
+        """Whether some block table holds block `b`."""
+        return self._ref[b] > 0
 
     def acquire(self, table: list, blocks) -> None:
         """Append cache-hit blocks to a block table, taking a reference on each."""
-        ref = self.ref
+        ref = self._ref
         for b in blocks:
             if ref[b] == 0:                      # free: its entry in free_cached goes stale
                 self._stale[b] += 1
                 self._num_free_cached -= 1
             ref[b] += 1
             table.append(b)
-        if len(self.free_cached) > 2 * self.num_blocks:     # mostly stale entries: drop them
-            self.free_cached = deque(self.free_cached_blocks())
+        if len(self._free_cached) > 2 * self.num_blocks:     # mostly stale entries: drop them
+            self._free_cached = deque(self.free_cached_blocks())
             self._stale = [0] * self.num_blocks
 
     def grow(self, table: list, num_tokens: int) -> None:
@@ -151,9 +217,9 @@ class BlockManager:
 
     def grow_one(self, table: list) -> None:
         """One more block for a table whose last block is full (a decode crossing a block boundary)."""
-        if self.free_plain:
-            b = self.free_plain.popleft()
-            self.ref[b] = 1
+        if self._free_plain:
+            b = self._free_plain.popleft()
+            self._ref[b] = 1
             table.append(b)
         elif self._num_free_cached:
             self._take(table, 1)
@@ -163,15 +229,15 @@ class BlockManager:
     def _take(self, table: list, need: int) -> None:
         """Plain free blocks first, then the least recently freed cached ones (evicting their
         hashes). Every block a request ever holds passes here and through release(): locals."""
-        plain, ref = self.free_plain, self.ref
+        plain, ref = self._free_plain, self._ref
         from_plain = min(need, len(plain))
         for _ in range(from_plain):
             b = plain.popleft()
             ref[b] = 1
             table.append(b)
         if need > from_plain:
-            oldest, stale = self.free_cached.popleft, self._stale
-            cached, block_hash = self.cached, self.block_hash
+            oldest, stale = self._free_cached.popleft, self._stale
+            cached, block_hash = self._cached, self._block_hash
             self._num_free_cached -= need - from_plain
             for _ in range(need - from_plain):
                 b = oldest()
@@ -181,6 +247,7 @@ class BlockManager:
                 h = block_hash[b]
                 if h is not UNHITTABLE:
                     del cached[h]
+                    self._hits.clear()
                 block_hash[b] = None
                 ref[b] = 1
                 table.append(b)
@@ -189,28 +256,28 @@ class BlockManager:
         """Publish full, computed blocks of a table in the prefix cache; returns blocks done."""
         full = min(num_computed // self.block_size, len(hashes))
         if self.prefix_caching:
-            cached, block_hash = self.cached, self.block_hash
+            cached, block_hash = self._cached, self._block_hash
             for b, h in zip(table[start:full], hashes[start:full]):
                 if block_hash[b] is None and h not in cached:
                     cached[h] = b
                     block_hash[b] = h
+                    if self._hits:
+                        self._hits.clear()
         return max(full, start)
 
-    def release_unhittable(self, table: list, num_computed: int) -> int:
-        """Release the table of a finished request whose blocks no request can ever hit (a prompt
-        of its own, `own_block_keys`). Its full computed blocks go to the LRU exactly where
-        hashed ones would, marked UNHITTABLE instead of published: the same eviction order,
-        without a hash map entry made now and deleted at eviction."""
-        if self.prefix_caching:
-            block_hash = self.block_hash
-            for b in table[:num_computed // self.block_size]:
+    def release(self, table: list, unhittable: int = 0) -> int:
+        """Drop a table's references (tail first, so tails are evicted before shared heads).
+
+        `unhittable`: its first blocks that no request can ever hit (a finished prompt of its own,
+        `own_block_keys`): unless already published, they go to the LRU exactly where hashed
+        ones would, marked UNHITTABLE: the same eviction order, with no hash map entry."""
+        ref, block_hash, plain, lru = self._ref, self._block_hash, self._free_plain, self._free_cached
+        if unhittable and self.prefix_caching:
+            for b in table[:unhittable]:
                 if block_hash[b] is None:
                     block_hash[b] = UNHITTABLE
-        return self.release(table)
-
-    def release(self, table: list) -> int:
-        """Drop a table's references (tail first, so tails are evicted before shared heads)."""
-        ref, block_hash, plain, lru = self.ref, self.block_hash, self.free_plain, self.free_cached
+        if self._hits:
+            self._hits.clear()
         freed, plain_before = 0, len(plain)
         for b in reversed(table):
             left = ref[b] - 1
@@ -225,30 +292,47 @@ class BlockManager:
         table.clear()
         return freed
 
+    def release_request(self, r, seed: int, finished_own_prompt: bool = False) -> int:
+        """Publish request `r`'s computed full blocks in the prefix cache, then free its table.
+
+        Prompt blocks are published as they fill; blocks holding output tokens are hashed here,
+        once, instead of on every decode step (no other request can hit them while it runs).
+        A prompt of its own (`own_block_keys`) can only ever hit its own blocks, after a
+        preemption: its blocks are keyed and published when it is preempted, and when it has
+        finished (`finished_own_prompt`) they are freed unpublished, in the same LRU order.
+        """
+        bs = self.block_size
+        if finished_own_prompt:
+            return self.release(r.block_table, r.num_computed_tokens // bs)
+        have, full = len(r.block_hashes), r.num_tokens // bs
+        if self.prefix_caching and (full > have or r.own_prompt):    # (its prompt blocks too: unpublished)
+            if full > have:
+                r.block_hashes.extend(own_block_keys(seed, r.req_id, have, full) if r.own_prompt else
+                                      chain_hashes(r.token_ids(have * bs, full * bs), bs,
+                                                   r.block_hashes[-1] if have else None, have * bs))
+            self.register(r.block_table, r.block_hashes, r.num_computed_tokens, 0 if r.own_prompt else have)
+        return self.release(r.block_table)
+
     def free_cached_blocks(self) -> list:
         """The free, hashed blocks, least recently freed first (free_cached without stale entries)."""
         stale, live = list(self._stale), []
-        for b in self.free_cached:
+        for b in self._free_cached:
             if stale[b]:
                 stale[b] -= 1
             else:
                 live.append(b)
         return live
 
-    def freed_by_release(self, table: list) -> int:
-        ref = self.ref
-        return sum(1 for b in table if ref[b] == 1)
-
     def check(self) -> None:
         """Assert the accounting invariants; used by tests and at drain."""
-        used = sum(1 for r in self.ref if r > 0)
-        assert min(self.ref) >= 0, "negative reference count"
+        used = sum(1 for r in self._ref if r > 0)
+        assert min(self._ref) >= 0, "negative reference count"
         assert used + self.num_free == self.num_blocks, (used, self.num_free, self.num_blocks)
-        assert all(self.ref[b] == 0 for b in self.free_plain), "held block in free list"
+        assert all(self._ref[b] == 0 for b in self._free_plain), "held block in free list"
         lru = self.free_cached_blocks()
         assert len(lru) == self._num_free_cached, "free cached count out of sync"
-        assert all(self.ref[b] == 0 and self.block_hash[b] is not None for b in lru), "held block in LRU"
-        assert len(set(self.free_plain)) == len(self.free_plain), "block freed twice"
+        assert all(self._ref[b] == 0 and self._block_hash[b] is not None for b in lru), "held block in LRU"
+        assert len(set(self._free_plain)) == len(self._free_plain), "block freed twice"
         assert len(set(lru)) == len(lru), "block in the LRU twice"
-        for h, b in self.cached.items():
-            assert self.block_hash[b] == h, "hash map out of sync"
+        for h, b in self._cached.items():
+            assert self._block_hash[b] == h, "hash map out of sync"

@@ -113,6 +113,14 @@ class Request:
         return np.concatenate([self.prompt_ids[start:], out])
 
 
+def is_decoding(r: Request) -> bool:
+    """The one test of "this request decodes": it has output tokens and every known token but the
+    last is in the KV cache, so its next step computes exactly one token (a recompute one token
+    short of the end decodes too)."""
+    out = r.output_ids
+    return bool(out) and len(r.prompt_ids) + len(out) - r.num_computed_tokens == 1
+
+
 def forget_done(requests: list, start: int, stop: int) -> None:
     """Drop the finished and rejected requests in `requests[start:stop]` (set them to None): a
     results writer has taken them, so memory grows with the requests in flight, not the run."""

@@ -16,7 +16,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Callable, Optional
 
 from policylab.core import admission
-from policylab.core.contract import ContractViolation
+from policylab.core.contract import ContractViolation, hide_slot
 
 if TYPE_CHECKING:
     from policylab.core.engine import Engine
@@ -50,21 +50,23 @@ class RouteRequest:
 
 class ReplicaView:
     """Read-only window on one replica. Load figures are computed when read (a router that does
-    not read them costs nothing), from the engine's live requests."""
+    not read them costs nothing), from the engine's live requests; the engine itself sits in a
+    hidden slot no attribute reaches."""
 
     __slots__ = ("index", "role", "hardware", "_engine", "_prompt_hashes")
 
     def __init__(self, index: int, role: str, hardware: str, engine: "Engine",
                  prompt_hashes: Callable[[int, int], list]):
         self.index, self.role, self.hardware = index, role, hardware
-        self._engine, self._prompt_hashes = engine, prompt_hashes
+        _set_engine(self, engine)
+        _set_prompt_hashes(self, prompt_hashes)
 
-    num_waiting = property(lambda s: len(s._engine._waiting))
-    num_running = property(lambda s: len(s._engine.running))
-    num_free_blocks = property(lambda s: s._engine.kv.num_free)
-    num_total_blocks = property(lambda s: s._engine.kv.num_blocks)
-    block_size = property(lambda s: s._engine.kv.block_size)
-    max_model_len = property(lambda s: s._engine.cfg.max_model_len)
+    num_waiting = property(lambda s: len(_engine_of(s)._waiting))
+    num_running = property(lambda s: len(_engine_of(s).running))
+    num_free_blocks = property(lambda s: _engine_of(s).kv.num_free)
+    num_total_blocks = property(lambda s: _engine_of(s).kv.num_blocks)
+    block_size = property(lambda s: _engine_of(s).kv.block_size)
+    max_model_len = property(lambda s: _engine_of(s).cfg.max_model_len)
 
     @property
     def outstanding_prefill_tokens(self) -> int:
@@ -86,7 +88,7 @@ class ReplicaView:
     def _outstanding(self) -> tuple:
         """(prefill, decode) tokens outstanding, in one pass over the waiting and running requests
         (the queue read in place: `engine.waiting` builds a list; a router asks at every arrival)."""
-        e = self._engine
+        e = _engine_of(self)
         prefill = decode = 0
         for r in chain(map(e.requests.__getitem__, e._waiting.ids()), e.running):
             prompt, computed = len(r.prompt_ids), r.num_computed_tokens
@@ -99,19 +101,23 @@ class ReplicaView:
     def cached_prefix_tokens(self, request: RouteRequest) -> int:
         """Prompt tokens this request would find in this replica's prefix cache now (a lookup:
         no reference taken, no LRU order changed)."""
-        kv = self._engine.kv
-        hashes = self._prompt_hashes(request.req_id, kv.block_size)
+        kv = _engine_of(self).kv
+        hashes = _prompt_hashes_of(self)(request.req_id, kv.block_size)
         return len(kv.lookup(hashes, (request.prompt_tokens - 1) // kv.block_size)) * kv.block_size
 
     def never_fits(self, request: RouteRequest, output_tokens: int) -> str:
         """Why this replica can never run the request ("" if it can); `output_tokens` as the driver knows it."""
-        e = self._engine
+        e = _engine_of(self)
         return admission.never_fits(request.prompt_tokens, output_tokens, e.cfg.max_model_len,
                                     e.kv.num_blocks, e.kv.block_size, request.max_tokens or e.cfg.max_tokens)
 
     def __repr__(self) -> str:
         return f"ReplicaView({self.index}, {self.role}, {self.hardware}, waiting={self.num_waiting}, " \
                f"running={self.num_running}, free_blocks={self.num_free_blocks})"
+
+
+(_engine_of, _set_engine), (_prompt_hashes_of, _set_prompt_hashes) = \
+    hide_slot(ReplicaView, "_engine"), hide_slot(ReplicaView, "_prompt_hashes")   # no router reaches them
 
 
 class CapacityView:
@@ -126,10 +132,11 @@ class CapacityView:
     def __init__(self, replica: ReplicaView, router: str):
         self.index, self.role, self.hardware = replica.index, replica.role, replica.hardware
         self.num_total_blocks, self.block_size = replica.num_total_blocks, replica.block_size
-        self.max_model_len, self._replica, self._router = replica.max_model_len, replica, router
+        self.max_model_len, self._router = replica.max_model_len, router
+        _set_replica(self, replica)
 
     def never_fits(self, request: RouteRequest, output_tokens: int) -> str:
-        return self._replica.never_fits(request, output_tokens)
+        return _replica_of(self).never_fits(request, output_tokens)
 
     def __getattr__(self, name: str):       # (only called for what the slots above do not hold)
         if not hasattr(ReplicaView, name):  # (a name no replica view has: the usual AttributeError,
@@ -139,6 +146,9 @@ class CapacityView:
 
     def __repr__(self) -> str:
         return f"CapacityView({self.index}, {self.role}, {self.hardware}, blocks={self.num_total_blocks})"
+
+
+_replica_of, _set_replica = hide_slot(CapacityView, "_replica")
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,8 +36,8 @@ def head_major(cache: torch.Tensor) -> torch.Tensor:
     return phys
 
 
-# SDPA's cuDNN kernel builds an execution plan for every new shape (measured on an H200: ~14 ms a
-# call, 40 of a 45 s replay). A paged batch brings new shapes every step as contexts grow, so on
+# SDPA's cuDNN kernel builds an execution plan for every new shape, a large cost per call. A paged
+# batch brings new shapes every step as contexts grow, so on
 # CUDA the torch backend keeps SDPA to the shape-agnostic kernels.
 CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -87,8 +87,8 @@ class TorchAttention:
     Decodes and prefill chunks form two groups so one long chunk does not pad every decode
     to its length; each group is a single batched SDPA call (GQA via enable_gqa). Its caches
     are head-major in memory ([KVH, blocks, bs, D]): a gather is one index_select of whole
-    (head, block) rows (on CPU ~5x faster than index_select over the block dim) and yields
-    K/V contiguous per (entry, head), on which SDPA ran ~1.4x faster than on block-major ones.
+    (head, block) rows (cheaper than an index_select over the block dim) and yields K/V
+    contiguous per (entry, head), which SDPA reads faster than block-major ones.
     """
     name = "torch"
     kv_layout = "head_major"

@@ -27,8 +27,8 @@ def batch_features(q: np.ndarray, ctx: np.ndarray, sampled: int | None = None) -
     torch backend attends decodes as one group padded to the longest context, and prefill
     chunks as one group padded to the longest chunk and the longest sequence, so one long
     request makes the whole group cost more; a group of equal fresh prompts runs SDPA's causal
-    kernel, any other group an explicit mask (on CPU ~3x the time per pair, and ~2 ms to build
-    and apply: a decode step of 2 requests costs 1.5x one of 1). The fit keeps
+    kernel, any other group an explicit mask (dearer per pair, with a fixed cost to build and
+    apply it). The fit keeps
     whichever terms the plane shows (a backend without padding leaves those at zero).
     """
     decode = (q == 1) & (ctx > 0)

@@ -62,8 +62,7 @@ def keep_freed_memory() -> None:
     """Stop glibc returning large freed blocks to the OS after every step.
 
     Each CPU step gathers the paged KV context into fresh tensors of tens of MB; by default
-    glibc mmaps and unmaps them, and the page faults cost as much as the math (measured on the
-    bursty trace: 44 s of system time in a 110 s replay, 1 s with this).
+    glibc mmaps and unmaps them, and the page faults can cost as much as the math.
     """
     import ctypes
     import ctypes.util

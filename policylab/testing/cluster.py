@@ -51,27 +51,24 @@ def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: in
              for k, (role, hw) in enumerate(zip(roles, hardware))]
     pd = Disaggregation((decode_router_factory or router_factory)(), LinkModel(link),
                         ModelShape(model).kv_bytes_per_token, seed) if prefill else None
-    cls = CheckedCluster if checked else Cluster
-    return cls(trace, built, router_factory(), pd)
+    return Cluster(trace, built, router_factory(), pd, observer=check_turn if checked else None)
 
 
-class CheckedCluster(Cluster):
-    """A cluster that checks the cross-replica invariants after every turn of its loop."""
-
-    def _check(self) -> None:
-        live = {}
-        for rep in self.replicas:
-            for r in (*rep.engine.waiting, *rep.engine.running):
-                if r.req_id in live:
-                    raise InvariantViolation("one_replica", f"request {r.req_id} is live on replicas "
-                                             f"{live[r.req_id]} and {rep.index} at once", self.router_name)
-                live[r.req_id] = rep.index
-        transit = set() if self.pd is None else self.pd.in_transit
-        arrived = [r for r in self.requests if r is not None]      # (replica by replica: not a prefix)
-        done = sum(1 for r in arrived if r.status in (Status.FINISHED, Status.REJECTED) and r.req_id not in transit)
-        if len(arrived) != done + len(live) + len(transit):
-            raise InvariantViolation("request_conservation", f"{len(arrived)} arrived != {done} done + "
-                                     f"{len(live)} live + {len(transit)} in handoff", self.router_name)
+def check_turn(cluster: Cluster) -> None:
+    """The cross-replica invariants, checked after every turn of the cluster's loop."""
+    live = {}
+    for rep in cluster.replicas:
+        for r in (*rep.engine.waiting, *rep.engine.running):
+            if r.req_id in live:
+                raise InvariantViolation("one_replica", f"request {r.req_id} is live on replicas "
+                                         f"{live[r.req_id]} and {rep.index} at once", cluster.router_name)
+            live[r.req_id] = rep.index
+    transit = set() if cluster.pd is None else cluster.pd.in_transit
+    arrived = [r for r in cluster.requests if r is not None]      # (replica by replica: not a prefix)
+    done = sum(1 for r in arrived if r.status in (Status.FINISHED, Status.REJECTED) and r.req_id not in transit)
+    if len(arrived) != done + len(live) + len(transit):
+        raise InvariantViolation("request_conservation", f"{len(arrived)} arrived != {done} done + "
+                                 f"{len(live)} live + {len(transit)} in handoff", cluster.router_name)
 
 
 def check_cluster(make_cluster) -> ClusterResult:
@@ -93,7 +90,7 @@ def _check_drained(cluster: Cluster, result: ClusterResult) -> None:
     name = cluster.router_name
     for rep in cluster.replicas:
         kv = rep.engine.kv
-        if kv.num_free != kv.num_blocks or any(kv.ref):
+        if kv.num_free != kv.num_blocks or any(kv.refs):
             raise InvariantViolation("kv_leak", f"replica {rep.index}: {kv.num_blocks - kv.num_free} blocks held "
                                      "after the drain", name)
     for i, (t, r) in enumerate(zip(result.trace, result.requests)):

@@ -71,11 +71,11 @@ class StepChecker:
                       for lst in (view.running, view.waiting) for v in lst}
         decoding = {v.req_id for v in view.running if v.is_decode}
         full = {rid for rid in decoding if view.by_id[rid].num_computed_tokens % view.block_size == 0}
-        if set(view.decoding) != decoding or set(view.needs_block) != full \
-                or view.running_ids != tuple(v.req_id for v in view.running):
-            self.fail("view", f"step {view.step}: whole-batch view fields disagree with the requests "
-                      f"(decoding {sorted(view.decoding)} vs {sorted(decoding)}, needs_block "
-                      f"{sorted(view.needs_block)} vs {sorted(full)})")
+        if set(view.decoding) != decoding or view.decode_blocks_needed != len(full) \
+                or list(view.decode_tokens()) != [v.req_id for v in view.running if v.req_id in decoding]:
+            self.fail("view", f"step {view.step}: the view's decode facts disagree with the requests "
+                      f"(decoding {sorted(view.decoding)} vs {sorted(decoding)}, decode blocks "
+                      f"{view.decode_blocks_needed} vs {len(full)})")
         self._each_property("before_schedule", view)
 
     def after_schedule(self, view, plan) -> None:
@@ -187,12 +187,23 @@ class StepChecker:
         held = Counter(b for r in engine.running for b in r.block_table)
         if any(r.block_table for r in engine.waiting):
             self.fail("kv_conservation", "a waiting request holds KV blocks")
-        wrong = [b for b in range(kv.num_blocks) if kv.ref[b] != held.get(b, 0)]
+        refs = kv.refs
+        wrong = [b for b in range(kv.num_blocks) if refs[b] != held.get(b, 0)]
         if wrong or kv.num_used != len(held) or kv.num_used + kv.num_free != kv.num_blocks:
             self.fail("kv_conservation", f"ref counts disagree with block tables at blocks {wrong[:5]}; "
                       f"used={kv.num_used} held={len(held)} free={kv.num_free} total={kv.num_blocks}")
 
     # ------------------------------------------------------------ at drain
+    def _check_output_length(self, engine: Engine, r) -> None:
+        """A finished request generated min(its trace output length, its max_tokens) tokens (fewer
+        only when it stopped at EOS): checked against the request and the trace, not against the
+        engine's own target."""
+        want, n = min(engine.trace[r.req_id].output_tokens, r.max_tokens), len(r.output_ids)
+        eos = engine.cfg.stop_at_eos and r.output_ids and r.output_ids[-1] == engine.dataplane.eos_token_id
+        if n > want or (n < want and not eos):
+            self.fail("output_length", f"request {r.req_id} generated {n} tokens; max_tokens is {r.max_tokens} "
+                      f"and the trace's output length {engine.trace[r.req_id].output_tokens}")
+
     def finish(self, engine: Engine, result: RunResult) -> None:
         if self.violation is not None:
             raise self.violation
@@ -200,7 +211,7 @@ class StepChecker:
             kind = "contract" if result.error.startswith("ContractViolation") else "liveness"
             self.fail(kind, f"run ended early: {result.error}")
         kv = engine.kv
-        if any(kv.ref) or kv.num_free != kv.num_blocks:
+        if any(kv.refs) or kv.num_free != kv.num_blocks:
             self.fail("no_leak", f"{kv.num_used} KV blocks still held at drain")
         for r in result.requests:
             if r is None or r.status not in (Status.FINISHED, Status.REJECTED):
@@ -211,6 +222,8 @@ class StepChecker:
             if repeated or any(b < a - EPS for a, b in zip(times, times[1:])):
                 self.fail("causality", f"request {r.req_id}: arrival, scheduled, tokens, completion "
                           f"out of order: {times}")
+            if r.status is Status.FINISHED:
+                self._check_output_length(engine, r)
             if r.status is Status.FINISHED and r.token_times[-1] != r.finish_time:
                 self.fail("causality", f"request {r.req_id} completed at {r.finish_time}, "
                           "not at its last token")

@@ -52,8 +52,8 @@ def model_config(name: str) -> ModelConfig:
 
 
 # Policy scenarios are written in steps of a few milliseconds (arrivals that land mid-burst, a
-# decode pace against a TPOT SLO): a fixed 4 ms per step, on roofline numbers pinned here (those
-# of #18's first refit, without kernel latency), keeps them independent of roofline refits.
+# decode pace against a TPOT SLO): a fixed 4 ms per step, on roofline numbers pinned here (without
+# kernel latency), keeps them independent of later roofline refits.
 SCENARIO_HARDWARE = HardwareConfig(flops_efficiency=0.68, bw_efficiency=0.68, kernel_latency=0.0, step_overhead=0.004)
 
 

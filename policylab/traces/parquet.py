@@ -53,7 +53,7 @@ def clean_batch(batch) -> Optional[list]:
     """The batch's requests, built column by column, when every value is one the row checks
     (`request_from_record`) accept as it is: typed columns, values in range, nulls only where
     a default stands in. Else None: the batch goes row by row, and the first bad row is named.
-    (Reading 150,000 rows: 0.44 s against 1.05 s row by row.) Prefix ids always go row by row."""
+    Prefix ids always go row by row."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
