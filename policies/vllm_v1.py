@@ -111,7 +111,7 @@ class VllmV1(Policy):
 
     def _running_order(self, view: SchedulerView) -> list:
         """Rule 10: the running requests in vLLM's order (those that finished dropped)."""
-        ids = view.running_ids
+        ids = tuple(v.req_id for v in view.running)
         if len(self._order) != len(ids) or set(self._order) != set(ids):
             live = set(ids)
             order = [rid for rid in self._order if rid in live]

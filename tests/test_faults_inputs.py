@@ -130,7 +130,7 @@ def test_the_view_and_request_views_refuse_writes_and_lead_nowhere():
     policy = Snoop()
     engine(policy).run()
     view = policy.view
-    for name in ("max_num_batched_tokens", "max_num_seqs", "num_free_blocks", "by_id", "decode_all"):
+    for name in ("max_num_batched_tokens", "max_num_seqs", "num_free_blocks", "by_id", "decoding"):
         with pytest.raises(AttributeError):
             setattr(view, name, 10**9)
     e = engine(Snoop())

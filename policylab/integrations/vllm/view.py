@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from policylab.core.contract import ReadOnlyPlanTokens, RequestView, SchedulerView
+from policylab.core.contract import DecodeFacts, RequestView, SchedulerView
 from policylab.core.request import Status
 
 _EMPTY = ()
@@ -172,9 +172,8 @@ def build_view(clock: float, step: int, waiting: tuple, running: tuple, running_
             if len(blocks_of(r.request_id)) * bs <= computed:
                 needs_block[rid] = None
     return SchedulerView(
-        clock=clock, step=step, waiting=waiting, running=running,
+        clock=clock, step=step, waiting=waiting, running=running, decoding=frozenset(decoding),
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
         block_size=bs, num_free_blocks=kv.num_free, num_total_blocks=kv.num_blocks,
-        by_id=MappingProxyType(by_id), running_ids=running_ids,
-        decoding=decoding.keys(), needs_block=needs_block.keys(),
-        decode_all=ReadOnlyPlanTokens(decoding), sampled=tuple(sampled), arrived=tuple(arrived))
+        by_id=MappingProxyType(by_id), sampled=tuple(sampled), arrived=tuple(arrived),
+        decode=DecodeFacts(frozenset(needs_block), tuple(decoding)))
