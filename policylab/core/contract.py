@@ -53,6 +53,9 @@ class RequestView:
     num_computed_tokens = property(lambda s: _request(s).num_computed_tokens)
     num_blocks = property(lambda s: len(_request(s).block_table))
     num_preemptions = property(lambda s: _request(s).num_preemptions)
+    is_swapped = property(lambda s: _request(s).swapped_blocks > 0,
+                          doc="Waiting with its KV on the host tier: scheduling it swaps it back in.")
+    num_host_blocks = property(lambda s: _request(s).swapped_blocks)
     first_scheduled_time = property(lambda s: _request(s).first_scheduled_time)
     first_token_time = property(lambda s: _request(s).token_times[0] if _request(s).token_times else None)
     last_token_time = property(lambda s: _request(s).token_times[-1] if _request(s).token_times else None)
@@ -122,16 +125,22 @@ class SchedulerView:
                                      # (batch order; those that then finished included)
     arrived: Sequence[int]           # req_ids that joined `waiting` as new arrivals (in order)
 
-    __slots__ = _FACTS + ("_full", "_running_ids")
+    num_free_host_blocks: int        # host-tier KV blocks free for swap preemption (StepPlan.swap)
+    num_total_host_blocks: int       # engine.host_kv_blocks (0: swap is off)
+
+    __slots__ = _FACTS + ("num_free_host_blocks", "num_total_host_blocks", "_full", "_running_ids")
 
     def __init__(self, clock: float, step: int, waiting: Sequence, running: tuple, decoding: AbstractSet[int],
                  max_num_batched_tokens: int, max_num_seqs: int, block_size: int, num_free_blocks: int,
                  num_total_blocks: int, by_id: Mapping, sampled: Sequence = (), arrived: Sequence = (),
-                 decode_full: AbstractSet[int] = frozenset(), running_ids: tuple | None = None):
+                 decode_full: AbstractSet[int] = frozenset(), running_ids: tuple | None = None,
+                 num_free_host_blocks: int = 0, num_total_host_blocks: int = 0):
         for name, value in zip(_FACTS, (clock, step, waiting, running, decoding, max_num_batched_tokens,
                                         max_num_seqs, block_size, num_free_blocks, num_total_blocks, by_id,
                                         sampled, arrived)):
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "num_free_host_blocks", num_free_host_blocks)
+        object.__setattr__(self, "num_total_host_blocks", num_total_host_blocks)
         _set_full(self, decode_full)
         _set_running_ids(self, tuple(v.req_id for v in running) if running_ids is None else running_ids)
 
@@ -142,7 +151,7 @@ class SchedulerView:
 
     def replace(self, **changes) -> "SchedulerView":
         """A copy with some facts changed (for tests and what-if questions: the engine keeps its own)."""
-        facts = {name: getattr(self, name) for name in _FACTS}
+        facts = {name: getattr(self, name) for name in _FACTS + ("num_free_host_blocks", "num_total_host_blocks")}
         facts.update(changes)
         return SchedulerView(**facts, decode_full=_full(self))
 
@@ -164,6 +173,10 @@ class SchedulerView:
     def blocks_freed_by_preempting(self, v: RequestView) -> int:
         """Free blocks that preempting this request gives back (blocks others share stay held)."""
         return _kv(v).freed_by(_request(v))
+
+    def host_blocks_needed(self, v: RequestView) -> int:
+        """Host-tier blocks that swapping this running request out takes (its computed blocks)."""
+        return -(-v.num_computed_tokens // self.block_size)
 
     def plan_kv(self, plan: "StepPlan") -> tuple:
         """Exact (blocks needed, blocks available) of a whole plan, its preemptions included.
@@ -196,13 +209,15 @@ class StepPlan:
     """A policy's decision for one step (vLLM's `SchedulerOutput.num_scheduled_tokens`).
 
     `num_scheduled_tokens` maps req_id -> tokens this step, in the order the batch is
-    formed; `preempt` lists running req_ids whose KV is freed (recomputed later);
+    formed; `preempt` lists running req_ids whose device KV is freed: recomputed later, or,
+    for those also in `swap`, copied to the host tier and copied back when next scheduled;
     `reject` maps waiting req_ids to a reason (admission control: reported, never dropped).
     """
 
     num_scheduled_tokens: dict = field(default_factory=dict)
     preempt: list = field(default_factory=list)
     reject: dict = field(default_factory=dict)
+    swap: list = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:
@@ -216,7 +231,8 @@ def private_copy(plan, policy: str) -> StepPlan:
         raise ContractViolation(policy, "plan_type",
                                 f"schedule() must return a StepPlan, got {type(plan).__name__}")
     try:
-        return StepPlan(dict(plan.num_scheduled_tokens), list(plan.preempt), dict(plan.reject))
+        return StepPlan(dict(plan.num_scheduled_tokens), list(plan.preempt), dict(plan.reject),
+                        list(getattr(plan, "swap", ())))
     except (TypeError, ValueError) as e:
         raise ContractViolation(policy, "plan_type", f"the plan's fields must be a mapping, a list and a "
                                 f"mapping: {e}") from None
@@ -248,6 +264,8 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
         if rid in sched:
             raise ContractViolation(policy, "preempted_scheduled",
                                     f"request {rid} is both preempted and scheduled")
+    if plan.swap:
+        _validate_swap(view, plan, preempt_set, policy)
     for rid, reason in plan.reject.items():
         v = live.get(rid)
         if v is None or v.status != "waiting":
@@ -288,3 +306,21 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
     if blocks > free:
         raise ContractViolation(policy, "kv_capacity",
                                 f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
+
+
+def _validate_swap(view: SchedulerView, plan: StepPlan, preempt_set: set, policy: str) -> None:
+    """Swap victims are preempted ones, each once, and their computed blocks fit the host tier free
+    before this step (blocks that swap-ins of the same step give back are not counted)."""
+    if view.num_total_host_blocks == 0:
+        raise ContractViolation(policy, "swap_off", "the plan swaps but the engine has no host tier "
+                                "(engine.host_kv_blocks=0)")
+    if len(set(plan.swap)) != len(plan.swap):
+        raise ContractViolation(policy, "unique", f"a request appears twice in the swap list {plan.swap}")
+    outside = [rid for rid in plan.swap if rid not in preempt_set]
+    if outside:
+        raise ContractViolation(policy, "swap_preempted",
+                                f"requests {outside} are swapped but not in the preempt list")
+    need = sum(view.host_blocks_needed(view.by_id[rid]) for rid in plan.swap)
+    if need > view.num_free_host_blocks:
+        raise ContractViolation(policy, "host_capacity", f"swapping out {plan.swap} needs {need} host KV "
+                                f"blocks but only {view.num_free_host_blocks} are free")

@@ -30,6 +30,7 @@ from policylab.core.request import (NO_TOKENS, Request, SamplingParams, Status, 
                                     forget_done, is_decoding)
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.step_log import StepLog
+from policylab.core.swap import HostTier, make_link
 
 
 class Engine:
@@ -44,6 +45,17 @@ class Engine:
         check_engine_config(cfg)
         num_blocks = cfg.num_blocks or dataplane.num_kv_blocks(cfg.block_size)
         self.kv = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.host = HostTier(cfg.host_kv_blocks)      # swap preemption's tier (empty: swap is off)
+        self.link = make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
+        self._block_bytes = 0.0
+        if cfg.host_kv_blocks:
+            if not hasattr(dataplane, "kv_block_bytes"):
+                raise ValueError(f"engine.host_kv_blocks={cfg.host_kv_blocks}: data plane "
+                                 f"{type(dataplane).__name__} cannot say how many bytes a KV block holds")
+            self._block_bytes = float(dataplane.kv_block_bytes(cfg.block_size))
+        self._moved_blocks = 0           # blocks swapped out or in since the last executed step
+        self.kv_stats = {"swap_outs": 0, "swap_ins": 0, "swapped_out_blocks": 0, "swapped_in_blocks": 0,
+                         "transfer_time": 0.0, "recomputed_tokens": 0}
         dataplane.allocate_kv(num_blocks, cfg.block_size)
         self.clock = make_clock(cfg.clock)
         self.requests: list = [None] * len(self.trace)
@@ -100,8 +112,10 @@ class Engine:
     def begin(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
         """Start a run that a driver steps (`step()` while work is left); the result it fills."""
         self._on_done = on_request_done
-        return RunResult(self.trace, self.requests, {}, self.kv.num_blocks,
-                         self.kv.block_size, self.policy_name)
+        result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks, self.kv.block_size, self.policy_name)
+        if self.host.num_blocks:       # (filled as the run goes)
+            result.kv_tiers = self.kv_stats
+        return result
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
         """Make this engine a replica: requests come only through `deliver`/`receive_prefilled`. When
@@ -148,6 +162,8 @@ class Engine:
             result = self.dataplane.execute(committed.batch)
             if not 0.0 <= result.duration < math.inf:     # (NaN fails too) a NaN clock would hang
                 raise bad_duration(self.dataplane, committed.batch, result.duration)   # the replay forever
+            if self._moved_blocks:
+                result = self._with_transfer(result)
             self._postprocess(committed, result)
 
     # ------------------------------------------------------------- admit
@@ -187,6 +203,9 @@ class Engine:
     def _reject(self, r: Request, reason: str) -> None:
         if r.block_table:          # waiting with KV: prefilled elsewhere (receive_prefilled)
             self._release(r)
+        if r.swapped_blocks:       # waiting with its KV on the host tier
+            self.host.take(r.req_id)
+            r.swapped_blocks = 0
         r.status, r.reject_reason, r.finish_time = Status.REJECTED, reason, self.clock.now
         self._done(r)
 
@@ -208,7 +227,7 @@ class Engine:
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, running, self._decoding_ro,
                              self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs, kv.block_size, kv.num_free,
                              kv.num_blocks, self._views_ro, self._sampled, self._arrived, self._needs_block_ro,
-                             running_ids)
+                             running_ids, self.host.num_free, self.host.num_blocks)
 
     def _schedule(self) -> Optional[CommittedStep]:
         """Ask the policy, validate its plan, commit it: the step to execute (None: nothing runs)."""
@@ -251,8 +270,8 @@ class Engine:
         else:
             decodes = [rid for rid in sched if rid in decoding]
             chunks = {rid: n for rid, n in sched.items() if rid not in decoding} if decodes else sched
-        parts = self._commit_requests(chunks, plan.preempt, plan.reject) if chunks or plan.preempt or plan.reject \
-            else None
+        parts = self._commit_requests(chunks, plan.preempt, plan.reject, plan.swap) \
+            if chunks or plan.preempt or plan.reject else None
         if not decodes:
             if parts is None or not parts[1]:
                 return None
@@ -268,7 +287,7 @@ class Engine:
                       db.sampling + p.sampling)
         return CommittedStep(batch, len(decodes), parts[1], 0, 0)
 
-    def _commit_requests(self, sched: dict, preempt: list, reject: dict) -> tuple:
+    def _commit_requests(self, sched: dict, preempt: list, reject: dict, swap: list = ()) -> tuple:
         """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
         (the batch of `sched`'s entries, their Requests)."""
         now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
@@ -282,9 +301,15 @@ class Engine:
         for rid, reason in reject.items():
             self._reject(reqs[rid], f"rejected by policy: {reason}")
         preempted = [reqs[rid] for rid in preempt]
+        swapping = set(swap)
         for r in preempted:
-            self._release(r)
-            r.num_computed_tokens, r.status = 0, Status.WAITING
+            if r.req_id in swapping:
+                self._swap_out(r)
+            else:
+                self.kv_stats["recomputed_tokens"] += r.num_computed_tokens
+                self._release(r)
+                r.num_computed_tokens = 0
+            r.status = Status.WAITING
             r.num_preemptions += 1
         for r, blocks in zip(starting, hits):    # take every cache hit before any allocation can evict one
             r.status = Status.RUNNING
@@ -299,6 +324,8 @@ class Engine:
         for r, n, c in zip(rs, ns, ctxs):
             if c + n > len(r.block_table) * bs:
                 kv.grow(r.block_table, c + n)
+            if r.swapped_blocks:
+                self._swap_in(r)
         batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
                       [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                       [r.sampling for r in rs])
@@ -320,6 +347,37 @@ class Engine:
         self.kv.release_request(r, self.seed, r.own_prompt and r.status is Status.FINISHED)
         self._decoding.pop(r.req_id, None)
         self._needs_block.pop(r.req_id, None)
+
+    def _swap_out(self, r: Request) -> None:
+        """Copy a preempted request's computed blocks to the host tier, then free its device KV: it
+        waits with its computed tokens and resumes exactly there."""
+        n = -(-r.num_computed_tokens // self.kv.block_size)
+        export = getattr(self.dataplane, "export_kv", None)
+        payload = export(r.block_table[:n]).to("cpu") if export is not None else None
+        self.host.put(r.req_id, n, payload, r.num_computed_tokens)
+        computed = r.num_computed_tokens
+        self._release(r)
+        r.num_computed_tokens, r.swapped_blocks = computed, n
+        self._moved_blocks += n
+        self.kv_stats["swap_outs"] += 1
+        self.kv_stats["swapped_out_blocks"] += n
+
+    def _swap_in(self, r: Request) -> None:
+        """Copy a swapped request's KV from the host tier into the device blocks just taken for it."""
+        n, payload = r.swapped_blocks, self.host.take(r.req_id)
+        if payload is not None:
+            self.dataplane.import_kv(r.block_table[:n], payload)
+        r.swapped_blocks = 0
+        self._moved_blocks += n
+        self.kv_stats["swap_ins"] += 1
+        self.kv_stats["swapped_in_blocks"] += n
+
+    def _with_transfer(self, result: StepResult) -> StepResult:
+        """The step's result with its swap copies' transfer time in its duration."""
+        transfer = self.link.transfer_time(self._moved_blocks, self._block_bytes)
+        self._moved_blocks = 0
+        self.kv_stats["transfer_time"] += transfer
+        return StepResult(result.sampled, self.link.step_duration(result.duration, transfer))
 
     def _check_progress(self, progressed: bool) -> None:
         """Liveness: a preempt/requeue livelock ends the run instead of spinning forever."""

@@ -84,6 +84,10 @@ class SimDataPlane:
                              f"{self.hw.name} memory x {self.dp.gpu_memory_utilization}")
         return int(free // (self.shape.kv_bytes_per_token * block_size))
 
+    def kv_block_bytes(self, block_size: int) -> float:
+        """Bytes one KV block holds on one GPU's link (each tensor-parallel rank moves its share)."""
+        return self.shape.kv_bytes_per_token * block_size / self.dp.tensor_parallel
+
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         """Nothing to allocate: the simulated cache is pure accounting."""
 

@@ -193,6 +193,10 @@ class TorchDataPlane:
                 self.graphs = DecodeGraphRunner(self.model, self.kv_caches, self.backend, block_size, max_len,
                                                 self.device, capture_cuda_graph(torch.cuda.graph_pool_handle()))
 
+    def kv_block_bytes(self, block_size: int) -> int:
+        """Bytes one KV block of this cache holds (what a swap moves per block)."""
+        return self._block_bytes(block_size)
+
     def _block_dim(self) -> int:
         """The block axis of `self.kv` (its memory order is the backend's, see `_new_kv`)."""
         return 3 if self.backend.kv_layout == "head_major" else 2
