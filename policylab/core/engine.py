@@ -44,7 +44,7 @@ class Engine:
         self.prefix_block_tokens, self.sampling = prefix_block_tokens, sampling
         check_engine_config(cfg)
         num_blocks = cfg.num_blocks or dataplane.num_kv_blocks(cfg.block_size)
-        self.kv = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.kv = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.prefix_cache)
         self.host = HostTier(cfg.host_kv_blocks)      # swap preemption's tier (empty: swap is off)
         self.link = make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
         self._block_bytes = 0.0

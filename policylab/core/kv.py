@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from policylab.core.radix import RadixTree
 from policylab.core.rng import hash_key, splitmix64
 
 
@@ -87,11 +88,15 @@ UNHITTABLE = object()   # block_hash of a free block in the LRU that no request 
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 index: str = "hash"):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        if index not in ("hash", "radix"):
+            raise ValueError(f"prefix cache index must be 'hash' or 'radix', got {index!r}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching = enable_prefix_caching
+        self._tree = RadixTree() if index == "radix" and enable_prefix_caching else None   # leaf-LRU
         self._ref = [0] * num_blocks
         self._block_hash: list = [None] * num_blocks
         self._cached: dict = {}                  # hash -> block id
@@ -116,6 +121,8 @@ class BlockManager:
         """Longest run of cached blocks matching the chain `hashes` (at most max_blocks)."""
         if not self.prefix_caching:
             return ()
+        if self._tree is not None:
+            return self._tree.lookup(hashes, max_blocks)
         hit = []
         cached = self._cached
         for h in hashes[:max_blocks]:
@@ -240,22 +247,55 @@ class BlockManager:
             cached, block_hash = self._cached, self._block_hash
             self._num_free_cached -= need - from_plain
             for _ in range(need - from_plain):
-                b = oldest()
-                while stale[b]:                  # an entry older than the block's reuse: skip it
-                    stale[b] -= 1
+                if self._tree is None:
                     b = oldest()
+                    while stale[b]:              # an entry older than the block's reuse: skip it
+                        stale[b] -= 1
+                        b = oldest()
+                else:
+                    b = self._oldest_leaf()
                 h = block_hash[b]
                 if h is not UNHITTABLE:
                     del cached[h]
+                    if self._tree is not None:
+                        self._tree.remove(h)
                     self._hits.clear()
                 block_hash[b] = None
                 ref[b] = 1
                 table.append(b)
 
+    def _oldest_leaf(self) -> int:
+        """Take the least recently freed cached block that no cached block continues (radix
+        leaf-LRU); the least recently freed one when every free cached block has a continuation."""
+        lru, stale, block_hash, tree = self._free_cached, self._stale, self._block_hash, self._tree
+        passed = []
+        while lru:
+            b = lru.popleft()
+            if stale[b]:
+                stale[b] -= 1
+                continue
+            h = block_hash[b]
+            if h is UNHITTABLE or tree.is_leaf(h):
+                lru.extendleft(reversed(passed))
+                return b
+            passed.append(b)
+        b = passed.pop(0)
+        lru.extendleft(reversed(passed))
+        return b
+
     def register(self, table: list, hashes: list, num_computed: int, start: int = 0) -> int:
         """Publish full, computed blocks of a table in the prefix cache; returns blocks done."""
         full = min(num_computed // self.block_size, len(hashes))
-        if self.prefix_caching:
+        if self.prefix_caching and self._tree is not None:
+            cached, block_hash, tree = self._cached, self._block_hash, self._tree
+            for i in range(start, full):
+                b, h = table[i], hashes[i]
+                if block_hash[b] is None and h not in cached:
+                    cached[h] = b
+                    block_hash[b] = h
+                    tree.insert(h, hashes[i - 1] if i else None, b)
+                    self._hits.clear()
+        elif self.prefix_caching:
             cached, block_hash = self._cached, self._block_hash
             for b, h in zip(table[start:full], hashes[start:full]):
                 if block_hash[b] is None and h not in cached:
@@ -336,3 +376,5 @@ class BlockManager:
         assert len(set(lru)) == len(lru), "block in the LRU twice"
         for h, b in self._cached.items():
             assert self._block_hash[b] == h, "hash map out of sync"
+        if self._tree is not None:
+            self._tree.check(self._cached)
