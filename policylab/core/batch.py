@@ -31,6 +31,13 @@ class Batch:
         return sum(self.query_lens)
 
 
+def joined(a: Batch, b: Batch) -> Batch:
+    """One batch of `a`'s entries, then `b`'s (new lists: neither changes)."""
+    return Batch(a.req_ids + b.req_ids, a.query_lens + b.query_lens, a.context_lens + b.context_lens,
+                 a.block_tables + b.block_tables, a.token_ids + b.token_ids, a.sample + b.sample,
+                 a.sampling + b.sampling)
+
+
 @dataclass
 class StepResult:
     sampled: list      # token ids, one per entry with sample=True, in batch order

@@ -7,6 +7,8 @@ validates every plan with `validate_plan` before touching any state; a broken ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
 from policylab.core.request import is_decoding
@@ -128,21 +130,21 @@ class SchedulerView:
     num_free_host_blocks: int        # host-tier KV blocks free for swap preemption (StepPlan.swap)
     num_total_host_blocks: int       # engine.host_kv_blocks (0: swap is off)
 
-    __slots__ = _FACTS + ("num_free_host_blocks", "num_total_host_blocks", "_full", "_running_ids")
+    __slots__ = _FACTS + ("num_free_host_blocks", "num_total_host_blocks", "_full", "_decode_ids", "_decode_plan")
 
     def __init__(self, clock: float, step: int, waiting: Sequence, running: tuple, decoding: AbstractSet[int],
                  max_num_batched_tokens: int, max_num_seqs: int, block_size: int, num_free_blocks: int,
                  num_total_blocks: int, by_id: Mapping, sampled: Sequence = (), arrived: Sequence = (),
-                 decode_full: AbstractSet[int] = frozenset(), running_ids: tuple | None = None,
-                 num_free_host_blocks: int = 0, num_total_host_blocks: int = 0):
-        for name, value in zip(_FACTS, (clock, step, waiting, running, decoding, max_num_batched_tokens,
-                                        max_num_seqs, block_size, num_free_blocks, num_total_blocks, by_id,
-                                        sampled, arrived)):
-            object.__setattr__(self, name, value)
+                 decode_full: AbstractSet[int] = frozenset(), decode_ids: tuple | None = None,
+                 decode_plan: dict | None = None, num_free_host_blocks: int = 0, num_total_host_blocks: int = 0):
+        _set_facts(self, clock, step, waiting, running, decoding, max_num_batched_tokens, max_num_seqs, block_size,
+                   num_free_blocks, num_total_blocks, by_id, sampled, arrived)
         object.__setattr__(self, "num_free_host_blocks", num_free_host_blocks)
         object.__setattr__(self, "num_total_host_blocks", num_total_host_blocks)
         _set_full(self, decode_full)
-        _set_running_ids(self, tuple(v.req_id for v in running) if running_ids is None else running_ids)
+        ids = tuple(v.req_id for v in running if v.req_id in decoding) if decode_ids is None else decode_ids
+        _set_decode_ids(self, ids)
+        _set_decode_plan(self, dict.fromkeys(ids, 1) if decode_plan is None else decode_plan)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"the scheduler view is read-only (cannot set {name!r})")
@@ -158,8 +160,7 @@ class SchedulerView:
     def decode_tokens(self) -> dict:
         """A new {req_id: 1} for every decoding request, in running order: "every decode gets its
         token", to return as a plan or to extend with prefill chunks."""
-        ids, decoding = _running_ids(self), self.decoding
-        return dict.fromkeys(ids if len(ids) == len(decoding) else [i for i in ids if i in decoding], 1)
+        return dict(_decode_plan(self))
 
     @property
     def decode_blocks_needed(self) -> int:
@@ -201,7 +202,14 @@ class SchedulerView:
 
 
 _full, _set_full = hide_slot(SchedulerView, "_full")   # decoding req_ids whose last block is full
-_running_ids, _set_running_ids = hide_slot(SchedulerView, "_running_ids")
+_decode_ids, _set_decode_ids = hide_slot(SchedulerView, "_decode_ids")   # decoding, in running order
+_decode_plan, _set_decode_plan = hide_slot(SchedulerView, "_decode_plan")   # {each of them: 1}, copied out
+_FACT_SETTERS = tuple(SchedulerView.__dict__[name].__set__ for name in _FACTS)
+
+
+def _set_facts(view: SchedulerView, *values) -> None:
+    for set_fact, value in zip(_FACT_SETTERS, values):
+        set_fact(view, value)
 
 
 @dataclass
@@ -244,10 +252,32 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
     if not isinstance(plan, StepPlan):
         raise ContractViolation(policy, "plan_type",
                                 f"schedule() must return a StepPlan, got {type(plan).__name__}")
-    live, sched = view.by_id, plan.num_scheduled_tokens
+    sched = plan.num_scheduled_tokens
     if len(sched) > view.max_num_seqs:
         raise ContractViolation(policy, "seq_cap",
                                 f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
+    decode_ids = _decode_ids(view)
+    if len(sched) == len(decode_ids) and not plan.preempt and not plan.reject and not plan.swap \
+            and tuple(sched) == decode_ids \
+            and all(map(is_, sched.values(), repeat(1))):
+        # every decoding request, in running order, one token each (`is 1`: the int 1, not a value
+        # equal to it): every rule but the totals holds; each takes a block iff its last one is full
+        total, blocks, free = len(sched), len(_full(view)), view.num_free_blocks
+    else:
+        total, blocks, free = _check_entries(view, plan, policy)
+    if total > view.max_num_batched_tokens:
+        raise ContractViolation(policy, "token_budget",
+                                f"{total} tokens scheduled > "
+                                f"max_num_batched_tokens={view.max_num_batched_tokens}")
+    if blocks > free:
+        raise ContractViolation(policy, "kv_capacity",
+                                f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
+
+
+def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
+    """validate_plan's rules for any other plan, entry by entry: (total tokens, blocks needed,
+    blocks available)."""
+    live, sched = view.by_id, plan.num_scheduled_tokens
     if not set(map(type, sched.values())) <= {int}:
         rid, n = next((rid, n) for rid, n in sched.items() if type(n) is not int)
         raise ContractViolation(policy, "chunk_type",
@@ -293,19 +323,11 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
                 raise ContractViolation(policy, "chunk_bounds",
                                         f"request {rid} in prefill got {n} tokens, "
                                         f"allowed 1..{live[rid].remaining_tokens}")
-    total = len(sched) if all_decodes else sum(sched.values())
-    if total > view.max_num_batched_tokens:
-        raise ContractViolation(policy, "token_budget",
-                                f"{total} tokens scheduled > "
-                                f"max_num_batched_tokens={view.max_num_batched_tokens}")
     if all_decodes and not plan.preempt:
         full = _full(view)
-        blocks, free = (len(full) if len(sched) == len(decoding) else len(full & sched.keys())), view.num_free_blocks
-    else:
-        blocks, free = view.plan_kv(plan)
-    if blocks > free:
-        raise ContractViolation(policy, "kv_capacity",
-                                f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
+        blocks = len(full) if len(sched) == len(decoding) else len(full & sched.keys())
+        return len(sched), blocks, view.num_free_blocks
+    return sum(sched.values()), *view.plan_kv(plan)
 
 
 def _validate_swap(view: SchedulerView, plan: StepPlan, preempt_set: set, policy: str) -> None:

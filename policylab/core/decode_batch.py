@@ -41,6 +41,8 @@ class DecodeBatch:
     def become(self, ids: list) -> None:
         """Make `ids` the members, in order: kept when `ids` only extends them, else rebuilt."""
         have = len(self.ids)
+        if len(ids) == have and ids == self.ids:      # the steady state: the same members
+            return
         if ids[:have] != self.ids:
             self.clear()
             have = 0
@@ -85,10 +87,11 @@ class DecodeBatch:
     def batch(self) -> Batch:
         return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling)
 
-    def commit(self, decodes: list, needs_block: dict, all_decoding: bool, kv) -> Batch:
-        """Make `decodes` the members and give each its token's KV: a new block for those whose
-        last block is full (`needs_block`, every one of them when `all_decoding`)."""
-        self.become(decodes)
+    def commit(self, decodes: list, needs_block: dict, all_decoding: bool, kv, members: bool = False) -> Batch:
+        """Make `decodes` the members (`members`: they are already) and give each its token's KV: a
+        new block for those whose last block is full (`needs_block`, all of them when `all_decoding`)."""
+        if not members:
+            self.become(decodes)
         growing = list(needs_block) if all_decoding else needs_block.keys() & set(decodes)
         for rid in growing:
             kv.grow_one(self._all[rid].block_table)

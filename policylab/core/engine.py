@@ -19,7 +19,7 @@ from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
 from policylab.core.contract import (ContractViolation, RequestView, SchedulerView, StepPlan, private_copy,
                                      validate_plan)
-from policylab.core.batch import Batch, CommittedStep, DataPlane, StepResult, bad_duration
+from policylab.core.batch import Batch, CommittedStep, DataPlane, StepResult, bad_duration, joined
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import BlockManager, chain_hashes
@@ -65,11 +65,12 @@ class Engine:
         self._waiting = WaitingQueue(self.views)       # req_ids; changes cost what changed (§2 admit)
         self._waiting_view = QueueView(self._waiting)  # the policies' live, read-only window on it
         self._running: list = []
-        self._running_views = None       # (views, ids) of running, rebuilt when it changes
+        self._running_views = None       # views of running, rebuilt when it changes
+        self._decode_ids = self._decode_plan = None   # decoding req_ids in running order, {each: 1}
         self._decoding: dict = {}        # req_id -> None: running requests in decode (ordered set)
         self._needs_block: dict = {}     # req_id -> None: decoding ones whose last block is full
-        self._decoding_ro = MappingProxyType(self._decoding).keys()
-        self._needs_block_ro = MappingProxyType(self._needs_block).keys()
+        self._decoding_ro, self._needs_block_ro = (MappingProxyType(d).keys() for d in (self._decoding,
+                                                                                      self._needs_block))
         self.next_arrival = 0
         self._next_arrival_time = self._next_trace_arrival   # when more work can come (None: never)
         self.asleep = False              # a replica whose policy waits: no step until a delivery
@@ -84,8 +85,7 @@ class Engine:
                                          # still in its blocks (a P/D prefill replica copies it)
         self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
-        self._sampled: list = []         # since the last schedule(): req_ids given a token
-        self._arrived: list = []         #   and req_ids that arrived into waiting
+        self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
 
     running = property(lambda self: self._running)
     waiting = property(lambda self: [self.requests[rid] for rid in self._waiting.ids()],
@@ -93,7 +93,7 @@ class Engine:
 
     @running.setter
     def running(self, value: list) -> None:
-        self._running, self._running_views = value, None
+        self._running, self._running_views, self._decode_ids = value, None, None
 
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
         result = self.begin(on_request_done)
@@ -219,15 +219,18 @@ class Engine:
 
     # ---------------------------------------------------------- schedule
     def _view(self) -> SchedulerView:
-        kv = self.kv
+        kv, decoding = self.kv, self._decoding
         if self._running_views is None:
-            running_ids = tuple([r.req_id for r in self._running])
-            self._running_views = (tuple(map(self.views.__getitem__, running_ids)), running_ids)
-        running, running_ids = self._running_views
-        return SchedulerView(self.clock.now, self.step_index, self._waiting_view, running, self._decoding_ro,
-                             self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs, kv.block_size, kv.num_free,
-                             kv.num_blocks, self._views_ro, self._sampled, self._arrived, self._needs_block_ro,
-                             running_ids, self.host.num_free, self.host.num_blocks)
+            self._running_views = tuple([self.views[r.req_id] for r in self._running])
+        if self._decode_ids is None:
+            ids = [r.req_id for r in self._running]
+            self._decode_ids = tuple(ids if len(ids) == len(decoding) else [i for i in ids if i in decoding])
+            self._decode_plan = dict.fromkeys(self._decode_ids, 1)
+        return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
+                             self._decoding_ro, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
+                             kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
+                             self._arrived, self._needs_block_ro, self._decode_ids, self._decode_plan,
+                             self.host.num_free, self.host.num_blocks)
 
     def _schedule(self) -> Optional[CommittedStep]:
         """Ask the policy, validate its plan, commit it: the step to execute (None: nothing runs)."""
@@ -249,9 +252,8 @@ class Engine:
 
     def _idle_until_next_arrival(self) -> None:
         t = self._next_arrival_time()
-        if t == math.inf:
-            self.asleep = True
-        elif t is not None:
+        self.asleep = t == math.inf
+        if t is not None and not self.asleep:
             self.clock.idle_until(t)
 
     def _next_trace_arrival(self) -> Optional[float]:
@@ -259,16 +261,16 @@ class Engine:
 
     # ------------------------------------------------------------ commit
     def _commit(self, plan: StepPlan) -> Optional[CommittedStep]:
-        """Commit a valid plan. Without preemptions or rejections its running decodes (found by
-        their keys) go on the persistent decode batch and lead the batch; every other entry is
-        committed request by request."""
+        """Commit a valid plan: without preemptions or rejections its running decodes (found by their
+        keys) lead the batch on the persistent decode batch; every other entry goes one by one."""
         sched, decoding = plan.num_scheduled_tokens, self._decoding
+        same = (ids := list(sched)) == self._decode_batch.ids     # (the decode batch's members all decode)
         if plan.preempt or plan.reject:
             decodes, chunks = [], sched
-        elif sched.keys() <= decoding.keys():
-            decodes, chunks = list(sched), {}
+        elif same or all(map(decoding.__contains__, ids)):
+            decodes, chunks = ids, {}
         else:
-            decodes = [rid for rid in sched if rid in decoding]
+            decodes = [rid for rid in ids if rid in decoding]
             chunks = {rid: n for rid, n in sched.items() if rid not in decoding} if decodes else sched
         parts = self._commit_requests(chunks, plan.preempt, plan.reject, plan.swap) \
             if chunks or plan.preempt or plan.reject else None
@@ -276,16 +278,13 @@ class Engine:
             if parts is None or not parts[1]:
                 return None
             return CommittedStep(parts[0], 0, parts[1], len(plan.preempt), len(plan.reject))
-        db = self._decode_batch.commit(decodes, self._needs_block, len(decodes) == len(decoding), self.kv)
+        db = self._decode_batch.commit(decodes, self._needs_block, len(decodes) == len(decoding), self.kv,
+                                       same and not chunks)
         if self.dataplane.needs_token_ids:
             db.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decode_batch.requests]
         if parts is None:
             return CommittedStep(db, len(decodes), [], 0, 0)
-        p = parts[0]
-        batch = Batch(db.req_ids + p.req_ids, db.query_lens + p.query_lens, db.context_lens + p.context_lens,
-                      db.block_tables + p.block_tables, db.token_ids + p.token_ids, db.sample + p.sample,
-                      db.sampling + p.sampling)
-        return CommittedStep(batch, len(decodes), parts[1], 0, 0)
+        return CommittedStep(joined(db, parts[0]), len(decodes), parts[1], 0, 0)
 
     def _commit_requests(self, sched: dict, preempt: list, reject: dict, swap: list = ()) -> tuple:
         """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
@@ -345,7 +344,8 @@ class Engine:
     def _release(self, r: Request) -> None:
         """Free the request's KV (its computed blocks published first): it leaves the decoding sets."""
         self.kv.release_request(r, self.seed, r.own_prompt and r.status is Status.FINISHED)
-        self._decoding.pop(r.req_id, None)
+        if self._decoding.pop(r.req_id, 0) is None:
+            self._decode_ids = None
         self._needs_block.pop(r.req_id, None)
 
     def _swap_out(self, r: Request) -> None:
@@ -391,8 +391,7 @@ class Engine:
     def _postprocess(self, step: CommittedStep, result: StepResult) -> None:
         start = self.clock.now
         self.clock.advance(result.duration)
-        batch, n, now = step.batch, step.decodes, self.clock.now
-        sampled = result.sampled
+        batch, n, now, sampled = step.batch, step.decodes, self.clock.now, result.sampled
         finished = self._decode_batch.postprocess(sampled[:n] if step.requests else sampled, now, self._eos,
                                                   self._needs_block) if n else []
         prefill_tokens = n_prefill = 0
@@ -446,12 +445,14 @@ class Engine:
                     finished.append(r)
                     continue
             if is_decoding(r):          # decoding from now on (also a recompute one token short of the end)
-                decoding[rid] = None
+                if rid not in decoding:
+                    decoding[rid] = self._decode_ids = None
                 if after % bs == 0:
                     needs_block[rid] = None
                 else:
                     needs_block.pop(rid, None)
             else:
-                decoding.pop(rid, None)
+                if decoding.pop(rid, 0) is None:
+                    self._decode_ids = None
                 needs_block.pop(rid, None)
         return finished, prefill_tokens, n_prefill
