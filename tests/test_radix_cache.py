@@ -3,33 +3,17 @@ map wherever both apply, leaf-first eviction, and the invariant harness on Moonc
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 
 from policylab.core.config import EngineConfig
 from policylab.core.kv import BlockManager
 from policylab.core.radix import RadixTree
-from policylab.core.request import TraceRequest
 from policylab.testing.harness import Scenario, fingerprint, run_checked
+from policylab.testing.kv_traces import mooncake_style
 
 pytestmark = pytest.mark.timeout(300)
 SEGMENT = 32          # tokens per trace hash id (Mooncake's hash_ids cover 512; scaled down)
-
-
-def mooncake_style(n: int, seed: int, rate: float = 40.0) -> tuple:
-    """Mooncake-shaped requests: conversations whose turns extend a shared chain of hash ids
-    (a system prompt, then the history), with the last block partial and some private tail."""
-    rng, t, trace = random.Random(seed), 0.0, []
-    for i in range(n):
-        t += rng.expovariate(rate)
-        group, depth = rng.randrange(5), rng.randint(1, 6)
-        ids = (0,) + tuple(100 * (group + 1) + k for k in range(depth))
-        if rng.random() < 0.5:
-            ids += (10_000 + i,)
-        trace.append(TraceRequest(arrival_time=t, prompt_tokens=len(ids) * SEGMENT - rng.randrange(SEGMENT // 2),
-                                  output_tokens=rng.randint(2, 20), prefix_hashes=ids))
-    return tuple(trace)
 
 
 def replay(trace, engine: EngineConfig, index: str, policy: str = "chunked"):
