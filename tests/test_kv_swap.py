@@ -31,7 +31,9 @@ def test_swap_resumes_instead_of_recomputing_with_the_same_tokens():
     assert recompute.kv_tiers["recomputed_tokens"] > 0 and recompute.kv_tiers["swap_outs"] == 0
     stats = swap.kv_tiers
     assert stats["swap_outs"] > 0 and stats["swap_outs"] == stats["swap_ins"]
-    assert stats["swapped_out_blocks"] == stats["swapped_in_blocks"] > 0
+    # what is still in the device's prefix cache at swap-in is taken as hits, not copied back
+    assert stats["swapped_out_blocks"] == stats["swapped_in_blocks"] + stats["swap_in_cached_blocks"]
+    assert stats["swapped_in_blocks"] > 0 and stats["swap_in_cached_blocks"] > 0
     assert stats["recomputed_tokens"] == 0 and stats["transfer_time"] > 0
     for a, b in zip(recompute.requests, swap.requests):
         assert a.output_ids == b.output_ids          # the sim's ids depend on positions only

@@ -55,7 +55,7 @@ class Engine:
             self._block_bytes = float(dataplane.kv_block_bytes(cfg.block_size))
         self._moved_blocks = 0           # blocks swapped out or in since the last executed step
         self.kv_stats = {"swap_outs": 0, "swap_ins": 0, "swapped_out_blocks": 0, "swapped_in_blocks": 0,
-                         "transfer_time": 0.0, "recomputed_tokens": 0}
+                         "swap_in_cached_blocks": 0, "transfer_time": 0.0, "recomputed_tokens": 0}
         dataplane.allocate_kv(num_blocks, cfg.block_size)
         self.clock = make_clock(cfg.clock)
         self.requests: list = [None] * len(self.trace)
@@ -297,6 +297,7 @@ class Engine:
         starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
         starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
         hits = [kv.hits(r) for r in starting]      # as validated: before a release changes the cache
+        kv_hits = {r.req_id: h for r, h in zip(starting, hits) if r.swapped_blocks} if self.host.num_used else {}
         for rid, reason in reject.items():
             self._reject(reqs[rid], f"rejected by policy: {reason}")
         preempted = [reqs[rid] for rid in preempt]
@@ -316,15 +317,16 @@ class Engine:
                 r.first_scheduled_time = now
             if blocks:
                 kv.acquire(r.block_table, blocks)
-                r.num_computed_tokens = len(blocks) * bs
-                r.num_cached_tokens_total += r.num_computed_tokens
+                if not r.swapped_blocks:       # (a swapped request's hits are computed tokens it has)
+                    r.num_computed_tokens = len(blocks) * bs
+                    r.num_cached_tokens_total += r.num_computed_tokens
         ns = list(sched.values())
         ctxs = [r.num_computed_tokens for r in rs]
         for r, n, c in zip(rs, ns, ctxs):
             if c + n > len(r.block_table) * bs:
                 kv.grow(r.block_table, c + n)
             if r.swapped_blocks:
-                self._swap_in(r)
+                self._swap_in(r, len(kv_hits[r.req_id]))
         batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
                       [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                       [r.sampling for r in rs])
@@ -362,15 +364,17 @@ class Engine:
         self.kv_stats["swap_outs"] += 1
         self.kv_stats["swapped_out_blocks"] += n
 
-    def _swap_in(self, r: Request) -> None:
-        """Copy a swapped request's KV from the host tier into the device blocks just taken for it."""
+    def _swap_in(self, r: Request, cached: int) -> None:
+        """Copy a swapped request's KV from the host tier into the device blocks just taken for it;
+        its first `cached` blocks were still in the device's prefix cache (taken as hits): not copied."""
         n, payload = r.swapped_blocks, self.host.take(r.req_id)
-        if payload is not None:
-            self.dataplane.import_kv(r.block_table[:n], payload)
+        if payload is not None and n > cached:
+            self.dataplane.import_kv(r.block_table[cached:n], payload, cached)
         r.swapped_blocks = 0
-        self._moved_blocks += n
+        self._moved_blocks += n - cached
         self.kv_stats["swap_ins"] += 1
-        self.kv_stats["swapped_in_blocks"] += n
+        self.kv_stats["swapped_in_blocks"] += n - cached
+        self.kv_stats["swap_in_cached_blocks"] += cached
 
     def _with_transfer(self, result: StepResult) -> StepResult:
         """The step's result with its swap copies' transfer time in its duration."""

@@ -140,13 +140,16 @@ class BlockManager:
     # ---------------------------------------------- cost questions (the view and the validator ask)
     def hits(self, r) -> tuple:
         """Prefix-cache blocks request `r` would reuse if it started now (none once it holds KV or
-        has computed tokens; its last known token is always left to compute). Remembered until
-        the cache changes."""
-        if r.block_table or r.num_computed_tokens:
+        has computed tokens, unless swapped out: then its computed blocks still on the device need
+        no copy back; its last known token is always left to compute). Remembered until the
+        cache changes."""
+        if r.block_table or r.num_computed_tokens and not r.swapped_blocks:
             return ()
         blocks = self._hits.get(r.req_id)
         if blocks is None:
-            blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, (r.num_tokens - 1) // self.block_size)
+            most = r.num_computed_tokens // self.block_size if r.swapped_blocks else \
+                (r.num_tokens - 1) // self.block_size
+            blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, most)
         return blocks
 
     def blocks_needed(self, r, n: int) -> int:
@@ -156,7 +159,7 @@ class BlockManager:
             need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
             return need if need > 0 else 0
         hits = self.hits(r)
-        new = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(hits)
+        new = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
         return max(new, 0) + (self.reclaim_cost(hits) if hits else 0)
 
     def freed_by(self, r) -> int:
@@ -181,7 +184,7 @@ class BlockManager:
                 need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
             else:
                 hits = self.hits(r)
-                need = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(hits)
+                need = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
                 reclaimed.update(b for b in hits if ref[b] == released[b])
             if need > 0:
                 needed += need
