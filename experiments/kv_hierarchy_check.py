@@ -17,11 +17,13 @@ import argparse
 import contextlib
 import io
 import json
+import sys
 import tempfile
 from pathlib import Path
 
-from policylab.apps.cli import main
-from policylab.testing.kv_traces import mooncake_style
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # this checkout's policylab and policies
+from policylab.apps.cli import main  # noqa: E402
+from policylab.testing.kv_traces import mooncake_style  # noqa: E402
 
 
 def write_trace(path: Path, requests: int, rate: float, seed: int = 0) -> None:

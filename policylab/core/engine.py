@@ -30,7 +30,7 @@ from policylab.core.request import (NO_TOKENS, Request, SamplingParams, Status, 
                                     forget_done, is_decoding)
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.step_log import StepLog
-from policylab.core.swap import HostTier, make_link
+from policylab.core.swap import Swapper
 
 
 class Engine:
@@ -45,17 +45,8 @@ class Engine:
         check_engine_config(cfg)
         num_blocks = cfg.num_blocks or dataplane.num_kv_blocks(cfg.block_size)
         self.kv = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.prefix_cache)
-        self.host = HostTier(cfg.host_kv_blocks)      # swap preemption's tier (empty: swap is off)
-        self.link = make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
-        self._block_bytes = 0.0
-        if cfg.host_kv_blocks:
-            if not hasattr(dataplane, "kv_block_bytes"):
-                raise ValueError(f"engine.host_kv_blocks={cfg.host_kv_blocks}: data plane "
-                                 f"{type(dataplane).__name__} cannot say how many bytes a KV block holds")
-            self._block_bytes = float(dataplane.kv_block_bytes(cfg.block_size))
-        self._moved_blocks = 0           # blocks swapped out or in since the last executed step
-        self.kv_stats = {"swap_outs": 0, "swap_ins": 0, "swapped_out_blocks": 0, "swapped_in_blocks": 0,
-                         "swap_in_cached_blocks": 0, "transfer_time": 0.0, "recomputed_tokens": 0}
+        self.swap = Swapper(cfg, dataplane)           # swap preemption (an empty host tier: off)
+        self.host, self.kv_stats = self.swap.host, self.swap.stats
         dataplane.allocate_kv(num_blocks, cfg.block_size)
         self.clock = make_clock(cfg.clock)
         self.requests: list = [None] * len(self.trace)
@@ -162,8 +153,8 @@ class Engine:
             result = self.dataplane.execute(committed.batch)
             if not 0.0 <= result.duration < math.inf:     # (NaN fails too) a NaN clock would hang
                 raise bad_duration(self.dataplane, committed.batch, result.duration)   # the replay forever
-            if self._moved_blocks:
-                result = self._with_transfer(result)
+            if self.swap.moved_blocks:
+                result = self.swap.with_transfer(result)
             self._postprocess(committed, result)
 
     # ------------------------------------------------------------- admit
@@ -204,8 +195,7 @@ class Engine:
         if r.block_table:          # waiting with KV: prefilled elsewhere (receive_prefilled)
             self._release(r)
         if r.swapped_blocks:       # waiting with its KV on the host tier
-            self.host.take(r.req_id)
-            r.swapped_blocks = 0
+            self.swap.drop(r)
         r.status, r.reject_reason, r.finish_time = Status.REJECTED, reason, self.clock.now
         self._done(r)
 
@@ -304,7 +294,10 @@ class Engine:
         swapping = set(swap)
         for r in preempted:
             if r.req_id in swapping:
-                self._swap_out(r)
+                computed = r.num_computed_tokens
+                self.swap.swap_out(r, bs)
+                self._release(r)
+                r.num_computed_tokens = computed
             else:
                 self.kv_stats["recomputed_tokens"] += r.num_computed_tokens
                 self._release(r)
@@ -326,7 +319,7 @@ class Engine:
             if c + n > len(r.block_table) * bs:
                 kv.grow(r.block_table, c + n)
             if r.swapped_blocks:
-                self._swap_in(r, len(kv_hits[r.req_id]))
+                self.swap.swap_in(r, len(kv_hits[r.req_id]))
         batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
                       [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                       [r.sampling for r in rs])
@@ -349,39 +342,6 @@ class Engine:
         if self._decoding.pop(r.req_id, 0) is None:
             self._decode_ids = None
         self._needs_block.pop(r.req_id, None)
-
-    def _swap_out(self, r: Request) -> None:
-        """Copy a preempted request's computed blocks to the host tier, then free its device KV: it
-        waits with its computed tokens and resumes exactly there."""
-        n = -(-r.num_computed_tokens // self.kv.block_size)
-        export = getattr(self.dataplane, "export_kv", None)
-        payload = export(r.block_table[:n]).to("cpu") if export is not None else None
-        self.host.put(r.req_id, n, payload, r.num_computed_tokens)
-        computed = r.num_computed_tokens
-        self._release(r)
-        r.num_computed_tokens, r.swapped_blocks = computed, n
-        self._moved_blocks += n
-        self.kv_stats["swap_outs"] += 1
-        self.kv_stats["swapped_out_blocks"] += n
-
-    def _swap_in(self, r: Request, cached: int) -> None:
-        """Copy a swapped request's KV from the host tier into the device blocks just taken for it;
-        its first `cached` blocks were still in the device's prefix cache (taken as hits): not copied."""
-        n, payload = r.swapped_blocks, self.host.take(r.req_id)
-        if payload is not None and n > cached:
-            self.dataplane.import_kv(r.block_table[cached:n], payload, cached)
-        r.swapped_blocks = 0
-        self._moved_blocks += n - cached
-        self.kv_stats["swap_ins"] += 1
-        self.kv_stats["swapped_in_blocks"] += n - cached
-        self.kv_stats["swap_in_cached_blocks"] += cached
-
-    def _with_transfer(self, result: StepResult) -> StepResult:
-        """The step's result with its swap copies' transfer time in its duration."""
-        transfer = self.link.transfer_time(self._moved_blocks, self._block_bytes)
-        self._moved_blocks = 0
-        self.kv_stats["transfer_time"] += transfer
-        return StepResult(result.sampled, self.link.step_duration(result.duration, transfer))
 
     def _check_progress(self, progressed: bool) -> None:
         """Liveness: a preempt/requeue livelock ends the run instead of spinning forever."""

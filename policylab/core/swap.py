@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policylab.core.batch import StepResult
+
 # (bandwidth in bytes/s one way, latency in s per transfer): effective one-direction rates.
 LINK_PRESETS = {
     "pcie4": (25e9, 10e-6),       # PCIe 4.0 x16: 32 GB/s raw, about 25 GB/s achieved by pinned copies
@@ -103,3 +105,56 @@ class HostTier:
         held = [b for blocks, _, _ in self._held.values() for b in blocks]
         assert len(held) + len(self._free) == self.num_blocks, "host tier: used + free != total"
         assert len(set(held) | set(self._free)) == self.num_blocks, "host tier: a block is lost or counted twice"
+
+
+class Swapper:
+    """The engine's side of swap preemption: the host tier, the link, the blocks moved since the
+    last executed step (their transfer is charged to the next one) and the run's counters."""
+
+    def __init__(self, cfg, dataplane):
+        self.host = HostTier(cfg.host_kv_blocks)
+        self.link = make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
+        self.dataplane, self.block_bytes, self.moved_blocks = dataplane, 0.0, 0
+        if cfg.host_kv_blocks:
+            if not hasattr(dataplane, "kv_block_bytes"):
+                raise ValueError(f"engine.host_kv_blocks={cfg.host_kv_blocks}: data plane "
+                                 f"{type(dataplane).__name__} cannot say how many bytes a KV block holds")
+            self.block_bytes = float(dataplane.kv_block_bytes(cfg.block_size))
+        self.stats = {"swap_outs": 0, "swap_ins": 0, "swapped_out_blocks": 0, "swapped_in_blocks": 0,
+                      "swap_in_cached_blocks": 0, "transfer_time": 0.0, "recomputed_tokens": 0}
+
+    def swap_out(self, r, block_size: int) -> None:
+        """Copy a preempted request's computed blocks to the host tier (the engine then frees its
+        device KV; it keeps its computed tokens and resumes exactly there)."""
+        n = -(-r.num_computed_tokens // block_size)
+        export = getattr(self.dataplane, "export_kv", None)
+        payload = export(r.block_table[:n]).to("cpu") if export is not None else None
+        self.host.put(r.req_id, n, payload, r.num_computed_tokens)
+        r.swapped_blocks = n
+        self.moved_blocks += n
+        self.stats["swap_outs"] += 1
+        self.stats["swapped_out_blocks"] += n
+
+    def swap_in(self, r, cached: int) -> None:
+        """Copy a swapped request's KV from the host tier into the device blocks just taken for it;
+        its first `cached` blocks were still in the device's prefix cache (taken as hits): not copied."""
+        n, payload = r.swapped_blocks, self.host.take(r.req_id)
+        if payload is not None and n > cached:
+            self.dataplane.import_kv(r.block_table[cached:n], payload, cached)
+        r.swapped_blocks = 0
+        self.moved_blocks += n - cached
+        self.stats["swap_ins"] += 1
+        self.stats["swapped_in_blocks"] += n - cached
+        self.stats["swap_in_cached_blocks"] += cached
+
+    def drop(self, r) -> None:
+        """A swapped request leaves without running again (rejected): its host blocks are freed."""
+        self.host.take(r.req_id)
+        r.swapped_blocks = 0
+
+    def with_transfer(self, result: StepResult) -> StepResult:
+        """The step's result with the swap copies' transfer time in its duration."""
+        transfer = self.link.transfer_time(self.moved_blocks, self.block_bytes)
+        self.moved_blocks = 0
+        self.stats["transfer_time"] += transfer
+        return StepResult(result.sampled, self.link.step_duration(result.duration, transfer))
