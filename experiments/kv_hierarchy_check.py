@@ -4,8 +4,9 @@ the numbers go in docs/kv-hierarchy.md).
 A Mooncake-format trace from `policylab.testing.kv_traces.mooncake_style` (conversations that
 extend one shared system prompt, 512-token hash ids, Poisson arrivals) replays on the sim plane
 (Llama-3-8B shape on an H100) with a small KV cache, so the levers matter:
-  swap      — chunked, preemption by recompute vs by swap over PCIe 4 and NVLink-C2C: TTFT/TPOT
-              p99, preemptions, recomputed tokens, blocks moved, transfer time;
+  swap      — chunked, preemption by recompute vs by swap over PCIe 4 and NVLink-C2C, with the
+              prefix cache on and off: TTFT/TPOT p99, preemptions, recomputed tokens, blocks
+              moved, transfer time;
   index     — the chained-hash map vs the radix tree (engine.prefix_cache): hit rate, TTFT;
   lpm       — FCFS chunked vs lpm (aging 1000 tokens/s) vs lpm without aging: hit rate, TTFT
               p50/p99 and the worst TTFT (the starvation aging bounds).
@@ -67,7 +68,9 @@ def main_check() -> None:
     for name, extra in (("recompute", []), ("swap pcie4", ["policy.preempt_mode=swap", "engine.swap_link=pcie4"]),
                         ("swap pcie4 overlapped", ["policy.preempt_mode=swap", "engine.swap_link=pcie4",
                                                    "engine.swap_overlap=true"]),
-                        ("swap nvlink_c2c", ["policy.preempt_mode=swap", "engine.swap_link=nvlink_c2c"])):
+                        ("swap nvlink_c2c", ["policy.preempt_mode=swap", "engine.swap_link=nvlink_c2c"]),
+                        ("recompute, no cache", ["engine.enable_prefix_caching=false"]),
+                        ("swap pcie4, no cache", ["policy.preempt_mode=swap", "engine.enable_prefix_caching=false"])):
         s = run(trace, out, name.replace(" ", "_"), ["policy=chunked", *kv, *host, *extra])
         h = s["kv_hierarchy"]
         print(f"{name:24} {ms(s['ttft']['p99']):>9} {ms(s['tpot']['p99']):>9} {s['preemptions']:>8} "
