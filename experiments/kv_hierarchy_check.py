@@ -71,7 +71,7 @@ def main_check() -> None:
                         ("swap nvlink_c2c", ["policy.preempt_mode=swap", "engine.swap_link=nvlink_c2c"]),
                         ("recompute, no cache", ["engine.enable_prefix_caching=false"]),
                         ("swap pcie4, no cache", ["policy.preempt_mode=swap", "engine.enable_prefix_caching=false"])):
-        s = run(trace, out, name.replace(" ", "_"), ["policy=chunked", *kv, *host, *extra])
+        s = run(trace, out, name.replace(",", "").replace(" ", "_"), ["policy=chunked", *kv, *host, *extra])
         h = s["kv_hierarchy"]
         print(f"{name:24} {ms(s['ttft']['p99']):>9} {ms(s['tpot']['p99']):>9} {s['preemptions']:>8} "
               f"{h['recomputed_tokens']:>11,} {h['swapped_out_blocks'] + h['swapped_in_blocks']:>10,} "

@@ -12,6 +12,9 @@ Aging bounds starvation: a request x is never passed by a request y arriving mor
 (cached(y) − cached(x)) / aging_rate seconds after it (aging_rate in tokens per second;
 0 disables aging, and a request with no hits can then wait for ever behind a stream of
 requests that hit).
+Cost: each step sorts the waiting queue by its current hits (a lookup per waiting request
+whenever the cache changed); SGLang falls back to FCFS past 128 waiting requests, this policy
+does not.
 Sources: Zheng et al., "SGLang: Efficient Execution of Structured Language Model Programs",
 NeurIPS'24 §3 (cache-aware scheduling, longest-prefix-match order); SGLang
 `schedule_policy.py` (`lpm`).
