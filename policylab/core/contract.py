@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import is_
+from operator import is_, itemgetter
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
 from policylab.core.request import is_decoding
@@ -101,72 +101,67 @@ _FACTS = ("clock", "step", "waiting", "running", "decoding", "max_num_batched_to
           "block_size", "num_free_blocks", "num_total_blocks", "by_id", "sampled", "arrived")
 
 
-class SchedulerView:
+class DecodeFacts:
+    """What the validator and `decode_tokens` know of the decoding requests: those whose last block
+    is full (a live read-only set), their ids in running order, and the plan {each: 1} that
+    `decode_tokens` copies. The engine makes one when the decoding requests change."""
+
+    __slots__ = ("full", "ids", "plan")
+
+    def __init__(self, full: AbstractSet[int], ids: tuple):
+        self.full, self.ids, self.plan = full, ids, dict.fromkeys(ids, 1)
+
+
+class SchedulerView(tuple):
     """Everything a policy may read in one step: facts, and the KV questions a policy asks.
 
-    Read-only: no field can be set, every value is a tuple, a read-only mapping or set, or a view,
-    and no attribute leads from it to engine state. The engine validates a plan against the
-    view it built, so a policy cannot raise its own limits.
+    Read-only (an immutable tuple of its facts): every value is a tuple, a read-only mapping or
+    set, or a view, and no attribute leads from it to engine state. The engine validates a plan
+    against the view it built, so a policy cannot raise its own limits.
+
+    clock, step          seconds on the replay clock; steps executed so far
+    waiting              RequestViews in queue order: preempted requests first (latest preemption
+                         first), then arrivals
+    running              RequestViews, in the order they started running
+    decoding             req_ids of running requests whose next step is one decode token
+                         (`decode_tokens()` lists them in running order)
+    max_num_batched_tokens, max_num_seqs     the step's budgets
+    block_size, num_free_blocks, num_total_blocks   the KV cache
+    by_id                every waiting and running request by req_id
+    sampled, arrived     what changed since the previous schedule() call: req_ids the last step
+                         gave a token (finished ones included), req_ids that arrived into waiting
+    num_free_host_blocks, num_total_host_blocks   the host tier for swap preemption
+                         (`StepPlan.swap`; engine.host_kv_blocks, 0: swap is off)
     """
 
-    clock: float                     # seconds on the replay clock
-    step: int                        # steps executed so far
-    waiting: Sequence[RequestView]   # queue order: preempted requests first (latest preemption
-                                     # first), then arrivals
-    running: tuple                   # RequestView, in the order they started running
-    decoding: AbstractSet[int]       # req_ids of running requests whose next step is one decode
-                                     # token (`decode_tokens()` lists them in running order)
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    block_size: int
-    num_free_blocks: int
-    num_total_blocks: int
-    by_id: Mapping[int, RequestView]  # every waiting and running request
-    # What changed since the previous schedule() call, so a policy can keep orderings and
-    # counters across steps and update only what moved.
-    sampled: Sequence[int]           # req_ids given an output token by the last executed step
-                                     # (batch order; those that then finished included)
-    arrived: Sequence[int]           # req_ids that joined `waiting` as new arrivals (in order)
+    __slots__ = ()
 
-    num_free_host_blocks: int        # host-tier KV blocks free for swap preemption (StepPlan.swap)
-    num_total_host_blocks: int       # engine.host_kv_blocks (0: swap is off)
-
-    __slots__ = _FACTS + ("num_free_host_blocks", "num_total_host_blocks", "_full", "_decode_ids", "_decode_plan")
-
-    def __init__(self, clock: float, step: int, waiting: Sequence, running: tuple, decoding: AbstractSet[int],
-                 max_num_batched_tokens: int, max_num_seqs: int, block_size: int, num_free_blocks: int,
-                 num_total_blocks: int, by_id: Mapping, sampled: Sequence = (), arrived: Sequence = (),
-                 decode_full: AbstractSet[int] = frozenset(), decode_ids: tuple | None = None,
-                 decode_plan: dict | None = None, num_free_host_blocks: int = 0, num_total_host_blocks: int = 0):
-        _set_facts(self, clock, step, waiting, running, decoding, max_num_batched_tokens, max_num_seqs, block_size,
-                   num_free_blocks, num_total_blocks, by_id, sampled, arrived)
-        object.__setattr__(self, "num_free_host_blocks", num_free_host_blocks)
-        object.__setattr__(self, "num_total_host_blocks", num_total_host_blocks)
-        _set_full(self, decode_full)
-        ids = tuple(v.req_id for v in running if v.req_id in decoding) if decode_ids is None else decode_ids
-        _set_decode_ids(self, ids)
-        _set_decode_plan(self, dict.fromkeys(ids, 1) if decode_plan is None else decode_plan)
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"the scheduler view is read-only (cannot set {name!r})")
-
-    __delattr__ = __setattr__
+    def __new__(cls, clock: float, step: int, waiting: Sequence, running: tuple, decoding: AbstractSet[int],
+                max_num_batched_tokens: int, max_num_seqs: int, block_size: int, num_free_blocks: int,
+                num_total_blocks: int, by_id: Mapping, sampled: Sequence = (), arrived: Sequence = (),
+                decode: DecodeFacts | None = None, num_free_host_blocks: int = 0, num_total_host_blocks: int = 0):
+        if decode is None:
+            decode = DecodeFacts(frozenset(), tuple(v.req_id for v in running if v.req_id in decoding))
+        return tuple.__new__(cls, (clock, step, waiting, running, decoding, max_num_batched_tokens, max_num_seqs,
+                                   block_size, num_free_blocks, num_total_blocks, by_id, sampled, arrived, decode,
+                                   num_free_host_blocks, num_total_host_blocks))
 
     def replace(self, **changes) -> "SchedulerView":
         """A copy with some facts changed (for tests and what-if questions: the engine keeps its own)."""
-        facts = {name: getattr(self, name) for name in _FACTS + ("num_free_host_blocks", "num_total_host_blocks")}
+        facts = dict(zip(_FACTS, self), num_free_host_blocks=self.num_free_host_blocks,
+                     num_total_host_blocks=self.num_total_host_blocks)
         facts.update(changes)
-        return SchedulerView(**facts, decode_full=_full(self))
+        return SchedulerView(**facts, decode=_decode(self))
 
     def decode_tokens(self) -> dict:
         """A new {req_id: 1} for every decoding request, in running order: "every decode gets its
         token", to return as a plan or to extend with prefill chunks."""
-        return dict(_decode_plan(self))
+        return dict(_decode(self).plan)
 
     @property
     def decode_blocks_needed(self) -> int:
         """Free blocks that giving every decoding request its token takes (one per full last block)."""
-        return len(_full(self))
+        return len(_decode(self).full)
 
     def blocks_needed(self, v: RequestView, n: int) -> int:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
@@ -186,7 +181,7 @@ class SchedulerView:
         A cache hit on a block that nobody holds after the preemptions takes a free block
         (counted once even when several requests hit it). Every id must be in `by_id`.
         """
-        sched, live, full = plan.num_scheduled_tokens, self.by_id, _full(self)
+        sched, live, full = plan.num_scheduled_tokens, self.by_id, _decode(self).full
         if not sched and not plan.preempt:
             return 0, self.num_free_blocks
         kv = _kv(live[next(iter(sched or plan.preempt))])
@@ -202,15 +197,11 @@ class SchedulerView:
                 f"running={len(self.running)}, decoding={len(self.decoding)}, free_blocks={self.num_free_blocks})")
 
 
-_full, _set_full = hide_slot(SchedulerView, "_full")   # decoding req_ids whose last block is full
-_decode_ids, _set_decode_ids = hide_slot(SchedulerView, "_decode_ids")   # decoding, in running order
-_decode_plan, _set_decode_plan = hide_slot(SchedulerView, "_decode_plan")   # {each of them: 1}, copied out
-_FACT_SETTERS = tuple(SchedulerView.__dict__[name].__set__ for name in _FACTS)
-
-
-def _set_facts(view: SchedulerView, *values) -> None:
-    for set_fact, value in zip(_FACT_SETTERS, values):
-        set_fact(view, value)
+for _i, _name in enumerate(_FACTS):
+    setattr(SchedulerView, _name, property(itemgetter(_i), doc=f"the view's `{_name}`"))
+_decode = itemgetter(len(_FACTS))        # the view's DecodeFacts
+SchedulerView.num_free_host_blocks = property(itemgetter(len(_FACTS) + 1), doc="free host-tier KV blocks")
+SchedulerView.num_total_host_blocks = property(itemgetter(len(_FACTS) + 2), doc="engine.host_kv_blocks")
 
 
 @dataclass
@@ -239,9 +230,11 @@ def private_copy(plan, policy: str) -> StepPlan:
     if not isinstance(plan, StepPlan):
         raise ContractViolation(policy, "plan_type",
                                 f"schedule() must return a StepPlan, got {type(plan).__name__}")
+    copy = object.__new__(StepPlan)          # (a plain StepPlan, whatever class the policy's is)
     try:
-        return StepPlan(dict(plan.num_scheduled_tokens), list(plan.preempt), dict(plan.reject),
-                        list(getattr(plan, "swap", ())))
+        copy.num_scheduled_tokens, copy.preempt, copy.reject, copy.swap = \
+            dict(plan.num_scheduled_tokens), list(plan.preempt), dict(plan.reject), list(getattr(plan, "swap", ()))
+        return copy
     except (TypeError, ValueError) as e:
         raise ContractViolation(policy, "plan_type", f"the plan's fields must be a mapping, a list and a "
                                 f"mapping: {e}") from None
@@ -257,13 +250,14 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
     if len(sched) > view.max_num_seqs:
         raise ContractViolation(policy, "seq_cap",
                                 f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
-    decode_ids = _decode_ids(view)
+    decode = _decode(view)
+    decode_ids = decode.ids
     if len(sched) == len(decode_ids) and not plan.preempt and not plan.reject and not plan.swap \
             and tuple(sched) == decode_ids \
             and all(map(is_, sched.values(), repeat(1))):
         # every decoding request, in running order, one token each (`is 1`: the int 1, not a value
         # equal to it): every rule but the totals holds; each takes a block iff its last one is full
-        total, blocks, free = len(sched), len(_full(view)), view.num_free_blocks
+        total, blocks, free = len(sched), len(decode.full), view.num_free_blocks
     else:
         total, blocks, free = _check_entries(view, plan, policy)
     if total > view.max_num_batched_tokens:
@@ -325,7 +319,7 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
                                         f"request {rid} in prefill got {n} tokens, "
                                         f"allowed 1..{live[rid].remaining_tokens}")
     if all_decodes and not plan.preempt:
-        full = _full(view)
+        full = _decode(view).full
         blocks = len(full) if len(sched) == len(decoding) else len(full & sched.keys())
         return len(sched), blocks, view.num_free_blocks
     return sum(sched.values()), *view.plan_kv(plan)

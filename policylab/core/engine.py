@@ -17,8 +17,8 @@ import numpy as np
 from policylab.core.admission import never_fits, predict_output
 from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
-from policylab.core.contract import (ContractViolation, RequestView, SchedulerView, StepPlan, private_copy,
-                                     validate_plan)
+from policylab.core.contract import (ContractViolation, DecodeFacts, RequestView, SchedulerView, StepPlan,
+                                     private_copy, validate_plan)
 from policylab.core.batch import Batch, CommittedStep, DataPlane, StepResult, bad_duration, joined
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.gc_freeze import FrozenHeap
@@ -57,7 +57,7 @@ class Engine:
         self._waiting_view = QueueView(self._waiting)  # the policies' live, read-only window on it
         self._running: list = []
         self._running_views = None       # views of running, rebuilt when it changes
-        self._decode_ids = self._decode_plan = None   # decoding req_ids in running order, {each: 1}
+        self._decode_facts = None        # the view's DecodeFacts, rebuilt when running or decoding change
         self._decoding: dict = {}        # req_id -> None: running requests in decode (ordered set)
         self._needs_block: dict = {}     # req_id -> None: decoding ones whose last block is full
         self._decoding_ro, self._needs_block_ro = (MappingProxyType(d).keys() for d in (self._decoding,
@@ -84,7 +84,7 @@ class Engine:
 
     @running.setter
     def running(self, value: list) -> None:
-        self._running, self._running_views, self._decode_ids = value, None, None
+        self._running, self._running_views, self._decode_facts = value, None, None
 
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
         result = self.begin(on_request_done)
@@ -212,14 +212,14 @@ class Engine:
         kv, decoding = self.kv, self._decoding
         if self._running_views is None:
             self._running_views = tuple([self.views[r.req_id] for r in self._running])
-        if self._decode_ids is None:
+        if self._decode_facts is None:
             ids = [r.req_id for r in self._running]
-            self._decode_ids = tuple(ids if len(ids) == len(decoding) else [i for i in ids if i in decoding])
-            self._decode_plan = dict.fromkeys(self._decode_ids, 1)
+            self._decode_facts = DecodeFacts(self._needs_block_ro, tuple(
+                ids if len(ids) == len(decoding) else [i for i in ids if i in decoding]))
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
                              self._decoding_ro, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
                              kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
-                             self._arrived, self._needs_block_ro, self._decode_ids, self._decode_plan,
+                             self._arrived, self._decode_facts,
                              self.host.num_free, self.host.num_blocks)
 
     def _schedule(self) -> Optional[CommittedStep]:
@@ -340,7 +340,7 @@ class Engine:
         """Free the request's KV (its computed blocks published first): it leaves the decoding sets."""
         self.kv.release_request(r, self.seed, r.own_prompt and r.status is Status.FINISHED)
         if self._decoding.pop(r.req_id, 0) is None:
-            self._decode_ids = None
+            self._decode_facts = None
         self._needs_block.pop(r.req_id, None)
 
     def _check_progress(self, progressed: bool) -> None:
@@ -410,13 +410,13 @@ class Engine:
                     continue
             if is_decoding(r):          # decoding from now on (also a recompute one token short of the end)
                 if rid not in decoding:
-                    decoding[rid] = self._decode_ids = None
+                    decoding[rid] = self._decode_facts = None
                 if after % bs == 0:
                     needs_block[rid] = None
                 else:
                     needs_block.pop(rid, None)
             else:
                 if decoding.pop(rid, 0) is None:
-                    self._decode_ids = None
+                    self._decode_facts = None
                 needs_block.pop(rid, None)
         return finished, prefill_tokens, n_prefill
