@@ -39,6 +39,9 @@ def test_radix_under_eviction_pressure_passes_the_harness(seed):
     hashed, radix = replay(trace, tight, "hash"), replay(trace, tight, "radix")
     hits = lambda res: sum(r.num_cached_tokens_total for r in res.requests)
     assert hits(radix) > 0 and hits(hashed) > 0
+    first_hits = lambda res: sum(r.num_cached_tokens_total for r in res.requests if not r.num_preemptions)
+    roomy = replay(trace, ROOMY, "radix")
+    assert first_hits(radix) < first_hits(roomy)          # the small cache evicted prefixes others wanted
     assert all(r.output_ids for r in radix.requests if r.status.value == "finished")
 
 
