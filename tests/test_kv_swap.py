@@ -175,3 +175,18 @@ def test_rejecting_a_swapped_request_frees_its_host_blocks():
     rejected = [r for r in result.requests if r.status.value == "rejected"]
     assert rejected and all(r.swapped_blocks == 0 for r in rejected)
     assert result.kv_tiers["swap_outs"] > result.kv_tiers["swap_ins"]   # (the harness checks no leak at drain)
+
+
+def test_the_view_shows_the_host_tier_and_replace_keeps_it():
+    seen = []
+
+    class Watching(Chunked):
+        def schedule(self, view):
+            seen.append((view.num_free_host_blocks, view.num_total_host_blocks,
+                         view.replace(step=-1).num_free_host_blocks,
+                         sum(view.by_id[rid].num_host_blocks for rid in view.by_id)))
+            return super().schedule(view)
+
+    replay("swap", policy=lambda: Watching(chunk_size=64, preempt_mode="swap"))
+    assert all(total == 64 and again == free and free + held == 64 for free, total, again, held in seen)
+    assert any(held for *_, held in seen)
