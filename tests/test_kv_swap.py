@@ -158,6 +158,10 @@ def test_cli_run_with_swap_writes_the_kv_hierarchy(tmp_path):
     stats = summary["kv_hierarchy"]
     assert stats["swap_outs"] > 0 and stats["swap_ins"] == stats["swap_outs"]
     assert summary["counts"]["finished"] == summary["counts"]["requests"]
+    from policylab.analysis.run_table import collect_runs
+    table, _ = collect_runs([tmp_path])
+    assert table["swap transfer (s)"].iloc[0] == pytest.approx(stats["transfer_time"])
+    assert table["recomputed tokens"].iloc[0] == stats["recomputed_tokens"]
 
 
 class _RejectsSwapped(Chunked):

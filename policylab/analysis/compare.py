@@ -24,6 +24,7 @@ from policylab.analysis.run_table import COLUMNS, CompareError, collect_runs, fi
 PRINTED = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)", "ITL p99 (ms)",
            "E2E p99 (s)", "preemptions", "KV peak (%)")
 CLUSTER_PRINTED = ("prefix hit (%)", "load imbalance", "goodput/GPU (req/s)")   # when a run is a cluster
+KV_PRINTED = ("recomputed tokens", "swap transfer (s)")   # when a run has a host tier (engine.host_kv_blocks)
 
 
 def print_table(agg, marks, common) -> None:
@@ -36,6 +37,7 @@ def print_table(agg, marks, common) -> None:
     table = Table(title=title + (f" (common: {' '.join(common)})" if common else ""), title_justify="left")
     cluster = tuple(m for m in CLUSTER_PRINTED[1:] if m in agg and agg[m].notna().any())
     printed = PRINTED + (CLUSTER_PRINTED[:1] + cluster if cluster else ())
+    printed += tuple(m for m in KV_PRINTED if m in agg and agg[m].notna().any())
     shown = display_table(agg, printed, marks, lambda t: f"[bold green]{t}*[/]")
     for i, h in enumerate(shown.columns):
         table.add_column(h.replace(" (", "\n("), justify="left" if i == 0 else "right")

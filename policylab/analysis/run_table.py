@@ -45,6 +45,8 @@ COLUMNS = (
     Column("prefix hit (%)", ("prefix_cache_hit_rate",), 100.0, "max", 1),
     Column("load imbalance", ("cluster", "load_imbalance"), 1.0, "min", 3),       # cluster runs only
     Column("goodput/GPU (req/s)", ("cluster", "goodput_per_gpu"), 1.0, "max", 3),
+    Column("recomputed tokens", ("kv_hierarchy", "recomputed_tokens"), 1.0, "min", 0),   # host tier on only
+    Column("swap transfer (s)", ("kv_hierarchy", "transfer_time"), 1.0, "min", 3),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]
