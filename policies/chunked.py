@@ -8,6 +8,10 @@ the tail of running (latest started, not yet scheduled this step) is preempted a
 recomputed later; a step that preempts admits nothing new (as vLLM v1). Admission stops
 at max_num_seqs running requests or when the budget is spent.
 
+`preempt_mode=swap` (vLLM's `preemption_mode="swap"`) swaps a victim's KV out to the host tier
+(engine.host_kv_blocks) instead, when it fits there, and recomputes it otherwise; a swapped
+request waits at the head of the queue and is swapped back in when admitted again.
+
 `max_partial_prefills` is vLLM's `max_num_partial_prefills` (default 1): at most that many
 requests may hold a started, unfinished prefill after a step. With k > 1 each prefill gets
 at most budget // min(k, prefill candidates) tokens (vLLM v0's partial-prefill budget
@@ -33,8 +37,10 @@ from policylab import Policy, RequestView, SchedulerView, StepPlan
 class _Step:
     """Mutable bookkeeping of one schedule() call."""
 
-    def __init__(self, view: SchedulerView, budget: int, slot: int, pending: list, seqs: int, partials: int):
+    def __init__(self, view: SchedulerView, budget: int, slot: int, pending: list, seqs: int, partials: int,
+                 swap: bool = False):
         self.view, self.plan = view, StepPlan()
+        self.host_free = view.num_free_host_blocks if swap else 0   # 0: every victim recomputes
         self.budget, self.free, self.slot = budget, view.num_free_blocks, slot
         self.pending = pending            # running, in running order, not yet served: victims from the tail
         self.taken: set = set()           # req_ids of `pending` scheduled or preempted this step
@@ -55,6 +61,11 @@ class _Step:
 
     def preempt(self, v: RequestView) -> None:
         self.plan.preempt.append(v.req_id)
+        if self.host_free:
+            need = self.view.host_blocks_needed(v)
+            if need <= self.host_free:
+                self.plan.swap.append(v.req_id)
+                self.host_free -= need
         self.taken.add(v.req_id)
         self.free += self.view.blocks_freed_by_preempting(v)
         self.seqs -= 1
@@ -79,8 +90,11 @@ class Chunked(Policy):
     properties = ("stall_free", "chunk_budget")
 
     def __init__(self, name: str | None = None, chunk_size: int | None = 512,
-                 max_partial_prefills: int = 1):
+                 max_partial_prefills: int = 1, preempt_mode: str = "recompute"):
         super().__init__(name or "chunked")
+        if preempt_mode not in ("recompute", "swap"):
+            raise ValueError(f"{self.name}: preempt_mode must be 'recompute' or 'swap', got {preempt_mode!r}")
+        self.preempt_mode = preempt_mode
         if chunk_size is not None and (type(chunk_size) is not int or chunk_size < 1):
             raise ValueError(f"{self.name}: chunk_size must be a positive int or null, got {chunk_size!r}")
         if type(max_partial_prefills) is not int or max_partial_prefills < 1:
@@ -126,11 +140,12 @@ class Chunked(Policy):
         sharing = min(self.max_partial_prefills, len(prefills) + len(view.waiting))
         slot = max(1, budget // max(1, sharing))        # each prefill's share of the budget
         if view.decode_blocks_needed <= view.num_free_blocks:     # every decode fits: no victim
-            s = _Step(view, budget, slot, self.running_order(view, prefills), len(view.running), len(prefills))
+            s = _Step(view, budget, slot, self.running_order(view, prefills), len(view.running), len(prefills),
+                      self.preempt_mode == "swap")
             self._all_decodes(s)
         else:
             running = self.running_order(view, list(view.running))
-            s = _Step(view, budget, slot, running, len(running), len(prefills))
+            s = _Step(view, budget, slot, running, len(running), len(prefills), self.preempt_mode == "swap")
             self._decodes(s, [v for v in running if v.req_id in decoding])
         s.plan.reject = self.rejections(view)
         if not prefills and (s.plan.preempt or len(view.waiting) == len(s.plan.reject)):

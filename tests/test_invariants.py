@@ -13,10 +13,10 @@ from policies.prefill_first import PrefillFirst
 from policies.priority import Priority
 from policylab.core.contract import StepPlan
 from policylab.testing import InvariantViolation, check_policy, run_checked
-from policylab.testing.strategies import scenarios
+from policylab.testing.strategies import lever_scenarios, scenarios
 from policylab.testing.suite import (pressure_scenario, pytest_generate_tests,  # noqa: F401
                                      test_invariants_on_generated_scenarios,
-                                     test_invariants_under_kv_pressure)
+                                     test_invariants_under_kv_pressure, test_invariants_with_kv_levers_on)
 
 
 VARIANTS = {   # parameter settings the shipped YAMLs do not use
@@ -30,12 +30,23 @@ VARIANTS = {   # parameter settings the shipped YAMLs do not use
                           "weights": {"alice": 3, "bob": 0.5}},
     "priority_fast_aging": {"_target_": "policies.priority.Priority", "aging_rate": 50.0},
 }
+SWAP_VARIANTS = {   # policies that swap, on engines with and without a host tier
+    "chunked_swap": {"_target_": "policies.chunked.Chunked", "chunk_size": 64, "preempt_mode": "swap"},
+    "lpm_swap": {"_target_": "policies.lpm.LongestPrefixMatch", "chunk_size": 64, "preempt_mode": "swap"},
+    "lpm_slow_aging": {"_target_": "policies.lpm.LongestPrefixMatch", "aging_rate": 5.0},
+}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @given(scenario=scenarios())
 def test_invariants_of_parameter_variants(variant, scenario):
     check_policy(VARIANTS[variant], scenario)
+
+
+@pytest.mark.parametrize("variant", sorted(SWAP_VARIANTS))
+@given(scenario=lever_scenarios())
+def test_invariants_of_swapping_policies_with_kv_levers(variant, scenario):
+    check_policy(SWAP_VARIANTS[variant], scenario)
 
 
 def test_pressure_scenario_preempts_and_hits_the_prefix_cache():

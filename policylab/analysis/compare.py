@@ -24,12 +24,13 @@ from policylab.analysis.run_table import PARTIAL, COLUMNS, CompareError, collect
 PRINTED = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)", "ITL p99 (ms)",
            "E2E p99 (s)", "preemptions", "KV peak (%)")
 # shown when some run has a value that is not 0: runs of several clients, prefix sharing, clusters
-OPTIONAL_PRINTED = ("Jain (windowed)", "prefix hit (%)", "load imbalance", "goodput/GPU (req/s)")
+OPTIONAL_PRINTED = ("Jain (windowed)", "prefix hit (%)", "load imbalance", "goodput/GPU (req/s)",
+                    "recomputed tokens", "swap transfer (s)")   # (the last two: runs with a host KV tier)
 WIDTH = 120                                  # the printed table fits a 120-column terminal
 
 
 SHORT_WORDS = {"attainment": "attain.", "preemptions": "preempt.", "(windowed)": "window", "imbalance": "imbal.",
-               "goodput/GPU": "goodput/\nGPU"}
+               "goodput/GPU": "goodput/\nGPU", "recomputed": "recomp.", "transfer": "xfer"}
 
 
 def short_header(label: str) -> str:

@@ -216,6 +216,8 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         "rejections": [{"req_id": int(i), "client": c, "reason": why} for i, c, why in
                        zip(rejected["req_id"], rejected["client"], rejected["reason"])],
     }
+    if getattr(result, "kv_tiers", None):       # a host tier is configured (swap preemption)
+        summary["kv_hierarchy"] = dict(result.kv_tiers)
     if isinstance(result, ClusterResult):
         summary["router"] = result.router
         summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"],

@@ -40,6 +40,8 @@ COLUMNS = (
     Shown("fairness_windows.service_difference_mean", better="min", digits=0),
     Shown("cluster.load_imbalance", better="min", digits=3),                  # cluster runs only
     Shown("cluster.goodput_per_gpu", better="max", digits=3),
+    Shown("kv_hierarchy.recomputed_tokens", better="min", digits=0),         # runs with a host KV tier
+    Shown("kv_hierarchy.transfer_time", better="min", digits=3),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]

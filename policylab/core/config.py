@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from policylab.core.swap import make_link
+
 
 
 @dataclass
@@ -28,6 +30,12 @@ class EngineConfig:
     stop_at_eos: bool = False               # real data plane: finish on EOS instead of trace length
     check_invariants: bool = False          # assert KV accounting after every step (tests)
     max_stall_steps: int = 100_000          # steps without any output or completion = livelock
+    prefix_cache: str = "hash"              # prefix index: hash (chained block hashes) | radix (token tree)
+    host_kv_blocks: int = 0                 # host-memory KV blocks for swap preemption (0: swap off)
+    swap_link: str = "pcie4"                # device-host link preset: pcie4 | pcie5 | nvlink_c2c
+    swap_bandwidth: Optional[float] = None  # bytes/s one way, overriding the preset's
+    swap_latency: Optional[float] = None    # seconds per step that moves KV, overriding the preset's
+    swap_overlap: bool = False              # the copy hides behind the step's compute (max, not sum)
 
 
 @dataclass
@@ -136,6 +144,11 @@ def check_engine_config(cfg: EngineConfig) -> None:
     if not 0 <= cfg.predictor_noise < math.inf:
         raise ValueError(f"engine.predictor_noise must be a finite number >= 0 (lognormal sigma), "
                          f"got {cfg.predictor_noise}")
+    if cfg.prefix_cache not in ("hash", "radix"):
+        raise ValueError(f"engine.prefix_cache must be 'hash' or 'radix', got '{cfg.prefix_cache}'")
+    if cfg.host_kv_blocks < 0:
+        raise ValueError(f"engine.host_kv_blocks must be >= 0, got {cfg.host_kv_blocks}")
+    make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
     if cfg.clock not in ("virtual", "wall"):
         raise ValueError(f"engine.clock must be 'virtual' or 'wall', got '{cfg.clock}'")
 

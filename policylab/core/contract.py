@@ -62,6 +62,9 @@ class RequestView:
     num_computed_tokens = property(lambda s: _request(s).num_computed_tokens)
     num_blocks = property(lambda s: len(_request(s).block_table))
     num_preemptions = property(lambda s: _request(s).num_preemptions)
+    is_swapped = property(lambda s: _request(s).swapped_blocks > 0,
+                          doc="Waiting with its KV on the host tier: scheduling it swaps it back in.")
+    num_host_blocks = property(lambda s: _request(s).swapped_blocks)
     first_scheduled_time = property(lambda s: _request(s).first_scheduled_time)
     first_token_time = property(lambda s: _request(s).token_times[0] if _request(s).token_times else None)
     last_token_time = property(lambda s: _request(s).token_times[-1] if _request(s).token_times else None)
@@ -83,7 +86,8 @@ class RequestView:
     def remaining_tokens(self) -> int:
         """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
         r = _request(self)
-        return r.num_tokens - r.num_computed_tokens - self.num_cached_tokens
+        return r.num_tokens - max(r.num_computed_tokens, self.num_cached_tokens)   # (a swapped request's
+                                         # hits are among its computed tokens)
 
     def __repr__(self) -> str:
         return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "
@@ -133,6 +137,8 @@ class SchedulerView(tuple):
     by_id                every waiting and running request by req_id
     sampled, arrived     what changed since the previous schedule() call: req_ids the last step
                          gave a token (finished ones included), req_ids that arrived into waiting
+    num_free_host_blocks, num_total_host_blocks   the host tier for swap preemption
+                         (`StepPlan.swap`; engine.host_kv_blocks, 0: swap is off)
     """
 
     __slots__ = ()
@@ -140,15 +146,17 @@ class SchedulerView(tuple):
     def __new__(cls, clock: float, step: int, waiting: Sequence, running: tuple, decoding: AbstractSet[int],
                 max_num_batched_tokens: int, max_num_seqs: int, block_size: int, num_free_blocks: int,
                 num_total_blocks: int, by_id: Mapping, sampled: Sequence = (), arrived: Sequence = (),
-                decode: DecodeFacts | None = None):
+                decode: DecodeFacts | None = None, num_free_host_blocks: int = 0, num_total_host_blocks: int = 0):
         if decode is None:
             decode = DecodeFacts(frozenset(), tuple(v.req_id for v in running if v.req_id in decoding))
         return tuple.__new__(cls, (clock, step, waiting, running, decoding, max_num_batched_tokens, max_num_seqs,
-                                   block_size, num_free_blocks, num_total_blocks, by_id, sampled, arrived, decode))
+                                   block_size, num_free_blocks, num_total_blocks, by_id, sampled, arrived, decode,
+                                   num_free_host_blocks, num_total_host_blocks))
 
     def replace(self, **changes) -> "SchedulerView":
         """A copy with some facts changed (for tests and what-if questions: the engine keeps its own)."""
-        facts = dict(zip(_FACTS, self))
+        facts = dict(zip(_FACTS, self), num_free_host_blocks=self.num_free_host_blocks,
+                     num_total_host_blocks=self.num_total_host_blocks)
         facts.update(changes)
         return SchedulerView(**facts, decode=_decode(self))
 
@@ -169,6 +177,10 @@ class SchedulerView(tuple):
     def blocks_freed_by_preempting(self, v: RequestView) -> int:
         """Free blocks that preempting this request gives back (blocks others share stay held)."""
         return _kv(v).freed_by(_request(v))
+
+    def host_blocks_needed(self, v: RequestView) -> int:
+        """Host-tier blocks that swapping this running request out takes (its computed blocks)."""
+        return -(-v.num_computed_tokens // self.block_size)
 
     def plan_kv(self, plan: "StepPlan") -> tuple:
         """Exact (blocks needed, blocks available) of a whole plan, its preemptions included.
@@ -195,6 +207,8 @@ class SchedulerView(tuple):
 for _i, _name in enumerate(_FACTS):
     setattr(SchedulerView, _name, property(itemgetter(_i), doc=f"the view's `{_name}`"))
 _decode = itemgetter(len(_FACTS))        # the view's DecodeFacts
+SchedulerView.num_free_host_blocks = property(itemgetter(len(_FACTS) + 1), doc="free host-tier KV blocks")
+SchedulerView.num_total_host_blocks = property(itemgetter(len(_FACTS) + 2), doc="engine.host_kv_blocks")
 
 
 @dataclass
@@ -202,13 +216,15 @@ class StepPlan:
     """A policy's decision for one step (vLLM's `SchedulerOutput.num_scheduled_tokens`).
 
     `num_scheduled_tokens` maps req_id -> tokens this step, in the order the batch is
-    formed; `preempt` lists running req_ids whose KV is freed (recomputed later);
+    formed; `preempt` lists running req_ids whose device KV is freed: recomputed later, or,
+    for those also in `swap`, copied to the host tier and copied back when next scheduled;
     `reject` maps waiting req_ids to a reason (admission control: reported, never dropped).
     """
 
     num_scheduled_tokens: dict = field(default_factory=dict)
     preempt: list = field(default_factory=list)
     reject: dict = field(default_factory=dict)
+    swap: list = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:
@@ -223,8 +239,8 @@ def private_copy(plan, policy: str) -> StepPlan:
                                 f"schedule() must return a StepPlan, got {type(plan).__name__}")
     copy = object.__new__(StepPlan)          # (a plain StepPlan, whatever class the policy's is)
     try:
-        copy.num_scheduled_tokens, copy.preempt, copy.reject = \
-            dict(plan.num_scheduled_tokens), list(plan.preempt), dict(plan.reject)
+        copy.num_scheduled_tokens, copy.preempt, copy.reject, copy.swap = \
+            dict(plan.num_scheduled_tokens), list(plan.preempt), dict(plan.reject), list(getattr(plan, "swap", ()))
         return copy
     except (TypeError, ValueError) as e:
         raise ContractViolation(policy, "plan_type", f"the plan's fields must be a mapping, a list and a "
@@ -243,7 +259,8 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
                                 f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
     decode = _decode(view)
     decode_ids = decode.ids
-    if len(sched) == len(decode_ids) and not plan.preempt and not plan.reject and tuple(sched) == decode_ids \
+    if len(sched) == len(decode_ids) and not plan.preempt and not plan.reject and not plan.swap \
+            and tuple(sched) == decode_ids \
             and all(map(is_, sched.values(), repeat(1))):
         # every decoding request, in running order, one token each (`is 1`: the int 1, not a value
         # equal to it): every rule but the totals holds; each takes a block iff its last one is full
@@ -279,6 +296,8 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
         if rid in sched:
             raise ContractViolation(policy, "preempted_scheduled",
                                     f"request {rid} is both preempted and scheduled")
+    if plan.swap:
+        _validate_swap(view, plan, preempt_set, policy)
     for rid, reason in plan.reject.items():
         v = live.get(rid)
         if v is None or v.status != "waiting":
@@ -311,3 +330,21 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
         blocks = len(full) if len(sched) == len(decoding) else len(full & sched.keys())
         return len(sched), blocks, view.num_free_blocks
     return sum(sched.values()), *view.plan_kv(plan)
+
+
+def _validate_swap(view: SchedulerView, plan: StepPlan, preempt_set: set, policy: str) -> None:
+    """Swap victims are preempted ones, each once, and their computed blocks fit the host tier free
+    before this step (blocks that swap-ins of the same step give back are not counted)."""
+    if view.num_total_host_blocks == 0:
+        raise ContractViolation(policy, "swap_off", "the plan swaps but the engine has no host tier "
+                                "(engine.host_kv_blocks=0)")
+    if len(set(plan.swap)) != len(plan.swap):
+        raise ContractViolation(policy, "unique", f"a request appears twice in the swap list {plan.swap}")
+    outside = [rid for rid in plan.swap if rid not in preempt_set]
+    if outside:
+        raise ContractViolation(policy, "swap_preempted",
+                                f"requests {outside} are swapped but not in the preempt list")
+    need = sum(view.host_blocks_needed(view.by_id[rid]) for rid in plan.swap)
+    if need > view.num_free_host_blocks:
+        raise ContractViolation(policy, "host_capacity", f"swapping out {plan.swap} needs {need} host KV "
+                                f"blocks but only {view.num_free_host_blocks} are free")

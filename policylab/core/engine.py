@@ -30,6 +30,7 @@ from policylab.core.request import (NO_TOKENS, Request, SamplingParams, Status, 
                                     forget_done, is_decoding)
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.step_log import StepLog
+from policylab.core.swap import Swapper
 
 
 class Engine:
@@ -43,7 +44,9 @@ class Engine:
         self.prefix_block_tokens, self.sampling = prefix_block_tokens, sampling
         check_engine_config(cfg)
         num_blocks = cfg.num_blocks or dataplane.num_kv_blocks(cfg.block_size)
-        self.kv = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.kv = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.prefix_cache)
+        self.swap = Swapper(cfg, dataplane)           # swap preemption (an empty host tier: off)
+        self.host, self.kv_stats = self.swap.host, self.swap.stats
         dataplane.allocate_kv(num_blocks, cfg.block_size)
         self.clock = make_clock(cfg.clock)
         self.requests: list = [None] * len(self.trace)
@@ -100,8 +103,10 @@ class Engine:
     def begin(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
         """Start a run that a driver steps (`step()` while work is left); the result it fills."""
         self._on_done = on_request_done
-        return RunResult(self.trace, self.requests, {}, self.kv.num_blocks,
-                         self.kv.block_size, self.policy_name)
+        result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks, self.kv.block_size, self.policy_name)
+        if self.host.num_blocks:       # (filled as the run goes)
+            result.kv_tiers = self.kv_stats
+        return result
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
         """Make this engine a replica: requests come only through `deliver`/`receive_prefilled`. When
@@ -152,6 +157,8 @@ class Engine:
             result = self.dataplane.execute(committed.batch)
             if not 0.0 <= result.duration < math.inf:     # (NaN fails too) a NaN clock would hang
                 raise bad_duration(self.dataplane, committed.batch, result.duration)   # the replay forever
+            if self.swap.moved_blocks:
+                result = self.swap.with_transfer(result)
             self._postprocess(committed, result)
 
     # ------------------------------------------------------------- admit
@@ -191,6 +198,8 @@ class Engine:
     def _reject(self, r: Request, reason: str) -> None:
         if r.block_table:          # waiting with KV: prefilled elsewhere (receive_prefilled)
             self._release(r)
+        if r.swapped_blocks:       # waiting with its KV on the host tier
+            self.swap.drop(r)
         r.status, r.reject_reason, r.finish_time = Status.REJECTED, reason, self.clock.now
         self._done(r)
 
@@ -214,7 +223,8 @@ class Engine:
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
                              self._decoding_ro, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
                              kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
-                             self._arrived, self._decode_facts)
+                             self._arrived, self._decode_facts,
+                             self.host.num_free, self.host.num_blocks)
 
     def _schedule(self) -> Optional[CommittedStep]:
         """Ask the policy, validate its plan, commit it: the step to execute (None: nothing runs)."""
@@ -256,8 +266,8 @@ class Engine:
         else:
             decodes = [rid for rid in ids if rid in decoding]
             chunks = {rid: n for rid, n in sched.items() if rid not in decoding} if decodes else sched
-        parts = self._commit_requests(chunks, plan.preempt, plan.reject) if chunks or plan.preempt or plan.reject \
-            else None
+        parts = self._commit_requests(chunks, plan.preempt, plan.reject, plan.swap) \
+            if chunks or plan.preempt or plan.reject else None
         if not decodes:
             if parts is None or not parts[1]:
                 return None
@@ -270,7 +280,7 @@ class Engine:
             return CommittedStep(db, len(decodes), [], 0, 0)
         return CommittedStep(joined(db, parts[0]), len(decodes), parts[1], 0, 0)
 
-    def _commit_requests(self, sched: dict, preempt: list, reject: dict) -> tuple:
+    def _commit_requests(self, sched: dict, preempt: list, reject: dict, swap: list = ()) -> tuple:
         """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
         (the batch of `sched`'s entries, their Requests)."""
         now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
@@ -281,12 +291,22 @@ class Engine:
         starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
         starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
         hits = [kv.hits(r) for r in starting]      # as validated: before a release changes the cache
+        kv_hits = {r.req_id: h for r, h in zip(starting, hits) if r.swapped_blocks} if self.host.num_used else {}
         for rid, reason in reject.items():
             self._reject(reqs[rid], f"rejected by policy: {reason}")
         preempted = [reqs[rid] for rid in preempt]
+        swapping = set(swap)
         for r in preempted:
-            self._release(r)
-            r.num_computed_tokens, r.status = 0, Status.WAITING
+            if r.req_id in swapping:
+                computed = r.num_computed_tokens
+                self.swap.swap_out(r, bs)
+                self._release(r)
+                r.num_computed_tokens = computed
+            else:
+                self.kv_stats["recomputed_tokens"] += r.num_computed_tokens
+                self._release(r)
+                r.num_computed_tokens = 0
+            r.status = Status.WAITING
             r.num_preemptions += 1
         for r, blocks in zip(starting, hits):    # take every cache hit before any allocation can evict one
             r.status = Status.RUNNING
@@ -294,13 +314,16 @@ class Engine:
                 r.first_scheduled_time = now
             if blocks:
                 kv.acquire(r.block_table, blocks)
-                r.num_computed_tokens = len(blocks) * bs
-                r.num_cached_tokens_total += r.num_computed_tokens
+                if not r.swapped_blocks:       # (a swapped request's hits are computed tokens it has)
+                    r.num_computed_tokens = len(blocks) * bs
+                    r.num_cached_tokens_total += r.num_computed_tokens
         ns = list(sched.values())
         ctxs = [r.num_computed_tokens for r in rs]
         for r, n, c in zip(rs, ns, ctxs):
             if c + n > len(r.block_table) * bs:
                 kv.grow(r.block_table, c + n)
+            if r.swapped_blocks:
+                self.swap.swap_in(r, len(kv_hits[r.req_id]))
         batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
                       [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                       [r.sampling for r in rs])

@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from policylab.core.radix import RadixTree
 from policylab.core.rng import hash_key, splitmix64
 
 
@@ -87,11 +88,15 @@ UNHITTABLE = object()   # block_hash of a free block in the LRU that no request 
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 index: str = "hash"):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        if index not in ("hash", "radix"):
+            raise ValueError(f"prefix cache index must be 'hash' or 'radix', got {index!r}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching = enable_prefix_caching
+        self._tree = RadixTree() if index == "radix" and enable_prefix_caching else None   # leaf-LRU
         self._ref = [0] * num_blocks
         self._block_hash: list = [None] * num_blocks
         self._cached: dict = {}                  # hash -> block id
@@ -116,6 +121,8 @@ class BlockManager:
         """Longest run of cached blocks matching the chain `hashes` (at most max_blocks)."""
         if not self.prefix_caching:
             return ()
+        if self._tree is not None:
+            return self._tree.lookup(hashes, max_blocks)
         hit = []
         cached = self._cached
         for h in hashes[:max_blocks]:
@@ -133,13 +140,16 @@ class BlockManager:
     # ---------------------------------------------- cost questions (the view and the validator ask)
     def hits(self, r) -> tuple:
         """Prefix-cache blocks request `r` would reuse if it started now (none once it holds KV or
-        has computed tokens; its last known token is always left to compute). Remembered until
-        the cache changes."""
-        if r.block_table or r.num_computed_tokens:
+        has computed tokens, unless swapped out: then its computed blocks still on the device need
+        no copy back; its last known token is always left to compute). Remembered until the
+        cache changes."""
+        if r.block_table or r.num_computed_tokens and not r.swapped_blocks:
             return ()
         blocks = self._hits.get(r.req_id)
         if blocks is None:
-            blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, (r.num_tokens - 1) // self.block_size)
+            most = r.num_computed_tokens // self.block_size if r.swapped_blocks else \
+                (r.num_tokens - 1) // self.block_size
+            blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, most)
         return blocks
 
     def blocks_needed(self, r, n: int) -> int:
@@ -149,7 +159,7 @@ class BlockManager:
             need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
             return need if need > 0 else 0
         hits = self.hits(r)
-        new = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(hits)
+        new = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
         return max(new, 0) + (self.reclaim_cost(hits) if hits else 0)
 
     def freed_by(self, r) -> int:
@@ -174,7 +184,7 @@ class BlockManager:
                 need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
             else:
                 hits = self.hits(r)
-                need = blocks_for(r.num_computed_tokens + len(hits) * bs + n, bs) - len(hits)
+                need = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
                 reclaimed.update(b for b in hits if ref[b] == released[b])
             if need > 0:
                 needed += need
@@ -240,22 +250,55 @@ class BlockManager:
             cached, block_hash = self._cached, self._block_hash
             self._num_free_cached -= need - from_plain
             for _ in range(need - from_plain):
-                b = oldest()
-                while stale[b]:                  # an entry older than the block's reuse: skip it
-                    stale[b] -= 1
+                if self._tree is None:
                     b = oldest()
+                    while stale[b]:              # an entry older than the block's reuse: skip it
+                        stale[b] -= 1
+                        b = oldest()
+                else:
+                    b = self._oldest_leaf()
                 h = block_hash[b]
                 if h is not UNHITTABLE:
                     del cached[h]
+                    if self._tree is not None:
+                        self._tree.remove(h)
                     self._hits.clear()
                 block_hash[b] = None
                 ref[b] = 1
                 table.append(b)
 
+    def _oldest_leaf(self) -> int:
+        """Take the least recently freed cached block that no cached block continues (radix
+        leaf-LRU); the least recently freed one when every free cached block has a continuation."""
+        lru, stale, block_hash, tree = self._free_cached, self._stale, self._block_hash, self._tree
+        passed = []
+        while lru:
+            b = lru.popleft()
+            if stale[b]:
+                stale[b] -= 1
+                continue
+            h = block_hash[b]
+            if h is UNHITTABLE or tree.is_leaf(h):
+                lru.extendleft(reversed(passed))
+                return b
+            passed.append(b)
+        b = passed.pop(0)
+        lru.extendleft(reversed(passed))
+        return b
+
     def register(self, table: list, hashes: list, num_computed: int, start: int = 0) -> int:
         """Publish full, computed blocks of a table in the prefix cache; returns blocks done."""
         full = min(num_computed // self.block_size, len(hashes))
-        if self.prefix_caching:
+        if self.prefix_caching and self._tree is not None:
+            cached, block_hash, tree = self._cached, self._block_hash, self._tree
+            for i in range(start, full):
+                b, h = table[i], hashes[i]
+                if block_hash[b] is None and h not in cached:
+                    cached[h] = b
+                    block_hash[b] = h
+                    tree.insert(h, hashes[i - 1] if i else None, b)
+                    self._hits.clear()
+        elif self.prefix_caching:
             cached, block_hash = self._cached, self._block_hash
             for b, h in zip(table[start:full], hashes[start:full]):
                 if block_hash[b] is None and h not in cached:
@@ -336,3 +379,5 @@ class BlockManager:
         assert len(set(lru)) == len(lru), "block in the LRU twice"
         for h, b in self._cached.items():
             assert self._block_hash[b] == h, "hash map out of sync"
+        if self._tree is not None:
+            self._tree.check(self._cached)

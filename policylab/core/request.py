@@ -91,6 +91,7 @@ class Request:
     finish_time: Optional[float] = None
     num_preemptions: int = 0
     num_cached_tokens_total: int = 0  # prefix-cache hit tokens over the request's life
+    swapped_blocks: int = 0           # waiting with this many KV blocks on the host tier (swap)
     reject_reason: str = ""
 
     @property

@@ -22,6 +22,7 @@ class RunResult:
     status: str = "complete"         # complete | partial
     error: str = ""
     traceback: str = ""              # of the exception that ended a partial run (none for Ctrl-C)
+    kv_tiers: dict | None = None     # swap and KV-tier counters, when a host tier is configured
 
     @property
     def partial(self) -> bool:

@@ -101,6 +101,10 @@ class SimDataPlane:
                              + ("" if self.gpus > 1 else ": raise dataplane.tensor_parallel"))
         return int(free // (self.shape.kv_bytes_per_token_all_gpus() * block_size))
 
+    def kv_block_bytes(self, block_size: int) -> float:
+        """Bytes one KV block holds on one GPU's link (each tensor-parallel rank moves its share)."""
+        return self.shape.kv_bytes_per_token * block_size / self.dp.tensor_parallel
+
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         """Nothing to allocate: the simulated cache is pure accounting."""
 

@@ -197,6 +197,10 @@ class TorchDataPlane:
                 self.graphs = DecodeGraphRunner(self.model, self.kv_caches, self.backend, block_size, max_len,
                                                 self.device, capture_cuda_graph(torch.cuda.graph_pool_handle()))
 
+    def kv_block_bytes(self, block_size: int) -> int:
+        """Bytes one KV block of this cache holds (what a swap moves per block)."""
+        return self._block_bytes(block_size)
+
     def _block_dim(self) -> int:
         """The block axis of `self.kv` (its memory order is the backend's, see `_new_kv`)."""
         return 3 if self.backend.kv_layout == "head_major" else 2
@@ -209,10 +213,13 @@ class TorchDataPlane:
         return self.kv.index_select(self._block_dim(), index)
 
     @torch.inference_mode()
-    def import_kv(self, block_table: list, payload: torch.Tensor) -> None:
+    def import_kv(self, block_table: list, payload: torch.Tensor, first: int = 0) -> None:
         """Write an exported payload into these blocks of this plane's cache (the decode replica's
-        side of a P/D transfer: same model shape, same block size, as many blocks)."""
+        side of a P/D transfer: same model shape, same block size, as many blocks; a swap-in:
+        the payload's blocks from `first` on, those before it still cached on the device)."""
         dim = self._block_dim()
+        if first:
+            payload = payload.narrow(dim, first, payload.shape[dim] - first)
         if payload.shape[dim] != len(block_table) or payload.shape[:dim] != self.kv.shape[:dim] or \
                 payload.shape[dim + 1:] != self.kv.shape[dim + 1:]:
             raise ValueError(f"KV payload of shape {tuple(payload.shape)} does not fit {len(block_table)} "

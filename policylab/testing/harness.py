@@ -60,6 +60,9 @@ class _RecordingDataPlane:
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         self._inner.allocate_kv(num_blocks, block_size)
 
+    def kv_block_bytes(self, block_size: int) -> float:
+        return self._inner.kv_block_bytes(block_size)
+
     def execute(self, batch):
         self._checker.batch = batch
         return self._inner.execute(batch)

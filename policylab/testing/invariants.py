@@ -43,6 +43,7 @@ class StepChecker:
         self.status: dict = {}          # req_id -> status after the previous step
         self.next_ctx: dict = {}        # req_id -> where its next chunk must start
         self.chunk_sum: dict = {}       # req_id -> cached + chunk tokens since its (re)start
+        self.swapped: dict = {}         # req_id -> (computed tokens, output ids) when swapped out
         self.clock, self.steps = 0.0, 0
         self.plan = self.snaps = self.batch = None
 
@@ -164,11 +165,34 @@ class StepChecker:
                   (None, Status.FINISHED): rid in ran}.get((old, new), False)
             if not ok:
                 self.fail("lifecycle", f"request {rid}: illegal transition {old} -> {new.value}")
-            if new is Status.WAITING:              # preempted: KV freed, recomputed from scratch
-                if r.block_table or r.num_computed_tokens:
+            if new is Status.WAITING and rid in plan.swap:   # swapped: its KV on the host tier
+                self._check_swapped_out(engine, r)
+            elif new is Status.WAITING:            # preempted: KV freed, recomputed from scratch
+                if r.block_table or r.num_computed_tokens or r.swapped_blocks:
                     self.fail("lifecycle", f"preempted request {rid} kept its KV")
                 self.next_ctx.pop(rid, None)
                 self.chunk_sum.pop(rid, None)
+            if old is Status.WAITING and new is not Status.REJECTED and rid in self.swapped:
+                self._check_resumed(r)
+
+    def _check_swapped_out(self, engine: Engine, r) -> None:
+        """A swap victim holds no device block, keeps its computed tokens, and the host tier holds
+        exactly its computed blocks."""
+        host, bs = engine.host, engine.kv.block_size
+        if r.block_table or not host.holds(r.req_id) or r.swapped_blocks != host.blocks_of(r.req_id) \
+                or r.swapped_blocks != -(-r.num_computed_tokens // bs):
+            self.fail("swap", f"swapped request {r.req_id}: {len(r.block_table)} device blocks, "
+                      f"{host.blocks_of(r.req_id)} host blocks for {r.num_computed_tokens} computed tokens")
+        self.swapped[r.req_id] = (r.num_computed_tokens, tuple(r.output_ids))
+
+    def _check_resumed(self, r) -> None:
+        """A swapped request resumes with exactly its tokens: the computed ones it left with (its
+        next chunk starts there: `next_ctx`) and the same output ids, plus what this step sampled."""
+        computed, outputs = self.swapped.pop(r.req_id)
+        if r.swapped_blocks or tuple(r.output_ids[:len(outputs)]) != outputs \
+                or self.next_ctx.get(r.req_id, computed) < computed:
+            self.fail("swap", f"request {r.req_id} resumed from the host tier with other tokens than "
+                      f"it left with ({computed} computed, {len(outputs)} outputs)")
 
     def _check_conservation(self, engine: Engine) -> None:
         arrived = engine.requests[:engine.next_arrival]
@@ -192,6 +216,21 @@ class StepChecker:
         if wrong or kv.num_used != len(held) or kv.num_used + kv.num_free != kv.num_blocks:
             self.fail("kv_conservation", f"ref counts disagree with block tables at blocks {wrong[:5]}; "
                       f"used={kv.num_used} held={len(held)} free={kv.num_free} total={kv.num_blocks}")
+        self._check_host_tier(engine)
+
+    def _check_host_tier(self, engine: Engine) -> None:
+        """Conservation on the host tier: used + free = total, and what it holds is exactly the
+        swapped-out waiting requests' blocks."""
+        host = engine.host
+        held = host.swapped()
+        owners = {r.req_id: r.swapped_blocks for r in engine.waiting if r.swapped_blocks}
+        if host.num_used + host.num_free != host.num_blocks or len(set().union(*held.values())) != host.num_used \
+                or {rid: len(b) for rid, b in held.items()} != owners:
+            self.fail("kv_conservation", f"host tier: used={host.num_used} free={host.num_free} "
+                      f"total={host.num_blocks}; held {dict((k, len(v)) for k, v in held.items())} "
+                      f"vs swapped requests {owners}")
+        if any(r.swapped_blocks for r in engine.running):
+            self.fail("kv_conservation", "a running request still has KV on the host tier")
 
     # ------------------------------------------------------------ at drain
     def _check_output_length(self, engine: Engine, r) -> None:
@@ -213,6 +252,8 @@ class StepChecker:
         kv = engine.kv
         if any(kv.refs) or kv.num_free != kv.num_blocks:
             self.fail("no_leak", f"{kv.num_used} KV blocks still held at drain")
+        if engine.host.num_used or engine.host.num_free != engine.host.num_blocks:
+            self.fail("no_leak", f"{engine.host.num_used} host-tier KV blocks still held at drain")
         for r in result.requests:
             if r is None or r.status not in (Status.FINISHED, Status.REJECTED):
                 self.fail("liveness", f"request {getattr(r, 'req_id', '?')} did not finish")

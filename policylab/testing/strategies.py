@@ -71,3 +71,15 @@ def scenarios(draw, max_requests: int = 30, max_prompt: int = 200, max_output: i
                     engine=draw(engine_configs(max(t.prompt_tokens + t.output_tokens for t in trace))),
                     seed=draw(st.integers(0, 3)),
                     prefix_block_tokens=draw(st.sampled_from([16, 32, 512])))
+
+
+@st.composite
+def lever_scenarios(draw, max_requests: int = 30, max_prompt: int = 200, max_output: int = 24) -> Scenario:
+    """`scenarios` with the KV hierarchy's levers drawn too: a host tier for swap preemption (none,
+    small, ample) and the prefix index (chained-hash map or radix tree)."""
+    import dataclasses
+    scenario = draw(scenarios(max_requests, max_prompt, max_output))
+    engine = dataclasses.replace(scenario.engine, host_kv_blocks=draw(st.sampled_from([0, 4, 64])),
+                                 prefix_cache=draw(st.sampled_from(["hash", "radix"])),
+                                 swap_overlap=draw(st.booleans()))
+    return dataclasses.replace(scenario, engine=engine)

@@ -6,6 +6,8 @@ tests/test_invariants.py does) or collect it with `--pyargs policylab.testing.su
 """
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 
 from policylab.core.config import EngineConfig
@@ -46,3 +48,12 @@ def test_invariants_under_kv_pressure(policy_spec):
         except Exception as e:
             e.add_note(reproduction(policy_spec, scenario))
             raise
+
+
+def test_invariants_with_kv_levers_on(policy_spec):
+    """Under KV pressure with a host tier and the radix index on (a policy that never swaps still
+    runs on an engine that has them), every invariant holds, the host tier's included."""
+    for seed in (0, 1):
+        scenario = pressure_scenario(seed)
+        engine = dataclasses.replace(scenario.engine, host_kv_blocks=24, prefix_cache="radix")
+        check_policy(policy_spec, dataclasses.replace(scenario, engine=engine))
