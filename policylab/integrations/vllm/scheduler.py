@@ -153,7 +153,7 @@ class PolicyScheduler(Scheduler):
         self.current_step += 1
         self.kv_cache_manager.new_step_starts()
         now = self._now()
-        self._kv.epoch += 1
+        self._kv.new_step()
         views = self._views
         waiting = tuple(views[rid] for rid in self._waiting_order if self._ready(self._live[rid].vllm))
         int_id = self._int_id

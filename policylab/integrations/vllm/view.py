@@ -12,9 +12,12 @@ integration goes through `build_view` and `hits_of`.
 """
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from policylab.core.contract import DecodeFacts, RequestView, SchedulerView
+from policylab.core.kv import blocks_for
 from policylab.core.request import Status
 
 _EMPTY = ()
@@ -41,25 +44,37 @@ class BlockIds:
         return (b.block_id for b in reversed(self._blocks))
 
 
-class RefCounts:
-    """`ref[block_id]`: vLLM's reference count of a block."""
+class CacheMap(Mapping):
+    """vLLM's prefix cache as policylab's `cache_map`: block hash -> block id (read-only; a hash
+    that several blocks carry names one of them, the one vLLM's own lookup would take)."""
 
-    __slots__ = ("_blocks",)
+    __slots__ = ("_cache",)
 
-    def __init__(self, blocks):
-        self._blocks = blocks
+    def __init__(self, block_hash_to_block):
+        self._cache = block_hash_to_block._cache
 
-    def __getitem__(self, block_id: int) -> int:
-        return self._blocks[block_id].ref_cnt
+    def __getitem__(self, block_hash) -> int:
+        blocks = self._cache[block_hash]
+        return blocks.block_id if not isinstance(blocks, dict) else next(iter(blocks))
+
+    def __iter__(self):
+        return iter(self._cache)
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
 
 class LiveKV:
-    """The read side of policylab's `BlockManager`, answered by vLLM's KV cache manager.
+    """policylab's `BlockManager` cost queries, answered by vLLM's KV cache manager.
 
     vLLM keeps block 0 as a null block that no request ever holds, so the usable total is one
     less than the pool. A prefix-cache lookup is vLLM's own (`find_longest_cache_hit` of the
-    single full-attention group); the hits are kept so that the scheduler adopts exactly the
-    blocks the policy planned with.
+    single full-attention group) and is remembered until the next step starts (`new_step`):
+    nothing between a plan and its execution evicts a cached block (preempting or rejecting
+    only frees blocks, which keep their hashes), so the scheduler adopts exactly the blocks the
+    policy planned with. Every answer has `BlockManager`'s meaning, read from vLLM's reference
+    counts and free-block count, so `validate_plan` checks a plan against the numbers vLLM
+    allocates from.
     """
 
     def __init__(self, kv_cache_manager, block_size: int):
@@ -69,9 +84,14 @@ class LiveKV:
         self.block_size = block_size
         self.num_blocks = self.pool.num_gpu_blocks - 1
         self.prefix_caching = bool(kv_cache_manager.enable_caching)
-        self.ref = RefCounts(self.pool.blocks)
-        self.epoch = 0
+        self._blocks = self.pool.blocks
         self._req_to_blocks = self.coordinator.single_type_managers[0].req_to_blocks
+        self._hits: dict = {}            # req_id -> its cache hits, this step
+
+    def new_step(self) -> None:
+        """Forget this step's cache lookups: vLLM's cache may have changed since."""
+        if self._hits:
+            self._hits.clear()
 
     @property
     def num_free(self) -> int:
@@ -85,22 +105,84 @@ class LiveKV:
         """vLLM's live block list of a request (empty when it holds none; never creates one)."""
         return self._req_to_blocks.get(request_id, _EMPTY)
 
+    def block(self, block_id: int):
+        return self._blocks[block_id]
+
     def lookup(self, hashes, max_blocks: int) -> tuple:
+        """vLLM's longest run of cached blocks matching `hashes` (at most max_blocks), as ids."""
         if not self.prefix_caching or max_blocks <= 0 or not hashes:
             return ()
         blocks, _, _ = self.coordinator.find_longest_cache_hit(hashes, max_blocks * self.block_size)
         return tuple(b.block_id for b in blocks[0])
 
-    def reclaim_cost(self, block_ids) -> int:
-        blocks = self.pool.blocks
-        return sum(1 for b in block_ids if blocks[b].ref_cnt == 0)
+    # ---------------------------------------------- cost questions (the view and the validator ask)
+    def hits(self, r) -> tuple:
+        """Prefix-cache blocks request `r` (a `LiveRequest`) would reuse if it started now: none
+        once it holds KV or has computed tokens; its last known token is always left to compute
+        (vLLM's `get_computed_blocks`)."""
+        if r.num_computed_tokens or r.block_table:
+            return ()
+        blocks = self._hits.get(r.req_id)
+        if blocks is None:
+            blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, (r.num_tokens - 1) // self.block_size)
+        return blocks
 
-    def freed_by_release(self, table) -> int:
-        blocks = self.pool.blocks
-        return sum(1 for b in table if blocks[b].ref_cnt == 1)
+    def blocks_needed(self, r, n: int) -> int:
+        """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included:
+        a hit on a block nobody holds takes it out of vLLM's free queue)."""
+        table, bs = r.block_table, self.block_size
+        if table:
+            need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
+            return need if need > 0 else 0
+        hits = self.hits(r)
+        new = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
+        if not hits:
+            return max(new, 0)
+        blocks = self._blocks
+        return max(new, 0) + sum(1 for b in hits if blocks[b].ref_cnt == 0)
 
-    def block(self, block_id: int):
-        return self.pool.blocks[block_id]
+    def freed_by(self, r) -> int:
+        """Blocks that preempting request `r` frees: those no other request holds."""
+        return sum(1 for b in r.block_table if self._blocks[b].ref_cnt == 1)
+
+    def plan_cost(self, preempted: list, chunks) -> tuple:
+        """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
+        once the `preempted` requests have released their tables: `BlockManager.plan_cost` over
+        vLLM's reference counts. A block is available when every reference to it is a preempted
+        one; a cache hit on a block nobody holds after the preemptions takes a free block, counted
+        once however many requests hit it."""
+        blocks, bs = self._blocks, self.block_size
+        released = Counter()
+        for r in preempted:
+            released.update(r.block_table)
+        available = self.num_free + sum(1 for b, k in released.items() if blocks[b].ref_cnt == k)
+        needed, reclaimed = 0, set()
+        for r, n in chunks:
+            table = r.block_table
+            if table:
+                need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
+            else:
+                hits = self.hits(r)
+                need = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
+                reclaimed.update(b for b in hits if blocks[b].ref_cnt == released[b])
+            if need > 0:
+                needed += need
+        return needed + len(reclaimed), available
+
+    # ------------------------------------------------------------------ read-only state for checks
+    @property
+    def refs(self) -> tuple:
+        """Every block's reference count, by block id (vLLM's null block 0 counts as unheld)."""
+        return (0, *(b.ref_cnt for b in self._blocks[1:]))
+
+    @property
+    def cache_map(self) -> CacheMap:
+        """vLLM's prefix cache, block hash -> block id (read-only)."""
+        return CacheMap(self.pool.cached_block_hash_to_block)
+
+    def holds(self, b: int) -> bool:
+        """Whether some request's block table holds block `b`."""
+        return b > 0 and self._blocks[b].ref_cnt > 0
 
 
 def _status(live: "LiveRequest") -> Status:
@@ -130,6 +212,7 @@ class LiveRequest:
         self.token_times: list = []
         self.reject_reason = ""
 
+    swapped_blocks = 0           # vLLM's scheduler here keeps no host tier: nothing is ever swapped out
     priority = property(lambda s: s.vllm.priority)
     max_tokens = property(lambda s: s.vllm.max_tokens)
     prompt_ids = property(lambda s: s.vllm.prompt_token_ids)
