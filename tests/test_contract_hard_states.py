@@ -8,7 +8,8 @@ import pytest
 
 from policies.chunked import Chunked
 from policies.prefill_first import PrefillFirst
-from policylab.core.config import DataplaneConfig, EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.dataplane.config import DataplaneConfig
 from policylab.core.contract import ContractViolation, StepPlan
 from policylab.core.engine import Engine
 from policylab.core.policy import Policy

@@ -19,7 +19,7 @@ LAYERS = {               # package prefix -> layer; an import may only go to a l
     "policylab.core": 0,
     "policylab": 1,                                   # the front door: re-exports the core's policy API
     "policylab.dataplane": 2, "policylab.traces": 2,
-    "policies": 3,
+    "policies": 3, "policylab.integrations": 3,      # (integrations: vLLM driving core + data-plane configs)
     "policylab.cluster": 4,
     "policylab.analysis": 5,
     "policylab.testing": 6,

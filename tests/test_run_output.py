@@ -68,8 +68,8 @@ def test_progress_lines_are_whole_lines_at_each_quarter(capsys):
 class OverBudget:
     """Schedules twice the token budget at its first decision from the 5th on with a request waiting."""
 
-    def __init__(self, name="over_budget"):
-        self.name, self.inner, self.calls = name, PrefillFirst(), 0
+    def __init__(self, name="over_budget", watermark=0.01):      # (its config is prefill_first's)
+        self.name, self.inner, self.calls = name, PrefillFirst(watermark=watermark), 0
 
     def schedule(self, view):
         self.calls += 1

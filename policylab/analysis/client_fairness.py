@@ -15,31 +15,13 @@ fewer than two clients are backlogged; its mean is weighted by time over the res
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 import pandas as pd
 
+from policylab.analysis.fairness_events import Events, jain_index  # noqa: F401 (jain_index: part of this API)
 from policylab.core.config import FairnessConfig
 
 MAX_CELLS = 1 << 22   # time rows × clients held at once: bounds memory with many clients
-
-
-class Events(NamedTuple):
-    """Parallel arrays: at `time`, `client` (index) changes by `value`."""
-
-    time: np.ndarray
-    client: np.ndarray
-    value: np.ndarray
-
-
-def jain_index(x) -> float:
-    """(Σx)² / (n·Σx²): 1 when all equal, 1/n when one client gets everything; NaN if undefined."""
-    x = np.asarray(x, dtype=np.float64)
-    square_sum = float(np.dot(x, x))
-    if x.size == 0 or square_sum == 0.0:
-        return float("nan")
-    return float(x.sum() ** 2 / (x.size * square_sum))
 
 
 def service_difference(service: Events, backlog: Events, num_clients: int) -> tuple[float, float]:

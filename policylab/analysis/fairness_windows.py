@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from policylab.analysis.client_fairness import Events, jain_index
+from policylab.analysis.fairness_events import Events, jain_index
 
 DEFAULT_WINDOWS = 20
 

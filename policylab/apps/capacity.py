@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from policylab.apps.config import CapacityConfig, run_policy_label, typed_config
 from policylab.apps.jobs import RunError, build_engine, expand_shorthands, guarded_job, replay
-from policylab.apps.run import write_traceback
+from policylab.apps.jobs import write_traceback
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -14,7 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from policylab.analysis.results import plain_config, summarize_run, write_results
@@ -23,28 +22,10 @@ from policylab.apps.config import RunConfig, typed_config
 from policylab.apps.jobs import build_engine, build_policy, dataplane_of, measuring, replay
 from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
-from policylab.dataplane.fitted import Calibration, load_calibration
+from policylab.dataplane.fitted import load_calibration
 from policylab.dataplane.sim import SimDataPlane
+from policylab.apps.fidelity_report import _get, error_table, headline, markdown as _markdown, plot_cdfs as _plot_cdfs
 from policylab.traces import load_trace
-
-METRICS = ("ttft", "tpot", "itl", "e2e")
-STATS = ("mean", "p50", "p99")
-HEADLINE = ("ttft p50", "ttft p99", "tpot p50", "tpot p99", "e2e mean")   # the fidelity targets
-
-
-def _values(summary: dict) -> list:
-    return [summary[m][s] for m in METRICS for s in STATS] + [summary["makespan"]]
-
-
-def error_table(real: dict, sim: dict, real_again: dict) -> pd.DataFrame:
-    """Relative error of the sim, next to the real plane's own run-to-run difference (noise floor)."""
-    names = [f"{m} {s}" for m in METRICS for s in STATS] + ["makespan"]
-    df = pd.DataFrame({"metric": names, "real": _values(real), "sim": _values(sim),
-                       "real_again": _values(real_again)})
-    df["rel_error"] = (df["sim"] - df["real"]).abs() / df["real"].abs()
-    df["real_noise"] = (df["real_again"] - df["real"]).abs() / df["real"].abs()
-    return df
-
 
 def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
     cfg = typed_config(cfg)
@@ -109,48 +90,3 @@ def real_replays(cfg: RunConfig, real_plane, timing: dict, run_dir: Path) -> lis
                 raise ValueError(f"fidelity.real_runs: {d} has {'.'.join(key)}={have}, this config {need}")
         out.append((pd.read_parquet(d / "requests.parquet"), summary))
     return out
-
-
-def _get(tree, key: tuple):
-    for k in key:
-        tree = tree.get(k) if isinstance(tree, dict) else None
-    return tree
-
-
-def headline(table: pd.DataFrame) -> str:
-    """The worst sim error over the headline metrics, next to the worst real run-to-run spread."""
-    rows = table[table["metric"].isin(HEADLINE)]
-    worst = rows.loc[rows["rel_error"].idxmax()]
-    return (f"sim error on {', '.join(HEADLINE)}: at most {worst.rel_error:.1%} ({worst.metric}); "
-            f"real run-to-run spread: at most {rows['real_noise'].max():.1%}")
-
-
-def _markdown(table: pd.DataFrame, cfg, calib: Calibration) -> str:
-    lines = [f"# Sim vs real: policy {cfg.policy.name}, trace {cfg.trace.name}, model {cfg.model.name}", "",
-             f"Calibration held-out MAPE: {calib.meta.get('heldout_mape', float('nan')):.1%}. "
-             "`real noise` is how far a second real replay of the same config lands from the first: "
-             "sim errors below it are within what the real plane itself reproduces.", "",
-             "| metric | real (s) | sim (s) | sim error | real noise |", "|---|---|---|---|---|"]
-    lines += [f"| {r.metric} | {r.real:.4f} | {r.sim:.4f} | {r.rel_error:.1%} | {r.real_noise:.1%} |"
-              for r in table.itertuples()]
-    lines += ["", headline(table) + "."]
-    return "\n".join(lines) + "\n"
-
-
-def _plot_cdfs(real: pd.DataFrame, sim: pd.DataFrame, path: Path, policy: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, col in zip(axes, ("ttft", "tpot", "e2e")):
-        for df, label, style in ((real, "real", "-"), (sim, "sim (calibrated)", "--")):
-            v = np.sort(df[col].dropna().to_numpy())
-            ax.plot(v * 1e3, np.arange(1, len(v) + 1) / max(len(v), 1), style, label=label)
-        ax.set_xlabel(f"{col.upper()} (ms)")
-        ax.set_ylabel("fraction of requests")
-        ax.set_title(f"{col.upper()} CDF, {policy}")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

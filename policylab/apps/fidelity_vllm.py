@@ -64,7 +64,7 @@ def calibrate_vllm(cfg: RunConfig, run_dir: Path) -> Calibration:
 
 
 def fidelity_vllm(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
-    from policylab.apps.fidelity import _markdown, _plot_cdfs, error_table, headline
+    from policylab.apps.fidelity_report import error_table, headline, markdown as _markdown, plot_cdfs as _plot_cdfs
     import vllm
     path = cfg.dataplane.calibration
     calib = load_calibration(path) if path else calibrate_vllm(cfg, run_dir)

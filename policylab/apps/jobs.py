@@ -51,7 +51,6 @@ def guarded_job(body):
         message = str(e)
     except Exception as e:           # anything else: this job failed, a sweep goes on to the next
         import traceback
-        from policylab.apps.run import write_traceback
         path = write_traceback(run_dir, traceback.format_exc())
         message, code = f"{type(e).__name__}: {e} (traceback: {path})", 1
     except KeyboardInterrupt as e:   # a stop signal before the replay started (ReplaySignals)
@@ -218,3 +217,17 @@ def run_name(run_dir: Path) -> str:
 def in_parallel_launcher() -> bool:
     """A multirun whose jobs run side by side (joblib, Ray, ...): their terminal output interleaves."""
     return in_multirun() and not str(HydraConfig.get().launcher.get("_target_", "")).endswith("BasicLauncher")
+
+
+TRACEBACK_FILE = "traceback.txt"
+
+
+def write_traceback(run_dir: Path, text: str) -> Path:
+    """The exception's traceback in the run directory (the summary carries only its last line)."""
+    path = Path(run_dir) / TRACEBACK_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as e:
+        print(f"could not write {path}: {e}\n{text}", file=sys.stderr)
+    return path

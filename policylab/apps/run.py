@@ -7,11 +7,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from policylab.apps.config import RunConfig, plot_settings, typed_config
-from policylab.apps.jobs import build_engine, in_parallel_launcher, replay, run_name, sweep_group
+from policylab.apps.jobs import (TRACEBACK_FILE, build_engine, in_parallel_launcher, replay, run_name,  # noqa: F401
+                                 sweep_group, write_traceback)
 from policylab.apps.signals import ReplaySignals, signal_name
 from policylab.traces import load_trace
 
-TRACEBACK_FILE = "traceback.txt"
 
 
 def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
@@ -149,17 +149,6 @@ def measured_on_loaded_cpu(cost_model: dict | None, finished: bool = False) -> s
     except (AttributeError, OSError):
         return None
     return loaded_machine(threads, load=max(load, 0.0))
-
-
-def write_traceback(run_dir: Path, text: str) -> Path:
-    """The exception's traceback in the run directory (the summary carries only its last line)."""
-    path = Path(run_dir) / TRACEBACK_FILE
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    except OSError as e:
-        print(f"could not write {path}: {e}\n{text}", file=sys.stderr)
-    return path
 
 
 def objective_value(summary: dict, key: str) -> float:

@@ -34,7 +34,7 @@ def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     from policylab.analysis.result_stream import ResultStream
     from policylab.analysis.results import print_summary
     from policylab.analysis.tracking import open_tracker
-    from policylab.apps.run import write_traceback
+    from policylab.apps.jobs import write_traceback
 
     vllm_setup(cfg)
     trace = load_trace(cfg.trace, seed=cfg.seed)

@@ -5,6 +5,8 @@ in the TraceReport so the run summary can say so.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -107,6 +109,8 @@ def _number(value, key: str, what: str, zero_allowed: bool = False) -> float:
 def _slo_table(cfg) -> dict:
     table = {}
     for cls, spec in cfg.slo_classes.items():
+        if isinstance(spec, Mapping):          # (a plain dict, or the composed config's mapping)
+            spec = dict(spec)
         if not isinstance(spec, dict):
             raise _bad(f"slo_classes.{cls}", f"takes ttft_slo and tpot_slo, got {spec!r}")
         unknown = set(spec) - {"ttft_slo", "tpot_slo"}
