@@ -36,25 +36,26 @@ TIGHT = EngineConfig(block_size=32, num_blocks=21, max_num_batched_tokens=256, m
 
 def serve(policy_spec, cfg: EngineConfig, trace):
     """Serve the trace (all at once) with vLLM under the policy; (plans the policy made, outputs)."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from policylab.integrations.vllm.policy_config import load_policy
     from policylab.integrations.vllm.same_steps import Recording
     from policylab.integrations.vllm.scheduler import PolicyScheduler
     from policylab.integrations.vllm.tiny_model import tiny_model_dir
+    from policylab.testing.vllm_conformance import vllm_engine
     recording = Recording(load_policy(policy_spec))
-    llm = LLM(model=str(tiny_model_dir()), scheduler_cls=PolicyScheduler.with_policy(recording),
-              skip_tokenizer_init=True, block_size=cfg.block_size, enforce_eager=True, async_scheduling=False,
-              max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-              max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
-              num_gpu_blocks_override=cfg.num_blocks + 1, gpu_memory_utilization=0.1, dtype="float32", seed=0)
     prompts = [TokensPrompt(prompt_token_ids=[int(x) for x in synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes,
                                                                                 8192, 0, 512)])
                for i, t in enumerate(trace)]
     params = [SamplingParams(max_tokens=t.output_tokens, ignore_eos=True, temperature=0.0) for t in trace]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    del llm
+    with vllm_engine(model=str(tiny_model_dir()), scheduler_cls=PolicyScheduler.with_policy(recording),
+                     skip_tokenizer_init=True, block_size=cfg.block_size, enforce_eager=True, async_scheduling=False,
+                     max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                     max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
+                     num_gpu_blocks_override=cfg.num_blocks + 1, gpu_memory_utilization=0.1, dtype="float32",
+                     seed=0) as llm:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
     return [(s, p) for _, s, p, _ in recording.plans if s], outputs
 
 

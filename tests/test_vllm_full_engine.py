@@ -26,15 +26,20 @@ from test_vllm_conformance import _burst, time_limit  # noqa: E402  (same direct
 
 def engine_steps(scenario) -> tuple:
     """(steps, output lengths) of vllm.LLM on the scenario's requests (all arriving at once)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-    from policylab.testing.vllm_conformance import tiny_llama_dir
+    from policylab.testing.vllm_conformance import tiny_llama_dir, vllm_engine
     s = scenario
-    llm = LLM(model=tiny_llama_dir(), skip_tokenizer_init=True, block_size=s.block_size, gpu_memory_utilization=0.1,
-              num_gpu_blocks_override=s.num_blocks + 1, max_model_len=s.max_model_len,
-              max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
-              enable_prefix_caching=s.enable_prefix_caching, enforce_eager=True, dtype="float32", seed=0)
+    with vllm_engine(model=tiny_llama_dir(), skip_tokenizer_init=True, block_size=s.block_size,
+                     gpu_memory_utilization=0.1, num_gpu_blocks_override=s.num_blocks + 1,
+                     max_model_len=s.max_model_len, max_num_batched_tokens=s.max_num_batched_tokens,
+                     max_num_seqs=s.max_num_seqs, enable_prefix_caching=s.enable_prefix_caching, enforce_eager=True,
+                     dtype="float32", seed=0) as llm:
+        return _recorded_steps(llm, s)
+
+
+def _recorded_steps(llm, s) -> tuple:
+    """Run the scenario's requests through `llm`, recording every step its own scheduler makes."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
     sched = llm.llm_engine.engine_core.engine_core.scheduler
     index = {tuple(r.prompt_ids): i for i, r in enumerate(s.ordered())}
     steps, schedule = [], sched.schedule

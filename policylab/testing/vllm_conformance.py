@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -182,6 +183,23 @@ def tiny_llama_dir() -> str:
         LlamaForCausalLM(config).save_pretrained(path)
         _MODEL_DIR = path
     return _MODEL_DIR
+
+
+@contextmanager
+def vllm_engine(**engine_args):
+    """`vllm.LLM(**engine_args)` in this process, shut down when the block ends, failing or not.
+
+    An in-process engine's teardown resets vLLM's process-wide parallel groups. Left to the
+    garbage collector (an engine a failed test's traceback keeps alive), it would run under the
+    next engine and remove that one's groups: so every engine is shut down before the next starts.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+    llm = LLM(**engine_args)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
 
 
 def vllm_scheduler(s: VllmScenario):
