@@ -9,8 +9,6 @@ a few, HYPOTHESIS_PROFILE=deep several hundred.
 from __future__ import annotations
 
 import os
-import signal
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +18,7 @@ from policies.chunked import Chunked
 from policylab.core.kv import blocks_for
 from policylab.testing.vllm_conformance import (ConformanceError, VllmRequest, VllmScenario, check_conformance,
                                                 compare)       # (imports vLLM only when it runs it)
+from time_limits import time_limit
 
 try:
     import vllm  # noqa: F401
@@ -33,20 +32,6 @@ pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING or "vllm present
 
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
-
-
-@contextmanager
-def time_limit(seconds: int):
-    """Fail instead of hanging (SIGALRM: the main thread, POSIX)."""
-    def expire(signum, frame):
-        raise TimeoutError(f"test ran over its {seconds} s limit")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # ------------------------------------------------------------------------------ scenarios

@@ -2,8 +2,6 @@
 directory): the plans the policy made while vLLM served the model are step for step the plans
 of policylab's own replay of the same requests, preemptions included."""
 import os
-import signal
-from contextlib import contextmanager
 
 import pytest
 
@@ -12,21 +10,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/
 from policylab.core.config import EngineConfig  # noqa: E402
 from policylab.core.request import TraceRequest  # noqa: E402
 from policylab.core.synthetic_prompts import synthesize_prompt  # noqa: E402
+from time_limits import time_limit  # noqa: E402
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-
-@contextmanager
-def time_limit(seconds: int):
-    def expire(*_):
-        raise TimeoutError(f"test ran past {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 TRACE = [TraceRequest(0.0, 100 + 30 * i, 10 + 4 * i, max_tokens=10 + 4 * i) for i in range(12)]

@@ -7,8 +7,6 @@ about every request (cache hits, blocks needed, blocks freed by preempting) and 
 what-if plans that preempt running requests whose blocks waiting requests would hit. Block ids
 differ between the two sides; every count must not.
 """
-import signal
-from contextlib import contextmanager
 
 import pytest
 
@@ -19,19 +17,7 @@ from policylab.core.contract import StepPlan  # noqa: E402
 from policylab.core.policy import Policy  # noqa: E402
 from policylab.core.request import TraceRequest  # noqa: E402
 from policylab.integrations.vllm.policy_config import load_policy  # noqa: E402
-
-
-@contextmanager
-def time_limit(seconds: int):
-    def expire(*_):
-        raise TimeoutError(f"test ran past {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+from time_limits import time_limit  # noqa: E402
 
 
 class KvProbe(Policy):

@@ -5,8 +5,6 @@ step (tokens per request in batch order, preemptions), on generated scenarios: b
 gaps, prompts longer than the budget, KV caches a few requests wide (preemption), shared
 prefixes with prefix caching on, priorities, clients, SLOs, requests that can never fit.
 """
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,21 +18,9 @@ from policylab.core.contract import ContractViolation, StepPlan  # noqa: E402
 from policylab.core.policy import Policy  # noqa: E402
 from policylab.core.request import TraceRequest  # noqa: E402
 from policylab.integrations.vllm.same_steps import compare_replays  # noqa: E402
+from time_limits import time_limit  # noqa: E402
 
 POLICIES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "policy").glob("*.yaml"))
-
-
-@contextmanager
-def time_limit(seconds: int):
-    def expire(*_):
-        raise TimeoutError(f"test ran past {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @st.composite
