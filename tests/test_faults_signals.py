@@ -228,9 +228,31 @@ def test_a_signal_after_the_replay_says_the_results_are_complete(tmp_path, sig, 
         assert json.loads(Path(f"{mark}.exit").read_text()) == 128 + sig
 
 
+HOLD_THE_IMPORTS = """
+import os, pathlib, sys, time
+
+class HoldTheCli:              # the program is held inside its imports until the test's signal is noted
+    def find_spec(self, name, path=None, target=None):
+        if name == "policylab.apps.cli":
+            from policylab import _startup
+            pathlib.Path(os.environ["POLICYLAB_TEST_MARK"]).touch()
+            deadline = time.monotonic() + 60
+            while not _startup.received and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return None
+
+sys.meta_path.insert(0, HoldTheCli())
+"""
+
+
 def test_ctrl_c_while_the_program_starts_is_one_line(tmp_path):
-    proc = start(tmp_path, "policy=prefill_first", f"hydra.run.dir={tmp_path / 'run'}")
-    time.sleep(0.4)                                   # (inside the imports: torch, Hydra, ...)
+    (tmp_path / "patch").mkdir()
+    (tmp_path / "patch" / "sitecustomize.py").write_text(HOLD_THE_IMPORTS)
+    mark = tmp_path / "importing"
+    proc = start(tmp_path, "policy=prefill_first", f"hydra.run.dir={tmp_path / 'run'}",
+                 env={"POLICYLAB_TEST_MARK": str(mark),
+                      "PYTHONPATH": os.pathsep.join([str(tmp_path / "patch"), str(TESTS), str(ROOT)])})
+    wait_for(mark.exists, proc)                       # inside the imports, whatever this machine's speed
     proc.send_signal(signal.SIGINT)
     err = finish(proc)
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
