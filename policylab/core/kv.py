@@ -152,15 +152,22 @@ class BlockManager:
             blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, most)
         return blocks
 
+    def _new_blocks(self, r, n: int, hits: tuple) -> int:
+        """Blocks beyond its table (running) or its cache hits `hits` (waiting) that giving `n`
+        more tokens to request `r` takes."""
+        table, bs = r.block_table, self.block_size
+        if table:
+            need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
+        else:
+            need = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
+        return need if need > 0 else 0
+
     def blocks_needed(self, r, n: int) -> int:
         """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included)."""
-        table, bs = r.block_table, self.block_size
-        if table:                # running: no cache lookup, just the tail of its table
-            need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
-            return need if need > 0 else 0
+        if r.block_table:        # running: no cache lookup, just the tail of its table
+            return self._new_blocks(r, n, ())
         hits = self.hits(r)
-        new = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
-        return max(new, 0) + (self.reclaim_cost(hits) if hits else 0)
+        return self._new_blocks(r, n, hits) + (self.reclaim_cost(hits) if hits else 0)
 
     def freed_by(self, r) -> int:
         """Blocks that releasing request `r`'s table frees: those no other request holds."""
@@ -172,22 +179,17 @@ class BlockManager:
         once the `preempted` requests have released their tables. A block is available when every
         reference to it is a preempted one; a cache hit on a block that nobody holds after the
         preemptions takes a free block, counted once however many requests hit it."""
-        ref, bs = self._ref, self.block_size
+        ref = self._ref
         released = Counter()
         for r in preempted:
             released.update(r.block_table)
         available = self.num_free + sum(1 for b, k in released.items() if ref[b] == k)
         needed, reclaimed = 0, set()
         for r, n in chunks:
-            table = r.block_table
-            if table:
-                need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
-            else:
-                hits = self.hits(r)
-                need = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
+            hits = () if r.block_table else self.hits(r)
+            needed += self._new_blocks(r, n, hits)
+            if hits:
                 reclaimed.update(b for b in hits if ref[b] == released[b])
-            if need > 0:
-                needed += need
         return needed + len(reclaimed), available
 
     # ------------------------------------------------------------------ read-only state for checks
