@@ -91,7 +91,8 @@ def bench_replay(n, policy):
     return wall
 
 
-def bench_decode_step(policy, running=256, steps=1000):
+def timed_steps(policy, running, steps):
+    """(total, data plane) wall seconds of `steps` steps of a steady engine of `running` decodes."""
     engine = steady_engine(policy, running, steps + 100)
     plane = engine.dataplane
     plane_time = 0.0
@@ -107,7 +108,11 @@ def bench_decode_step(policy, running=256, steps=1000):
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
-    total = time.perf_counter() - t0
+    return time.perf_counter() - t0, plane_time
+
+
+def bench_decode_step(policy, running=256, steps=1000):
+    total, plane_time = timed_steps(policy, running, steps)
     control = total - plane_time
     print(f"(b) {policy}: {control / steps * 1e6:.0f} µs/step control plane with {running} running "
           f"decodes (sim data plane excluded: {plane_time / steps * 1e6:.0f} µs/step, control/sim "

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]   # bench_engine; policylab from this checkout
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from bench_engine import steady_engine  # noqa: E402
+from bench_engine import timed_steps  # noqa: E402
 
 from policylab.core.config import EngineConfig  # noqa: E402
 from policylab.core.request import TraceRequest  # noqa: E402
@@ -65,21 +65,8 @@ def _fake_output_cost(scheduler, out, steps: int) -> float:
 
 
 def policylab_step(policy: str, steps: int) -> float:
-    engine = steady_engine(policy, RUNNING, steps + 100)
-    plane, plane_time = engine.dataplane, 0.0
-    execute = plane.execute
-
-    def timed(batch):
-        nonlocal plane_time
-        t = time.perf_counter()
-        result = execute(batch)
-        plane_time += time.perf_counter() - t
-        return result
-    plane.execute = timed
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    return (time.perf_counter() - t0 - plane_time) / steps * 1e6
+    total, plane_time = timed_steps(policy, RUNNING, steps)
+    return (total - plane_time) / steps * 1e6
 
 
 def main() -> None:

@@ -74,7 +74,7 @@ class VllmPlaneConfig:
 
 
 PLANES = {"sim": SimPlaneConfig, "torch": TorchPlaneConfig, "vllm": VllmPlaneConfig}
-TARGETS = {SIM_TARGET: SimPlaneConfig, TORCH_TARGET: TorchPlaneConfig}
+TARGETS = {c.target: c for c in PLANES.values() if c.target}     # the shipped planes with a class
 PLANE_OF: dict = {}      # a user plane's Config dataclass -> its plane class (filled as configs are read)
 
 

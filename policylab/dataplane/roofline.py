@@ -75,7 +75,7 @@ class Roofline:
         self._s_per_kv_token = s.kv_bytes_per_token / self.bw
         self._dense: dict = {}
         self._lm_head: dict = {}
-        self._layers: dict = {}          # pipeline stages: one micro-batch's layers
+        self._stages: dict = {}          # pipeline: (tokens, micro-batches) -> one micro-batch's layers, hand-off, embedding
         if tp > 1 or pp > 1 or self.host.per_request or self.host.per_token:
             self.step_time = self._parallel_step_time
 
@@ -164,13 +164,15 @@ class Roofline:
                 head = self.lm_head_time(sampled)
             return dense + head + self.attention_time(q, ctx, tokens) + host
         m = micro_batches(self.pp, len(q))
-        per_mb = -(-tokens // m)
-        dense = self._layers.get(per_mb)
-        if dense is None:
-            dense = self._layers[per_mb] = self.layers_time(per_mb)
+        stage = self._stages.get((tokens, m))
+        if stage is None:
+            per_mb = -(-tokens // m)
+            stage = self._stages[tokens, m] = (
+                self.layers_time(per_mb), self.link.send(per_mb * self.shape.hidden * self.shape.dtype_bytes),
+                self.embedding_time(tokens))
+        dense, handoff, embedding = stage
         layers = dense + self.attention_time(q, ctx, tokens) / m
-        handoff = self.link.send(per_mb * self.shape.hidden * self.shape.dtype_bytes)
-        return (self.embedding_time(tokens) + pipelined(layers / self.pp, handoff, self.pp, m)
+        return (embedding + pipelined(layers / self.pp, handoff, self.pp, m)
                 + self.lm_head_time(sampled) + host)
 
     def describe(self) -> dict:
