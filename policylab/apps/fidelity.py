@@ -44,9 +44,18 @@ def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
         print(f"warning: the calibration was measured with timer={measured_on.get('timer')}, this replay "
               f"with timer={timing['timer']}: the sim predicts another clock", file=sys.stderr)
     (real_req, real_sum), (_, again_sum) = real_replays(cfg, real_plane, timing, run_dir)
-    sim_plane = SimDataPlane(cfg.model, cfg.hardware, DataplaneConfig(kind="sim", calibration=path), cfg.seed)
     num_blocks = cfg.engine.num_blocks or real_plane.num_kv_blocks(cfg.engine.block_size)
-    engine_cfg = dataclasses.replace(cfg.engine, num_blocks=num_blocks)
+    return sim_and_report(cfg, run_dir, path, calib, dataclasses.replace(cfg.engine, num_blocks=num_blocks),
+                          (real_req, real_sum), again_sum)
+
+
+def sim_and_report(cfg: RunConfig, run_dir: Path, path: str, calib, engine_cfg, real: tuple, again_sum: dict,
+                   real_name: str = "real") -> pd.DataFrame:
+    """The calibrated sim's replay of the trace (`sim/`) and the report of its error against the
+    real replays (`real`: its requests and summary; `again_sum`: the second real replay's summary):
+    fidelity.csv, fidelity.md, fidelity_cdf.png and the table on the terminal."""
+    real_req, real_sum = real
+    sim_plane = SimDataPlane(cfg.model, cfg.hardware, DataplaneConfig(kind="sim", calibration=path), cfg.seed)
     sim_engine = Engine(load_trace(cfg.trace, seed=cfg.seed), build_policy(cfg.policy), sim_plane,
                         engine_cfg, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
     sim = replay(sim_engine, cfg.progress)
@@ -54,7 +63,8 @@ def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
     sim_req, _, sim_sum = summarize_run(sim, cfg)
     table = error_table(real_sum, sim_sum, again_sum)
     table.to_csv(run_dir / "fidelity.csv", index=False)
-    (run_dir / "fidelity.md").write_text(_markdown(table, cfg, calib))
+    md = _markdown(table, cfg, calib).replace("Sim vs real", f"Sim vs {real_name}", 1)
+    (run_dir / "fidelity.md").write_text(md)
     _plot_cdfs(real_req, sim_req, run_dir / "fidelity_cdf.png", sim_engine.policy_name)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(headline(table))

@@ -17,11 +17,7 @@ import pandas as pd
 from policylab.analysis.results import summarize_run, write_results
 from policylab.apps.calibrate import fit
 from policylab.apps.config import RunConfig
-from policylab.apps.jobs import build_policy, replay
-from policylab.dataplane.config import DataplaneConfig
-from policylab.core.engine import Engine
 from policylab.dataplane.fitted import FEATURES, Calibration, batch_features, load_calibration
-from policylab.dataplane.sim import SimDataPlane
 from policylab.traces import load_trace
 
 
@@ -64,7 +60,6 @@ def calibrate_vllm(cfg: RunConfig, run_dir: Path) -> Calibration:
 
 
 def fidelity_vllm(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
-    from policylab.apps.fidelity_report import error_table, headline, markdown as _markdown, plot_cdfs as _plot_cdfs
     import vllm
     path = cfg.dataplane.calibration
     calib = load_calibration(path) if path else calibrate_vllm(cfg, run_dir)
@@ -74,20 +69,7 @@ def fidelity_vllm(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
         result, _ = _replay(cfg)
         write_results(run_dir / name, result, cfg, {"vllm": {"version": vllm.__version__}})
         real_runs.append((result, summarize_run(result, cfg)))
-    num_blocks = real_runs[0][0].num_blocks
-    sim_plane = SimDataPlane(cfg.model, cfg.hardware, DataplaneConfig(kind="sim", calibration=path), cfg.seed)
-    engine_cfg = dataclasses.replace(cfg.engine, num_blocks=num_blocks, clock="virtual")
-    sim_engine = Engine(load_trace(cfg.trace, seed=cfg.seed), build_policy(cfg.policy), sim_plane, engine_cfg,
-                        seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
-    sim = replay(sim_engine, cfg.progress)
-    write_results(run_dir / "sim", sim, cfg, {"cost_model": sim_plane.describe_cost_model()})
-    sim_req, _, sim_sum = summarize_run(sim, cfg)
+    from policylab.apps.fidelity import sim_and_report
+    engine_cfg = dataclasses.replace(cfg.engine, num_blocks=real_runs[0][0].num_blocks, clock="virtual")
     (real_req, _, real_sum), (_, _, again_sum) = real_runs[0][1], real_runs[1][1]
-    table = error_table(real_sum, sim_sum, again_sum)
-    table.to_csv(run_dir / "fidelity.csv", index=False)
-    (run_dir / "fidelity.md").write_text(_markdown(table, cfg, calib).replace("Sim vs real", "Sim vs vLLM", 1))
-    _plot_cdfs(real_req, sim_req, run_dir / "fidelity_cdf.png", sim_engine.policy_name)
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-    print(headline(table))
-    print(f"fidelity report: {run_dir / 'fidelity.md'}")
-    return table
+    return sim_and_report(cfg, run_dir, path, calib, engine_cfg, (real_req, real_sum), again_sum, "vLLM")

@@ -2,7 +2,6 @@
 process, the policy as vLLM's scheduler (policylab.integrations.vllm), written as every run is."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from policylab.apps.config import RunConfig
@@ -32,9 +31,10 @@ def replay_on_vllm(cfg: RunConfig, trace, on_request_done=None):
 
 def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     from policylab.analysis.result_stream import ResultStream
-    from policylab.analysis.results import print_summary
     from policylab.analysis.tracking import open_tracker
+    from policylab.apps.config import plot_settings
     from policylab.apps.jobs import write_traceback
+    from policylab.apps.run import draw_plots, report
 
     vllm_setup(cfg)
     trace = load_trace(cfg.trace, seed=cfg.seed)
@@ -44,13 +44,10 @@ def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     if result.traceback:
         result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
     summary = results.finish(result, {"trace_report": trace.report.as_dict(), **extra})
-    if cfg.plots:
-        from policylab.analysis.plots import write_run_plots
-        write_run_plots(run_dir)
+    plots = plot_settings(cfg.plots)
+    if plots.enabled:
+        draw_plots(run_dir, plots)
     tracker.log_run(run_dir, summary)
     tracker.finish()
-    print_summary(summary)
-    print(f"results: {run_dir}")
-    if result.partial:
-        print(f"run ended early: {result.error} — partial results written to {run_dir}", file=sys.stderr)
+    report(cfg, summary, run_dir, result.partial, result.error, None, None)
     return summary

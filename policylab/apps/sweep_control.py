@@ -71,13 +71,12 @@ class SweepStop:
     """While installed: the parent's stop signals mark the sweep stopped and reach the workers."""
 
     def __init__(self, sweep_dir: Path):
-        self.marker, self.signum = Path(sweep_dir) / STOP_MARKER, None
+        self.marker = Path(sweep_dir) / STOP_MARKER
         self.marker.unlink(missing_ok=True)          # (an earlier, stopped sweep's)
 
     def __call__(self, signum: int, first: bool) -> None:
         if not first:
             return
-        self.signum = signum
         mark_stopped(self.marker, signum)
         pids = worker_pids()
         for pid in pids:
