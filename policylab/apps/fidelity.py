@@ -16,16 +16,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from policylab.analysis.results import plain_config, summarize_run, write_results
+from policylab.analysis.results import plain_config, write_results
 from policylab.apps.calibrate import calibrate
 from policylab.apps.config import RunConfig, typed_config
-from policylab.apps.jobs import build_engine, build_policy, dataplane_of, measuring, replay
-from policylab.dataplane.config import DataplaneConfig
-from policylab.core.engine import Engine
+from policylab.apps.jobs import build_engine, dataplane_of, measuring, replay
 from policylab.dataplane.fitted import load_calibration
-from policylab.dataplane.sim import SimDataPlane
-from policylab.apps.fidelity_report import _get, error_table, headline, markdown as _markdown, plot_cdfs as _plot_cdfs
-from policylab.traces import load_trace
+from policylab.apps.fidelity_report import _get, sim_and_report
 
 def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
     cfg = typed_config(cfg)
@@ -47,29 +43,6 @@ def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
     num_blocks = cfg.engine.num_blocks or real_plane.num_kv_blocks(cfg.engine.block_size)
     return sim_and_report(cfg, run_dir, path, calib, dataclasses.replace(cfg.engine, num_blocks=num_blocks),
                           (real_req, real_sum), again_sum)
-
-
-def sim_and_report(cfg: RunConfig, run_dir: Path, path: str, calib, engine_cfg, real: tuple, again_sum: dict,
-                   real_name: str = "real") -> pd.DataFrame:
-    """The calibrated sim's replay of the trace (`sim/`) and the report of its error against the
-    real replays (`real`: its requests and summary; `again_sum`: the second real replay's summary):
-    fidelity.csv, fidelity.md, fidelity_cdf.png and the table on the terminal."""
-    real_req, real_sum = real
-    sim_plane = SimDataPlane(cfg.model, cfg.hardware, DataplaneConfig(kind="sim", calibration=path), cfg.seed)
-    sim_engine = Engine(load_trace(cfg.trace, seed=cfg.seed), build_policy(cfg.policy), sim_plane,
-                        engine_cfg, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
-    sim = replay(sim_engine, cfg.progress)
-    write_results(run_dir / "sim", sim, cfg, {"cost_model": sim_plane.describe_cost_model()})
-    sim_req, _, sim_sum = summarize_run(sim, cfg)
-    table = error_table(real_sum, sim_sum, again_sum)
-    table.to_csv(run_dir / "fidelity.csv", index=False)
-    md = _markdown(table, cfg, calib).replace("Sim vs real", f"Sim vs {real_name}", 1)
-    (run_dir / "fidelity.md").write_text(md)
-    _plot_cdfs(real_req, sim_req, run_dir / "fidelity_cdf.png", sim_engine.policy_name)
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-    print(headline(table))
-    print(f"fidelity report: {run_dir / 'fidelity.md'}")
-    return table
 
 
 SAME = (("policy", "name"), ("trace", "name"), ("trace", "max_requests"), ("model", "name"), ("seed",),

@@ -1,5 +1,6 @@
-"""The fidelity report: the sim's error next to the real side's own run-to-run spread, as a
-table, a markdown page and CDF figures (shared by the torch and vLLM real sides)."""
+"""The fidelity report: the calibrated sim's replay and its error next to the real side's own
+run-to-run spread, as a table, a markdown page and CDF figures (shared by the torch and vLLM
+real sides)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from policylab.analysis.results import summarize_run, write_results
+from policylab.apps.config import RunConfig
+from policylab.apps.jobs import build_policy, replay
+from policylab.core.engine import Engine
+from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.fitted import Calibration
+from policylab.dataplane.sim import SimDataPlane
+from policylab.traces import load_trace
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p99")
@@ -71,3 +79,26 @@ def plot_cdfs(real: pd.DataFrame, sim: pd.DataFrame, path: Path, policy: str) ->
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def sim_and_report(cfg: RunConfig, run_dir: Path, path: str, calib, engine_cfg, real: tuple, again_sum: dict,
+                   real_name: str = "real") -> pd.DataFrame:
+    """The calibrated sim's replay of the trace (`sim/`) and the report of its error against the
+    real replays (`real`: its requests and summary; `again_sum`: the second real replay's summary):
+    fidelity.csv, fidelity.md, fidelity_cdf.png and the table on the terminal."""
+    real_req, real_sum = real
+    sim_plane = SimDataPlane(cfg.model, cfg.hardware, DataplaneConfig(kind="sim", calibration=path), cfg.seed)
+    sim_engine = Engine(load_trace(cfg.trace, seed=cfg.seed), build_policy(cfg.policy), sim_plane,
+                        engine_cfg, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
+    sim = replay(sim_engine, cfg.progress)
+    write_results(run_dir / "sim", sim, cfg, {"cost_model": sim_plane.describe_cost_model()})
+    sim_req, _, sim_sum = summarize_run(sim, cfg)
+    table = error_table(real_sum, sim_sum, again_sum)
+    table.to_csv(run_dir / "fidelity.csv", index=False)
+    md = markdown(table, cfg, calib).replace("Sim vs real", f"Sim vs {real_name}", 1)
+    (run_dir / "fidelity.md").write_text(md)
+    plot_cdfs(real_req, sim_req, run_dir / "fidelity_cdf.png", sim_engine.policy_name)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    print(headline(table))
+    print(f"fidelity report: {run_dir / 'fidelity.md'}")
+    return table

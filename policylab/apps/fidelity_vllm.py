@@ -69,7 +69,7 @@ def fidelity_vllm(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
         result, _ = _replay(cfg)
         write_results(run_dir / name, result, cfg, {"vllm": {"version": vllm.__version__}})
         real_runs.append((result, summarize_run(result, cfg)))
-    from policylab.apps.fidelity import sim_and_report
+    from policylab.apps.fidelity_report import sim_and_report
     engine_cfg = dataclasses.replace(cfg.engine, num_blocks=real_runs[0][0].num_blocks, clock="virtual")
     (real_req, _, real_sum), (_, _, again_sum) = real_runs[0][1], real_runs[1][1]
     return sim_and_report(cfg, run_dir, path, calib, engine_cfg, (real_req, real_sum), again_sum, "vLLM")

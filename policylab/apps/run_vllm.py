@@ -34,7 +34,7 @@ def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     from policylab.analysis.tracking import open_tracker
     from policylab.apps.config import plot_settings
     from policylab.apps.jobs import write_traceback
-    from policylab.apps.run import draw_plots, report
+    from policylab.apps.run_report import draw_plots, report
 
     vllm_setup(cfg)
     trace = load_trace(cfg.trace, seed=cfg.seed)
