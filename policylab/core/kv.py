@@ -87,6 +87,30 @@ def _weights(size: int) -> np.ndarray:
 UNHITTABLE = object()   # block_hash of a free block in the LRU that no request can ever hit
 
 
+def plan_cost(ref, num_free: int, block_size: int, hits, preempted: list, chunks) -> tuple:
+    """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
+    once the `preempted` requests have released their tables, over reference counts `ref` (block
+    id -> count) and a prefix-cache lookup `hits` (request -> cached block ids). A block is
+    available when every reference to it is a preempted one; a cache hit on a block that nobody
+    holds after the preemptions takes a free block, counted once however many requests hit it."""
+    released = Counter()
+    for r in preempted:
+        released.update(r.block_table)
+    available = num_free + sum(1 for b, k in released.items() if ref[b] == k)
+    needed, reclaimed = 0, set()
+    for r, n in chunks:
+        table = r.block_table
+        if table:
+            need = blocks_for(r.num_computed_tokens + n, block_size) - len(table)
+        else:
+            cached = hits(r)
+            need = blocks_for(max(r.num_computed_tokens, len(cached) * block_size) + n, block_size) - len(cached)
+            reclaimed.update(b for b in cached if ref[b] == released[b])
+        if need > 0:
+            needed += need
+    return needed + len(reclaimed), available
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  index: str = "hash"):
@@ -169,26 +193,8 @@ class BlockManager:
 
     def plan_cost(self, preempted: list, chunks) -> tuple:
         """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
-        once the `preempted` requests have released their tables. A block is available when every
-        reference to it is a preempted one; a cache hit on a block that nobody holds after the
-        preemptions takes a free block, counted once however many requests hit it."""
-        ref, bs = self._ref, self.block_size
-        released = Counter()
-        for r in preempted:
-            released.update(r.block_table)
-        available = self.num_free + sum(1 for b, k in released.items() if ref[b] == k)
-        needed, reclaimed = 0, set()
-        for r, n in chunks:
-            table = r.block_table
-            if table:
-                need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
-            else:
-                hits = self.hits(r)
-                need = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
-                reclaimed.update(b for b in hits if ref[b] == released[b])
-            if need > 0:
-                needed += need
-        return needed + len(reclaimed), available
+        once the `preempted` requests have released their tables (the module-level `plan_cost`)."""
+        return plan_cost(self._ref, self.num_free, self.block_size, self.hits, preempted, chunks)
 
     # ------------------------------------------------------------------ read-only state for checks
     @property
