@@ -1,28 +1,19 @@
 """`python -m policylab fidelity dataplane=vllm`: the simulator fitted on vLLM's steps and compared
 with two vLLM replays of the same trace."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/run runs these tests)")
 
 import pandas as pd  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from vllm_cli import run_on_vllm  # noqa: E402
 
 
 def test_fidelity_against_vllm_reports_error_next_to_vllms_own_spread(tmp_path):
     out = tmp_path / "fid"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "policylab", "fidelity", "dataplane=vllm", "policy=chunked",
-                           "trace=bursty", "trace.max_requests=8", "trace.rate_scale=4", "logger=none",
-                           "progress=false", "plots=false", f"hydra.run.dir={out}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_on_vllm("fidelity", ["policy=chunked", "trace=bursty", "trace.max_requests=8", "trace.rate_scale=4",
+                                    "plots=false"], tmp_path, out, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     calibration = json.loads((out / "calibration.json").read_text())
     assert calibration["measured_on"]["kind"] == "vllm" and calibration["n_train"] > 0

@@ -1,28 +1,19 @@
 """`python -m policylab run dataplane=vllm`: a trace through vLLM's engine in process, written as
 every run is (summary.json, requests.parquet, steps.parquet, plots)."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/run runs these tests)")
 
 import pandas as pd  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from vllm_cli import run_on_vllm  # noqa: E402
 
 
 def test_run_on_vllm_writes_the_same_results_as_every_data_plane(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "policylab", "run", "dataplane=vllm", "policy=chunked",
-                           "trace=bursty", "trace.max_requests=6", "trace.rate_scale=4", "logger=none",
-                           "progress=false", f"hydra.run.dir={out}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
+    proc = run_on_vllm("run", ["policy=chunked", "trace=bursty", "trace.max_requests=6", "trace.rate_scale=4"],
+                       tmp_path, out, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["counts"]["finished"] == 6, summary["counts"]

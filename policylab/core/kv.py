@@ -87,6 +87,36 @@ def _weights(size: int) -> np.ndarray:
 UNHITTABLE = object()   # block_hash of a free block in the LRU that no request can ever hit
 
 
+def new_blocks(r, n: int, hits: tuple, block_size: int) -> int:
+    """Blocks beyond its table (running) or its cache hits `hits` (waiting) that giving `n` more
+    tokens to request `r` takes."""
+    table = r.block_table
+    if table:
+        need = blocks_for(r.num_computed_tokens + n, block_size) - len(table)
+    else:
+        need = blocks_for(max(r.num_computed_tokens, len(hits) * block_size) + n, block_size) - len(hits)
+    return need if need > 0 else 0
+
+
+def plan_cost(ref, num_free: int, block_size: int, hits, preempted: list, chunks) -> tuple:
+    """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
+    once the `preempted` requests have released their tables, over reference counts `ref` (block
+    id -> count) and a prefix-cache lookup `hits` (request -> cached block ids). A block is
+    available when every reference to it is a preempted one; a cache hit on a block that nobody
+    holds after the preemptions takes a free block, counted once however many requests hit it."""
+    released = Counter()
+    for r in preempted:
+        released.update(r.block_table)
+    available = num_free + sum(1 for b, k in released.items() if ref[b] == k)
+    needed, reclaimed = 0, set()
+    for r, n in chunks:
+        cached = () if r.block_table else hits(r)
+        needed += new_blocks(r, n, cached, block_size)
+        if cached:
+            reclaimed.update(b for b in cached if ref[b] == released[b])
+    return needed + len(reclaimed), available
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  index: str = "hash"):
@@ -152,22 +182,12 @@ class BlockManager:
             blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, most)
         return blocks
 
-    def _new_blocks(self, r, n: int, hits: tuple) -> int:
-        """Blocks beyond its table (running) or its cache hits `hits` (waiting) that giving `n`
-        more tokens to request `r` takes."""
-        table, bs = r.block_table, self.block_size
-        if table:
-            need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
-        else:
-            need = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
-        return need if need > 0 else 0
-
     def blocks_needed(self, r, n: int) -> int:
         """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included)."""
         if r.block_table:        # running: no cache lookup, just the tail of its table
-            return self._new_blocks(r, n, ())
+            return new_blocks(r, n, (), self.block_size)
         hits = self.hits(r)
-        return self._new_blocks(r, n, hits) + (self.reclaim_cost(hits) if hits else 0)
+        return new_blocks(r, n, hits, self.block_size) + (self.reclaim_cost(hits) if hits else 0)
 
     def freed_by(self, r) -> int:
         """Blocks that releasing request `r`'s table frees: those no other request holds."""
@@ -176,21 +196,8 @@ class BlockManager:
 
     def plan_cost(self, preempted: list, chunks) -> tuple:
         """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
-        once the `preempted` requests have released their tables. A block is available when every
-        reference to it is a preempted one; a cache hit on a block that nobody holds after the
-        preemptions takes a free block, counted once however many requests hit it."""
-        ref = self._ref
-        released = Counter()
-        for r in preempted:
-            released.update(r.block_table)
-        available = self.num_free + sum(1 for b, k in released.items() if ref[b] == k)
-        needed, reclaimed = 0, set()
-        for r, n in chunks:
-            hits = () if r.block_table else self.hits(r)
-            needed += self._new_blocks(r, n, hits)
-            if hits:
-                reclaimed.update(b for b in hits if ref[b] == released[b])
-        return needed + len(reclaimed), available
+        once the `preempted` requests have released their tables (the module-level `plan_cost`)."""
+        return plan_cost(self._ref, self.num_free, self.block_size, self.hits, preempted, chunks)
 
     # ------------------------------------------------------------------ read-only state for checks
     @property

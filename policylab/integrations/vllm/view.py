@@ -12,12 +12,11 @@ integration goes through `build_view` and `hits_of`.
 """
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from types import MappingProxyType
 
 from policylab.core.contract import DecodeFacts, RequestView, SchedulerView
-from policylab.core.kv import blocks_for
+from policylab.core.kv import new_blocks, plan_cost
 from policylab.core.request import Status
 
 _EMPTY = ()
@@ -42,6 +41,18 @@ class BlockIds:
 
     def __reversed__(self):
         return (b.block_id for b in reversed(self._blocks))
+
+
+class RefCounts:
+    """vLLM's live reference counts by block id, indexed as `BlockManager`'s own list is."""
+
+    __slots__ = ("_blocks",)
+
+    def __init__(self, blocks):
+        self._blocks = blocks
+
+    def __getitem__(self, b: int) -> int:
+        return self._blocks[b].ref_cnt
 
 
 class CacheMap(Mapping):
@@ -85,6 +96,7 @@ class LiveKV:
         self.num_blocks = self.pool.num_gpu_blocks - 1
         self.prefix_caching = bool(kv_cache_manager.enable_caching)
         self._blocks = self.pool.blocks
+        self._ref_counts = RefCounts(self._blocks)
         self._req_to_blocks = self.coordinator.single_type_managers[0].req_to_blocks
         self._hits: dict = {}            # req_id -> its cache hits, this step
 
@@ -130,16 +142,9 @@ class LiveKV:
     def blocks_needed(self, r, n: int) -> int:
         """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included:
         a hit on a block nobody holds takes it out of vLLM's free queue)."""
-        table, bs = r.block_table, self.block_size
-        if table:
-            need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
-            return need if need > 0 else 0
-        hits = self.hits(r)
-        new = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
-        if not hits:
-            return max(new, 0)
+        hits = () if r.block_table else self.hits(r)
         blocks = self._blocks
-        return max(new, 0) + sum(1 for b in hits if blocks[b].ref_cnt == 0)
+        return new_blocks(r, n, hits, self.block_size) + sum(1 for b in hits if blocks[b].ref_cnt == 0)
 
     def freed_by(self, r) -> int:
         """Blocks that preempting request `r` frees: those no other request holds."""
@@ -147,27 +152,9 @@ class LiveKV:
 
     def plan_cost(self, preempted: list, chunks) -> tuple:
         """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
-        once the `preempted` requests have released their tables: `BlockManager.plan_cost` over
-        vLLM's reference counts. A block is available when every reference to it is a preempted
-        one; a cache hit on a block nobody holds after the preemptions takes a free block, counted
-        once however many requests hit it."""
-        blocks, bs = self._blocks, self.block_size
-        released = Counter()
-        for r in preempted:
-            released.update(r.block_table)
-        available = self.num_free + sum(1 for b, k in released.items() if blocks[b].ref_cnt == k)
-        needed, reclaimed = 0, set()
-        for r, n in chunks:
-            table = r.block_table
-            if table:
-                need = blocks_for(r.num_computed_tokens + n, bs) - len(table)
-            else:
-                hits = self.hits(r)
-                need = blocks_for(max(r.num_computed_tokens, len(hits) * bs) + n, bs) - len(hits)
-                reclaimed.update(b for b in hits if blocks[b].ref_cnt == released[b])
-            if need > 0:
-                needed += need
-        return needed + len(reclaimed), available
+        once the `preempted` requests have released their tables: `core.kv.plan_cost` over vLLM's
+        reference counts."""
+        return plan_cost(self._ref_counts, self.num_free, self.block_size, self.hits, preempted, chunks)
 
     # ------------------------------------------------------------------ read-only state for checks
     @property
