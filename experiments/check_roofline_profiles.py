@@ -34,7 +34,9 @@ from policylab.dataplane.profile_csv import floats, read_table
 from policylab.dataplane.kernel_model import KernelCostModel
 from policylab.dataplane.roofline import Roofline
 
-COST_MODEL = {"roofline": Roofline, "kernel": KernelCostModel}
+from policylab.dataplane.shaped import ShapedCostModel
+
+COST_MODEL = {"roofline": Roofline, "kernel": KernelCostModel, "shaped": ShapedCostModel}
 Model = Roofline
 
 DECODE = [2 ** i for i in range(13)]                 # 1 .. 4,096
@@ -106,7 +108,7 @@ def main() -> None:
     ap.add_argument("--hardware", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="override hardware fields on every GPU (e.g. to compare with other efficiencies)")
     ap.add_argument("--cost-model", choices=sorted(COST_MODEL), default="roofline",
-                    help="roofline (the default) or kernel (dataplane.cost_model=kernel)")
+                    help="shaped (the simulator's default), roofline or kernel (dataplane.cost_model=...)")
     args = ap.parse_args()
     global Model
     Model = COST_MODEL[args.cost_model]

@@ -23,7 +23,7 @@ class SimPlaneConfig:
     """`dataplane=sim`: a cost model times every step; no model runs."""
     target: ClassVar[str] = SIM_TARGET
     kind: str = "sim"
-    cost_model: str = "roofline"    # roofline (the default) | kernel (shape-aware kernels, docs/cost-model.md)
+    cost_model: str = "shaped"      # shaped (the default) | roofline | kernel (docs/cost-model.md)
     calibration: Optional[str] = None     # fitted cost-model file replacing the roofline
     profile: Optional[str] = None   # directory of a Vidur compute profile (mlp.csv [+ attention.csv])
     network_profile: Optional[str] = None   # with profile: directory with Vidur's all_reduce.csv
@@ -48,7 +48,7 @@ class TorchPlaneConfig:
     threads: Optional[int] = None   # on CPU: intra-op threads (None: 1 on <= 4 cores, else torch default)
     step_time: str = "measured"     # auto (model on CPU, measured on CUDA; configs/dataplane/torch.yaml's
                                     # default) | measured | model (a sim cost model times each step: machine-independent)
-    cost_model: str = "roofline"    # step_time=model: the sim cost model that times the steps
+    cost_model: str = "shaped"      # step_time=model: the sim cost model that times the steps
     calibration: Optional[str] = None     # step_time=model and fidelity: a fitted cost model to time them by
     timer: str = "wall"             # wall (perf_counter) | cpu (thread CPU time, one intra-op thread)
     timer_repeats: int = 1          # timer=cpu: run each step k times, keep the least time

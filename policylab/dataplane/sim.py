@@ -1,7 +1,8 @@
 """Simulated data plane: step time from a cost model of the batch (DESIGN §5).
 
 No model runs. One of three cost models prices each step (`build_cost_model`):
-the roofline of the model's shape on a GPU spec (`policylab.dataplane.roofline`, default),
+the roofline of the model's shape on a GPU spec (`cost_model=shaped`, the default:
+`policylab.dataplane.shaped`; `roofline` and `kernel` are the two it grew from),
 a measured GPU profile (`dataplane.profile=DIR`, `policylab.dataplane.profile`), or a fit
 on the real data plane (`dataplane.calibration=FILE`, `policylab.dataplane.fitted`).
 Sampled tokens are deterministic ids, so the engine path is identical to a real run.
@@ -19,7 +20,7 @@ from policylab.core.rng import splitmix64
 from policylab.dataplane.roofline import ModelShape, Roofline
 
 MIN_VOCAB = 32    # ids 0..15 and the top 16 are left out of sampled ids (special tokens)
-COST_MODELS = ("roofline", "kernel")
+COST_MODELS = ("shaped", "roofline", "kernel")
 MAX_TIME_NOISE = 0.3   # relative: beyond it a step duration would often clip at 0
 
 
@@ -43,6 +44,9 @@ def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneC
     if dp.profile:
         from policylab.dataplane.profile import ProfileCostModel
         return ProfileCostModel(model, hardware, dp)
+    if dp.cost_model == "shaped":
+        from policylab.dataplane.shaped import ShapedCostModel
+        return ShapedCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel)
     if dp.cost_model == "kernel":
         from policylab.dataplane.kernel_model import KernelCostModel
         return KernelCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel)
@@ -53,7 +57,8 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneCo
     """Refuse parameters that would give a step a duration that is not finite and >= 0 (a NaN
     step_overhead hung the virtual clock; mem_bandwidth=0 divided by zero)."""
     for name in ("peak_flops", "mem_bandwidth", "mem_bytes", "flops_efficiency", "bw_efficiency", "link_bandwidth",
-                 "gemm_efficiency", "attention_efficiency", "num_sms", "gemm_tile_m", "gemm_tile_n"):
+                 "gemm_efficiency", "attention_efficiency", "num_sms", "gemm_tile_m", "gemm_tile_n",
+                 "curve_efficiency"):
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number > 0, got {value!r}")
@@ -61,10 +66,13 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneCo
         if getattr(hw, name) > 1:
             raise ValueError(f"hardware.{name} is the achieved share of the peak: at most 1, got {getattr(hw, name)!r}")
     for name in ("kernel_latency", "step_overhead", "host_per_request", "host_per_token", "link_latency",
-                 "collective_latency", "attention_floor"):
+                 "collective_latency", "attention_floor", "decode_attention_floor", "gemm_half_m"):
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number >= 0 (seconds), got {value!r}")
+    if not (isinstance(hw.attention_length_slope, (int, float)) and 0 <= hw.attention_length_slope < 1):
+        raise ValueError("hardware.attention_length_slope is the share of attention efficiency lost per halving "
+                         f"of a prefill chunk: in [0, 1), got {hw.attention_length_slope!r}")
     if not (isinstance(dp.time_noise, (int, float)) and 0 <= dp.time_noise <= MAX_TIME_NOISE):
         raise ValueError(f"dataplane.time_noise must be a number in [0, {MAX_TIME_NOISE}] (relative standard "
                          f"deviation of a step's duration), got {dp.time_noise!r}")

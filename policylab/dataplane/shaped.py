@@ -1,0 +1,114 @@
+"""`dataplane.cost_model=shaped`, the default: the roofline with GEMM efficiency by shape and
+attention priced per kernel, each term fitted to public kernel timings.
+
+Everything but the GEMM and attention terms is the roofline's (elementwise traffic, embedding,
+LM head, tensor-parallel collectives, pipeline stages, host time, MoE routing).
+
+GEMMs. A GEMM of n tokens does not reach a large GEMM's FLOP rate: with few rows the output
+tiles fill few SMs and the last wave runs part-empty (wave quantisation). Averaged over the
+tiles a library picks, the achieved share of `curve_efficiency` is n / (n + `gemm_half_m`), so
+
+    t_compute = 2 x K x N x (n + gemm_half_m) / (peak x curve_efficiency)
+
+(a GEMM of n tokens costs as much compute as one of n + gemm_half_m at full rate). Memory time
+(weights, activations in and out at `bw_efficiency`) joins it by a p-norm with p = 6: the
+curve already carries the inefficiency of mid-sized GEMMs that the roofline's p = 3 knee stood for. On
+Vidur's 20 mlp.csv profiles this curve is within the roofline's error at every m range while
+reaching the large-GEMM efficiency that held-out cuBLAS timings show (0.77 of peak on Hopper,
+0.82 on the A100; experiments/check_cost_terms.py). Explicit 128 x 128 tile waves fit worse:
+cuBLAS switches tiles with the shape.
+
+Attention: one kernel per layer per phase (vLLM launches a varlen FlashAttention kernel for the
+prefill chunks and a paged kernel for the decodes) plus the KV-cache write's launch.
+
+- Decode: `decode_attention_floor` + the larger of bytes (each request's KV read once, its Q
+  read, O written, new K/V written) at `bw_efficiency` and FLOPs at `attention_efficiency`.
+  Split-KV kernels stream at full bandwidth even for one request; what a tiny decode costs is
+  the floor (scheduling the splits and the reduction).
+- Prefill: `attention_floor` + the larger of bytes and FLOPs, the FLOPs of each chunk (its
+  causal query-key pairs) at `attention_efficiency` x r(n) for a chunk of n query tokens:
+
+      r(n) = 1 - attention_length_slope x log2(16384 / n)     (n < 16384; at least 0.1)
+
+  short chunks fill few query tiles per head and pay the tile's pipeline fill on every key
+  block, so FLOP efficiency falls by a constant share per halving of the chunk (Vidur's A100
+  Llama-3-8B attention.csv: 0.23 of peak at 64 tokens, 0.36 at 1,024, 0.48 at 14,336, a
+  straight line in log2 n; independent of the cached context).
+
+The per-step cost stays O(prefill chunks): decodes are priced from sums the roofline takes.
+"""
+from __future__ import annotations
+
+from itertools import compress
+from math import log2
+
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.kernel_model import KernelCostModel
+
+COLUMN_TILE = 128           # output columns per SM in one wave (a 128-wide tile)
+GEMM_P_NORM = 6.0           # the GEMM knee: 2^(1/6) = 1.12x the larger bound at balance
+
+FULL_RATE_CHUNK = 16384     # the chunk length at which prefill attention runs at attention_efficiency
+MIN_LENGTH_SHARE = 0.1      # r(n) never below this (a guard for tiny chunks; not reached above 2 tokens)
+
+
+class ShapedCostModel(KernelCostModel):
+    """The roofline with the GEMM curve and the attention kernels above (module doc)."""
+
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1):
+        super().__init__(model, hw, tp, pp)
+        self.half_m, self.decode_floor, self.slope = hw.gemm_half_m, hw.decode_attention_floor, hw.attention_length_slope
+        self.curve_eff = hw.curve_efficiency
+        self._cols_per_wave = hw.num_sms * COLUMN_TILE
+        self._gemm_flops = hw.peak_flops * hw.curve_efficiency
+        if not (tp > 1 or pp > 1 or self.host.per_request or self.host.per_token):
+            del self.step_time                   # the roofline's single-GPU step path (no per-request host time)
+
+    def gemm_time(self, n: int, k: int, m: int) -> float:
+        compute = 2 * k * m * (n + self.half_m * min(1.0, self._cols_per_wave / m)) / self._gemm_flops
+        memory = (k * m + n * (k + m)) * self.shape.dtype_bytes / self.bw
+        return (compute ** GEMM_P_NORM + memory ** GEMM_P_NORM) ** (1 / GEMM_P_NORM)
+
+    def expert_time(self, flops: float, traffic: float) -> float:
+        compute, memory = flops / self._gemm_flops, traffic / self.bw
+        return (compute ** GEMM_P_NORM + memory ** GEMM_P_NORM) ** (1 / GEMM_P_NORM)
+
+    def length_share(self, n: int) -> float:
+        """r(n): the share of attention_efficiency a prefill chunk of n query tokens reaches."""
+        if n >= FULL_RATE_CHUNK:
+            return 1.0
+        return max(MIN_LENGTH_SHARE, 1.0 - self.slope * log2(FULL_RATE_CHUNK / n))
+
+    def attention_time(self, q, ctx, tokens: int) -> float:
+        requests = len(q)
+        if tokens == requests:
+            return self.shape.layers * self._decode(requests, sum(ctx) + tokens)
+        chunks = list(compress(range(requests), map((1).__lt__, q)))      # prefill chunks (n > 1)
+        flop_time = prefill_tokens = prefill_ctx = 0
+        for i in chunks:
+            n, c = q[i], ctx[i]
+            # causal pairs: every query sees the cached keys and the chunk's keys up to itself
+            flop_time += n * (c + (n + 1) / 2) / self.length_share(n)
+            prefill_tokens, prefill_ctx = prefill_tokens + n, prefill_ctx + c + n
+        t = 0.0
+        decodes = requests - len(chunks)
+        if decodes:
+            t += self._decode(decodes, sum(ctx) + tokens - prefill_ctx)
+        compute = flop_time * self._pair_flops / self._attn_flops
+        memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
+                  + prefill_ctx * self._kv_bytes_layer) / self.bw
+        t += self.floor + max(compute, memory) + self.latency       # + the cache write's launch
+        return self.shape.layers * t
+
+    def _decode(self, requests: int, context: int) -> float:
+        """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens."""
+        memory = (context * self._kv_bytes_layer + requests * (self._qo_bytes_token + self._kv_bytes_layer)) / self.bw
+        return self.decode_floor + max(memory, context * self._pair_flops / self._attn_flops) + self.latency
+
+    def describe(self) -> dict:
+        out = {"kind": "shaped", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,
+               "kernel_latency": self.latency, "step_overhead": self.overhead,
+               "curve_efficiency": self.curve_eff, "gemm_half_m": self.half_m, "p_norm": GEMM_P_NORM,
+               "attention_efficiency": self.attn_eff, "attention_length_slope": self.slope,
+               "attention_floor": self.floor, "decode_attention_floor": self.decode_floor}
+        return {**out, **self.parallel_description(), "host_time": self.host.describe()}
