@@ -120,8 +120,8 @@ def cost_model_label(summary: dict) -> str:
         return "unrecorded"
     if c.get("kind") == "real":
         return f"real {c.get('device', '?')} ({c.get('timer', '?')} timer)"
-    if c.get("kind") == "roofline":
-        return f"roofline {c.get('hardware', '?')}"
+    if c.get("kind") in ("roofline", "shaped", "kernel"):
+        return f"{c['kind']} {c.get('hardware', '?')}"
     return f"{c.get('kind')} {Path(str(c.get('file', '?'))).name}@{str(c.get('sha256', ''))[:8]}"
 
 

@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m policylab sim-check", description=__doc__.split("\n")[0])
     ap.add_argument("file", nargs="?", type=Path, help="tidy CSV of measurements (see the module doc)")
     ap.add_argument("--sample", action="store_true", help="check the shipped public sample instead")
-    ap.add_argument("--cost-model", choices=("roofline", "kernel"), default="roofline")
+    ap.add_argument("--cost-model", choices=("shaped", "roofline", "kernel"), default="shaped",
+                    help="shaped (the simulator's default), roofline or kernel")
     ap.add_argument("--host", default=None, help="a configs/host/ preset (whole-step phases)")
     ap.add_argument("--plot", type=Path, default=None, help="write predicted vs measured to this PNG")
     return ap

@@ -1,0 +1,130 @@
+"""Each cost term of the three cost models against public kernel timings: MAPE, bias, worst.
+
+GEMMs: every GEMM of Vidur's mlp.csv profiles (attn_pre_proj = QKV, attn_post_proj = O,
+mlp_up_proj, mlp_down_proj; TP-1 rows, medians, duplicates averaged) under a Vidur profiling
+root given on the command line (github.com/microsoft/vidur's data/profiling; without it, the
+shipped A100 Llama-3-8B sample in tests/data/vidur), against the model's `gemm_time` plus one
+`kernel_latency`, grouped by token count m.
+
+Attention: one layer's attention kernel against
+- Vidur's A100 Llama-3-8B attention.csv rows in tests/data/vidur/attention_points.csv (FlashInfer;
+  the kernel alone, attn_prefill or attn_decode medians; decodes of 1-512 requests at 96-1,408
+  cached tokens, TP 1 and 4; prefill chunks of 64-14,336 tokens after 0-5,440 cached);
+- vLLM PR #43232's FLASH_ATTN decode table (B200: check_attention_kernels.py),
+grouped by phase and work (decode: requests x context; prefill: chunk length). The kernel and
+shaped models' cache-write launch is left out (the rows time the attention kernel alone).
+
+    python experiments/check_cost_terms.py [VIDUR_PROFILING_ROOT]
+"""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from check_attention_kernels import VLLM_43232_FLASH_ATTN_DECODE
+from vidur_profiles import GEMMS, ROOT, cases, hardware
+from policylab.apps.sim_check import load_group
+from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.kernel_model import KernelCostModel
+from policylab.dataplane.roofline import Roofline
+from policylab.dataplane.shaped import ShapedCostModel
+
+MODELS = {"roofline": Roofline, "kernel": KernelCostModel, "shaped": ShapedCostModel}
+SAMPLE = ROOT / "tests" / "data" / "vidur"
+M_RANGES = ((1, 16), (17, 128), (129, 511), (512, 2048), (2049, 1 << 20))
+POINTS = SAMPLE / "attention_points.csv"
+
+
+def stats(err) -> tuple:
+    """(points, MAPE, bias, worst signed error) of relative errors."""
+    e = np.asarray(err, dtype=float)
+    return len(e), float(np.mean(np.abs(e))), float(np.mean(e)), float(e[np.argmax(np.abs(e))])
+
+
+def gemm_errors(root: Path) -> dict:
+    """(cost model, GPU, m range) -> relative errors of every profiled GEMM."""
+    out: dict = {}
+    for case in cases(root):
+        n = case.column("num_tokens").astype(int)
+        built = {name: cls(case.model, case.hardware) for name, cls in MODELS.items()}
+        for op, (k, m) in case.gemm_shapes().items():
+            times: dict = {}
+            for x, t in zip(n, case.column(f"time_stats.{op}.median") / 1e3):
+                times.setdefault(int(x), []).append(t)
+            for x, ts in times.items():
+                lo = next(r for r in M_RANGES if r[0] <= x <= r[1])
+                for name, cm in built.items():
+                    err = (cm.gemm_time(x, k, m) + cm.latency) / float(np.mean(ts)) - 1
+                    out.setdefault((name, case.gpu, lo), []).append(err)
+    return out
+
+
+def decode_work(batch: int, context: int) -> str:
+    work = batch * context
+    return "<= 4k" if work <= 4096 else "4k-64k" if work <= 65536 else "64k-1M" if work <= 1 << 20 else "> 1M"
+
+
+def attention_errors() -> dict:
+    """(cost model, source, phase, work) -> relative errors of one layer's attention kernel."""
+    out: dict = {}
+    model, a100 = load_group("model", "llama3-8b", ModelConfig), hardware("a100")
+    built = {(name, tp): cls(model, a100, tp) for name, cls in MODELS.items() for tp in (1, 4)}
+    with POINTS.open() as f:
+        for row in csv.DictReader(f):
+            tp, b, c, k = (int(row[x]) for x in ("tp", "batch_size", "prefill_chunk_size", "kv_cache_size"))
+            measured = float(row["attn_ms"]) / 1e3
+            for name in MODELS:
+                cm = built[name, tp]
+                t = cm.attention_time([c], [k], c) if c else cm.attention_time([1] * b, [k] * b, b)
+                t = t / model.num_hidden_layers - (0 if name == "roofline" else cm.latency)
+                key = (name, "Vidur A100", "prefill" if c else "decode",
+                       f"chunk {'<= 256' if c <= 256 else '257-4k' if c <= 4096 else '> 4k'}" if c else decode_work(b, k))
+                out.setdefault(key, []).append(t / measured - 1)
+    b200 = load_group("hardware", "b200", HardwareConfig)
+    for name, cls in MODELS.items():
+        cm = cls(model, b200)
+        for (b, kt), us in VLLM_43232_FLASH_ATTN_DECODE.items():
+            t = cm.attention_time([1] * b, [kt * 1024] * b, b) / model.num_hidden_layers
+            t -= 0 if name == "roofline" else cm.latency
+            out.setdefault((name, "vLLM #43232 B200", "decode", decode_work(b, kt * 1024)), []).append(t * 1e6 / us - 1)
+    return out
+
+
+def table(groups: dict, key_names: tuple) -> str:
+    head = "| " + " | ".join(key_names) + " | points | " + " | ".join(
+        f"{m} MAPE / bias / worst" for m in MODELS) + " |"
+    lines = [head, "|" + "---|" * (len(key_names) + 1 + len(MODELS))]
+    keys = sorted({k[1:] for k in groups}, key=str)
+    for key in keys:
+        cells = [stats(groups[(m, *key)]) for m in MODELS]
+        lines.append("| " + " | ".join(str(x) for x in key) + f" | {cells[0][0]} | " + " | ".join(
+            f"{mape * 100:.1f} % / {bias * 100:+.1f} % / {worst * 100:+.0f} %" for _, mape, bias, worst in cells) + " |")
+    return "\n".join(lines)
+
+
+def overall(groups: dict) -> str:
+    lines = ["| cost model | points | MAPE | bias | worst |", "|---|---|---|---|---|"]
+    for m in MODELS:
+        pts, mape, bias, worst = stats([e for k, v in groups.items() if k[0] == m for e in v])
+        lines.append(f"| {m} | {pts} | {mape * 100:.1f} % | {bias * 100:+.1f} % | {worst * 100:+.0f} % |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else SAMPLE
+    gemms = gemm_errors(root)
+    gemms = {(m, gpu, f"{lo:,}-{hi:,}" if hi < 1 << 20 else f">= {lo:,}"): v for (m, gpu, (lo, hi)), v in gemms.items()}
+    print(f"GEMMs ({root}), predicted / measured - 1:\n")
+    print(table(gemms, ("GPU", "m")))
+    print("\nall GEMMs:\n\n" + overall(gemms))
+    attention = attention_errors()
+    print("\nAttention kernels (one layer):\n")
+    print(table(attention, ("source", "phase", "work")))
+    print("\nall attention kernels:\n\n" + overall(attention))
+
+
+if __name__ == "__main__":
+    main()
