@@ -9,7 +9,7 @@
     replay, result files, plots, the default offline W&B logger), in-process, with the split
     between trace load, replay, results, plots and W&B (target ≤ 20 s end to end).
 Usage: python experiments/bench_engine.py [--requests 20000] [--policy prefill_first] [--repeat 1]
-       [--only a,b,c] [--cost-model kernel]
+       [--only a,b,c] [--cost-model roofline]
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def load_policy(name):
     return load_policy_spec(str(ROOT / f"configs/policy/{name}.yaml"))      # resolves ${fairness.*} / ${slo.*} too
 
 
-COST_MODEL = "roofline"      # --cost-model
+COST_MODEL = "shaped"        # --cost-model
 
 
 def sim_plane():
@@ -193,7 +193,7 @@ if __name__ == "__main__":
                     help="replays of (a), each from a fresh engine: on a shared, noisy machine one "
                          "number says little; the min is the least disturbed, the median the typical")
     ap.add_argument("--only", default="a,b,c", help="which measurements to run (comma-separated)")
-    ap.add_argument("--cost-model", default="roofline", help="(a), (b): the sim's cost model (roofline | kernel)")
+    ap.add_argument("--cost-model", default="shaped", help="(a), (b): the sim's cost model (shaped | roofline | kernel)")
     args = ap.parse_args()
     COST_MODEL = args.cost_model
     only = set(args.only.split(","))

@@ -23,6 +23,7 @@ from policylab.apps.sim_check import load_group  # noqa: E402
 from policylab.core.config import HardwareConfig, ModelConfig  # noqa: E402
 from policylab.dataplane.kernel_model import KernelCostModel  # noqa: E402
 from policylab.dataplane.roofline import Roofline  # noqa: E402
+from policylab.dataplane.shaped import ShapedCostModel  # noqa: E402
 
 # (requests, context in k tokens) -> us per layer, FLASH_ATTN (FAv3) column of vLLM PR #43232
 VLLM_43232_FLASH_ATTN_DECODE = {
@@ -35,11 +36,12 @@ VLLM_43232_FLASH_ATTN_DECODE = {
 def errors(gpu: str = "b200") -> dict:
     """cost model -> list of predicted / measured - 1 over the table."""
     model, hw = load_group("model", "llama3-8b", ModelConfig), load_group("hardware", gpu, HardwareConfig)
-    kernel, roofline = KernelCostModel(model, hw), Roofline(model, hw)
-    out = {"kernel": [], "roofline": []}
+    kernel, roofline, shaped = KernelCostModel(model, hw), Roofline(model, hw), ShapedCostModel(model, hw)
+    out = {"shaped": [], "kernel": [], "roofline": []}
     for (b, k), us in VLLM_43232_FLASH_ATTN_DECODE.items():
         ctx = k * 1024
-        out["kernel"].append((kernel.attention_time([1] * b, [ctx] * b, b) / 32 - kernel.latency) * 1e6 / us - 1)
+        for name, cm in (("shaped", shaped), ("kernel", kernel)):
+            out[name].append((cm.attention_time([1] * b, [ctx] * b, b) / 32 - cm.latency) * 1e6 / us - 1)
         out["roofline"].append(roofline.attention_time([1] * b, [ctx] * b, b) / 32 * 1e6 / us - 1)
     return out
 

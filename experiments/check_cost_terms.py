@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from check_attention_kernels import VLLM_43232_FLASH_ATTN_DECODE
-from vidur_profiles import GEMMS, ROOT, cases, hardware
+from vidur_profiles import ROOT, cases, hardware
 from policylab.apps.sim_check import load_group
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.kernel_model import KernelCostModel
@@ -97,7 +97,8 @@ def table(groups: dict, key_names: tuple) -> str:
     head = "| " + " | ".join(key_names) + " | points | " + " | ".join(
         f"{m} MAPE / bias / worst" for m in MODELS) + " |"
     lines = [head, "|" + "---|" * (len(key_names) + 1 + len(MODELS))]
-    keys = sorted({k[1:] for k in groups}, key=str)
+    keys = sorted({k[1:] for k in groups}, key=lambda key: [int(x.split("-")[0].lstrip(">= ").replace(",", ""))
+                                                           if x[:1].isdigit() or x.startswith(">=") else x for x in key])
     for key in keys:
         cells = [stats(groups[(m, *key)]) for m in MODELS]
         lines.append("| " + " | ".join(str(x) for x in key) + f" | {cells[0][0]} | " + " | ".join(

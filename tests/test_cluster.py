@@ -18,14 +18,13 @@ from policies.routers.round_robin import RoundRobin
 from policies.routers.session import Session
 from policylab import CapacityView, Router
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
-from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.contract import StepPlan
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing import fingerprint
 from policylab.testing.cluster import build_cluster, check_cluster
-from policylab.testing.replay import SCENARIO_HARDWARE
+from policylab.testing.replay import SCENARIO_HARDWARE, scenario_dataplane
 from policylab.testing.strategies import scenarios
 
 ROUTERS = [RoundRobin, RandomRouter, LeastLoaded, PowerOfTwo, PrefixAffinity, Session]
@@ -43,7 +42,7 @@ def poisson_trace(n=60, rate=20.0, prompt=(40, 300), output=(2, 40), seed=3, pre
 @pytest.mark.parametrize("policy", ["prefill_first", "chunked", "fairness"])
 def test_one_replica_replays_exactly_as_the_engine(policy):
     trace = poisson_trace(80, rate=60.0)
-    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, DataplaneConfig(kind="sim"))
+    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, scenario_dataplane(SCENARIO_HARDWARE))
     from policylab.testing.loader import policy_factory
     alone = Engine(trace, policy_factory(policy)(), plane, CFG, prefix_block_tokens=32).run()
     cluster = build_cluster(trace, policy, RoundRobin, CFG, replicas=1).run()
@@ -211,7 +210,7 @@ def test_an_arrival_exactly_at_a_step_start_is_admitted_before_that_step(reads_l
     assert result.status == "complete"
     assert [result.placement["replica"][i] for i in range(4)] == [0, 1, 0, 1]
     assert result.requests[2].first_scheduled_time == tie == result.requests[0].token_times[0]
-    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, DataplaneConfig(kind="sim"))
+    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, scenario_dataplane(SCENARIO_HARDWARE))
     alone = Engine([trace[0], trace[2]], PrefillFirst(), plane, CFG, prefix_block_tokens=32).run()
     assert alone.requests[1].first_scheduled_time == tie    # the engine's own rule, for comparison
 

@@ -4,7 +4,9 @@ column of requests.parquet exactly and every summary number at 12 significant di
 config echo, the input's trace_report, or wall-clock fields).
 
 A change that moves these on purpose (a new cost model, a policy fix) updates the table here
-and says why in its commit. `python tests/test_replay_digests.py` prints the current table.
+and says why in its commit. The table is that of the default cost model (`cost_model=shaped`);
+ROOFLINE_DIGESTS are results recorded with the former default, which `cost_model=roofline`
+still reproduces. `python tests/test_replay_digests.py` prints the current table.
 """
 from __future__ import annotations
 
@@ -14,31 +16,38 @@ from policylab.apps.cli import main
 from run_digest import replay_digest
 
 DIGESTS = {
-    "prefill_first/bursty": "b7eaaa31420e01de",
-    "decode_first/bursty": "ed91d1f6c46e76fb",
-    "chunked/bursty": "f72b39eb71076c4a",
-    "slo_aware/bursty": "19464e7f1b2cb29d",
-    "fairness/bursty": "fdba7bcf2bff7113",
-    "priority/bursty": "e97e6693cc3e56cc",
-    "sjf/bursty": "78b1fd2021e92eb8",
-    "prefill_first/multitenant": "c122559d51711af7",
-    "decode_first/multitenant": "4162b445026d01fb",
-    "chunked/multitenant": "ff3875d4656844cb",
-    "slo_aware/multitenant": "a0b98f40cdce1b64",
-    "fairness/multitenant": "22f36c5ceeabb51d",
-    "priority/multitenant": "062ade613c6725fb",
-    "sjf/multitenant": "e15ef9691d0cd840",
-    "prefill_first/poisson": "b575c4f87fa9fc33",
-    "decode_first/poisson": "6dcc66290d82836d",
-    "chunked/poisson": "81f99ee902ee7403",
-    "slo_aware/poisson": "b1b1a78e12d4eb3f",
-    "fairness/poisson": "5f8a7236228b89ea",
-    "priority/poisson": "05b41f839f31c55d",
-    "sjf/poisson": "d39f3579d0243827"
+    "prefill_first/bursty": "251dd0800fd3fe3b",
+    "decode_first/bursty": "491bc7d76a8202d6",
+    "chunked/bursty": "6c2cfb5fda0aa551",
+    "slo_aware/bursty": "a8eb5eaa20b6072e",
+    "fairness/bursty": "7a44bc820d391cbf",
+    "priority/bursty": "c661a20026e1394d",
+    "sjf/bursty": "ed4ea68237806e48",
+    "prefill_first/multitenant": "1688c3f291de682a",
+    "decode_first/multitenant": "b321af7a01fa3462",
+    "chunked/multitenant": "83ee85549c4c6a66",
+    "slo_aware/multitenant": "3428c640b3cd5a45",
+    "fairness/multitenant": "290fb68adf08b716",
+    "priority/multitenant": "8c3b9dbad5262a6e",
+    "sjf/multitenant": "443b1bb8eb5e0447",
+    "prefill_first/poisson": "bb0aae32ffe58303",
+    "decode_first/poisson": "3f2f64e78f15dfcd",
+    "chunked/poisson": "341fe502cb51463c",
+    "slo_aware/poisson": "4b99c64120c4555d",
+    "fairness/poisson": "411993355e21682d",
+    "priority/poisson": "7082d5b46a21d510",
+    "sjf/poisson": "e265fd2b6b929f01"
 }
 
 
 PINNED = {"prefill_first": ["policy.watermark=0"]}   # the digests predate prefill_first's watermark
+
+# recorded with the former default cost model: `dataplane.cost_model=roofline` reproduces them
+ROOFLINE_DIGESTS = {
+    "chunked/poisson": "81f99ee902ee7403",
+    "prefill_first/bursty": "b7eaaa31420e01de",
+    "sjf/multitenant": "e15ef9691d0cd840",
+}
 
 
 @pytest.mark.parametrize("case", sorted(DIGESTS))
@@ -47,6 +56,14 @@ def test_replay_is_identical(case, tmp_path):
     main(["run", f"policy={policy}", *PINNED.get(policy, []), f"trace={trace}", "dataplane=sim", "logger=none",
           "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
     assert replay_digest(tmp_path) == DIGESTS[case]
+
+
+@pytest.mark.parametrize("case", sorted(ROOFLINE_DIGESTS))
+def test_the_roofline_reproduces_results_recorded_before_the_shaped_default(case, tmp_path):
+    policy, trace = case.split("/")
+    main(["run", f"policy={policy}", *PINNED.get(policy, []), f"trace={trace}", "dataplane=sim",
+          "dataplane.cost_model=roofline", "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
+    assert replay_digest(tmp_path) == ROOFLINE_DIGESTS[case]
 
 
 if __name__ == "__main__":

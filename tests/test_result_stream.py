@@ -12,12 +12,11 @@ import policylab.analysis.result_stream as stream_module
 from policylab.analysis.result_stream import ResultStream
 from policylab.analysis.results import summarize_run, write_results
 from policylab.core.config import EngineConfig, ModelConfig
-from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing.loader import load_policy
-from policylab.testing.replay import SCENARIO_HARDWARE
+from policylab.testing.replay import SCENARIO_HARDWARE, scenario_dataplane
 
 
 def engine(policy="chunked", fail_at_step=None) -> Engine:
@@ -32,7 +31,7 @@ def engine(policy="chunked", fail_at_step=None) -> Engine:
                 raise KeyboardInterrupt
             return schedule(view)
         p.schedule = interrupted
-    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, DataplaneConfig(kind="sim"))   # 4 ms a step
+    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, scenario_dataplane(SCENARIO_HARDWARE))   # 4 ms a step
     return Engine(trace, p, plane, EngineConfig(num_blocks=400, max_num_seqs=16))
 
 

@@ -17,12 +17,11 @@ import yaml
 
 from policylab.analysis.results import write_results
 from policylab.core.config import EngineConfig, ModelConfig
-from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing.loader import CONFIG_DIR, load_policy
-from policylab.testing.replay import SCENARIO_HARDWARE
+from policylab.testing.replay import SCENARIO_HARDWARE, scenario_dataplane
 
 DIGESTS = {       # policy: (ample KV, short KV)
     "prefill_first": ("433a87c9deedd724", "24f85fcc1a560dc7"),
@@ -54,7 +53,7 @@ def scenario(seed: int) -> list:
 
 def sim_plane() -> SimDataPlane:
     model = ModelConfig(**yaml.safe_load((CONFIG_DIR / "model" / "llama3-8b.yaml").read_text()))
-    return SimDataPlane(model, SCENARIO_HARDWARE, DataplaneConfig(kind="sim"))   # fixed across roofline refits
+    return SimDataPlane(model, SCENARIO_HARDWARE, scenario_dataplane(SCENARIO_HARDWARE))   # fixed across refits
 
 
 SHORT_KV = {"decode_first": 32}    # it admits only into a drained batch: at 70 blocks it never preempts

@@ -147,9 +147,12 @@ def test_default_roofline_on_the_shared_profile():
 def test_cost_model_choice_errors_and_the_roofline_record(tmp_path):
     with pytest.raises(ValueError, match="two cost models: set one"):
         SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", calibration="c.json", profile="p"))
-    with pytest.raises(ValueError, match="does not divide the model's 8 attention heads"):
-        SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", tensor_parallel=3))
-    with pytest.raises(ValueError, match="cost_model must be one of roofline, kernel"):
+    uneven = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", tensor_parallel=3))
+    assert uneven.cost_model.shape.heads == 3          # 8 heads over 3 GPUs: the busiest holds 3
+    with pytest.raises(ValueError, match="cost_model must be one of shaped, roofline, kernel"):
         SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", cost_model="vidur"))
     info = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim")).describe_cost_model()
+    assert info["kind"] == "shaped" and info["hardware"] == "h100" and info["step_overhead"] == 0.0
+    info = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim", cost_model="roofline")
+                        ).describe_cost_model()
     assert info["kind"] == "roofline" and info["hardware"] == "h100" and info["step_overhead"] == 0.0

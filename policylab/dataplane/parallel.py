@@ -54,11 +54,11 @@ class Link:
 
 
 def check_parallel(tp: int, pp: int, heads: int, layers: int) -> None:
-    """TP must split the query heads evenly and PP the layers (as vLLM requires)."""
+    """TP and PP must be >= 1 and PP at most the layer count. A TP that does not divide the heads
+    is priced, not refused: the busiest GPU holds ceil(heads / tp) of them and sets the pace
+    (`ModelShape`), where vLLM itself would refuse the layout."""
     if tp < 1 or pp < 1:
         raise ValueError(f"dataplane.tensor_parallel and dataplane.pipeline_parallel must be >= 1, got {tp} and {pp}")
-    if heads % tp:
-        raise ValueError(f"dataplane.tensor_parallel={tp} does not divide the model's {heads} attention heads")
     if pp > layers:
         raise ValueError(f"dataplane.pipeline_parallel={pp} exceeds the model's {layers} layers")
 

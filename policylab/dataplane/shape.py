@@ -3,7 +3,8 @@
 A dense layer is (K, N) GEMMs — QKV, O, the MLP's up (gate and up for SwiGLU) and down — plus
 elementwise traffic. Under tensor parallelism p (Megatron layout) QKV and up are split by
 columns and O and down by rows, so each GPU holds 1/p of every GEMM; key/value heads fewer than
-p are replicated (ceil(kv_heads / p) per GPU, as vLLM does). A mixture-of-experts layer keeps the
+p are replicated (ceil(kv_heads / p) per GPU, as vLLM does). Sizes that p does not divide are
+rounded up: the GPU with the most heads or columns sets the step's pace. A mixture-of-experts layer keeps the
 attention GEMMs and replaces the MLP with a router GEMM, `num_shared_experts` dense experts and
 `num_experts` routed ones of which each token uses `num_experts_per_tok`
 (`policylab.dataplane.moe` prices them). Multi-head latent attention (DeepSeek) caches one
@@ -20,8 +21,8 @@ class ModelShape:
 
     def __init__(self, m: ModelConfig, tp: int = 1):
         head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
-        h, f = m.hidden_size, m.intermediate_size // tp
-        heads = m.num_attention_heads // tp
+        h, f = m.hidden_size, -(-m.intermediate_size // tp)
+        heads = -(-m.num_attention_heads // tp)     # ceil: an uneven split's busiest GPU sets the pace
         kv_heads = -(-m.num_key_value_heads // tp)
         q, kv = heads * head_dim, kv_heads * head_dim
         gated = m.architecture != "phi"           # SwiGLU: gate and up projections, SiLU·mul
@@ -52,8 +53,8 @@ class ModelShape:
         self.dense_layers = min(m.first_dense_layers, m.num_hidden_layers) if self.moe else m.num_hidden_layers
         self.moe_layers = m.num_hidden_layers - self.dense_layers
         self.experts, self.top_k = m.num_experts, m.num_experts_per_tok
-        self.expert_f = m.moe_intermediate_size // tp          # each expert's width on one GPU (TP-sharded)
-        shared_f = m.num_shared_experts * m.moe_intermediate_size // tp
+        self.expert_f = -(-m.moe_intermediate_size // tp)      # each expert's width on one GPU (TP-sharded)
+        shared_f = -(-(m.num_shared_experts * m.moe_intermediate_size) // tp)
         self.moe_gemms = self.attn_gemms + ((h, m.num_experts),) + (
             ((h, 2 * shared_f), (shared_f, h)) if shared_f else ())
         expert_params = m.num_experts * 3 * h * self.expert_f

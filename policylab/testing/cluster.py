@@ -17,14 +17,13 @@ from policylab.cluster import Cluster, ClusterResult, LinkConfig, Replica
 from policylab.cluster.disagg import Disaggregation, prefill_trace
 from policylab.cluster.link import LinkModel
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
-from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import Status
 from policylab.dataplane.sim import ModelShape, SimDataPlane
 from policylab.testing.harness import fingerprint
 from policylab.testing.loader import policy_factory
 from policylab.testing.properties import InvariantViolation
-from policylab.testing.replay import SCENARIO_HARDWARE
+from policylab.testing.replay import SCENARIO_HARDWARE, scenario_dataplane
 
 EPS = 1e-9
 
@@ -46,7 +45,7 @@ def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: in
     factories, model = {role: policy_factory(specs[role]) for role in set(roles)}, model or ModelConfig()
     engine_cfg = dataclasses.replace(cfg, check_invariants=True) if checked else cfg
     built = [Replica(k, role, hw.name, Engine(prefill_trace(trace) if role == "prefill" else trace, factories[role](),
-                                              SimDataPlane(model, hw, DataplaneConfig(kind="sim"), seed), engine_cfg,
+                                              SimDataPlane(model, hw, scenario_dataplane(hw), seed), engine_cfg,
                                               seed=seed, prefix_block_tokens=prefix_block_tokens))
              for k, (role, hw) in enumerate(zip(roles, hardware))]
     pd = Disaggregation((decode_router_factory or router_factory)(), LinkModel(link),

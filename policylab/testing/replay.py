@@ -57,6 +57,15 @@ def model_config(name: str) -> ModelConfig:
 SCENARIO_HARDWARE = HardwareConfig(flops_efficiency=0.68, bw_efficiency=0.68, kernel_latency=0.0, step_overhead=0.004)
 
 
+def scenario_dataplane(hardware: HardwareConfig) -> DataplaneConfig:
+    """The sim plane's config for `hardware`: the scenario hardware keeps the roofline it was
+    pinned on (its 4 ms steps must not move when the default cost model does); any other
+    hardware gets the default cost model."""
+    if hardware is SCENARIO_HARDWARE:
+        return DataplaneConfig(kind="sim", cost_model="roofline")
+    return DataplaneConfig(kind="sim")
+
+
 def replay(policy, trace, cfg: EngineConfig, seed: int = 0, model: str | ModelConfig = "tiny",
            hardware: HardwareConfig | None = None, prefix_block_tokens: int = 512) -> tuple[RunResult, list]:
     """Run `trace` with `policy`; returns (result, records).
@@ -67,7 +76,8 @@ def replay(policy, trace, cfg: EngineConfig, seed: int = 0, model: str | ModelCo
     is_instance = callable(getattr(policy, "schedule", None)) and not inspect.isclass(policy)
     instance = policy if is_instance else policy_factory(policy)()
     model = model_config(model) if isinstance(model, str) else model
-    dataplane = SimDataPlane(model, hardware or SCENARIO_HARDWARE, DataplaneConfig(kind="sim"), seed=seed)
+    hardware = hardware or SCENARIO_HARDWARE
+    dataplane = SimDataPlane(model, hardware, scenario_dataplane(hardware), seed=seed)
     records: list = []
     engine = Engine(list(trace), _Recorder(instance, records), dataplane, cfg, seed=seed,
                     prefix_block_tokens=prefix_block_tokens)
