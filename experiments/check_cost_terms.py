@@ -93,12 +93,23 @@ def attention_errors() -> dict:
     return out
 
 
+def order(label: str) -> tuple:
+    """Sort key of a group label: ranges by their lower bound ("<= 4k" first, "> 4k" last), else by name."""
+    words = label.replace(",", "").split()
+    number = next((w for w in words if w[:1].isdigit()), None)
+    if number is None:
+        return (1, label, 0)
+    low = number.split("-")[0]
+    value = float(low.rstrip("kM")) * {"k": 1e3, "M": 1e6}.get(low[-1], 1)
+    return (0, " ".join(w for w in words if not w[:1].isdigit() and w not in ("<=", ">", ">=")),
+            value + (0.5 if (">" in words or ">=" in words) else 0) - (0.5 if "<=" in words else 0))
+
+
 def table(groups: dict, key_names: tuple) -> str:
     head = "| " + " | ".join(key_names) + " | points | " + " | ".join(
         f"{m} MAPE / bias / worst" for m in MODELS) + " |"
     lines = [head, "|" + "---|" * (len(key_names) + 1 + len(MODELS))]
-    keys = sorted({k[1:] for k in groups}, key=lambda key: [int(x.split("-")[0].lstrip(">= ").replace(",", ""))
-                                                           if x[:1].isdigit() or x.startswith(">=") else x for x in key])
+    keys = sorted({k[1:] for k in groups}, key=lambda key: [order(x) for x in key])
     for key in keys:
         cells = [stats(groups[(m, *key)]) for m in MODELS]
         lines.append("| " + " | ".join(str(x) for x in key) + f" | {cells[0][0]} | " + " | ".join(

@@ -34,22 +34,22 @@ SMALL = EngineConfig(num_blocks=96, block_size=16, max_num_batched_tokens=512, m
 
 DIGESTS = {
     "4/round_robin/prefill_first/fixed": "d2cac00143896997",
-    "4/round_robin/prefill_first/roofline": "2b776760e6432ea8",
+    "4/round_robin/prefill_first/roofline": "ca169d073ae910ce",
     "4/least_loaded/prefill_first/fixed": "3f96b5fe6bc4a619",
-    "4/least_loaded/prefill_first/roofline": "26e08752bfc70aa7",
+    "4/least_loaded/prefill_first/roofline": "07c57ee7007bf6bc",
     "4/prefix_affinity/prefill_first/fixed": "0f8726c227eca797",
-    "4/prefix_affinity/prefill_first/roofline": "716aee40749c1c93",
+    "4/prefix_affinity/prefill_first/roofline": "4600dc5cd7ae1fd8",
     "4/power_of_two/prefill_first/fixed": "a8e9f070b4017e35",
-    "4/power_of_two/prefill_first/roofline": "ee7561525fbb6869",
+    "4/power_of_two/prefill_first/roofline": "90a719739127f639",
     "4/random/chunked/fixed": "78bed3d2156f0fa1",
-    "4/session/decode_first/roofline": "2004df17779d7c09",
-    "4/least_loaded/chunked/roofline": "071a5c255a1ba4c9",
+    "4/session/decode_first/roofline": "4f46f5950f26aca4",
+    "4/least_loaded/chunked/roofline": "085c04b0de955ea6",
     "2+2/round_robin/prefill_first/fixed": "e60481ae2995c1aa",
-    "2+2/least_loaded/chunked/roofline": "b6b5eba8efd046ca",
+    "2+2/least_loaded/chunked/roofline": "37e0cf26b61f72f2",
     "1+3/power_of_two/prefill_first/fixed": "22d13694d3348036",
-    "4/round_robin/prefill_first/bench": "1586e1036614be29",
-    "cli/1+2/round_robin/bursty": "bbaec8bba097c291",
-    "cli/3/prefix_affinity/multitenant": "35f9d289ccd24156",
+    "4/round_robin/prefill_first/bench": "3117f6f808bce6c1",
+    "cli/1+2/round_robin/bursty": "516df91b5596f81f",
+    "cli/3/prefix_affinity/multitenant": "7c2252aac95635e0",
 }
 
 
@@ -98,7 +98,7 @@ def pinned(policy: str):
 def run_case(case: str):
     """`shape/router/policy/timing`: shape 4 (colocated replicas) or P+D; timing `fixed` (the tiny
     model at 4 ms a step: many simultaneous steps, so tie-breaking counts), `roofline` (Llama-3-8B
-    on an H100), or `bench` (bench_cluster.py's model, hardware, engine config and trace shape).
+    on an H100, timed by the default cost model), or `bench` (bench_cluster.py's model, hardware, engine config and trace shape).
     Colocated runs preempt (96 blocks); P/D ones get 192 blocks and half the rate."""
     shape, router, policy, timing = case.split("/")
     policy = pinned(policy)
