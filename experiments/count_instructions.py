@@ -12,6 +12,7 @@ Fewer instructions is not always less time (caches, branch prediction), so confi
 with bench_engine.py too. Needs valgrind (Debian package `valgrind`); slow: ~60x native.
 Usage: python experiments/count_instructions.py [--running 256] [--steps 100] [--requests 300]
                                                 [--against OTHER_CHECKOUT]     (0 steps/requests: skip)
+                                                [--cost-model roofline]        (the sim's; default shaped)
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ import sys
 WORKLOAD = r"""
 import gc, sys
 sys.path.insert(0, sys.argv[4])   # this script's bench_engine.py: the same workload for every checkout
+import bench_engine
 from bench_engine import replay_engine, steady_engine
+bench_engine.COST_MODEL = sys.argv[5]     # the sim's cost model (--cost-model)
 gc.collect()
 gc.freeze()        # import-time objects out of the collector's way: a full collection landing in
                    # one run and not the other would otherwise swamp a short measurement
@@ -41,9 +44,13 @@ else:
 """
 
 
+COST_MODEL = "shaped"      # --cost-model
+
+
 def instructions(checkout: str, kind: str, n: int, units: int) -> int:
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-           sys.executable, "-c", WORKLOAD, kind, str(n), str(units), os.path.dirname(os.path.abspath(__file__))]
+           sys.executable, "-c", WORKLOAD, kind, str(n), str(units), os.path.dirname(os.path.abspath(__file__)),
+           COST_MODEL]
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": checkout,
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}   # no spinning BLAS threads in the count
     out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
@@ -66,7 +73,9 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--against", help="another checkout (e.g. a git worktree of main) to compare with")
+    ap.add_argument("--cost-model", default="shaped", help="the sim's cost model (shaped | roofline | kernel)")
     args = ap.parse_args()
+    COST_MODEL = args.cost_model
     if shutil.which("valgrind") is None:
         sys.exit("valgrind not found: apt-get install valgrind")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
