@@ -1,7 +1,7 @@
 """Simulated data plane: step time from a cost model of the batch (DESIGN §5).
 
 No model runs. One of three cost models prices each step (`build_cost_model`):
-the roofline of the model's shape on a GPU spec (`cost_model=shaped`, the default:
+a model of the shape on a GPU spec (`cost_model=shaped`, the default:
 `policylab.dataplane.shaped`; `roofline` and `kernel` are the two it grew from),
 a measured GPU profile (`dataplane.profile=DIR`, `policylab.dataplane.profile`), or a fit
 on the real data plane (`dataplane.calibration=FILE`, `policylab.dataplane.fitted`).
