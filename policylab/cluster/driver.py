@@ -86,6 +86,7 @@ class Cluster:
         result = ClusterResult(self.trace, self.requests, {}, sum(p.result.num_blocks for p in parts),
                                parts[0].result.block_size, self.policy_name, router=self.router_name, replicas=parts,
                                placement=self.placement)
+        result.sessions = getattr(self.arrivals, "plan", None)
         with FrozenHeap() as heap:
             try:
                 self._loop(heap.freeze_if_due)

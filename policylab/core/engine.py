@@ -107,6 +107,7 @@ class Engine:
         result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks, self.kv.block_size, self.policy_name)
         if self.host.num_blocks:       # (filled as the run goes)
             result.kv_tiers = self.kv_stats
+        result.sessions = getattr(self.arrivals, "plan", None)
         return result
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
