@@ -162,3 +162,24 @@ def test_closed_loop_replays_are_deterministic_and_open_loop_unchanged():
     trace = [TraceRequest(0.003 * i, 40 + i, 6) for i in range(20)]
     plain = engine_on(trace).run()
     assert fingerprint(plain) == fingerprint(engine_on(trace).run()) and plain.sessions is None
+
+
+def test_on_the_torch_plane_each_turn_extends_what_the_model_really_generated():
+    """The real model's greedy output is in the next turn's prompt, and a turn decodes exactly what
+    the same prompt decodes as a lone request (the cache hit on the conversation changes nothing)."""
+    from policylab.testing.loader import load_policy
+    from tests.test_dataplane_model import SMALL, make_plane
+    cfg = EngineConfig(block_size=4, num_blocks=96, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256)
+    plan = plan_of(chat(n_sessions=2, turns=3, new=(20, 6), out=5))
+    engine = Engine(list(plan.trace), load_policy("chunked"), make_plane(SMALL, num_blocks=96), cfg)
+    attach(engine, plan)
+    result = engine.run()
+    assert result.status == "complete"
+    check_sessions(result, plan)
+    assert len({tuple(r.output_ids) for r in result.requests}) > 1          # the model's own, varied tokens
+    assert sum(r.num_cached_tokens_total for r in result.requests) > 0
+    last = result.requests[2]
+    lone = Engine([TraceRequest(0.0, len(last.prompt_ids), len(last.output_ids),
+                                prompt_ids=tuple(int(t) for t in last.prompt_ids))],
+                  load_policy("chunked"), make_plane(SMALL, num_blocks=96), cfg).run()
+    assert lone.requests[0].output_ids == last.output_ids
