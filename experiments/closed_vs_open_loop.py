@@ -17,6 +17,7 @@ turns sent before their previous turn finished.
 
 Usage: python experiments/closed_vs_open_loop.py [--sessions 80] [--replicates 5]
                                                  [--rate 1.5] [--target a40] [--reference h100]
+(sessions of at most 10 turns; a conversation past the model's 8192 tokens is rejected, and counted)
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from policylab.apps.cluster_build import hardware_config          # noqa: E402
 from policylab.core.closed_loop import attach                     # noqa: E402
 from policylab.core.config import EngineConfig                    # noqa: E402
 from policylab.core.engine import Engine                          # noqa: E402
-from policylab.core.request import TraceRequest                   # noqa: E402
+from policylab.core.request import Status, TraceRequest                   # noqa: E402
 from policylab.dataplane.config import DataplaneConfig            # noqa: E402
 from policylab.dataplane.sim import SimDataPlane                  # noqa: E402
 from policylab.testing.loader import load_policy                  # noqa: E402
@@ -60,21 +61,24 @@ def closed(plan, gpu: str, seed: int):
 
 
 def open_loop(recorded: list, plan, gpu: str, seed: int):
-    trace = [TraceRequest(r.arrival_time, len(r.prompt_ids), t.output_tokens, plan.session[i],
-                          prompt_ids=tuple(int(x) for x in r.prompt_ids))
-             for i, (r, t) in enumerate(zip(recorded, plan.trace))]
+    """The recorded log replayed at its times: the requests the reference served (a turn it
+    rejected stays rejected here, so both replays have the same turns)."""
+    served = [i for i, r in enumerate(recorded) if r.status is Status.FINISHED]
+    trace = [TraceRequest(recorded[i].arrival_time, len(recorded[i].prompt_ids), plan.trace[i].output_tokens,
+                          plan.session[i], prompt_ids=tuple(int(x) for x in recorded[i].prompt_ids)) for i in served]
     order = np.argsort([t.arrival_time for t in trace], kind="stable")
-    result = engine([trace[i] for i in order], gpu, seed).run()
+    result = engine([trace[k] for k in order], gpu, seed).run()
     assert not result.partial, result.error
-    back = [None] * len(trace)
-    for pos, i in enumerate(order):
-        back[i] = result.requests[pos]
+    back = list(recorded)
+    for pos, k in enumerate(order):
+        back[served[k]] = result.requests[pos]
     return back
 
 
 def figures(reqs: list, plan) -> dict:
-    queue = np.array([r.first_scheduled_time - r.arrival_time for r in reqs])
-    ttft = np.array([r.token_times[0] - r.arrival_time for r in reqs])
+    done = [r for r in reqs if r.status is Status.FINISHED]
+    queue = np.array([r.first_scheduled_time - r.arrival_time for r in done])
+    ttft = np.array([r.token_times[0] - r.arrival_time for r in done])
     early = [plan.turn[i] > 0 and r.arrival_time < reqs[i - 1].finish_time for i, r in enumerate(reqs)]
     spans: dict = {}
     for i, r in enumerate(reqs):
@@ -84,7 +88,7 @@ def figures(reqs: list, plan) -> dict:
     return {"queueing mean (s)": queue.mean(), "queueing p99 (s)": np.percentile(queue, 99),
             "TTFT p99 (s)": np.percentile(ttft, 99),
             "session time p50 (s)": np.median([b - a for a, b in spans.values()]),
-            "turns sent early (%)": 100.0 * sum(early) / max(later, 1)}
+            "turns sent early (%)": 100.0 * sum(early) / max(later, 1), "rejected": len(reqs) - len(done)}
 
 
 def mean_ci(values: list) -> str:
@@ -101,7 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--reference", default="h100", help="GPU the trace is recorded on")
     p.add_argument("--target", default="a40", help="GPU it is replayed on")
     a = p.parse_args(argv)
-    spec = SessionSpec(ArrivalProcess("poisson", rate=a.rate), mean_turns=4.0, think_time=3.0,
+    spec = SessionSpec(ArrivalProcess("poisson", rate=a.rate), mean_turns=4.0, max_turns=10, think_time=3.0,
                        first_prompt=LengthDist("lognormal", mean=800, at=1600),
                        follow_up=LengthDist("lognormal", mean=120, at=250),
                        output_len=LengthDist("lognormal", mean=200, at=400))
@@ -116,9 +120,9 @@ def main(argv=None) -> int:
     print(f"{a.sessions} sessions at {a.rate} starts/s (mean 4 turns, 3 s think), {MODEL}, recorded on "
           f"{a.reference}, replayed on {a.target}; mean ± 95% CI over {a.replicates} seeds")
     names = list(next(iter(rows.values()))[0])
-    print(f"{'':42s}" + "".join(f"{n:>22s}" for n in names))
+    print("| replay | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
     for label, runs in rows.items():
-        print(f"{label:42s}" + "".join(f"{mean_ci([r[n] for r in runs]):>22s}" for n in names))
+        print(f"| {label} | " + " | ".join(mean_ci([r[n] for r in runs]).strip() for n in names) + " |")
     opened, closed_ = rows["open-loop replay on the target"], rows["closed-loop replay on the target"]
     for n in ("queueing mean (s)", "queueing p99 (s)", "TTFT p99 (s)"):
         ratio = [o[n] / c[n] for o, c in zip(opened, closed_) if c[n] > 0]

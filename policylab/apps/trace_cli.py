@@ -6,6 +6,7 @@ Examples:
   python -m policylab trace inspect azure_code --plot azure.png
   python -m policylab trace convert mooncake_synthetic mc.parquet --max-requests 500
   python -m policylab trace generate --kind poisson -n 300 --rate 4 -o my.jsonl
+  python -m policylab trace generate --kind sessions -n 40 --mean-turns 4 --think-time 3 -o chat.jsonl
 """
 from __future__ import annotations
 
