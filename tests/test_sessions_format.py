@@ -131,3 +131,11 @@ def test_the_generator_is_seeded_and_writes_a_session_trace(tmp_path, capsys):
     assert trace_main(["generate", "--kind", "sessions", "-n", "12", "--think-time", "1", "-o", str(out)]) == 0
     assert "wrote 12 sessions" in capsys.readouterr().out
     assert len(load_trace(TraceConfig(path=str(out))).sessions.firsts) == 12
+
+
+def test_inspect_says_what_a_session_trace_is_and_convert_refuses_it(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    assert trace_main(["inspect", str(path)]) == 0
+    assert "sessions        2 (1.50 turns each)" in capsys.readouterr().out
+    assert trace_main(["convert", str(path), str(tmp_path / "out.jsonl")]) == 2
+    assert "is a session trace" in capsys.readouterr().err

@@ -102,6 +102,10 @@ def _write(path: str, reqs: list) -> int:
 def cmd_inspect(a) -> int:
     reqs = load_trace(_config(a, a.file), a.seed)
     print(reqs.report.summary())
+    if reqs.sessions is not None:
+        plan = reqs.sessions
+        print(f"sessions        {len(plan.firsts)} ({len(plan.trace) / len(plan.firsts):.2f} turns each); "
+              "below, every turn at its session's start, with the prompt it has if each answer is complete")
     print(format_stats(trace_stats(reqs, a.prefix_block_tokens), a.prefix_block_tokens))
     if a.plot:
         from policylab.analysis.trace_plot import plot_trace
@@ -111,6 +115,9 @@ def cmd_inspect(a) -> int:
 
 def cmd_convert(a) -> int:
     reqs = load_trace(_config(a, a.input), a.seed)
+    if reqs.sessions is not None:
+        raise ValueError(f"{a.input} is a session trace (docs/sessions.md): its turns arrive as earlier ones "
+                         "finish, which an open-loop file cannot hold; replay it as it is")
     n = _write(a.output, reqs)
     print(f"{reqs.report.summary()}\nwrote {n} requests to {a.output}")
     return 0
