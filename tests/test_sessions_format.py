@@ -139,3 +139,9 @@ def test_inspect_says_what_a_session_trace_is_and_convert_refuses_it(tmp_path, c
     assert "sessions        2 (1.50 turns each)" in capsys.readouterr().out
     assert trace_main(["convert", str(path), str(tmp_path / "out.jsonl")]) == 2
     assert "is a session trace" in capsys.readouterr().err
+
+
+def test_an_option_the_session_reader_lacks_is_named(tmp_path):
+    path = write(tmp_path, GOOD)
+    with pytest.raises(TraceError, match="extra.model.*not an option of the sessions reader of sessions"):
+        load_trace(TraceConfig(path=str(path), extra={"model": "x"}))

@@ -8,6 +8,7 @@ sessions, length clipping per turn); the others are refused with a message.
 """
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from dataclasses import replace
 
@@ -20,7 +21,7 @@ from policylab.traces.transforms import TraceReport
 SESSION_TRANSFORMS = ("rate_scale", "max_requests", "max_prompt_tokens", "max_output_tokens")
 NOT_FOR_SESSIONS = ("start_time", "end_time", "sample_fraction", "repeat", "replicate", "client_assignment",
                     "slo_by_client", "slo_ratio")
-READERS = {FORMAT: lambda path, name, skipped, **kw: read_sessions(path, name, **kw),
+READERS = {FORMAT: lambda path, name, skipped: read_sessions(path, name),
            "burstgpt": read_burstgpt_sessions, "mooncake": read_mooncake_sessions}
 
 
@@ -53,7 +54,13 @@ def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict,
     check_session_config(cfg, fmt)
     report = TraceReport(name, fmt, skipped=Counter())
     if fmt == FORMAT or cfg.sessions:
-        sessions = READERS[fmt](path, name, report.skipped, **options)
+        reader = READERS[fmt]
+        accepted = [p for p in inspect.signature(reader).parameters if p not in ("path", "name", "skipped", "kw")]
+        for key in options:
+            if key not in accepted:
+                raise TraceError(name, None, f"extra.{key}", f"not an option of the {fmt} reader of sessions "
+                                 f"(it takes: {', '.join(accepted) or 'none'})")
+        sessions = reader(path, name, report.skipped, **options)
         report.read = sum(len(s.turns) for s in sessions)
         sessions = _transformed(sessions, cfg, report)
     else:
