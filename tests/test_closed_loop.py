@@ -183,3 +183,17 @@ def test_on_the_torch_plane_each_turn_extends_what_the_model_really_generated():
                                 prompt_ids=tuple(int(t) for t in last.prompt_ids))],
                   load_policy("chunked"), make_plane(SMALL, num_blocks=96), cfg).run()
     assert lone.requests[0].output_ids == last.output_ids
+
+
+def test_users_run_whole_sessions_one_after_another():
+    plan = plan_of(chat(n_sessions=6, turns=3), concurrency=2)
+    result = closed_loop_run(plan)
+    check_sessions(result, plan)
+    spans = {}
+    for i, r in enumerate(result.requests):
+        first, last = spans.get(plan.session[i], (r.arrival_time, r.finish_time))
+        spans[plan.session[i]] = (min(first, r.arrival_time), max(last, r.finish_time))
+    starts = sorted(a for a, _ in spans.values())
+    ends = sorted(b for _, b in spans.values())
+    assert starts[:2] == [0.0, 0.0]                              # recorded start times are not used
+    assert starts[2:] == pytest.approx(ends[:4])                 # a session starts as one ends
