@@ -197,3 +197,36 @@ def test_users_run_whole_sessions_one_after_another():
     ends = sorted(b for _, b in spans.values())
     assert starts[:2] == [0.0, 0.0]                              # recorded start times are not used
     assert starts[2:] == pytest.approx(ends[:4])                 # a session starts as one ends
+
+
+def test_a_run_stopped_midway_keeps_every_turn_finished_rejected_or_unfinished():
+    from policylab.analysis.metrics import request_table
+    from policylab.core.config import SloConfig
+
+    class StopsLater(PrefillFirst):
+        steps = 0
+
+        def schedule(self, view):
+            self.steps += 1
+            if self.steps > 40:
+                raise RuntimeError("policy gave up")
+            return super().schedule(view)
+
+    plan = plan_of(chat())
+    engine = engine_on(plan.trace, policy=StopsLater(name="stops_later"))
+    attach(engine, plan)
+    result = engine.run()
+    assert result.partial and "policy gave up" in result.error
+    table = request_table(result, SloConfig())
+    assert len(table) == len(plan.trace) and set(table["status"]) <= {"finished", "rejected", "unfinished"}
+    assert (table["status"] == "finished").any() and (table["status"] == "unfinished").any()
+    assert list(table["session"]) == plan.session and list(table["turn"]) == plan.turn
+
+
+def test_the_radix_index_sees_the_same_conversation_hits():
+    plan = plan_of(chat())
+    hashed = closed_loop_run(plan)
+    radix = closed_loop_run(plan, dataclasses.replace(CFG, prefix_cache="radix"))
+    check_sessions(radix, plan)
+    assert [r.num_cached_tokens_total for r in radix.requests] == [r.num_cached_tokens_total for r in hashed.requests]
+    assert sum(r.num_cached_tokens_total for r in radix.requests) > 0
