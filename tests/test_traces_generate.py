@@ -96,7 +96,7 @@ def test_prefix_pool_shares_blocks_only_inside_full_blocks():
     assert len(ids_a) == len(ids_b) == 6 and not ids_a & ids_b   # per-client pools never collide
 
 
-REPO_TRACES = {"poisson": 300, "bursty": 200, "multitenant": 300}
+REPO_TRACES = {"poisson": 300, "bursty": 200, "multitenant": 300, "chat_sessions": 240}
 
 
 @pytest.mark.parametrize("name,count", REPO_TRACES.items())

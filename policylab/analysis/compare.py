@@ -25,7 +25,8 @@ PRINTED = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (
            "E2E p99 (s)", "preemptions", "KV peak (%)")
 # shown when some run has a value that is not 0: runs of several clients, prefix sharing, clusters
 OPTIONAL_PRINTED = ("Jain (windowed)", "prefix hit (%)", "load imbalance", "goodput/GPU (req/s)",
-                    "recomputed tokens", "swap transfer (s)")   # (the last two: runs with a host KV tier)
+                    "recomputed tokens", "swap transfer (s)",   # (these two: runs with a host KV tier)
+                    "session time p50 (s)", "session time p99 (s)")   # closed-loop sessions
 WIDTH = 120                                  # the printed table fits a 120-column terminal
 
 

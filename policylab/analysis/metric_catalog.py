@@ -93,6 +93,13 @@ METRICS = {m.key: m for m in (
            "runs with a host KV tier"),
     Metric("kv_hierarchy.recomputed_tokens", "recomputed tokens", "count",
            "computed tokens lost to recompute preemptions", "runs with a host KV tier"),
+    Metric("sessions.count", "sessions", "count", "sessions of a closed-loop replay", "the workload"),
+    Metric("sessions.completed", "sessions completed", "count", "sessions whose every turn finished", "sessions"),
+    Metric("sessions.turns_mean", "turns per session", "count", "turns / sessions", "sessions"),
+    Metric("sessions.completion_time", "session time", "s", "last turn's finish − first turn's arrival",
+           "completed sessions", True),
+    Metric("sessions.ttft_by_turn", "TTFT by turn", "s", "TTFT of the turns with this index (key: the index)",
+           "finished turns, per turn index (the first 16)"),
     Metric("cluster.num_replicas", "replicas", "count", "engine replicas", "cluster runs"),
     Metric("cluster.load_imbalance", "load imbalance", "ratio", "busiest replica's busy time / mean busy time",
            "replicas"),
@@ -111,7 +118,7 @@ REPLICA_METRICS = {m.key: m for m in (
 )}
 # summary entries that are not metrics: the run's identity, its inputs and its bookkeeping
 NOT_METRICS = ("status", "partial", "error", "policy", "router", "rejections", "config", "trace_report",
-               "cost_model", "missing_files", "files", "wall", "cluster.replicas")
+               "cost_model", "missing_files", "files", "wall", "cluster.replicas", "sessions.mode", "sessions.users")
 
 SCALE = {("s", "ms"): 1e3, ("fraction", "%"): 100.0}
 
@@ -151,4 +158,6 @@ def lookup(key: str) -> Metric:
             return METRICS[head]
     if key.startswith("cluster.replicas."):
         return REPLICA_METRICS[key.rsplit(".", 1)[1]]
+    if key.startswith("sessions.ttft_by_turn."):
+        return METRICS["sessions.ttft_by_turn"]
     raise KeyError(key)

@@ -18,6 +18,7 @@ from policylab.core.result import STEP_FIELDS, RunResult
 from policylab.analysis import counted as counted_values
 from policylab.analysis.client_fairness import client_fairness
 from policylab.analysis.cluster_metrics import add_placement, cluster_summary, replica_blocks_per_step
+from policylab.analysis.session_metrics import add_sessions, session_summary
 from policylab.cluster.result import ClusterResult
 from policylab.core.request import Status
 
@@ -63,10 +64,11 @@ def request_table(result: RunResult, slo: SloConfig, start: int = 0, stop: int |
     df["queueing_delay"] = df["first_scheduled_time"].to_numpy() - arrival
     df["slo_met"] = finished & (ttft <= df["ttft_slo"].to_numpy()) & (
         (generated <= 1) | (tpot <= df["tpot_slo"].to_numpy()))
-    return add_placement(df[["req_id", "client", "priority", "arrival_time", "prompt_tokens", "output_tokens",
+    return add_sessions(add_placement(df[["req_id", "client", "priority", "arrival_time", "prompt_tokens", "output_tokens",
                              "generated_tokens", "status", "reason", "first_scheduled_time",
                              "first_token_time", "finish_time", *LATENCIES, "preemptions", "cached_tokens",
-                             "ttft_slo", "tpot_slo", "slo_met", "token_times"]], result, start, stop)
+                             "ttft_slo", "tpot_slo", "slo_met", "token_times"]], result, start, stop),
+                        result, start, stop)
 
 
 def _request_row(t, r) -> tuple:
@@ -218,6 +220,8 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
     }
     if getattr(result, "kv_tiers", None):       # a host tier is configured (swap preemption)
         summary["kv_hierarchy"] = dict(result.kv_tiers)
+    if getattr(result, "sessions", None) is not None and "session" in df:     # a closed-loop replay
+        summary["sessions"] = session_summary(df, result.sessions, distribution)
     if isinstance(result, ClusterResult):
         summary["router"] = result.router
         summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"],

@@ -157,6 +157,7 @@ class ResultStream:
         else:
             self._source = RunResult(engine.trace, engine.requests, {}, engine.kv.num_blocks,
                                      engine.kv.block_size, engine.policy_name)
+        self._source.sessions = getattr(engine.arrivals, "plan", None)
         return self.request_done
 
     def request_done(self, rid: int) -> None:
@@ -181,6 +182,8 @@ class ResultStream:
     def finish(self, result: RunResult, extra: dict | None = None) -> dict:
         """Write every request and step not written yet, then summary.json (with `extra`);
         return the summary. Every file is attempted; a failure names them all at the end."""
+        if result.sessions is None and self._source is not None:
+            result.sessions = self._source.sessions
         while True:                    # the rest, in row groups (at least one: the schema)
             self._write_requests(result, min(self._rows + ROWS_PER_GROUP, self._done.size))
             if self._rows >= self._done.size:

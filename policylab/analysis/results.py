@@ -58,6 +58,16 @@ def fairness_line(fair: dict, windows: dict) -> str:
             f"{windows.get('windows')} contended); {whole}")
 
 
+def session_line(sessions: dict) -> str:
+    """One line on a closed-loop replay: completions, session time, TTFT of the first turns."""
+    done = sessions.get("completion_time") or {}
+    turns = sessions.get("ttft_by_turn") or {}
+    ttft = ", ".join(f"turn {k} {_ms((v or {}).get('p50'))}" for k, v in list(turns.items())[:4])
+    return (f"{sessions['completed']} of {sessions['count']} completed, session time p50 "
+            f"{_num(done.get('p50'), ',.2f')} s / p99 {_num(done.get('p99'), ',.2f')} s; TTFT p50 (ms) {ttft}. "
+            f"{sessions['mode']}")
+
+
 def print_summary(summary: dict, console: Console | None = None) -> None:
     """Compact end-of-run report: latency percentiles (ms), SLOs, throughput, rejections."""
     console = console or Console()
@@ -94,6 +104,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         overview.add_row("cluster", f"{cluster['num_replicas']} replicas, router {summary.get('router')}: "
                          f"busy {busy}; load imbalance {_num(cluster.get('load_imbalance'), '.3f')}, "
                          f"goodput/GPU {_num(cluster.get('goodput_per_gpu'), ',.3f')} req/s")
+    sessions = summary.get("sessions")
+    if sessions:
+        overview.add_row("sessions", session_line(sessions))
     console.print(latency)
     console.print(overview)
     rejections = summary.get("rejections") or []

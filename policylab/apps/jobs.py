@@ -134,12 +134,17 @@ def measuring(cfg: RunConfig, command: str) -> RunConfig:
 
 def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     """The run's engine, or its cluster of engines (`cluster.*`: same run/trace interface)."""
+    trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     if is_cluster(cfg.cluster):
         from policylab.apps.cluster_build import build_cluster
-        return build_cluster(cfg, build_policy, trace)
-    trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
-    return Engine(trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg), cfg.engine,
-                  seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
+        engine = build_cluster(cfg, build_policy, trace)
+    else:
+        engine = Engine(trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg), cfg.engine,
+                        seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
+    if getattr(trace, "sessions", None) is not None:      # a closed-loop workload (docs/sessions.md)
+        from policylab.core.closed_loop import attach
+        attach(engine, trace.sessions)
+    return engine
 
 
 def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals | None = None,

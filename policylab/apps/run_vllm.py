@@ -9,7 +9,13 @@ from policylab.apps.jobs import RunError, run_name, sweep_group
 from policylab.traces import load_trace
 
 
+CLOSED_LOOP_REFUSED = ("dataplane=vllm replays open-loop traces only: closed-loop sessions and trace.concurrency "
+                       "run on dataplane=sim or dataplane=torch (docs/sessions.md)")
+
+
 def vllm_setup(cfg: RunConfig):
+    if cfg.trace.sessions or cfg.trace.concurrency is not None or cfg.trace.format == "sessions":
+        raise RunError(CLOSED_LOOP_REFUSED)
     try:
         import vllm  # noqa: F401
     except ImportError as e:
@@ -21,6 +27,8 @@ def vllm_setup(cfg: RunConfig):
 
 def replay_on_vllm(cfg: RunConfig, trace, on_request_done=None):
     """(RunResult, extra summary fields) of one replay through vLLM."""
+    if getattr(trace, "sessions", None) is not None:
+        raise RunError(CLOSED_LOOP_REFUSED)
     import vllm
 
     from policylab.integrations.vllm.replay import replay_trace

@@ -6,6 +6,7 @@ Examples:
   python -m policylab trace inspect azure_code --plot azure.png
   python -m policylab trace convert mooncake_synthetic mc.parquet --max-requests 500
   python -m policylab trace generate --kind poisson -n 300 --rate 4 -o my.jsonl
+  python -m policylab trace generate --kind sessions -n 40 --mean-turns 4 --think-time 3 -o chat.jsonl
 """
 from __future__ import annotations
 
@@ -101,6 +102,10 @@ def _write(path: str, reqs: list) -> int:
 def cmd_inspect(a) -> int:
     reqs = load_trace(_config(a, a.file), a.seed)
     print(reqs.report.summary())
+    if reqs.sessions is not None:
+        plan = reqs.sessions
+        print(f"sessions        {len(plan.firsts)} ({len(plan.trace) / len(plan.firsts):.2f} turns each); "
+              "below, every turn at its session's start, with the prompt it has if each answer is complete")
     print(format_stats(trace_stats(reqs, a.prefix_block_tokens), a.prefix_block_tokens))
     if a.plot:
         from policylab.analysis.trace_plot import plot_trace
@@ -110,6 +115,9 @@ def cmd_inspect(a) -> int:
 
 def cmd_convert(a) -> int:
     reqs = load_trace(_config(a, a.input), a.seed)
+    if reqs.sessions is not None:
+        raise ValueError(f"{a.input} is a session trace (docs/sessions.md): its turns arrive as earlier ones "
+                         "finish, which an open-loop file cannot hold; replay it as it is")
     n = _write(a.output, reqs)
     print(f"{reqs.report.summary()}\nwrote {n} requests to {a.output}")
     return 0
@@ -119,6 +127,8 @@ def cmd_generate(a) -> int:
     prompt, output = LengthDist.parse(a.prompt_len), LengthDist.parse(a.output_len)
     prefix = PrefixPool(a.prefix_pool, a.prefix_blocks, a.prefix_share, a.prefix_block_tokens) \
         if a.prefix_pool else None
+    if a.kind == "sessions":
+        return _generate_sessions(a, prompt, output, prefix)
     if a.kind == "multitenant":
         clients = multitenant_clients(a.clients, a.rate, a.flood_factor, a.slo_class or (),
                                       a.client_names.split(",") if a.client_names else (),
@@ -132,6 +142,22 @@ def cmd_generate(a) -> int:
     reqs = generate_trace(clients, a.num_requests, a.seed)
     print(f"wrote {_write(a.output, reqs)} requests to {a.output} "
           f"({reqs[-1].arrival_time:.1f} s, seed {a.seed})")
+    return 0
+
+
+def _generate_sessions(a, prompt, output, prefix) -> int:
+    """`--kind sessions`: a session trace (docs/sessions.md), -n sessions."""
+    from policylab.traces.session_generate import SessionSpec, generate_sessions
+    from policylab.traces.sessions import write_sessions
+    if not a.output.endswith(".jsonl"):
+        raise ValueError(f"a session trace is written as JSON lines: give -o OUT.jsonl, got {a.output}")
+    arrivals = ArrivalProcess("gamma" if a.cv != 1 else "poisson", rate=a.rate, cv=a.cv)
+    spec = SessionSpec(arrivals, a.mean_turns, a.max_turns, a.think_time, prompt, LengthDist.parse(a.follow_up_len),
+                       output, prefix)
+    sessions = generate_sessions(spec, a.num_requests, a.seed)
+    turns = write_sessions(a.output, sessions)
+    print(f"wrote {len(sessions)} sessions ({turns} turns) to {a.output} "
+          f"(starts over {sessions[-1].start:.1f} s, seed {a.seed})")
     return 0
 
 
@@ -153,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="write a synthetic trace (seeded)",
                        description="Synthetic trace from an arrival process and length distributions. "
                                    f"Length specs: {LENGTH_HELP}.")
-    g.add_argument("--kind", required=True, choices=("poisson", "gamma", "bursty", "multitenant"))
-    g.add_argument("-n", "--num-requests", type=int, default=300)
+    g.add_argument("--kind", required=True, choices=("poisson", "gamma", "bursty", "multitenant", "sessions"))
+    g.add_argument("-n", "--num-requests", type=int, default=300, help="requests (sessions: sessions)")
     g.add_argument("-o", "--output", required=True, help="OUT.jsonl, OUT.jsonl.gz or OUT.parquet")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--rate", type=float, default=4.0, help="req/s (poisson, gamma; per client: multitenant)")
@@ -176,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefix-share", type=float, default=0.8, help="share of requests with a system prompt")
     g.add_argument("--prefix-block-tokens", type=int, default=64,
                    help="tokens per block; replay with trace.prefix_block_tokens equal to it")
+    g.add_argument("--mean-turns", type=float, default=4.0, help="sessions: mean turns a session (geometric)")
+    g.add_argument("--max-turns", type=int, default=32, help="sessions: most turns a session")
+    g.add_argument("--think-time", type=float, default=5.0, help="sessions: mean think time between turns (s)")
+    g.add_argument("--follow-up-len", default="lognormal:mean=64,p90=128",
+                   help="sessions: new tokens of each later turn (--prompt-len: the first turn's)")
     g.set_defaults(run=cmd_generate)
     add_commands(sub, "trace")
     return p

@@ -61,6 +61,7 @@ class Cluster:
         self.placement = {"replica": [-1] * n, "decode_replica": [-1] * n,
                           "transfer_time": [math.nan] * n, "kv_wait": [math.nan] * n}
         self.next_arrival = self.num_done = 0
+        self.arrivals = None             # a closed-loop client (core.closed_loop): arrivals it makes
         self._forgotten = 0              # requests below this req_id were handed to a writer
         self._events: list = []          # (time, sequence, handler, argument): P/D handoffs
         self._sequence = 0
@@ -85,6 +86,7 @@ class Cluster:
         result = ClusterResult(self.trace, self.requests, {}, sum(p.result.num_blocks for p in parts),
                                parts[0].result.block_size, self.policy_name, router=self.router_name, replicas=parts,
                                placement=self.placement)
+        result.sessions = getattr(self.arrivals, "plan", None)
         with FrozenHeap() as heap:
             try:
                 self._loop(heap.freeze_if_due)
@@ -102,7 +104,7 @@ class Cluster:
         each turn. Under a router that reads no load and without P/D the replicas are independent,
         and the same turns run grouped replica by replica (`_loop_by_replica`): an optimisation,
         step for step the same replay."""
-        if self.pd is None and not getattr(self.router, "reads_load", True):
+        if self.pd is None and self.arrivals is None and not getattr(self.router, "reads_load", True):
             return self._loop_by_replica(freeze_if_due)
         n, observe = len(self.trace), self.observer
         while self.num_done < n:
@@ -170,6 +172,8 @@ class Cluster:
         times = self._times
         t_step = min(times)
         t_event = self._events[0][0] if self._events else INF
+        if self.arrivals is not None and self._client_turn(t_step, t_event):
+            return
         trace, i = self.trace, self.next_arrival
         if i < len(trace) and trace[i].arrival_time <= t_step and trace[i].arrival_time <= t_event:
             self.next_arrival = i + 1
@@ -198,6 +202,24 @@ class Cluster:
                 self._engines[k].asleep = False      # what they hold (or break work conservation)
                 self.refresh(k)
         self._idle_turns = 0
+
+    def take_arrivals_from(self, client) -> None:
+        """Arrivals come from a closed-loop client (`next_time`, `pop`, `finished`, `pending`),
+        not from the trace's times: each is routed when due, like a trace arrival."""
+        self.arrivals, self.next_arrival = client, len(self.trace)
+
+    def _client_turn(self, t_step: float, t_event: float) -> bool:
+        """The client's next arrival if it is due by the earliest step or event (ties: arrivals)."""
+        t = self.arrivals.next_time()
+        if t == INF or t > t_step or t > t_event:
+            return False
+        i, reason = self.arrivals.pop()
+        if reason:
+            self._reject(i, reason)
+        else:
+            self._route(i)
+        self._idle_turns = 0
+        return True
 
     def _check_progress(self, k: int, steps_before: int, clock_before: float) -> None:
         """Liveness: replica k's step ran nothing and moved no clock. Turns like that in a row mean
@@ -246,7 +268,7 @@ class Cluster:
         """For a replica whose policy waits for something to arrive: INF while anything can still
         reach it (it sleeps until a delivery wakes it, in either loop), None when nothing can (the
         replica broke work conservation)."""
-        if self.next_arrival < len(self.trace) or self._events:
+        if self.next_arrival < len(self.trace) or self._events or (self.arrivals and self.arrivals.pending()):
             return INF
         if self.pd is not None and any(t < INF for t, e in zip(self._times, self._engines) if e is not engine):
             return INF                   # a prefill replica may still hand a request over
@@ -312,6 +334,8 @@ class Cluster:
 
     def done(self, req_id: int) -> None:
         self.num_done += 1
+        if self.arrivals is not None:
+            self.arrivals.finished(req_id)
         if self._on_done:
             self._on_done(req_id)
 

@@ -65,6 +65,7 @@ class Engine:
         self.next_arrival = 0
         self._next_arrival_time = self._next_trace_arrival   # when more work can come (None: never)
         self.asleep = False              # a replica whose policy waits: no step until a delivery
+        self.arrivals = None             # a closed-loop client (core.closed_loop): arrivals it makes
         self.num_done = 0
         self._forgotten = 0              # requests below this req_id were handed to a writer
         self.step_index = 0
@@ -106,6 +107,7 @@ class Engine:
         result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks, self.kv.block_size, self.policy_name)
         if self.host.num_blocks:       # (filled as the run goes)
             result.kv_tiers = self.kv_stats
+        result.sessions = getattr(self.arrivals, "plan", None)
         return result
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
@@ -120,6 +122,13 @@ class Engine:
         self.clock.idle_until(self.trace[i].arrival_time)
         self.asleep = False
         self._arrive(i)
+
+    def refuse(self, i: int, reason: str) -> None:
+        """Request i of the trace never reaches the queue (its session ended): rejected now."""
+        t = self.trace[i]
+        self.clock.idle_until(t.arrival_time)
+        self.requests[i] = r = Request(i, t.arrival_time, NO_TOKENS, t.max_tokens or 1, t.client, t.priority)
+        self._reject(r, reason)
 
     def receive_prefilled(self, r: Request, target_len: int) -> None:
         """A request prefilled elsewhere joins the waiting queue with its prompt's KV in
@@ -163,6 +172,8 @@ class Engine:
 
     # ------------------------------------------------------------- admit
     def _admit(self) -> None:
+        if self.arrivals is not None:      # closed loop: the client's due turns arrive
+            return self.arrivals.admit(self)
         now = self.clock.now
         while self.next_arrival < len(self.trace) and self.trace[self.next_arrival].arrival_time <= now:
             self._arrive(self.next_arrival)
@@ -208,6 +219,8 @@ class Engine:
         self.num_done += 1
         if view is not None:
             self.policy.on_finished(view)
+        if self.arrivals is not None:      # closed loop: what follows this request is scheduled
+            self.arrivals.finished(r.req_id)
         if self._on_done:
             self._on_done(r.req_id)
 

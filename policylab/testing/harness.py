@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
+from policylab.core.closed_loop import attach
 from policylab.core.engine import Engine
 from policylab.core.result import RunResult
 from policylab.testing.invariants import StepChecker
 from policylab.testing.loader import policy_factory
+from policylab.testing.session_invariants import check_sessions
 from policylab.testing.properties import InvariantViolation
 
 
@@ -27,6 +29,7 @@ class Scenario:
     engine: EngineConfig
     seed: int = 0
     prefix_block_tokens: int = 32
+    sessions: object = None          # a SessionPlan over `trace`: replayed in closed loop (core.closed_loop)
 
 
 class _RecordingPolicy:
@@ -99,8 +102,12 @@ def run_checked(policy, scenario: Scenario, max_steps: int | None = None,
     engine = CheckedEngine(checker, list(scenario.trace), _RecordingPolicy(instance, checker),
                            _RecordingDataPlane(_dataplane(scenario.seed), checker), cfg,
                            seed=scenario.seed, prefix_block_tokens=scenario.prefix_block_tokens)
+    if scenario.sessions is not None:
+        attach(engine, scenario.sessions)
     result = engine.run()
     checker.finish(engine, result)
+    if scenario.sessions is not None:
+        check_sessions(result, scenario.sessions, checker.name)
     return result
 
 

@@ -160,7 +160,7 @@ class VtcFairness(Property):
     def after_step(self, engine):
         p = self.policy
         for r in engine.requests[:engine.next_arrival]:
-            if r.first_scheduled_time is None:
+            if r is None or r.first_scheduled_time is None:     # (closed loop: not arrived yet)
                 continue
             seen = self.outputs.get(r.req_id)
             if seen is None:

@@ -22,6 +22,8 @@ class TraceConfig:
     max_output_tokens: Optional[int] = None  # clip output lengths
     prefix_block_tokens: int = 512           # tokens covered by each id in prefix_hashes
     extra: dict = field(default_factory=dict)   # format-specific options (reader keywords)
+    sessions: bool = False                   # replay the trace's conversations in closed loop (docs/sessions.md)
+    concurrency: Optional[int] = None        # N closed-loop users, each sends when its last request finished
     sample_fraction: Optional[float] = None  # keep each request with this probability (seeded by the run seed)
     client_assignment: str = "keep"          # keep | column (client_column) | round_robin | zipf (num_clients)
     client_column: Optional[str] = None      # CSV column / JSON key naming the client (client_assignment=column)

@@ -23,9 +23,10 @@ READERS = {
     "vidur": read_vidur,
     "parquet": read_parquet,
 }
-FORMATS = ("auto",) + tuple(READERS)
+FORMATS = ("auto",) + tuple(READERS) + ("sessions",)
 SIGNATURES = {   # what detection looks for, also shown when nothing matches
     "native": "JSON lines with arrival_time, prompt_tokens, output_tokens",
+    "sessions": "JSON lines with session, turn, new_tokens, output_tokens (docs/sessions.md)",
     "mooncake": "JSON lines with timestamp, input_length, output_length[, hash_ids]",
     "azure": "CSV header TIMESTAMP,ContextTokens,GeneratedTokens",
     "burstgpt": "CSV header Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
@@ -44,6 +45,8 @@ def detect_format(path: Path, name: str) -> str:
     if first.lstrip().startswith("{"):
         record = F.parse_json_line(first, name, line_no)
         keys = set(record) if isinstance(record, dict) else set()
+        if {"session", "turn"} <= keys:
+            return "sessions"
         if "arrival_time" in keys:
             return "native"
         if "input_length" in keys:

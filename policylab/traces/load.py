@@ -7,6 +7,7 @@ import zlib
 from collections import Counter
 from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
 from typing import Optional
@@ -17,6 +18,7 @@ from policylab.datasets.cache import resolve as resolve_dataset
 from policylab.datasets.catalog import TRACES
 from policylab.traces.errors import TraceError
 from policylab.traces.formats import detect_format, read_requests
+from policylab.traces.session_load import is_closed_loop, load_closed_loop
 from policylab.traces.transforms import TraceReport, apply_transforms, check_config
 
 log = logging.getLogger("policylab.traces")
@@ -27,6 +29,7 @@ class LoadedTrace(list):
     """A list of TraceRequest (arrival order) that also carries its TraceReport as `.report`."""
 
     report: TraceReport
+    sessions = None                  # a closed-loop workload's SessionPlan (core.closed_loop); None: open loop
 
 
 def resolve_path(path, dataset: Optional[str] = None, cache_dir: Optional[str] = None) -> Path:
@@ -107,6 +110,9 @@ def load_trace(cfg, seed: int = 0) -> LoadedTrace:
     name = str(given) if given not in (None, "", "???") else str(cfg.dataset)
     with unreadable_as_trace_error(path, name):
         fmt = detect_format(path, name) if cfg.format == "auto" else cfg.format
+        if is_closed_loop(cfg, fmt):
+            return load_closed_loop(cfg, path, name, fmt, _plain(cfg.extra),
+                                    lambda: load_trace(replace(cfg, concurrency=None, format=fmt), seed))
         report = TraceReport(name, fmt, skipped=Counter())
         client_column = cfg.client_column if cfg.client_assignment == "column" else None
         raw = list(read_requests(path, name, fmt, report.skipped, client_column, _plain(cfg.extra)))
