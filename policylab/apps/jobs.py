@@ -138,8 +138,9 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
         from policylab.apps.cluster_build import build_cluster
         return build_cluster(cfg, build_policy, trace)
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
-    return Engine(trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg), cfg.engine,
-                  seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
+    from policylab.apps.speculative_build import speculative_parts
+    policy, dataplane = speculative_parts(cfg, build_policy(cfg.policy), dataplane or dataplane_of(cfg))
+    return Engine(trace, policy, dataplane, cfg.engine, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
 
 
 def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals | None = None,

@@ -24,6 +24,8 @@ from policylab.core.contract import ContractViolation
 from policylab.core.kv import blocks_for
 
 METHODS = ("ngram", "draft")
+VLLM_REFUSAL = ("speculative decoding (StepPlan.spec_tokens, speculative.k) runs on dataplane=sim and "
+                "dataplane=torch only: dataplane=vllm does not verify draft tokens a policylab policy schedules")
 
 
 @dataclass
