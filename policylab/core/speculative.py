@@ -88,15 +88,17 @@ def check_spec_tokens(view, plan, policy: str) -> tuple:
 
 # ------------------------------------------------------------------- drafts
 def ngram_drafts(tokens: np.ndarray, k: int, n_min: int = 1, n_max: int = 3) -> np.ndarray:
-    """Prompt lookup: the k tokens that followed the latest earlier occurrence of the sequence's
-    last n tokens (longest n first); fewer (or none) where the sequence has no such match."""
+    """Prompt lookup: the k tokens that followed an earlier occurrence of the sequence's last n
+    tokens (longest n first): the latest occurrence followed by k known tokens, else the latest
+    (fewer drafts); none where the sequence has no such match."""
     size = len(tokens)
     for n in range(min(n_max, size - 1), n_min - 1, -1):
         suffix = tokens[size - n:]
         windows = np.lib.stride_tricks.sliding_window_view(tokens[:size - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        hits = np.flatnonzero((windows == suffix).all(axis=1)) + n      # where each continuation starts
         if hits.size:
-            start = int(hits[-1]) + n
+            full = hits[hits + k <= size]
+            start = int(full[-1] if full.size else hits[-1])
             return tokens[start:start + k]
     return tokens[:0]
 
