@@ -203,3 +203,23 @@ def test_blocks_left_after_a_step_cover_the_computed_tokens_only():
         engine.step()
         for r in engine.running:
             assert len(r.block_table) == blocks_for(r.num_computed_tokens, 4)
+
+
+# ------------------------------------------------------------------ spec_adaptive
+def test_spec_adaptive_gives_the_most_drafts_at_low_load_and_none_in_a_huge_batch():
+    from policies.spec_adaptive import SpecAdaptive
+    p = SpecAdaptive()
+    ks = [p.best_k(b, 0) for b in (1, 8, 64, 128, 256, 512)]
+    assert ks[0] == ks[1] == 4 and ks[-1] == 0 and ks == sorted(ks, reverse=True) and 0 < ks[3] < 4
+    p.successes, p.failures = 0, 1000                  # drafts never accepted: none while they cost
+    assert p.best_k(128, 0) == 0
+    assert SpecAdaptive(draft_cost=0.5).best_k(1, 0) < 4   # priced drafts
+
+
+def test_spec_adaptive_measures_the_acceptance_of_the_run():
+    from policies.spec_adaptive import SpecAdaptive
+    trace = [TraceRequest(0.05 * i, 40, 300, max_tokens=1000) for i in range(8)]
+    for alpha in (0.3, 0.8):
+        policy = SpecAdaptive()
+        run(policy, trace, alpha=alpha, cfg=EngineConfig(block_size=8, num_blocks=800, max_num_batched_tokens=512))
+        assert policy.acceptance == pytest.approx(alpha, abs=0.06)
