@@ -68,3 +68,26 @@ def test_the_vllm_plane_refuses_draft_tokens(tmp_path, capsys):
               "policy=chunked", "speculative.k=2", f"hydra.run.dir={tmp_path}"])
     err = capsys.readouterr().err
     assert "dataplane=vllm does not verify draft tokens" in err and "Traceback" not in err
+
+
+def test_a_cluster_run_refuses_speculative_settings(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", *BASE, "policy=chunked", "speculative.k=2", "cluster.replicas=2", f"hydra.run.dir={tmp_path}"])
+    assert "speculative.* applies to single-engine runs" in capsys.readouterr().err
+
+
+def test_a_native_trace_carries_each_request_s_acceptance_rate(tmp_path, capsys):
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(f'{{"arrival_time": {0.1 * i}, "prompt_tokens": 30, "output_tokens": 40, '
+                            f'"spec_acceptance": {a}}}\n' for i, a in enumerate((0.0, 1.0) * 3)))
+    s = summary_of(tmp_path / "run", "policy=chunked", "speculative.k=2", "trace=file", f"trace.path={good}")
+    spec = s["speculative"]
+    # per pair: the alpha-1 request emits 3 tokens in each of 13 verifications after its first token
+    # (26 drafts, all accepted), the alpha-0 one 1 token in each of 39 (78 drafts, none accepted)
+    assert (spec["proposed_tokens"], spec["accepted_tokens"]) == (3 * (26 + 78), 3 * 26)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival_time": 0, "prompt_tokens": 3, "output_tokens": 4, "spec_acceptance": 1.5}\n')
+    with pytest.raises(SystemExit):
+        main(["run", *BASE, "policy=chunked", "trace=file", f"trace.path={bad}", f"hydra.run.dir={tmp_path / 'b'}"])
+    err = capsys.readouterr().err
+    assert "spec_acceptance" in err and "[0, 1]" in err and "Traceback" not in err

@@ -135,6 +135,9 @@ def measuring(cfg: RunConfig, command: str) -> RunConfig:
 def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     """The run's engine, or its cluster of engines (`cluster.*`: same run/trace interface)."""
     if is_cluster(cfg.cluster):
+        if cfg.speculative != type(cfg.speculative)():
+            raise RunError("speculative.* applies to single-engine runs; in a cluster a spec-aware policy "
+                           "(policy=spec_adaptive) runs with the sim's default n-gram acceptance model")
         from policylab.apps.cluster_build import build_cluster
         return build_cluster(cfg, build_policy, trace)
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
