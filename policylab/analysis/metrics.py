@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from policylab.core.speculative import spec_summary
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import STEP_FIELDS, RunResult
 from policylab.analysis import counted as counted_values
@@ -222,6 +223,9 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         summary["kv_hierarchy"] = dict(result.kv_tiers)
     if getattr(result, "sessions", None) is not None and "session" in df:     # a closed-loop replay
         summary["sessions"] = session_summary(df, result.sessions, distribution)
+    speculative = spec_summary(getattr(result, "speculative", None))
+    if speculative:                             # some step verified draft tokens
+        summary["speculative"] = speculative
     if isinstance(result, ClusterResult):
         summary["router"] = result.router
         summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"],

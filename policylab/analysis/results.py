@@ -98,6 +98,10 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
                      "of prompt tokens served from cached blocks")
     if (fair.get("num_clients") or 0) > 1:
         overview.add_row("fairness", fairness_line(fair, summary.get("fairness_windows") or {}))
+    spec = summary.get("speculative")
+    if spec:
+        overview.add_row("speculation", f"{spec['proposed_tokens']} drafts, {_num(100 * spec['acceptance_rate'], '.1f')} "
+                         f"% accepted, {_num(spec['tokens_per_step'], '.2f')} tokens per verifying step")
     cluster = summary.get("cluster")
     if cluster:
         busy = ", ".join(f"{_num(100 * (r.get('utilization') or 0), '.0f')} %" for r in cluster["replicas"].values())

@@ -44,6 +44,8 @@ COLUMNS = (
     Shown("kv_hierarchy.transfer_time", better="min", digits=3),
     Shown("sessions.completion_time", "p50", "s", "min", 2),                 # closed-loop sessions
     Shown("sessions.completion_time", "p99", "s", "min", 2),
+    Shown("speculative.acceptance_rate", unit="%", digits=1),                  # runs with draft tokens
+    Shown("speculative.tokens_per_step", digits=2),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]

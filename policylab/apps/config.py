@@ -22,6 +22,7 @@ from policylab.apps.config_checks import check_values
 from policylab.cluster.config import POOLS, ClusterConfig, check_cluster_config, policy_label, spec_name
 from policylab.core.config import (EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig, ModelConfig,
                                    SloConfig, check_engine_config, check_slo_config)
+from policylab.core.speculative import SpeculativeConfig, check_speculative_config
 from policylab.dataplane.config import SimPlaneConfig, TorchPlaneConfig, plane_config
 from policylab.traces.config import TraceConfig
 
@@ -86,6 +87,7 @@ class RunConfig:
     capacity: CapacityConfig = field(default_factory=CapacityConfig)   # `policylab capacity` search
     generate: GenerateConfig = field(default_factory=GenerateConfig)   # `policylab generate`
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)   # `policylab fidelity`
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)   # draft tokens (speculative decoding)
     objective: str = "goodput"   # summary key `run` returns to sweepers (Optuna): slo_attainment, ttft.p99, ...
     progress: bool = True        # progress bar over requests
     plots: Any = True            # run plots: false, or {format: png,svg,pdf, log_latency: true, dpi: 150}
@@ -233,6 +235,7 @@ def check_run_config(run: RunConfig) -> None:
         check_engine_config(run.engine)
         check_slo_config(run.slo, run.fairness)
         check_cluster_config(run.cluster)
+        check_speculative_config(run.speculative)
         if isinstance(run.dataplane, SimPlaneConfig):       # (before a long trace is read, not after)
             from policylab.dataplane.sim import check_cost_parameters
             check_cost_parameters(run.model, run.hardware, run.dataplane)

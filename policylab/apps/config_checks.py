@@ -26,7 +26,7 @@ OBJECTIVES = {
     "throughput": {"input_tokens_per_s", "output_tokens_per_s", "requests_per_s"},
     "kv_utilization": {"max", "mean"},
     "fairness": None, "fairness_windows": None, "kv_hierarchy": None, "cluster": None, "trace_report": None,
-    "cost_model": None,
+    "cost_model": None, "speculative": None,
 }
 
 

@@ -136,11 +136,16 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     """The run's engine, or its cluster of engines (`cluster.*`: same run/trace interface)."""
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     if is_cluster(cfg.cluster):
+        if cfg.speculative != type(cfg.speculative)():
+            raise RunError("speculative.* applies to single-engine runs; in a cluster a spec-aware policy "
+                           "(policy=spec_adaptive) runs with the sim's default n-gram acceptance model")
         from policylab.apps.cluster_build import build_cluster
         engine = build_cluster(cfg, build_policy, trace)
     else:
-        engine = Engine(trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg), cfg.engine,
-                        seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
+        from policylab.apps.speculative_build import speculative_parts
+        policy, plane = speculative_parts(cfg, build_policy(cfg.policy), dataplane or dataplane_of(cfg))
+        engine = Engine(trace, policy, plane, cfg.engine, seed=cfg.seed,
+                        prefix_block_tokens=cfg.trace.prefix_block_tokens)
     if getattr(trace, "sessions", None) is not None:      # a closed-loop workload (docs/sessions.md)
         from policylab.core.closed_loop import attach
         attach(engine, trace.sessions)

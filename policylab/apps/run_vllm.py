@@ -16,6 +16,9 @@ CLOSED_LOOP_REFUSED = ("dataplane=vllm replays open-loop traces only: closed-loo
 def vllm_setup(cfg: RunConfig):
     if cfg.trace.sessions or cfg.trace.concurrency is not None or cfg.trace.format == "sessions":
         raise RunError(CLOSED_LOOP_REFUSED)
+    if cfg.speculative.k:
+        from policylab.core.speculative import VLLM_REFUSAL
+        raise RunError(f"speculative.k={cfg.speculative.k}: {VLLM_REFUSAL}")
     try:
         import vllm  # noqa: F401
     except ImportError as e:

@@ -22,6 +22,8 @@ class Batch:
     token_ids: list = field(default_factory=list)      # np.int32 array of length query_len, per request
     sample: list = field(default_factory=list)         # True where the step completes the known tokens
     sampling: list = field(default_factory=list)       # SamplingParams per request
+    spec_lens: list | None = None     # speculative steps: draft tokens per entry (its last query_lens)
+    spec_alpha: list | None = None    # ... and the trace's acceptance rate per entry (None: the plane's)
 
     def __len__(self) -> int:
         return len(self.req_ids)
@@ -42,6 +44,7 @@ def joined(a: Batch, b: Batch) -> Batch:
 class StepResult:
     sampled: list      # token ids, one per entry with sample=True, in batch order
     duration: float    # seconds this step took (measured, or modelled in simulation)
+    accepted: dict | None = None   # speculative steps: batch row -> accepted draft ids (sampled follows them)
 
 
 @dataclass(slots=True)

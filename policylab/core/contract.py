@@ -218,13 +218,17 @@ class StepPlan:
     `num_scheduled_tokens` maps req_id -> tokens this step, in the order the batch is
     formed; `preempt` lists running req_ids whose device KV is freed: recomputed later, or,
     for those also in `swap`, copied to the host tier and copied back when next scheduled;
-    `reject` maps waiting req_ids to a reason (admission control: reported, never dropped).
+    `reject` maps waiting req_ids to a reason (admission control: reported, never dropped);
+    `spec_tokens` maps scheduled decoding req_ids to k >= 0 speculative tokens: the step
+    verifies k drafts after the decode's token (k + 1 tokens of budget and KV; see
+    docs/speculative-decoding.md).
     """
 
     num_scheduled_tokens: dict = field(default_factory=dict)
     preempt: list = field(default_factory=list)
     reject: dict = field(default_factory=dict)
     swap: list = field(default_factory=list)
+    spec_tokens: dict = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
@@ -241,10 +245,12 @@ def private_copy(plan, policy: str) -> StepPlan:
     try:
         copy.num_scheduled_tokens, copy.preempt, copy.reject, copy.swap = \
             dict(plan.num_scheduled_tokens), list(plan.preempt), dict(plan.reject), list(getattr(plan, "swap", ()))
+        spec = getattr(plan, "spec_tokens", None)
+        copy.spec_tokens = dict(spec) if spec else {}
         return copy
     except (TypeError, ValueError) as e:
         raise ContractViolation(policy, "plan_type", f"the plan's fields must be a mapping, a list and a "
-                                f"mapping: {e}") from None
+                                f"mapping (spec_tokens: a mapping): {e}") from None
 
 
 def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> None:
@@ -267,6 +273,10 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
         total, blocks, free = len(sched), len(decode.full), view.num_free_blocks
     else:
         total, blocks, free = _check_entries(view, plan, policy)
+    if plan.spec_tokens:              # k drafts: k more tokens of the budget, the KV of k + 1 tokens
+        from policylab.core.speculative import check_spec_tokens
+        extra_tokens, extra_blocks = check_spec_tokens(view, plan, policy)
+        total, blocks = total + extra_tokens, blocks + extra_blocks
     if total > view.max_num_batched_tokens:
         raise ContractViolation(policy, "token_budget",
                                 f"{total} tokens scheduled > "

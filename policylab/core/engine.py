@@ -29,6 +29,7 @@ from policylab.core.waiting_queue import QueueView, WaitingQueue
 from policylab.core.request import (NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals,
                                     forget_done, is_decoding)
 from policylab.core.result import RunResult, mark_partial
+from policylab.core.speculative import Speculation
 from policylab.core.step_log import StepLog
 from policylab.core.swap import Swapper
 
@@ -78,6 +79,7 @@ class Engine:
         self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
         self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
+        self.speculation = Speculation(self)    # steps that verify draft tokens (StepPlan.spec_tokens)
 
     running = property(lambda self: self._running)
     waiting = property(lambda self: [self.requests[rid] for rid in self._waiting.ids()],
@@ -108,6 +110,7 @@ class Engine:
         if self.host.num_blocks:       # (filled as the run goes)
             result.kv_tiers = self.kv_stats
         result.sessions = getattr(self.arrivals, "plan", None)
+        result.speculative = self.speculation.stats
         return result
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
@@ -272,15 +275,18 @@ class Engine:
         keys) lead the batch on the persistent decode batch; every other entry goes one by one."""
         sched, decoding = plan.num_scheduled_tokens, self._decoding
         same = (ids := list(sched)) == self._decode_batch.ids     # (the decode batch's members all decode)
-        if plan.preempt or plan.reject:
+        spec = plan.spec_tokens and self.speculation.planned(plan.spec_tokens)   # drafts: the general path
+        if plan.preempt or plan.reject or spec:
             decodes, chunks = [], sched
         elif same or all(map(decoding.__contains__, ids)):
             decodes, chunks = ids, {}
         else:
             decodes = [rid for rid in ids if rid in decoding]
             chunks = {rid: n for rid, n in sched.items() if rid not in decoding} if decodes else sched
-        parts = self._commit_requests(chunks, plan.preempt, plan.reject, plan.swap) \
-            if chunks or plan.preempt or plan.reject else None
+        parts = self._commit_requests(self.speculation.widened(chunks, spec) if spec else chunks, plan.preempt,
+                                      plan.reject, plan.swap) if chunks or plan.preempt or plan.reject else None
+        if spec:
+            self.speculation.commit(parts[0], parts[1], spec)
         if not decodes:
             if parts is None or not parts[1]:
                 return None
@@ -377,8 +383,10 @@ class Engine:
                                                   self._needs_block) if n else []
         prefill_tokens = n_prefill = 0
         if step.requests:
-            more, prefill_tokens, n_prefill = self._postprocess_requests(
-                step.requests, batch.query_lens[n:], batch.sample[n:], sampled[n:])
+            query_lens, rest = (batch.query_lens[n:], sampled[n:]) if batch.spec_lens is None else \
+                self.speculation.postprocess(step.requests, batch, result, now)   # drafts accepted, KV trimmed
+            more, prefill_tokens, n_prefill = self._postprocess_requests(step.requests, query_lens,
+                                                                         batch.sample[n:], rest)
             finished += more
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now

@@ -48,6 +48,7 @@ class TraceRequest:
     tpot_slo: Optional[float] = None
     prefix_hashes: tuple = ()
     max_tokens: Optional[int] = None
+    spec_acceptance: Optional[float] = None   # per-draft acceptance rate on the sim (None: speculative.acceptance_rate)
     prompt_ids: Optional[tuple] = None    # real token ids (generate); None: synthesized from the trace
 
     @property

@@ -24,6 +24,7 @@ class RunResult:
     traceback: str = ""              # of the exception that ended a partial run (none for Ctrl-C)
     kv_tiers: dict | None = None     # swap and KV-tier counters, when a host tier is configured
     sessions: object | None = None   # the SessionPlan of a closed-loop replay (core.closed_loop)
+    speculative: dict | None = None  # speculative-decoding counters (core.speculative), filled as the run goes
 
     @property
     def partial(self) -> bool:

@@ -157,4 +157,4 @@ class Swapper:
         transfer = self.link.transfer_time(self.moved_blocks, self.block_bytes)
         self.moved_blocks = 0
         self.stats["transfer_time"] += transfer
-        return StepResult(result.sampled, self.link.step_duration(result.duration, transfer))
+        return StepResult(result.sampled, self.link.step_duration(result.duration, transfer), result.accepted)

@@ -24,7 +24,7 @@ class ModeledStepTime:
 
     def execute(self, batch: Batch) -> StepResult:
         result = self.plane.execute(batch)
-        return StepResult(result.sampled, self.cost_model.step_time(batch))
+        return StepResult(result.sampled, self.cost_model.step_time(batch), result.accepted)
 
     def describe_cost_model(self) -> dict:
         """The cost model that timed the steps (recorded in summary.json); the tokens are the real plane's."""

@@ -97,6 +97,7 @@ class SimDataPlane:
         self.needs_token_ids = False
         self.cost_model = build_cost_model(model, hardware, dp)
         self._next_token: list = []          # position -> id sampled after it (see execute)
+        self.speculation = None              # verifies draft tokens (policylab.dataplane.speculative)
         if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
             self._noise = np.random.default_rng([dp.time_noise_seed, 0x71AE])
             self._exact_step_time, self._step_time = self._step_time, self._noisy_step_time
@@ -142,6 +143,8 @@ class SimDataPlane:
         share an output block (the hash chain carries the prompt). The id sampled after the
         token at position p is `_next_token[p]`, so a decode step costs one C-level pass.
         """
+        if batch.spec_lens is not None:               # drafts to verify: the acceptance model
+            return self._speculation().execute(self, batch)
         ctx, tokens = batch.context_lens, sum(batch.query_lens)
         if tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
             positions = ctx
@@ -153,6 +156,19 @@ class SimDataPlane:
             self._grow_tokens(max(positions) + 1)
             ids = list(map(self._next_token.__getitem__, positions))
         return StepResult(ids, self._step_time(batch, tokens, len(ids)))
+
+    def token_at(self, position: int) -> int:
+        """The id sampled after the token at `position` (as `execute` samples it)."""
+        if position >= len(self._next_token):
+            self._grow_tokens(position + 1)
+        return self._next_token[position]
+
+    def _speculation(self):
+        if self.speculation is None:           # (no speculative config given: n-gram at its defaults)
+            from policylab.dataplane.speculative import SimSpeculation
+            from policylab.core.speculative import SpeculativeConfig
+            self.speculation = SimSpeculation(SpeculativeConfig(), self.seed)
+        return self.speculation
 
     def _grow_tokens(self, size: int) -> None:
         """Extend the id table to cover `size` positions (doubling; each id a hash of seed and position)."""

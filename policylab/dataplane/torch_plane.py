@@ -96,6 +96,7 @@ class TorchDataPlane:
         self.block_size = 0
         self.clock = time.thread_time if dp.timer == "cpu" else time.perf_counter
         self.reference: ReferenceTimer | None = None    # dataplane.timer_reference (allocate_kv builds it)
+        self.speculative = None                # SpeculativeConfig: the engine's n-gram drafts (None: defaults)
 
     def describe_cost_model(self) -> dict:
         """What produced this run's step times (recorded in summary.json)."""
@@ -245,10 +246,13 @@ class TorchDataPlane:
             if again.duration < result.duration:
                 result = again
         if self.reference is not None:                 # the machine's current speed divided out
-            result = StepResult(result.sampled, result.duration * self.reference.factor())
+            result = StepResult(result.sampled, result.duration * self.reference.factor(), result.accepted)
         return result
 
     def _execute_once(self, batch: Batch) -> StepResult:
+        if batch.spec_lens is not None:              # drafts to verify, greedily
+            from policylab.dataplane.speculative import verify_greedy
+            return verify_greedy(self, batch)
         start = self.clock()
         logits = self.forward(batch)
         rows = [i for i, s in enumerate(batch.sample) if s]

@@ -17,6 +17,7 @@ from policylab.core.engine import Engine
 from policylab.core.result import RunResult
 from policylab.core.request import Status
 from policylab.testing.properties import InvariantViolation, build_properties
+from policylab.testing.spec_invariants import SpecChecks
 
 EPS = 1e-9
 
@@ -54,6 +55,7 @@ class StepChecker:
         self.swapped: dict = {}         # req_id -> (computed tokens, output ids) when swapped out
         self.clock, self.steps = 0.0, 0
         self.plan = self.snaps = self.batch = None
+        self.spec = SpecChecks(self)    # speculative steps: drafts, their counts and their KV
 
     def fail(self, invariant: str, detail: str):
         self.violation = self.violation or InvariantViolation(invariant, detail, self.name)
@@ -114,13 +116,16 @@ class StepChecker:
     # --------------------------------------------------------------- checks
     def _check_batch(self, engine: Engine) -> None:
         b, cfg, bs = self.batch, self.cfg, engine.kv.block_size
+        drafts = self.spec.check_step(engine, b, self.snaps, self.plan)   # batch row -> (k, tokens gained)
         if len(b) > cfg.max_num_seqs:
             self.fail("seq_cap", f"{len(b)} requests in a step > max_num_seqs={cfg.max_num_seqs}")
         if b.num_tokens > cfg.max_num_batched_tokens:
             self.fail("token_budget", f"{b.num_tokens} tokens in a step > "
                       f"max_num_batched_tokens={cfg.max_num_batched_tokens}")
-        for rid, n, ctx, sample in zip(b.req_ids, b.query_lens, b.context_lens, b.sample):
+        for row, (rid, n, ctx, sample) in enumerate(zip(b.req_ids, b.query_lens, b.context_lens, b.sample)):
             s, start = self.snaps[rid], self.next_ctx.get(rid)
+            k, gained = drafts.get(row, (0, 1))
+            n -= k                                 # (a verification: its decode token, then k drafts)
             if start is None:                      # (re)start: only prefix-cache hits precede it
                 if ctx != s.num_cached or ctx % bs:
                     self.fail("chunks", f"request {rid} starts at token {ctx}, expected its "
@@ -140,6 +145,7 @@ class StepChecker:
                 self.chunk_sum[rid] += n
                 if sample and self.chunk_sum.pop(rid) != s.num_tokens:
                     self.fail("chunks", f"request {rid}: cached + chunks != {s.num_tokens} tokens")
+            n, sample = (gained, gained) if k else (n, sample)
             self.next_ctx[rid] = ctx + n
             r = engine.requests[rid]
             if r.num_computed_tokens != ctx + n or len(r.output_ids) != s.num_output + sample:
@@ -267,7 +273,7 @@ class StepChecker:
                 self.fail("liveness", f"request {getattr(r, 'req_id', '?')} did not finish")
             times = [r.arrival_time, r.first_scheduled_time, *r.token_times, r.finish_time]
             times = [t for t in times if t is not None]
-            repeated = len(set(r.token_times)) != len(r.token_times)
+            repeated = len(set(r.token_times)) != len(r.token_times) - self.spec.shared_times.get(r.req_id, 0)
             if repeated or any(b < a - EPS for a, b in zip(times, times[1:])):
                 self.fail("causality", f"request {r.req_id}: arrival, scheduled, tokens, completion "
                           f"out of order: {times}")

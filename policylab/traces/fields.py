@@ -102,6 +102,15 @@ def optional_seconds(value, file, line, field):
     return float(value)
 
 
+def optional_fraction(value, file, line, field):
+    """A rate: null, or a number in [0, 1]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise TraceError(file, line, field, f"expected a number in [0, 1] or null, got {shown(value)}")
+    return float(value)
+
+
 def integer(value, file, line, field) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TraceError(file, line, field, f"expected an integer, got {shown(value)}")

@@ -1,7 +1,8 @@
 """policylab native traces (DESIGN §9): one JSON object per line, validated while streaming.
 
 Required: `arrival_time` (s), `prompt_tokens`, `output_tokens`; optional: `client`, `priority`,
-`ttft_slo`, `tpot_slo`, `prefix_hashes`, `max_tokens`. Unknown keys are errors (a typo must not
+`ttft_slo`, `tpot_slo`, `prefix_hashes`, `max_tokens`, `spec_acceptance` (a speculative draft's
+acceptance rate on the sim, in [0, 1]). Unknown keys are errors (a typo must not
 silently drop a field).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from policylab.traces.errors import TraceError
 from policylab.traces.raw import RawRequest
 
 REQUIRED = ("arrival_time", "prompt_tokens", "output_tokens")
-OPTIONAL = ("client", "priority", "ttft_slo", "tpot_slo", "prefix_hashes", "max_tokens")
+OPTIONAL = ("client", "priority", "ttft_slo", "tpot_slo", "prefix_hashes", "max_tokens", "spec_acceptance")
 DEFAULTS = RawRequest(0.0, 1, 1)
 
 
@@ -47,6 +48,7 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
         tpot_slo=F.optional_seconds(rec.get("tpot_slo"), file, line, "tpot_slo"),
         prefix_hashes=F.block_ids(rec.get("prefix_hashes", []), file, line, "prefix_hashes"),
         max_tokens=None if max_tokens is None else F.positive_int(max_tokens, file, line, "max_tokens"),
+        spec_acceptance=F.optional_fraction(rec.get("spec_acceptance"), file, line, "spec_acceptance"),
     )
 
 

@@ -35,7 +35,7 @@ from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutp
 from vllm.v1.request import RequestStatus
 
 from policylab.core.admission import never_fits
-from policylab.core.contract import validate_plan
+from policylab.core.contract import ContractViolation, validate_plan
 from policylab.core.result import STEP_FIELDS
 from policylab.integrations.vllm.policy_config import load_policy, policy_spec_from_env
 from policylab.integrations.vllm.support import check_supported
@@ -162,6 +162,9 @@ class PolicyScheduler(Scheduler):
                           self.max_num_running_reqs, self._kv, views, self._sampled, self._arrived)
         plan = self.policylab_policy.schedule(view)
         self._sampled, self._arrived = [], []
+        if any((getattr(plan, "spec_tokens", None) or {}).values()):
+            from policylab.core.speculative import VLLM_REFUSAL
+            raise ContractViolation(self.policy_name, "spec_unsupported", VLLM_REFUSAL)
         validate_plan(view, plan, self.policy_name)
         return self._apply(view, plan, now)
 
