@@ -17,14 +17,13 @@ from policylab.core.closed_loop import attach
 from policylab.core.config import EngineConfig, ModelConfig
 from policylab.core.engine import Engine
 from policylab.core.request import Status, TraceRequest
-from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.testing import fingerprint
 from policylab.testing.cluster import build_cluster
 from policylab.testing.harness import Scenario, check_policy
 from policylab.testing.loader import shipped_policy_configs, spec_id
 from policylab.testing.properties import InvariantViolation
-from policylab.testing.replay import SCENARIO_HARDWARE
+from policylab.testing.replay import SCENARIO_HARDWARE, scenario_dataplane
 from policylab.testing.session_invariants import check_sessions
 from policylab.traces.sessions import Session, Turn, one_turn_sessions, plan_of
 
@@ -39,7 +38,7 @@ def chat(n_sessions=6, turns=4, think=0.05, gap=0.02, new=(60, 20), out=12):
 
 
 def engine_on(trace, cfg=CFG, policy=None, seed=0):
-    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, DataplaneConfig(kind="sim"), seed=seed)
+    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, scenario_dataplane(SCENARIO_HARDWARE), seed=seed)
     return Engine(list(trace), policy or PrefillFirst(name="prefill_first"), plane, cfg, seed=seed,
                   prefix_block_tokens=32)
 
