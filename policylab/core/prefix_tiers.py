@@ -229,6 +229,7 @@ class PrefixTiers:
         """The device's hits `hits` continued below it: the next blocks of `hashes` (up to `most`)
         found on the host or disk tier, or on the device once a lower-tier block precedes them."""
         host, disk = self.host, self.disk
+        most = min(most, len(hashes))
         if len(hits) >= most or not len(host) and not len(disk):
             return hits
         out = list(hits)
