@@ -42,6 +42,10 @@ COLUMNS = (
     Shown("cluster.goodput_per_gpu", better="max", digits=3),
     Shown("kv_hierarchy.recomputed_tokens", better="min", digits=0),         # runs with a host KV tier
     Shown("kv_hierarchy.transfer_time", better="min", digits=3),
+    Shown("kv_hierarchy.host_hit_rate", unit="%", better="max", digits=1),   # runs with prefix tiers
+    Shown("kv_hierarchy.disk_hit_rate", unit="%", better="max", digits=1),
+    Shown("kv_hierarchy.host_transfer_time", better="min", digits=3),
+    Shown("kv_hierarchy.disk_transfer_time", better="min", digits=3),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]
