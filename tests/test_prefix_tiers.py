@@ -129,3 +129,59 @@ def test_torch_plane_moves_blocks_to_cpu_and_disk_with_the_same_greedy_tokens(tm
     assert payloads and all(p.device.type == "cpu" for p in payloads)
     assert outputs["host"] == outputs["off"] and outputs["disk"] == outputs["off"]
     assert all(len(o) == t.output_tokens for o, t in zip(outputs["off"], trace))
+
+
+def test_the_vllm_data_plane_refuses_the_tiers_in_one_line():
+    from policylab.core.config import ModelConfig
+    from policylab.dataplane.config import DataplaneConfig
+    from policylab.integrations.vllm.replay import setup_from_config
+    with pytest.raises(ValueError, match="engine.prefix_host_blocks=8: dataplane=vllm keeps its prefix cache"):
+        setup_from_config(EngineConfig(prefix_host_blocks=8), ModelConfig(), DataplaneConfig(kind="vllm"))
+
+
+def test_cli_run_writes_per_tier_hit_rates_and_compare_shows_them(tmp_path):
+    from policylab.analysis.metric_catalog import lookup
+    from policylab.analysis.run_table import collect_runs
+    from policylab.apps.cli import main
+    from tests.test_metric_catalog import numbers
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 40 * t.arrival_time * 1000, "input_length": t.prompt_tokens,
+                                         "output_length": t.output_tokens, "hash_ids": list(t.prefix_hashes)}) + "\n"
+                             for t in TRACE))
+    main(["run", "policy=chunked", "trace=mooncake", f"trace.path={trace}", "trace.prefix_block_tokens=32",
+          "dataplane=sim", "logger=none", "plots=false", "progress=false", "engine.block_size=8",
+          "engine.num_blocks=90", "engine.prefix_host_blocks=20", "engine.prefix_disk_blocks=60",
+          f"hydra.run.dir={tmp_path / 'run'}"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    s = summary["kv_hierarchy"]
+    assert s["host_hit_rate"] > 0 and s["disk_hit_rate"] > 0 and s["device_hit_rate"] > 0
+    assert s["device_hit_rate"] + s["host_hit_rate"] + s["disk_hit_rate"] == pytest.approx(
+        summary["prefix_cache_hit_rate"])
+    for key in numbers(summary):
+        lookup(key)                       # every number of the section is declared (and documented)
+    table, _ = collect_runs([tmp_path / "run"])
+    assert table["host hit (%)"].iloc[0] == pytest.approx(100 * s["host_hit_rate"])
+    assert table["disk-tier transfer (s)"].iloc[0] == pytest.approx(s["disk_transfer_time"])
+
+
+def test_a_cluster_sums_its_replicas_tiers_and_keeps_each_one(tmp_path):
+    from policylab.apps.cli import main
+    main(["run", "policy=chunked", "trace=multitenant", "trace.max_requests=120", "dataplane=sim", "logger=none",
+          "plots=false", "progress=false", "cluster.replicas=2", "router=round_robin", "engine.num_blocks=60",
+          "engine.prefix_host_blocks=200", f"hydra.run.dir={tmp_path}"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    total, parts = summary["kv_hierarchy"], [r["kv_hierarchy"] for r in summary["cluster"]["replicas"].values()]
+    assert len(parts) == 2 and all(p["host_offloaded_blocks"] > 0 for p in parts)
+    for key in ("host_hit_blocks", "host_offloaded_blocks", "host_bytes", "host_transfer_time"):
+        assert total[key] == pytest.approx(sum(p[key] for p in parts)), key
+    assert total["host_hit_blocks"] > 0 and 0 < total["host_hit_rate"] < 1
+
+
+def test_cluster_invariants_hold_with_tiers_on_every_replica():
+    from policies.routers.round_robin import RoundRobin
+    from policylab.testing.cluster import build_cluster, check_cluster
+    cfg = dataclasses.replace(PRESSURE, prefix_host_blocks=16, prefix_disk_blocks=16)
+    result = check_cluster(lambda: build_cluster(TRACE, lambda: Chunked(chunk_size=64), RoundRobin, cfg,
+                                                 replicas=2, checked=True))
+    assert sum(p.result.kv_tiers["host_hit_blocks"] + p.result.kv_tiers["disk_hit_blocks"]
+               for p in result.replicas) > 0
