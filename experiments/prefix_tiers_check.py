@@ -7,7 +7,7 @@ H100) with `chunked` and a KV cache cut to --blocks blocks of 16 tokens, so that
 are evicted; then with a host tier under the prefix cache, then with a host and a disk tier:
 overall and per-tier hit rate, TTFT p50/p99, blocks offloaded and dropped, transfer time per tier.
 Usage: python experiments/prefix_tiers_check.py [--trace FILE.jsonl] [--requests 400] [--rate 4]
-       [--blocks 1000] [--host 4000] [--disk 16000] [--out DIR]
+       [--blocks 1000] [--host 4000] [--disk 16000] [--rate-scale 1] [--out DIR]
 """
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def main_check() -> None:
     ap.add_argument("--blocks", type=int, default=1000, help="engine.num_blocks (16 tokens each)")
     ap.add_argument("--host", type=int, default=4000, help="engine.prefix_host_blocks")
     ap.add_argument("--disk", type=int, default=16000, help="engine.prefix_disk_blocks")
+    ap.add_argument("--rate-scale", type=float, default=1.0, help="trace.rate_scale (arrival rate multiplier)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="prefix_tiers_"))
@@ -70,7 +71,7 @@ def main_check() -> None:
     print(f"trace: {what}; KV {a.blocks} blocks x 16 tokens; results in {out}\n")
     print(f"{'tiers':22} {'hit rate':>9} {'device':>8} {'host':>8} {'disk':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'offloaded':>10} {'dropped':>8} {'host s':>7} {'disk s':>7}")
-    kv = [f"engine.num_blocks={a.blocks}"]
+    kv = [f"engine.num_blocks={a.blocks}", f"trace.rate_scale={a.rate_scale}"]
     for name, extra in (("device only", []),
                         ("+host", [f"engine.prefix_host_blocks={a.host}"]),
                         ("+host +disk", [f"engine.prefix_host_blocks={a.host}", f"engine.prefix_disk_blocks={a.disk}"]),
