@@ -74,6 +74,7 @@ def main_check() -> None:
     kv = [f"engine.num_blocks={a.blocks}", f"trace.rate_scale={a.rate_scale}"]
     for name, extra in (("device only", []),
                         ("+host", [f"engine.prefix_host_blocks={a.host}"]),
+                        ("+host, overlap", [f"engine.prefix_host_blocks={a.host}", "engine.swap_overlap=true"]),
                         ("+host +disk", [f"engine.prefix_host_blocks={a.host}", f"engine.prefix_disk_blocks={a.disk}"]),
                         ("+host +disk, overlap", [f"engine.prefix_host_blocks={a.host}",
                                                   f"engine.prefix_disk_blocks={a.disk}", "engine.swap_overlap=true"])):

@@ -185,3 +185,20 @@ def test_cluster_invariants_hold_with_tiers_on_every_replica():
                                                  replicas=2, checked=True))
     assert sum(p.result.kv_tiers["host_hit_blocks"] + p.result.kv_tiers["disk_hit_blocks"]
                for p in result.replicas) > 0
+
+
+def test_two_requests_hitting_one_offloaded_prefix_in_a_step_share_one_promotion():
+    shared = (1, 2, 3)                              # 3 segments of 32 tokens = 12 blocks of 8
+    trace = (TraceRequest(arrival_time=0.0, prompt_tokens=100, output_tokens=2, prefix_hashes=shared),
+             *(TraceRequest(arrival_time=0.5 + 0.1 * i, prompt_tokens=100, output_tokens=2,
+                            prefix_hashes=(10 + i, 20 + i, 30 + i)) for i in range(4)),
+             *(TraceRequest(arrival_time=2.0, prompt_tokens=100, output_tokens=2, prefix_hashes=shared)
+               for _ in range(2)))
+    cfg = dataclasses.replace(PRESSURE, num_blocks=30, prefix_host_blocks=64)
+    result = replay(cfg, trace)
+    assert result.kv_tiers["host_hit_blocks"] == 12 and result.kv_tiers["host_offloaded_blocks"] >= 12
+    late = result.requests[-2:]
+    assert [r.num_cached_tokens_total for r in late] == [96, 96]
+    assert late[0].first_scheduled_time == late[1].first_scheduled_time     # (the same step)
+    off = replay(dataclasses.replace(cfg, prefix_host_blocks=0), trace)
+    assert off.requests[-2].num_cached_tokens_total == 0          # evicted: lost without the tier
