@@ -322,3 +322,30 @@ def test_pd_pool_policies_in_the_tags_and_config(tmp_path):
     pools = log["config"]["cluster"]
     assert pools["prefill_policy"] == {"name": "chunked", "chunk_size": 2048}
     assert pools["decode_policy"] == {"name": "decode_first"}
+
+
+def test_prefix_tier_metrics_reach_wandb_as_kv_hierarchy(tmp_path):
+    from policies.chunked import Chunked
+    from policylab.analysis.results import write_results
+    from policylab.core.config import EngineConfig, ModelConfig
+    from policylab.core.engine import Engine
+    from policylab.dataplane.sim import SimDataPlane
+    from policylab.testing.kv_traces import mooncake_style
+    from policylab.testing.replay import SCENARIO_HARDWARE
+    trace = list(mooncake_style(60, seed=3, rate=60.0))
+    plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, DataplaneConfig(kind="sim"), 0)
+    cfg = EngineConfig(block_size=8, num_blocks=90, max_num_batched_tokens=128, max_num_seqs=8,
+                       prefix_host_blocks=20, prefix_disk_blocks=60)
+    run_dir = tmp_path / "run"
+    write_results(run_dir, Engine(trace, Chunked(chunk_size=64), plane, cfg, prefix_block_tokens=32).run(),
+                  {"seed": 0, "policy": {"name": "chunked"}, "trace": {"name": "fixture"}})
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tracker = open_tracker(run_cfg({}), run_dir)
+    tracker.log_run(run_dir, summary)
+    tracker.finish()
+    (wandb_file,) = Path(json.loads((run_dir / RUN_INFO_FILE).read_text())["dir"]).glob("run-*.wandb")
+    log = logged(wandb_file)["summary"]
+    tiers = summary["kv_hierarchy"]
+    assert tiers["host_hit_blocks"] > 0
+    for key in ("host_hit_rate", "disk_hit_rate", "device_hit_rate", "host_bytes", "disk_transfer_time"):
+        assert log[f"kv_hierarchy/{key}"] == pytest.approx(tiers[key]), key

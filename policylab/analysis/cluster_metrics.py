@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from policylab.analysis.kv_hierarchy import replica_kv_hierarchy
 from policylab.cluster.result import PLACEMENT_FIELDS, ClusterResult
 
 PLACEMENT_DTYPES = {"replica": np.int64, "decode_replica": np.int64, "transfer_time": np.float64,
@@ -56,7 +57,7 @@ def cluster_summary(requests: pd.DataFrame, steps: pd.DataFrame, result: Cluster
             if part.role != "decode" and prompts > 0 else None,
             "preemptions": int(mine["preempted"].sum()),
             "goodput": admitted["slo_met"].sum() / trace_duration if trace_duration > 0 else None,
-            "steps": int(len(mine))}
+            "steps": int(len(mine)), **replica_kv_hierarchy(part)}
     busy = np.asarray(busy)
     out = {"replicas": per_replica, "num_replicas": len(result.replicas),
            "load_imbalance": float(busy.max() / busy.mean()) if busy.size and busy.mean() > 0 else None,

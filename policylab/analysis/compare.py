@@ -26,12 +26,14 @@ PRINTED = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (
 # shown when some run has a value that is not 0: runs of several clients, prefix sharing, clusters
 OPTIONAL_PRINTED = ("Jain (windowed)", "prefix hit (%)", "load imbalance", "goodput/GPU (req/s)",
                     "recomputed tokens", "swap transfer (s)",   # (these two: runs with a host KV tier)
-                    "session time p50 (s)", "session time p99 (s)")   # closed-loop sessions
+                    "session time p50 (s)", "session time p99 (s)",   # closed-loop sessions
+                    "host hit (%)", "disk hit (%)", "host-tier transfer (s)", "disk-tier transfer (s)")   # prefix tiers
 WIDTH = 120                                  # the printed table fits a 120-column terminal
 
 
 SHORT_WORDS = {"attainment": "attain.", "preemptions": "preempt.", "(windowed)": "window", "imbalance": "imbal.",
-               "goodput/GPU": "goodput/\nGPU", "recomputed": "recomp.", "transfer": "xfer"}
+               "goodput/GPU": "goodput/\nGPU", "recomputed": "recomp.", "transfer": "xfer",
+               "host-tier": "host", "disk-tier": "disk"}
 
 
 def short_header(label: str) -> str:

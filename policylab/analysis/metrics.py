@@ -18,6 +18,7 @@ from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import STEP_FIELDS, RunResult
 from policylab.analysis import counted as counted_values
 from policylab.analysis.client_fairness import client_fairness
+from policylab.analysis.kv_hierarchy import kv_hierarchy_section
 from policylab.analysis.cluster_metrics import add_placement, cluster_summary, replica_blocks_per_step
 from policylab.analysis.session_metrics import add_sessions, session_summary
 from policylab.cluster.result import ClusterResult
@@ -219,8 +220,10 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         "rejections": [{"req_id": int(i), "client": c, "reason": why} for i, c, why in
                        zip(rejected["req_id"], rejected["client"], rejected["reason"])],
     }
-    if getattr(result, "kv_tiers", None):       # a host tier is configured (swap preemption)
-        summary["kv_hierarchy"] = dict(result.kv_tiers)
+    hierarchy = kv_hierarchy_section(result, df["prompt_tokens"].to_numpy()[scheduled].sum(),
+                                     summary["prefix_cache_hit_rate"])
+    if hierarchy:                               # a host tier is configured (swap, prefix tiers)
+        summary["kv_hierarchy"] = hierarchy
     if getattr(result, "sessions", None) is not None and "session" in df:     # a closed-loop replay
         summary["sessions"] = session_summary(df, result.sessions, distribution)
     speculative = spec_summary(getattr(result, "speculative", None))

@@ -46,6 +46,10 @@ COLUMNS = (
     Shown("sessions.completion_time", "p99", "s", "min", 2),
     Shown("speculative.acceptance_rate", unit="%", digits=1),                  # runs with draft tokens
     Shown("speculative.tokens_per_step", digits=2),
+    Shown("kv_hierarchy.host_hit_rate", unit="%", better="max", digits=1),   # runs with prefix tiers
+    Shown("kv_hierarchy.disk_hit_rate", unit="%", better="max", digits=1),
+    Shown("kv_hierarchy.host_transfer_time", better="min", digits=3),
+    Shown("kv_hierarchy.disk_transfer_time", better="min", digits=3),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from policylab.core.prefix_tiers import check_tier_config
 from policylab.core.swap import make_link
 
 
@@ -36,6 +37,10 @@ class EngineConfig:
     swap_bandwidth: Optional[float] = None  # bytes/s one way, overriding the preset's
     swap_latency: Optional[float] = None    # seconds per step that moves KV, overriding the preset's
     swap_overlap: bool = False              # the copy hides behind the step's compute (max, not sum)
+    prefix_host_blocks: int = 0             # host tier under the prefix cache: evicted blocks offloaded (0: off)
+    prefix_disk_blocks: int = 0             # disk tier under the host tier (0: none)
+    prefix_disk: str = "nvme_gen4"          # disk preset: nvme_gen4 | nvme_gen5
+    prefix_disk_path: Optional[str] = None  # torch plane: directory of the disk tier's file (None: temp dir)
 
 
 @dataclass
@@ -154,6 +159,7 @@ def check_engine_config(cfg: EngineConfig) -> None:
     if cfg.host_kv_blocks < 0:
         raise ValueError(f"engine.host_kv_blocks must be >= 0, got {cfg.host_kv_blocks}")
     make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
+    check_tier_config(cfg)
     if cfg.clock not in ("virtual", "wall"):
         raise ValueError(f"engine.clock must be 'virtual' or 'wall', got '{cfg.clock}'")
 

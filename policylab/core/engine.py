@@ -24,6 +24,7 @@ from policylab.core.decode_batch import DecodeBatch
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import BlockManager, chain_hashes
 from policylab.core.policy import Policy
+from policylab.core.prefix_tiers import make_prefix_tiers
 from policylab.core.synthetic_prompts import SyntheticPrompt, synthesize_prompt
 from policylab.core.waiting_queue import QueueView, WaitingQueue
 from policylab.core.request import (NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals,
@@ -48,6 +49,7 @@ class Engine:
         self.kv = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.prefix_cache)
         self.swap = Swapper(cfg, dataplane)           # swap preemption (an empty host tier: off)
         self.host, self.kv_stats = self.swap.host, self.swap.stats
+        self.kv.tiers = make_prefix_tiers(cfg, dataplane, self.kv_stats)   # host/disk prefix tiers (or None)
         dataplane.allocate_kv(num_blocks, cfg.block_size)
         self.clock = make_clock(cfg.clock)
         self.requests: list = [None] * len(self.trace)
@@ -107,7 +109,7 @@ class Engine:
         """Start a run that a driver steps (`step()` while work is left); the result it fills."""
         self._on_done = on_request_done
         result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks, self.kv.block_size, self.policy_name)
-        if self.host.num_blocks:       # (filled as the run goes)
+        if self.host.num_blocks or self.kv.tiers is not None:       # (filled as the run goes)
             result.kv_tiers = self.kv_stats
         result.sessions = getattr(self.arrivals, "plan", None)
         result.speculative = self.speculation.stats
@@ -171,6 +173,8 @@ class Engine:
                 raise bad_duration(self.dataplane, committed.batch, result.duration)   # the replay forever
             if self.swap.moved_blocks:
                 result = self.swap.with_transfer(result)
+            if self.kv.tiers is not None and self.kv.tiers.moved:
+                result = self.kv.tiers.with_transfer(result)
             self._postprocess(committed, result)
 
     # ------------------------------------------------------------- admit
@@ -336,6 +340,8 @@ class Engine:
                 if not r.swapped_blocks:       # (a swapped request's hits are computed tokens it has)
                     r.num_computed_tokens = len(blocks) * bs
                     r.num_cached_tokens_total += r.num_computed_tokens
+        if kv.tiers is not None:                 # lower-tier hits come back to the device
+            kv.tiers.promote_pending(kv)
         ns = list(sched.values())
         ctxs = [r.num_computed_tokens for r in rs]
         for r, n, c in zip(rs, ns, ctxs):

@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from policylab.core.prefix_tiers import TierRefs
 from policylab.core.radix import RadixTree
 from policylab.core.rng import hash_key, splitmix64
 
@@ -138,6 +139,7 @@ class BlockManager:
         self._stale = [0] * num_blocks           # per block: its older entries in free_cached
         self._num_free_cached = 0
         self._hits: dict = {}                    # req_id -> its cache hits, until the cache changes
+        self.tiers = None                        # host/disk tiers below the cache (core.prefix_tiers)
 
     @property
     def num_free(self) -> int:
@@ -165,6 +167,8 @@ class BlockManager:
     def reclaim_cost(self, blocks) -> int:
         """How many free blocks taking `blocks` (cache hits) consumes: those nobody holds."""
         ref = self._ref
+        if self.tiers is not None:
+            return self.tiers.reclaim_cost(ref, blocks)
         return sum(1 for b in blocks if ref[b] == 0)
 
     # ---------------------------------------------- cost questions (the view and the validator ask)
@@ -180,6 +184,8 @@ class BlockManager:
             most = r.num_computed_tokens // self.block_size if r.swapped_blocks else \
                 (r.num_tokens - 1) // self.block_size
             blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, most)
+            if self.tiers is not None and not r.swapped_blocks:     # continued on the host/disk tiers
+                blocks = self._hits[r.req_id] = self.tiers.extend(self._cached, r.block_hashes, blocks, most)
         return blocks
 
     def blocks_needed(self, r, n: int) -> int:
@@ -197,7 +203,8 @@ class BlockManager:
     def plan_cost(self, preempted: list, chunks) -> tuple:
         """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
         once the `preempted` requests have released their tables (the module-level `plan_cost`)."""
-        return plan_cost(self._ref, self.num_free, self.block_size, self.hits, preempted, chunks)
+        ref = self._ref if self.tiers is None else TierRefs(self._ref)
+        return plan_cost(ref, self.num_free, self.block_size, self.hits, preempted, chunks)
 
     # ------------------------------------------------------------------ read-only state for checks
     @property
@@ -216,6 +223,8 @@ class BlockManager:
 
     def acquire(self, table: list, blocks) -> None:
         """Append cache-hit blocks to a block table, taking a reference on each."""
+        if self.tiers is not None:               # lower-tier hits wait for tiers.promote_pending
+            blocks = self.tiers.defer(table, blocks)
         ref = self._ref
         for b in blocks:
             if ref[b] == 0:                      # free: its entry in free_cached goes stale
@@ -268,6 +277,8 @@ class BlockManager:
                     b = self._oldest_leaf()
                 h = block_hash[b]
                 if h is not UNHITTABLE:
+                    if self.tiers is not None:   # offloaded to the host tier, not lost
+                        self.tiers.offload(b, h)
                     del cached[h]
                     if self._tree is not None:
                         self._tree.remove(h)
@@ -315,6 +326,8 @@ class BlockManager:
                     block_hash[b] = h
                     if self._hits:
                         self._hits.clear()
+        if self.tiers is not None:               # a copy on a lower tier is superseded
+            self.tiers.discard(hashes[start:full])
         return max(full, start)
 
     def release(self, table: list, unhittable: int = 0) -> int:
@@ -390,3 +403,5 @@ class BlockManager:
             assert self._block_hash[b] == h, "hash map out of sync"
         if self._tree is not None:
             self._tree.check(self._cached)
+        if self.tiers is not None:
+            self.tiers.check(self)

@@ -16,6 +16,7 @@ from policylab.core.contract import StepPlan
 from policylab.core.engine import Engine
 from policylab.core.result import RunResult
 from policylab.core.request import Status
+from policylab.testing.prefix_tier_checks import check_prefix_tiers
 from policylab.testing.properties import InvariantViolation, build_properties
 from policylab.testing.spec_invariants import SpecChecks
 
@@ -231,6 +232,8 @@ class StepChecker:
             self.fail("kv_conservation", f"ref counts disagree with block tables at blocks {wrong[:5]}; "
                       f"used={kv.num_used} held={len(held)} free={kv.num_free} total={kv.num_blocks}")
         self._check_host_tier(engine)
+        if engine.kv.tiers is not None:
+            check_prefix_tiers(self, engine)
 
     def _check_host_tier(self, engine: Engine) -> None:
         """Conservation on the host tier: used + free = total, and what it holds is exactly the
@@ -268,6 +271,8 @@ class StepChecker:
             self.fail("no_leak", f"{kv.num_used} KV blocks still held at drain")
         if engine.host.num_used or engine.host.num_free != engine.host.num_blocks:
             self.fail("no_leak", f"{engine.host.num_used} host-tier KV blocks still held at drain")
+        if engine.kv.tiers is not None:
+            check_prefix_tiers(self, engine)
         for r in result.requests:
             if r is None or r.status not in (Status.FINISHED, Status.REJECTED):
                 self.fail("liveness", f"request {getattr(r, 'req_id', '?')} did not finish")

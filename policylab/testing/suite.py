@@ -51,9 +51,11 @@ def test_invariants_under_kv_pressure(policy_spec):
 
 
 def test_invariants_with_kv_levers_on(policy_spec):
-    """Under KV pressure with a host tier and the radix index on (a policy that never swaps still
-    runs on an engine that has them), every invariant holds, the host tier's included."""
+    """Under KV pressure with a host tier, the radix index and the prefix cache's host and disk
+    tiers on (a policy that never swaps still runs on an engine that has them), every invariant
+    holds, every tier's included."""
     for seed in (0, 1):
         scenario = pressure_scenario(seed)
-        engine = dataclasses.replace(scenario.engine, host_kv_blocks=24, prefix_cache="radix")
+        engine = dataclasses.replace(scenario.engine, host_kv_blocks=24, prefix_cache="radix",
+                                     prefix_host_blocks=8, prefix_disk_blocks=8)
         check_policy(policy_spec, dataclasses.replace(scenario, engine=engine))

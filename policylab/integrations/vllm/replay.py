@@ -48,6 +48,9 @@ class VllmSetup:
 def setup_from_config(engine: EngineConfig, model: ModelConfig, dp: DataplaneConfig, seed: int = 0) -> VllmSetup:
     """The model vLLM loads: `model.path` for `model.source=hf_dir`, else the random-weight Llama of
     the model's shape written once to the cache (`tiny_model_dir`)."""
+    if engine.prefix_host_blocks:
+        raise ValueError(f"engine.prefix_host_blocks={engine.prefix_host_blocks}: dataplane=vllm keeps its prefix "
+                         "cache on the device only; the host and disk prefix tiers run on dataplane=sim or torch")
     from policylab.integrations.vllm.tiny_model import tiny_model_dir
     if model.source == "hf_dir":
         if not model.path or not os.path.isfile(os.path.join(model.path, "config.json")):
