@@ -36,6 +36,7 @@ class EngineConfig:
     swap_bandwidth: Optional[float] = None  # bytes/s one way, overriding the preset's
     swap_latency: Optional[float] = None    # seconds per step that moves KV, overriding the preset's
     swap_overlap: bool = False              # the copy hides behind the step's compute (max, not sum)
+    parallel_samples: int = 0               # samples per request, overriding the trace's `n` (0: the trace's)
 
 
 @dataclass
@@ -146,6 +147,9 @@ def check_engine_config(cfg: EngineConfig) -> None:
                          f"got {cfg.predictor_noise}")
     if cfg.prefix_cache not in ("hash", "radix"):
         raise ValueError(f"engine.prefix_cache must be 'hash' or 'radix', got '{cfg.prefix_cache}'")
+    if cfg.parallel_samples < 0:
+        raise ValueError(f"engine.parallel_samples must be >= 0 (0: each request's trace `n`), "
+                         f"got {cfg.parallel_samples}")
     if cfg.host_kv_blocks < 0:
         raise ValueError(f"engine.host_kv_blocks must be >= 0, got {cfg.host_kv_blocks}")
     make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)

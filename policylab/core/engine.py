@@ -21,6 +21,7 @@ from policylab.core.contract import (ContractViolation, DecodeFacts, RequestView
                                      private_copy, validate_plan)
 from policylab.core.batch import Batch, CommittedStep, DataPlane, StepResult, bad_duration, joined
 from policylab.core.decode_batch import DecodeBatch
+from policylab.core.forks import Forks, uses_forks
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import BlockManager, chain_hashes
 from policylab.core.policy import Policy
@@ -77,6 +78,7 @@ class Engine:
         self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
         self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
+        self.forks = Forks(self, cfg.parallel_samples) if uses_forks(self.trace, cfg.parallel_samples) else None
 
     running = property(lambda self: self._running)
     waiting = property(lambda self: [self.requests[rid] for rid in self._waiting.ids()],
@@ -106,6 +108,8 @@ class Engine:
         result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks, self.kv.block_size, self.policy_name)
         if self.host.num_blocks:       # (filled as the run goes)
             result.kv_tiers = self.kv_stats
+        if self.forks is not None:     # parallel samples: their counters
+            result.forks = self.forks.stats
         return result
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
@@ -205,6 +209,8 @@ class Engine:
 
     def _done(self, r: Request) -> None:
         view = self.views.pop(r.req_id, None)
+        if self.forks is not None and (r := self.forks.group_done(r)) is None:   # samples still run
+            return self.policy.on_finished(view) if view is not None else None
         self.num_done += 1
         if view is not None:
             self.policy.on_finished(view)
@@ -220,6 +226,8 @@ class Engine:
             ids = [r.req_id for r in self._running]
             self._decode_facts = DecodeFacts(self._needs_block_ro, tuple(
                 ids if len(ids) == len(decoding) else [i for i in ids if i in decoding]))
+        if self.forks is not None:       # copy-on-writes of the decodes (their shares change every step)
+            self._decode_facts.cow = self.kv.cow.copies([(self.requests[i], 1) for i in self._decode_facts.ids])
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
                              self._decoding_ro, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
                              kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
@@ -268,6 +276,8 @@ class Engine:
             chunks = {rid: n for rid, n in sched.items() if rid not in decoding} if decodes else sched
         parts = self._commit_requests(chunks, plan.preempt, plan.reject, plan.swap) \
             if chunks or plan.preempt or plan.reject else None
+        if self.forks is not None:       # a shared block is copied before the step writes it
+            self.forks.copy_on_write(sched)
         if not decodes:
             if parts is None or not parts[1]:
                 return None
@@ -367,6 +377,8 @@ class Engine:
             more, prefill_tokens, n_prefill = self._postprocess_requests(
                 step.requests, batch.query_lens[n:], batch.sample[n:], sampled[n:])
             finished += more
+            if self.forks is not None:   # parallel samples fork once the prompt has its first token
+                self.running = self._running + self.forks.spawn(step.requests, now)
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
             if self.before_release is not None:

@@ -23,6 +23,7 @@ class RunResult:
     error: str = ""
     traceback: str = ""              # of the exception that ended a partial run (none for Ctrl-C)
     kv_tiers: dict | None = None     # swap and KV-tier counters, when a host tier is configured
+    forks: dict | None = None        # parallel samples' counters, when a request asks for them
 
     @property
     def partial(self) -> bool:

@@ -227,6 +227,15 @@ class TorchDataPlane:
         index = torch.tensor(block_table, dtype=torch.long, device=self.device)
         self.kv.index_copy_(dim, index, payload.to(self.device, self.dtype))
 
+    @torch.inference_mode()
+    def copy_kv_blocks(self, src: list, dst: list) -> None:
+        """Copy the K/V of blocks `src` into blocks `dst` (pairwise): a fork's copy-on-write of a
+        block its samples shared, before the step that writes it."""
+        dim = self._block_dim()
+        index = torch.tensor(src, dtype=torch.long, device=self.device)
+        self.kv.index_copy_(dim, torch.tensor(dst, dtype=torch.long, device=self.device),
+                            self.kv.index_select(dim, index))
+
     # ---------------------------------------------------------------- step
     @torch.inference_mode()
     def forward(self, batch: Batch, all_logits: bool = False) -> torch.Tensor:
