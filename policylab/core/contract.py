@@ -71,6 +71,8 @@ class RequestView:
     status = property(lambda s: _request(s).status.value)
     is_decode = property(lambda s: is_decoding(_request(s)), doc="Its next step is exactly one decode token.")
     is_prefill = property(lambda s: not is_decoding(_request(s)))
+    fork_of = property(lambda s: _request(s).fork_of,
+                       doc="A parallel sample of request `fork_of` (None: a trace request itself).")
 
     def cached_blocks(self) -> tuple:
         """Prefix-cache blocks this request would reuse if scheduled now."""
