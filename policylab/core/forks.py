@@ -187,9 +187,12 @@ class Forks:
 
 
 
-def forks_summary(stats: dict, requests: list, trace_len: int) -> dict:
-    """The `forks` section of summary.json: the engine's counters, and the output tokens of the
-    samples beyond each request's first (`requests[trace_len:]`, the forks)."""
+def forks_summary(stats: dict, requests: list, trace_len: int, makespan: float) -> dict:
+    """The `forks` section of summary.json: the engine's counters, the output tokens of the samples
+    beyond each request's first (`requests[trace_len:]`, the forks) and of all samples per second."""
     forks = [c for c in requests[trace_len:] if c is not None]
-    return {**stats, "fork_output_tokens": sum(len(c.output_ids) for c in forks),
-            "finished_forks": sum(1 for c in forks if c.status is Status.FINISHED)}
+    own = sum(len(r.output_ids) for r in requests[:trace_len] if r is not None)
+    tokens = sum(len(c.output_ids) for c in forks)
+    return {**stats, "fork_output_tokens": tokens,
+            "finished_forks": sum(1 for c in forks if c.status is Status.FINISHED),
+            "all_samples_output_tokens_per_s": (own + tokens) / makespan if makespan > 0 else None}

@@ -1,7 +1,8 @@
 """policylab native traces (DESIGN §9): one JSON object per line, validated while streaming.
 
 Required: `arrival_time` (s), `prompt_tokens`, `output_tokens`; optional: `client`, `priority`,
-`ttft_slo`, `tpot_slo`, `prefix_hashes`, `max_tokens`. Unknown keys are errors (a typo must not
+`ttft_slo`, `tpot_slo`, `prefix_hashes`, `max_tokens`, `n` (parallel samples) and
+`fork_output_tokens` (the output lengths of samples 1..n-1). Unknown keys are errors (a typo must not
 silently drop a field).
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from policylab.traces.errors import TraceError
 from policylab.traces.raw import RawRequest
 
 REQUIRED = ("arrival_time", "prompt_tokens", "output_tokens")
-OPTIONAL = ("client", "priority", "ttft_slo", "tpot_slo", "prefix_hashes", "max_tokens")
+OPTIONAL = ("client", "priority", "ttft_slo", "tpot_slo", "prefix_hashes", "max_tokens", "n",
+            "fork_output_tokens")
 DEFAULTS = RawRequest(0.0, 1, 1)
 
 
@@ -37,6 +39,7 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
             raise TraceError(file, line, client_column, "missing (trace.client_column names it)")
         client = str(rec[client_column])
     max_tokens = rec.get("max_tokens")
+    n = F.positive_int(rec.get("n", 1), file, line, "n")
     return RawRequest(
         arrival_time=F.arrival(rec["arrival_time"], file, line, "arrival_time"),
         prompt_tokens=F.positive_int(rec["prompt_tokens"], file, line, "prompt_tokens"),
@@ -47,6 +50,8 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
         tpot_slo=F.optional_seconds(rec.get("tpot_slo"), file, line, "tpot_slo"),
         prefix_hashes=F.block_ids(rec.get("prefix_hashes", []), file, line, "prefix_hashes"),
         max_tokens=None if max_tokens is None else F.positive_int(max_tokens, file, line, "max_tokens"),
+        n=n,
+        fork_output_tokens=F.fork_lengths(rec.get("fork_output_tokens", []), n, file, line, "fork_output_tokens"),
     )
 
 
@@ -64,7 +69,7 @@ def record_of(r) -> dict:
     for key in OPTIONAL:
         value = getattr(r, key)
         if value != getattr(DEFAULTS, key):
-            rec[key] = list(value) if key == "prefix_hashes" else value
+            rec[key] = list(value) if key in ("prefix_hashes", "fork_output_tokens") else value
     return rec
 
 
