@@ -1,0 +1,152 @@
+"""Parallel samples as copy-on-write forks: the prompt's blocks are shared by reference count and
+counted once, a shared block is copied before it is written, each sample runs to its own trace
+length, the request is done with its last sample, and on the torch plane the samples draw
+differently while sample 0 draws exactly what it draws alone."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from policies.chunked import Chunked
+from policylab.core.config import EngineConfig, check_engine_config
+from policylab.core.engine import Engine
+from policylab.core.forks import vllm_refusal
+from policylab.core.request import SamplingParams, Status, TraceRequest
+from policylab.testing.harness import Scenario, _dataplane, run_checked
+from policylab.testing.suite import pytest_generate_tests, test_invariants_with_forks  # noqa: F401
+from policylab.traces.errors import TraceError
+from policylab.traces.native import record_of, request_from_record
+
+pytestmark = pytest.mark.timeout(300)
+
+CFG = EngineConfig(block_size=8, num_blocks=200, max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512)
+
+
+def sim_engine(trace, cfg=CFG, policy=None) -> Engine:
+    return Engine(trace, policy or Chunked(chunk_size=64), _dataplane(0), dataclasses.replace(cfg, check_invariants=True))
+
+
+def test_forks_share_the_prompt_once_and_copy_the_block_they_write():
+    """One 40-token prompt (5 full blocks of 8), 4 samples: after the fork the prompt's 5 blocks are
+    held 4 times and counted once; the next step copies the block each fork writes its last prompt
+    token into (3 copies: the last holder writes in place) and sample 0 takes a new block."""
+    engine = sim_engine([TraceRequest(0.0, 40, 6, n=4)])
+    engine.begin()
+    engine.step()                                  # the prefill: sample 0's first token, then the forks
+    parent = engine.requests[0]
+    assert len(parent.forks) == 3 and all(f.status is Status.RUNNING for f in parent.forks)
+    assert engine.kv.num_used == 5 and [engine.kv.refs[b] for b in parent.block_table] == [4] * 5
+    assert all(f.num_computed_tokens == 39 and f.block_table == parent.block_table for f in parent.forks)
+    engine.step()
+    assert engine.forks.stats["cow_copies"] == 3
+    assert engine.kv.num_used == 5 + 3 + 1
+    tails = [r.block_table[4] for r in (parent, *parent.forks)]
+    assert len(set(tails)) == 4 and all(engine.kv.refs[b] == 1 for b in tails)
+    assert all(engine.kv.refs[b] == 4 for b in parent.block_table[:4])
+
+
+def test_each_sample_runs_to_its_trace_length_and_the_request_ends_with_the_last():
+    trace = [TraceRequest(0.0, 30, 5, n=3, fork_output_tokens=(9, 2)), TraceRequest(0.001, 20, 4)]
+    result = run_checked(lambda: Chunked(chunk_size=64), Scenario(tuple(trace), CFG))
+    parent = result.requests[0]
+    assert [len(r.output_ids) for r in (parent, *parent.forks)] == [5, 9, 2]
+    assert parent.finish_time == max(f.finish_time for f in parent.forks) > parent.token_times[-1]
+    assert parent.token_times[0] < min(f.token_times[0] for f in parent.forks)   # TTFT: its first token
+    assert result.requests[1].forks is None and result.forks["fork_sequences"] == 2
+
+
+def test_metrics_time_a_request_by_its_own_stream_and_count_every_sample():
+    from policylab.analysis.metrics import request_table, step_table, summarize
+    from policylab.core.config import FairnessConfig, SloConfig
+    trace = [TraceRequest(0.0, 30, 5, n=3, fork_output_tokens=(40, 2))]
+    result = run_checked(lambda: Chunked(chunk_size=64), Scenario(tuple(trace), CFG))
+    table = request_table(result, SloConfig())
+    r = result.requests[0]
+    assert table["e2e"][0] == pytest.approx(r.finish_time - r.arrival_time)   # the last sample's end
+    assert table["tpot"][0] == pytest.approx((r.token_times[-1] - r.token_times[0]) / 4)   # its own stream
+    summary = summarize(table, step_table(result), result, SloConfig(), FairnessConfig())
+    assert summary["forks"]["fork_output_tokens"] == 42 and summary["forks"]["finished_forks"] == 2
+
+
+def test_sharing_holds_fewer_blocks_than_independent_requests():
+    """The same prompts as 4 samples each, or as 4 independent requests: sharing peaks lower."""
+    base = [TraceRequest(0.0, 64, 24), TraceRequest(0.0, 48, 24)]
+    forked = run_checked(lambda: Chunked(chunk_size=256), Scenario(tuple(dataclasses.replace(t, n=4) for t in base), CFG))
+    alone = run_checked(lambda: Chunked(chunk_size=256), Scenario(tuple(t for t in base for _ in range(4)), CFG))
+    assert sum(len(r.output_ids) for r in forked.requests) == sum(len(r.output_ids) for r in alone.requests)
+    assert max(forked.steps["kv_used_blocks"]) < max(alone.steps["kv_used_blocks"])
+
+
+def test_the_override_forks_every_request_and_one_sample_changes_nothing():
+    trace = [TraceRequest(0.001 * i, 20 + 3 * i, 6 + i) for i in range(6)]
+    base = sim_engine(trace).run()
+    one = sim_engine(trace, dataclasses.replace(CFG, parallel_samples=1)).run()
+    assert [r.output_ids for r in one.requests] == [r.output_ids for r in base.requests]
+    assert [r.token_times for r in one.requests] == [r.token_times for r in base.requests] and one.forks is None
+    three = sim_engine(trace, dataclasses.replace(CFG, parallel_samples=3)).run()
+    assert three.forks["fork_sequences"] == 12
+    assert all(len(f.output_ids) == t.output_tokens for r, t in zip(three.requests, trace) for f in r.forks)
+    with pytest.raises(ValueError, match="engine.parallel_samples"):
+        check_engine_config(dataclasses.replace(CFG, parallel_samples=-1))
+
+
+def test_forks_that_find_no_free_slot_wait_in_front_of_the_queue():
+    cfg = dataclasses.replace(CFG, max_num_seqs=3)
+    result = run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 30, 8, n=5),), cfg))
+    assert result.forks["queued_forks"] == 2
+    assert all(len(f.output_ids) == 8 for f in result.requests[0].forks)
+
+
+def test_native_trace_fields_and_their_errors():
+    rec = {"arrival_time": 0.5, "prompt_tokens": 9, "output_tokens": 3, "n": 3, "fork_output_tokens": [4, 7]}
+    raw = request_from_record(rec, "t.jsonl", 4)
+    assert (raw.n, raw.fork_output_tokens) == (3, (4, 7))
+    assert record_of(raw) == rec
+    for bad, says in (({"n": 0}, "field 'n': expected a positive integer"),
+                      ({"n": 3, "fork_output_tokens": [4]}, "expected 2 output lengths"),
+                      ({"n": 2, "fork_output_tokens": [0]}, "'fork_output_tokens': expected a positive integer"),
+                      ({"n": 2, "fork_output_tokens": 5}, "expected a list of output lengths")):
+        with pytest.raises(TraceError, match=says) as e:
+            request_from_record({"arrival_time": 0, "prompt_tokens": 9, "output_tokens": 3, **bad}, "t.jsonl", 4)
+        assert "t.jsonl:4" in str(e.value)
+
+
+def test_vllm_refuses_forks_in_one_line():
+    trace = [TraceRequest(0.0, 9, 3), TraceRequest(0.0, 9, 3, n=2)]
+    assert vllm_refusal(trace[:1], 0) == "" and vllm_refusal(trace[:1], 1) == ""
+    for args in ((trace, 0), (trace[:1], 2)):
+        message = vllm_refusal(*args)
+        assert message.startswith("dataplane=vllm does not run parallel samples") and "\n" not in message
+
+
+def test_torch_plane_samples_differ_and_sample_zero_draws_as_it_does_alone():
+    """Seeded sampling: the forks draw other tokens than sample 0 (their own req_ids seed their
+    draws), and sample 0 draws exactly its tokens of a run without forks: no fork wrote into a
+    block it still read. Greedy, every sample equals the request alone: the shared prompt's KV
+    and each fork's copy of its last block are exact. The shared prompt is held once."""
+    pytest.importorskip("torch")
+    from policylab.dataplane.torch_plane import TorchDataPlane
+    from tests.test_dataplane_model import SMALL, dataplane
+
+    cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=64, max_num_seqs=8,
+                       max_model_len=256, check_invariants=True)
+
+    def replay(n: int, temperature: float):
+        plane = TorchDataPlane.from_config(dataplane(), SMALL, seed=0)
+        trace = [TraceRequest(0.0, 14, 10, n=n)]
+        engine = Engine(trace, Chunked(chunk_size=64), plane, cfg, seed=0,
+                        sampling=SamplingParams(temperature=temperature, seed=3))
+        result = engine.run()
+        assert result.status == "complete", result.error
+        return result
+
+    alone, forked = replay(1, 0.9), replay(3, 0.9)
+    samples = [forked.requests[0].output_ids] + [f.output_ids for f in forked.requests[0].forks]
+    assert samples[0] == alone.requests[0].output_ids
+    assert len({tuple(s) for s in samples}) == 3
+    assert forked.forks["cow_copies"] == 2        # 14 tokens: the block of the last prompt token, twice
+    assert max(forked.steps["kv_used_blocks"]) < 3 * max(alone.steps["kv_used_blocks"])
+    greedy_alone, greedy = replay(1, 0.0), replay(3, 0.0)
+    assert all(f.output_ids == greedy_alone.requests[0].output_ids
+               for f in (greedy.requests[0], *greedy.requests[0].forks))
