@@ -25,7 +25,7 @@ def replay_on_vllm(cfg: RunConfig, trace, on_request_done=None):
     import vllm
 
     from policylab.integrations.vllm.replay import replay_trace
-    refusal = vllm_refusal(trace, cfg.engine.parallel_samples)
+    refusal = vllm_refusal(trace, cfg.engine.parallel_samples, cfg.engine.beam_width)
     if refusal:
         raise RunError(refusal)
     setup = vllm_setup(cfg)
@@ -42,7 +42,7 @@ def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
 
     vllm_setup(cfg)
     trace = load_trace(cfg.trace, seed=cfg.seed)
-    refusal = vllm_refusal(trace, cfg.engine.parallel_samples)
+    refusal = vllm_refusal(trace, cfg.engine.parallel_samples, cfg.engine.beam_width)
     if refusal:                          # before any file is written
         raise RunError(refusal)
     tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))

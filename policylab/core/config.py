@@ -37,6 +37,7 @@ class EngineConfig:
     swap_latency: Optional[float] = None    # seconds per step that moves KV, overriding the preset's
     swap_overlap: bool = False              # the copy hides behind the step's compute (max, not sum)
     parallel_samples: int = 0               # samples per request, overriding the trace's `n` (0: the trace's)
+    beam_width: int = 0                     # beams per request, overriding the trace's `beam_width` (0: the trace's)
 
 
 @dataclass
@@ -150,6 +151,9 @@ def check_engine_config(cfg: EngineConfig) -> None:
     if cfg.parallel_samples < 0:
         raise ValueError(f"engine.parallel_samples must be >= 0 (0: each request's trace `n`), "
                          f"got {cfg.parallel_samples}")
+    if cfg.beam_width < 0:
+        raise ValueError(f"engine.beam_width must be >= 0 (0: each request's trace `beam_width`), "
+                         f"got {cfg.beam_width}")
     if cfg.host_kv_blocks < 0:
         raise ValueError(f"engine.host_kv_blocks must be >= 0, got {cfg.host_kv_blocks}")
     make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)

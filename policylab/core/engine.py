@@ -78,7 +78,8 @@ class Engine:
         self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
         self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
-        self.forks = Forks(self, cfg.parallel_samples) if uses_forks(self.trace, cfg.parallel_samples) else None
+        self.forks = Forks(self, cfg.parallel_samples, cfg.beam_width) \
+            if uses_forks(self.trace, cfg.parallel_samples, cfg.beam_width) else None   # parallel samples, beams
 
     running = property(lambda self: self._running)
     waiting = property(lambda self: [self.requests[rid] for rid in self._waiting.ids()],
@@ -393,6 +394,8 @@ class Engine:
         if sampled:
             self._stalled_steps = 0
         self._sampled = list(compress(batch.req_ids, batch.sample)) if step.requests else batch.req_ids
+        if self.forks is not None:       # beam search compares its beams once their tokens are in
+            self.forks.after_step(self._sampled, sampled)
         size = len(batch.req_ids)
         tokens = n + sum(batch.query_lens[n:]) if step.requests else n
         self.step_log.append([start, result.duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,

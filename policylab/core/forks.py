@@ -28,6 +28,7 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 
+from policylab.core.beams import BeamSearch, beam_width_of
 from policylab.core.contract import RequestView
 from policylab.core.kv import blocks_for
 from policylab.core.request import Request, Status
@@ -45,16 +46,26 @@ def fork_lengths(t, samples: int) -> list:
     return [own[i % len(own)] if own else t.output_tokens for i in range(samples - 1)]
 
 
-def uses_forks(trace, parallel_samples: int) -> bool:
-    return parallel_samples > 1 or any(t.n > 1 for t in trace)
+def fork_plan(t, parallel_samples: int, beam_width: int) -> tuple:
+    """(beam search?, output tokens of each fork) of trace request `t`: w - 1 beams of its own
+    length, or n - 1 samples of theirs (beams win when both are asked for by overrides)."""
+    width = beam_width_of(t, beam_width)
+    if width > 1:
+        return True, [t.output_tokens] * (width - 1)
+    return False, fork_lengths(t, samples_of(t, parallel_samples))
 
 
-def vllm_refusal(trace, parallel_samples: int) -> str:
+def uses_forks(trace, parallel_samples: int, beam_width: int = 0) -> bool:
+    return parallel_samples > 1 or beam_width > 1 or any(t.n > 1 or t.beam_width > 1 for t in trace)
+
+
+def vllm_refusal(trace, parallel_samples: int, beam_width: int = 0) -> str:
     """The one line `dataplane=vllm` refuses forks with ('' when the run asks for none)."""
-    if not uses_forks(trace, parallel_samples):
+    if not uses_forks(trace, parallel_samples, beam_width):
         return ""
-    return ("dataplane=vllm does not run parallel samples (a trace's `n` > 1 or engine.parallel_samples > 1): "
-            "replay them on dataplane=sim or dataplane=torch, or set engine.parallel_samples=1")
+    return ("dataplane=vllm does not run parallel samples or beam search (a trace's `n` or `beam_width` > 1, "
+            "or engine.parallel_samples / engine.beam_width > 1): replay them on dataplane=sim or "
+            "dataplane=torch, or set engine.parallel_samples=1 engine.beam_width=1")
 
 
 class SharedWrites:
@@ -96,12 +107,14 @@ class Forks:
     """The engine's side of parallel samples: spawning forks, copying shared blocks before a
     step writes them, and telling when a request's last sample is done."""
 
-    def __init__(self, engine, parallel_samples: int):
-        self.engine, self.parallel_samples = engine, parallel_samples
+    def __init__(self, engine, parallel_samples: int, beam_width: int = 0):
+        self.engine, self.parallel_samples, self.beam_width = engine, parallel_samples, beam_width
         self.kv = engine.kv
         self.writes = self.kv.cow = SharedWrites(self.kv._ref, self.kv.block_size)
         self.copy_kv = getattr(engine.dataplane, "copy_kv_blocks", None)
-        self.stats = {"forked_requests": 0, "fork_sequences": 0, "queued_forks": 0, "cow_copies": 0}
+        self.stats = {"forked_requests": 0, "fork_sequences": 0, "queued_forks": 0, "cow_copies": 0,
+                      "beam_requests": 0, "beam_replacements": 0}
+        self.beams = BeamSearch(engine, engine.seed, self.stats)
 
     # ------------------------------------------------------------------ spawn
     def spawn(self, requests: list, now: float) -> list:
@@ -113,32 +126,41 @@ class Forks:
         for r in requests:
             if r.fork_of is not None or r.forks is not None or len(r.output_ids) != 1:
                 continue
-            t = engine.trace[r.req_id]
-            samples = samples_of(t, self.parallel_samples)
-            if samples < 2:
+            beam, lengths = fork_plan(engine.trace[r.req_id], self.parallel_samples, self.beam_width)
+            if not lengths:
                 continue
             r.forks = []
             self.stats["forked_requests"] += 1
-            for length in fork_lengths(t, samples):
-                share = room > 0 and r.status is Status.RUNNING
-                child = self._fork(r, length, now, share)
+            for length in lengths:
+                share = room > 0
+                child = self._fork(r, length, now, share, beam and share)
                 r.forks.append(child)
                 (running if share else out).append(child)
                 room -= share
+            if beam:
+                self.beams.start(r, [c for c in r.forks if c.status is Status.RUNNING])
         if out:                       # at the front of the queue, as the policy sees them arrive
             ids = [c.req_id for c in out]
             engine._waiting.put_back(ids)
             engine._arrived.extend(ids)
         return running
 
-    def _fork(self, parent: Request, output_tokens: int, now: float, share: bool) -> Request:
+    def _fork(self, parent: Request, output_tokens: int, now: float, share: bool, beam: bool) -> Request:
         engine, kv = self.engine, self.kv
         k = len(engine.requests)
         child = Request(k, parent.arrival_time, parent.prompt_ids, parent.max_tokens, parent.client,
                         parent.priority, parent.ttft_slo, parent.tpot_slo, parent.predicted_output_tokens,
                         parent.sampling, fork_of=parent.req_id)
         child.own_prompt, child.block_hashes = parent.own_prompt, array("Q", parent.block_hashes)
-        if share:                     # every prompt block but its last token's write: shared
+        if beam:                      # every block and the first token: a beam decodes at once
+            child.status, child.first_scheduled_time = Status.RUNNING, parent.first_scheduled_time
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.output_ids, child.token_times = list(parent.output_ids), list(parent.token_times)
+            kv.acquire(child.block_table, parent.block_table)
+            engine._decoding[k] = engine._decode_facts = None
+            if child.num_computed_tokens % kv.block_size == 0:
+                engine._needs_block[k] = None
+        elif share:                   # every prompt block but its last token's write: shared
             child.status, child.first_scheduled_time = Status.RUNNING, now
             child.num_computed_tokens = len(parent.prompt_ids) - 1
             kv.acquire(child.block_table, parent.block_table[:blocks_for(child.num_computed_tokens,
@@ -172,6 +194,11 @@ class Forks:
                 self.copy_kv(src, dst)
 
     # ------------------------------------------------------------------ completion
+    def after_step(self, sampled_ids: list, sampled: list) -> None:
+        """Beam search's scores and rounds, once a step's tokens are in (nothing without beams)."""
+        if self.beams.score:
+            self.beams.after_step(sampled_ids, sampled)
+
     def group_done(self, r: Request):
         """The trace request to report now that `r` is done (finished or rejected): `r` itself
         without forks, its parent once every sample is done, else None (samples still run)."""
@@ -195,4 +222,5 @@ def forks_summary(stats: dict, requests: list, trace_len: int, makespan: float) 
     tokens = sum(len(c.output_ids) for c in forks)
     return {**stats, "fork_output_tokens": tokens,
             "finished_forks": sum(1 for c in forks if c.status is Status.FINISHED),
+            "fork_preemptions": sum(c.num_preemptions for c in forks),
             "all_samples_output_tokens_per_s": (own + tokens) / makespan if makespan > 0 else None}

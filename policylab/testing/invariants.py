@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from policylab.core.config import EngineConfig
 from policylab.core.contract import StepPlan
 from policylab.core.engine import Engine
-from policylab.core.forks import fork_lengths, samples_of
+from policylab.core.forks import fork_plan
 from policylab.core.kv import blocks_for
 from policylab.core.result import RunResult
 from policylab.core.request import Status
@@ -280,7 +280,7 @@ class StepChecker:
             length = engine.trace[r.req_id].output_tokens
         else:                               # sample k of its trace request: the trace's k-th fork length
             t, parent = engine.trace[r.fork_of], engine.requests[r.fork_of]
-            length = fork_lengths(t, samples_of(t, engine.cfg.parallel_samples))[parent.forks.index(r)]
+            length = fork_plan(t, engine.cfg.parallel_samples, engine.cfg.beam_width)[1][parent.forks.index(r)]
         want, n = min(length, r.max_tokens), len(r.output_ids)
         eos = engine.cfg.stop_at_eos and r.output_ids and r.output_ids[-1] == engine.dataplane.eos_token_id
         if n > want or (n < want and not eos):

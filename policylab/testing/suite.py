@@ -77,3 +77,22 @@ def test_invariants_with_forks(policy_spec):
         except Exception as e:
             e.add_note(reproduction(policy_spec, scenario))
             raise
+
+
+def beams_scenario(seed: int) -> Scenario:
+    """The KV-pressure burst with beam search: widths 1 to 4, beams forked and replaced on the fly."""
+    base = pressure_scenario(seed)
+    return dataclasses.replace(base, trace=tuple(dataclasses.replace(t, beam_width=1 + (i + 1) % 4)
+                                                 for i, t in enumerate(base.trace)))
+
+
+def test_invariants_with_beams(policy_spec):
+    """Beam search under KV pressure: beams share every block when they fork or are replaced by
+    the best one, and every invariant of the forks holds."""
+    for seed in (0, 1):
+        scenario = beams_scenario(seed)
+        try:
+            check_policy(policy_spec, scenario)
+        except Exception as e:
+            e.add_note(reproduction(policy_spec, scenario))
+            raise
