@@ -57,7 +57,7 @@ def run(trace: Path, out: Path, name: str, blocks: int) -> dict:
     args = ["run", "trace=file", f"trace.path={trace}", "model=llama3-8b", "hardware=h100", "dataplane=sim",
             "policy=chunked", f"engine.num_blocks={blocks}", "logger=none", "plots=false", "progress=false",
             f"hydra.run.dir={out / name}"]
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         main(args)
     return json.loads((out / name / "summary.json").read_text())
 

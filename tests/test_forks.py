@@ -150,3 +150,75 @@ def test_torch_plane_samples_differ_and_sample_zero_draws_as_it_does_alone():
     greedy_alone, greedy = replay(1, 0.0), replay(3, 0.0)
     assert all(f.output_ids == greedy_alone.requests[0].output_ids
                for f in (greedy.requests[0], *greedy.requests[0].forks))
+
+
+def test_the_harness_catches_a_write_into_a_shared_block(monkeypatch):
+    """Without the copy, a fork writes into the block it shares: the harness names the invariant."""
+    from policylab.core.forks import Forks
+    from policylab.testing.properties import InvariantViolation
+    monkeypatch.setattr(Forks, "copy_on_write", lambda self, sched: None)
+    with pytest.raises(InvariantViolation, match="no_write_while_shared"):
+        run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 30, 6, n=2),), CFG))
+
+
+def test_beams_fork_sharing_every_block_and_the_worst_become_copies_of_the_best():
+    engine = sim_engine([TraceRequest(0.0, 30, 12, beam_width=3)])
+    engine.begin()
+    engine.step()
+    parent = engine.requests[0]
+    beams = (parent, *parent.forks)
+    assert all(b.output_ids == parent.output_ids and b.block_table == parent.block_table for b in beams)
+    assert all(engine.kv.refs[b] == 3 for b in parent.block_table) and engine.kv.num_used == 4
+    engine.step()              # every beam writes its second token (2 copies), then a round:
+    assert engine.forks.stats["cow_copies"] == 2     # the worst beam becomes a copy of the best
+    assert engine.forks.stats["beam_replacements"] == 1
+    score = engine.forks.beams.score
+    best = max(beams, key=lambda b: (score[b.req_id], -b.req_id))
+    twins = [b for b in beams if b is not best and b.block_table == best.block_table]
+    assert len(twins) == 1 and twins[0].output_ids == best.output_ids
+    result = run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 30, 12, beam_width=3),), CFG))
+    assert all(len(b.output_ids) == 12 for b in (result.requests[0], *result.requests[0].forks))
+    assert result.forks["beam_replacements"] > 5
+
+
+def test_beam_trace_field_and_override():
+    raw = request_from_record({"arrival_time": 0, "prompt_tokens": 9, "output_tokens": 3, "beam_width": 4}, "t.jsonl", 2)
+    assert raw.beam_width == 4
+    with pytest.raises(TraceError, match="t.jsonl:2: field 'beam_width': a request has parallel samples"):
+        request_from_record({"arrival_time": 0, "prompt_tokens": 9, "output_tokens": 3, "n": 2, "beam_width": 2},
+                            "t.jsonl", 2)
+    result = sim_engine([TraceRequest(0.0, 20, 8)], dataclasses.replace(CFG, beam_width=4)).run()
+    assert result.forks["beam_requests"] == 1 and len(result.requests[0].forks) == 3
+    assert vllm_refusal([TraceRequest(0.0, 9, 3)], 0, 2).startswith("dataplane=vllm does not run")
+    with pytest.raises(ValueError, match="engine.beam_width"):
+        check_engine_config(dataclasses.replace(CFG, beam_width=-2))
+
+
+def test_torch_plane_beams_score_real_log_probabilities_and_copy_kv():
+    """Beams score the model's log-probabilities of their tokens and are replaced on the fly; with
+    greedy sampling every beam equals the request alone (replacements and copies keep the KV exact)."""
+    pytest.importorskip("torch")
+    from policylab.dataplane.torch_plane import TorchDataPlane
+    from tests.test_dataplane_model import SMALL, dataplane
+
+    cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=64, max_num_seqs=8,
+                       max_model_len=256, check_invariants=True)
+
+    def replay(width: int, temperature: float):
+        plane = TorchDataPlane.from_config(dataplane(), SMALL, seed=0)
+        copies = []
+        copy = plane.copy_kv_blocks
+        plane.copy_kv_blocks = lambda src, dst: copies.append(len(src)) or copy(src, dst)
+        engine = Engine([TraceRequest(0.0, 13, 9, beam_width=width)], Chunked(chunk_size=64), plane, cfg, seed=0,
+                        sampling=SamplingParams(temperature=temperature, seed=1))
+        result = engine.run()
+        assert result.status == "complete", result.error
+        return result, engine, copies
+
+    sampled, engine, copies = replay(3, 1.0)
+    assert sampled.forks["beam_replacements"] > 0 and sum(copies) == sampled.forks["cow_copies"] > 0
+    scores = engine.forks.beams.score.values()
+    assert all(-100 < s < 0 for s in scores)        # sums of 8 log-probabilities of a 1000-token vocabulary
+    alone = replay(1, 0.0)[0].requests[0].output_ids
+    greedy = replay(3, 0.0)[0].requests[0]
+    assert all(b.output_ids == alone for b in (greedy, *greedy.forks))
