@@ -96,8 +96,9 @@ class StepChecker:
         return sum(min(w, refs[b] - 1) for b, w in writers.items())
 
     def check_writes(self, batch) -> None:
-        """No block is written while shared: every block a step writes has one reference."""
-        if self.engine is None or self.engine.forks is None:
+        """No block is written while shared: every block a step writes has one reference (prefix-cache
+        hits share full blocks that no step writes; forks copy a shared block before writing it)."""
+        if self.engine is None:
             return
         refs, bs = self.engine.kv.refs, self.engine.kv.block_size
         for rid, n, ctx, table in zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.block_tables):
