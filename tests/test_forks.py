@@ -222,3 +222,22 @@ def test_torch_plane_beams_score_real_log_probabilities_and_copy_kv():
     alone = replay(1, 0.0)[0].requests[0].output_ids
     greedy = replay(3, 0.0)[0].requests[0]
     assert all(b.output_ids == alone for b in (greedy, *greedy.forks))
+
+
+@pytest.mark.parametrize("policy", ["chunked", "prefill_first", "vllm_v1"])
+def test_invariants_hold_on_generated_fork_scenarios(policy):
+    from hypothesis import HealthCheck, given, settings
+    from policylab.testing.harness import check_policy, reproduction
+    from policylab.testing.loader import shipped_policy_configs
+    from policylab.testing.strategies import fork_scenarios
+    spec = next(s for s in shipped_policy_configs() if s.endswith(f"/{policy}.yaml"))
+
+    @settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+    @given(scenario=fork_scenarios())
+    def check(scenario):
+        try:
+            check_policy(spec, scenario, determinism=False)
+        except Exception as e:
+            e.add_note(reproduction(spec, scenario))
+            raise
+    check()
