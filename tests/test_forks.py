@@ -14,7 +14,8 @@ from policylab.core.engine import Engine
 from policylab.core.forks import vllm_refusal
 from policylab.core.request import SamplingParams, Status, TraceRequest
 from policylab.testing.harness import Scenario, _dataplane, run_checked
-from policylab.testing.suite import pytest_generate_tests, test_invariants_with_forks  # noqa: F401
+from policylab.testing.suite import (pytest_generate_tests, test_invariants_with_beams,  # noqa: F401
+                                     test_invariants_with_forks)
 from policylab.traces.errors import TraceError
 from policylab.traces.native import record_of, request_from_record
 
@@ -179,6 +180,8 @@ def test_beams_fork_sharing_every_block_and_the_worst_become_copies_of_the_best(
     result = run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 30, 12, beam_width=3),), CFG))
     assert all(len(b.output_ids) == 12 for b in (result.requests[0], *result.requests[0].forks))
     assert result.forks["beam_replacements"] > 5
+    one = run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 10, 1, beam_width=3),), CFG))
+    assert one.requests[0].forks is None and one.requests[0].status is Status.FINISHED   # one token: one beam
 
 
 def test_beam_trace_field_and_override():
@@ -232,8 +235,8 @@ def test_invariants_hold_on_generated_fork_scenarios(policy):
     from policylab.testing.strategies import fork_scenarios
     spec = next(s for s in shipped_policy_configs() if s.endswith(f"/{policy}.yaml"))
 
-    @settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
-    @given(scenario=fork_scenarios())
+    @settings(deadline=None, max_examples=15, suppress_health_check=[HealthCheck.too_slow])
+    @given(scenario=fork_scenarios(max_requests=12))
     def check(scenario):
         try:
             check_policy(spec, scenario, determinism=False)
@@ -241,3 +244,42 @@ def test_invariants_hold_on_generated_fork_scenarios(policy):
             e.add_note(reproduction(spec, scenario))
             raise
     check()
+
+
+def _trace_file(path):
+    import json
+    rows = [{"arrival_time": 0.01 * i, "prompt_tokens": 40 + 9 * i, "output_tokens": 6 + i, "n": 3,
+             "fork_output_tokens": [4, 9 + i]} for i in range(8)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_cli_run_serves_the_trace_fields_and_writes_the_forks_section(tmp_path):
+    import json
+    from policylab.apps.cli import main
+    trace = _trace_file(tmp_path / "forks.jsonl")
+    main(["run", "trace=file", f"trace.path={trace}", "dataplane=sim", "logger=none", "plots=false",
+          "progress=false", f"hydra.run.dir={tmp_path / 'run'}"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    forks = summary["forks"]
+    assert forks["forked_requests"] == 8 and forks["fork_sequences"] == 16 and forks["finished_forks"] == 16
+    assert forks["fork_output_tokens"] == sum(4 + 9 + i for i in range(8))
+    assert summary["counts"]["finished"] == 8
+
+
+def test_cli_cluster_refuses_forks_in_one_line(tmp_path, capsys):
+    from policylab.apps.cli import main
+    trace = _trace_file(tmp_path / "forks.jsonl")
+    with pytest.raises(SystemExit):
+        main(["run", "trace=file", f"trace.path={trace}", "dataplane=sim", "logger=none", "plots=false",
+              "progress=false", "cluster.replicas=2", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert "cluster runs do not serve parallel samples or beams" in capsys.readouterr().err
+
+
+def test_cli_vllm_refuses_forks_before_loading_vllm(tmp_path):
+    from vllm_cli import run_on_vllm
+    proc = run_on_vllm("run", ["trace=bursty", "trace.max_requests=2", "engine.parallel_samples=2"],
+                       tmp_path, tmp_path / "run", timeout=240)
+    assert proc.returncode != 0
+    assert "dataplane=vllm does not run parallel samples or beam search" in proc.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()

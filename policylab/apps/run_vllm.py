@@ -40,11 +40,11 @@ def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     from policylab.apps.jobs import write_traceback
     from policylab.apps.run_report import draw_plots, report
 
-    vllm_setup(cfg)
     trace = load_trace(cfg.trace, seed=cfg.seed)
     refusal = vllm_refusal(trace, cfg.engine.parallel_samples, cfg.engine.beam_width)
-    if refusal:                          # before any file is written
+    if refusal:                          # before vLLM loads or any file is written
         raise RunError(refusal)
+    vllm_setup(cfg)
     tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
     results = ResultStream(run_dir, sorted(trace, key=lambda t: t.arrival_time), cfg)
     result, extra = replay_on_vllm(cfg, trace)

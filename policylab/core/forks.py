@@ -127,7 +127,7 @@ class Forks:
             if r.fork_of is not None or r.forks is not None or len(r.output_ids) != 1:
                 continue
             beam, lengths = fork_plan(engine.trace[r.req_id], self.parallel_samples, self.beam_width)
-            if not lengths:
+            if not lengths or beam and engine.target_len[r.req_id] <= 1:   # (one token: one beam, done)
                 continue
             r.forks = []
             self.stats["forked_requests"] += 1

@@ -48,10 +48,10 @@ class TraceRequest:
     tpot_slo: Optional[float] = None
     prefix_hashes: tuple = ()
     max_tokens: Optional[int] = None
-    prompt_ids: Optional[tuple] = None    # real token ids (generate); None: synthesized from the trace
     n: int = 1                            # parallel samples (copy-on-write forks of one prompt)
     fork_output_tokens: tuple = ()        # output lengths of samples 1..n-1 (empty: output_tokens each)
     beam_width: int = 1                   # beams of a (simple, stochastic) beam search over forks
+    prompt_ids: Optional[tuple] = None    # real token ids (generate); None: synthesized from the trace
 
     @property
     def own_prompt(self) -> bool:
