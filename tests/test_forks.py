@@ -254,9 +254,13 @@ def _trace_file(path):
     return path
 
 
-def test_cli_run_serves_the_trace_fields_and_writes_the_forks_section(tmp_path):
+def test_cli_run_serves_the_trace_fields_and_writes_the_forks_section(tmp_path, monkeypatch):
+    """(Rows written while the run goes, two at a time, time each request by its own stream too.)"""
     import json
+    import pandas as pd
+    from policylab.analysis import result_stream
     from policylab.apps.cli import main
+    monkeypatch.setattr(result_stream, "ROWS_PER_GROUP", 2)
     trace = _trace_file(tmp_path / "forks.jsonl")
     main(["run", "trace=file", f"trace.path={trace}", "dataplane=sim", "logger=none", "plots=false",
           "progress=false", f"hydra.run.dir={tmp_path / 'run'}"])
@@ -265,6 +269,9 @@ def test_cli_run_serves_the_trace_fields_and_writes_the_forks_section(tmp_path):
     assert forks["forked_requests"] == 8 and forks["fork_sequences"] == 16 and forks["finished_forks"] == 16
     assert forks["fork_output_tokens"] == sum(4 + 9 + i for i in range(8))
     assert summary["counts"]["finished"] == 8
+    rows = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    own_end = rows["first_token_time"] + rows["tpot"] * (rows["generated_tokens"] - 1)
+    assert (own_end < rows["finish_time"] - 1e-9).all()    # the longest sample (9 + i tokens) ends later
 
 
 def test_cli_cluster_refuses_forks_in_one_line(tmp_path, capsys):

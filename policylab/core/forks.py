@@ -110,7 +110,7 @@ class Forks:
     def __init__(self, engine, parallel_samples: int, beam_width: int = 0):
         self.engine, self.parallel_samples, self.beam_width = engine, parallel_samples, beam_width
         self.kv = engine.kv
-        self.writes = self.kv.cow = SharedWrites(self.kv._ref, self.kv.block_size)
+        self.writes = self.kv.cow = SharedWrites(self.kv._ref, self.kv.block_size)   # (the live counts)
         self.copy_kv = getattr(engine.dataplane, "copy_kv_blocks", None)
         self.stats = {"forked_requests": 0, "fork_sequences": 0, "queued_forks": 0, "cow_copies": 0,
                       "beam_requests": 0, "beam_replacements": 0}
@@ -211,7 +211,6 @@ class Forks:
         if parent.status is Status.FINISHED:
             parent.finish_time = max(m.finish_time for m in members if m.status is Status.FINISHED)
         return parent
-
 
 
 def forks_summary(stats: dict, requests: list, trace_len: int, makespan: float) -> dict:
