@@ -22,6 +22,7 @@ from policylab.analysis.kv_hierarchy import kv_hierarchy_section
 from policylab.analysis.cluster_metrics import add_placement, cluster_summary, replica_blocks_per_step
 from policylab.analysis.session_metrics import add_sessions, session_summary
 from policylab.cluster.result import ClusterResult
+from policylab.core.forks import forks_summary
 from policylab.core.request import Status
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
@@ -60,7 +61,9 @@ def request_table(result: RunResult, slo: SloConfig, start: int = 0, stop: int |
     ttft = df["first_token_time"].to_numpy() - arrival
     e2e = np.where(finished, df["finish_time"].to_numpy() - arrival, NAN)
     with np.errstate(divide="ignore", invalid="ignore"):
-        tpot = np.where(generated > 1, (e2e - ttft) / (generated - 1), NAN)
+        decode_end = e2e if not getattr(result, "forks", None) else \
+            np.where(finished, _last_token_times(df["token_times"]) - arrival, NAN)   # its own stream's end
+        tpot = np.where(generated > 1, (decode_end - ttft) / (generated - 1), NAN)
         normalized = e2e / generated
     df["ttft"], df["tpot"], df["e2e"], df["normalized_latency"] = ttft, tpot, e2e, normalized
     df["queueing_delay"] = df["first_scheduled_time"].to_numpy() - arrival
@@ -87,6 +90,12 @@ def _request_row(t, r) -> tuple:
     return (*static, len(r.output_ids), status, reason, _or_nan(r.first_scheduled_time),
             times[0] if times else NAN, _or_nan(r.finish_time), r.num_preemptions,
             r.num_cached_tokens_total, *slos, times)
+
+
+def _last_token_times(token_times) -> np.ndarray:
+    """Each row's last output token's time (NaN without one): where a request with parallel
+    samples ends its own stream, before its last sample finishes."""
+    return np.fromiter((t[-1] if t else NAN for t in token_times), dtype=np.float64, count=len(token_times))
 
 
 def _or_nan(x) -> float:
@@ -229,6 +238,8 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
     speculative = spec_summary(getattr(result, "speculative", None))
     if speculative:                             # some step verified draft tokens
         summary["speculative"] = speculative
+    if getattr(result, "forks", None) is not None:   # parallel samples (copy-on-write forks)
+        summary["forks"] = forks_summary(result.forks, result.requests, len(result.trace), makespan)
     if isinstance(result, ClusterResult):
         summary["router"] = result.router
         summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"],

@@ -157,6 +157,8 @@ class ResultStream:
         else:
             self._source = RunResult(engine.trace, engine.requests, {}, engine.kv.num_blocks,
                                      engine.kv.block_size, engine.policy_name)
+            if getattr(engine, "forks", None) is not None:   # rows of requests with samples: their own stream
+                self._source.forks = engine.forks.stats
         self._source.sessions = getattr(engine.arrivals, "plan", None)
         return self.request_done
 

@@ -15,6 +15,7 @@ from policylab.cluster.config import check_cluster_config
 from policylab.cluster.disagg import Disaggregation, prefill_trace
 from policylab.cluster.link import LinkModel
 from policylab.core.config import HardwareConfig
+from policylab.core.forks import uses_forks
 from policylab.core.engine import Engine
 from policylab.dataplane import build_dataplane
 from policylab.dataplane.sim import ModelShape
@@ -34,6 +35,10 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
         raise ClusterConfigError(f"cluster runs need engine.clock=virtual (got {cfg.engine.clock})")
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     trace = sorted(trace, key=lambda t: t.arrival_time)
+    if uses_forks(trace, cfg.engine.parallel_samples, cfg.engine.beam_width):
+        raise ClusterConfigError("cluster runs do not serve parallel samples or beams (a trace's `n` or "
+                                 "`beam_width` > 1, or engine.parallel_samples / engine.beam_width > 1): "
+                                 "replay them on one engine")
     roles = ["prefill"] * c.prefill_replicas + ["decode"] * c.decode_replicas if c.disaggregated \
         else ["colocated"] * c.size
     hardware = [hardware_config(name) for name in c.hardware] or [cfg.hardware] * c.size

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from policylab.apps.config import RunConfig
 from policylab.apps.jobs import RunError, run_name, sweep_group
+from policylab.core.forks import vllm_refusal
 from policylab.traces import load_trace
 
 
@@ -35,6 +36,9 @@ def replay_on_vllm(cfg: RunConfig, trace, on_request_done=None):
     import vllm
 
     from policylab.integrations.vllm.replay import replay_trace
+    refusal = vllm_refusal(trace, cfg.engine.parallel_samples, cfg.engine.beam_width)
+    if refusal:
+        raise RunError(refusal)
     setup = vllm_setup(cfg)
     result = replay_trace(list(trace), dict(cfg.policy), setup, cfg.trace.prefix_block_tokens, on_request_done)
     return result, {"vllm": {"version": vllm.__version__, "model_dir": setup.model_dir, "dtype": setup.dtype}}
@@ -47,8 +51,11 @@ def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     from policylab.apps.jobs import write_traceback
     from policylab.apps.run_report import draw_plots, report
 
-    vllm_setup(cfg)
     trace = load_trace(cfg.trace, seed=cfg.seed)
+    refusal = vllm_refusal(trace, cfg.engine.parallel_samples, cfg.engine.beam_width)
+    if refusal:                          # before vLLM loads or any file is written
+        raise RunError(refusal)
+    vllm_setup(cfg)
     tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
     results = ResultStream(run_dir, sorted(trace, key=lambda t: t.arrival_time), cfg)
     result, extra = replay_on_vllm(cfg, trace)

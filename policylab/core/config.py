@@ -41,6 +41,8 @@ class EngineConfig:
     prefix_disk_blocks: int = 0             # disk tier under the host tier (0: none)
     prefix_disk: str = "nvme_gen4"          # disk preset: nvme_gen4 | nvme_gen5
     prefix_disk_path: Optional[str] = None  # torch plane: directory of the disk tier's file (None: temp dir)
+    parallel_samples: int = 0               # samples per request, overriding the trace's `n` (0: the trace's)
+    beam_width: int = 0                     # beams per request, overriding the trace's `beam_width` (0: the trace's)
 
 
 @dataclass
@@ -156,6 +158,12 @@ def check_engine_config(cfg: EngineConfig) -> None:
                          f"got {cfg.predictor_noise}")
     if cfg.prefix_cache not in ("hash", "radix"):
         raise ValueError(f"engine.prefix_cache must be 'hash' or 'radix', got '{cfg.prefix_cache}'")
+    if cfg.parallel_samples < 0:
+        raise ValueError(f"engine.parallel_samples must be >= 0 (0: each request's trace `n`), "
+                         f"got {cfg.parallel_samples}")
+    if cfg.beam_width < 0:
+        raise ValueError(f"engine.beam_width must be >= 0 (0: each request's trace `beam_width`), "
+                         f"got {cfg.beam_width}")
     if cfg.host_kv_blocks < 0:
         raise ValueError(f"engine.host_kv_blocks must be >= 0, got {cfg.host_kv_blocks}")
     make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)

@@ -71,6 +71,8 @@ class RequestView:
     status = property(lambda s: _request(s).status.value)
     is_decode = property(lambda s: is_decoding(_request(s)), doc="Its next step is exactly one decode token.")
     is_prefill = property(lambda s: not is_decoding(_request(s)))
+    fork_of = property(lambda s: _request(s).fork_of,
+                       doc="A parallel sample of request `fork_of` (None: a trace request itself).")
 
     def cached_blocks(self) -> tuple:
         """Prefix-cache blocks this request would reuse if scheduled now."""
@@ -111,12 +113,13 @@ _FACTS = ("clock", "step", "waiting", "running", "decoding", "max_num_batched_to
 class DecodeFacts:
     """What the validator and `decode_tokens` know of the decoding requests: those whose last block
     is full (a live read-only set), their ids in running order, and the plan {each: 1} that
-    `decode_tokens` copies. The engine makes one when the decoding requests change."""
+    `decode_tokens` copies, and `cow`: blocks the copy-on-writes of every decode take (forks
+    only, `policylab.core.forks`). The engine makes one when the decoding requests change."""
 
-    __slots__ = ("full", "ids", "plan")
+    __slots__ = ("full", "ids", "plan", "cow")
 
-    def __init__(self, full: AbstractSet[int], ids: tuple):
-        self.full, self.ids, self.plan = full, ids, dict.fromkeys(ids, 1)
+    def __init__(self, full: AbstractSet[int], ids: tuple, cow: int = 0):
+        self.full, self.ids, self.plan, self.cow = full, ids, dict.fromkeys(ids, 1), cow
 
 
 class SchedulerView(tuple):
@@ -168,7 +171,8 @@ class SchedulerView(tuple):
     @property
     def decode_blocks_needed(self) -> int:
         """Free blocks that giving every decoding request its token takes (one per full last block)."""
-        return len(_decode(self).full)
+        decode = _decode(self)
+        return len(decode.full) + decode.cow
 
     def blocks_needed(self, v: RequestView, n: int) -> int:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
@@ -197,7 +201,7 @@ class SchedulerView(tuple):
         decode_blocks = len(full) if len(chunks) + len(decoding) == len(sched) else \
             sum(1 for rid, n in sched.items() if n == 1 and rid in full)
         needed, available = kv.plan_cost([_request(live[rid]) for rid in plan.preempt], chunks)
-        return needed + decode_blocks, available
+        return needed + decode_blocks + _copies(self, plan), available
 
     def __repr__(self) -> str:
         return (f"SchedulerView(step={self.step}, clock={self.clock}, waiting={len(self.waiting)}, "
@@ -270,7 +274,7 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
             and all(map(is_, sched.values(), repeat(1))):
         # every decoding request, in running order, one token each (`is 1`: the int 1, not a value
         # equal to it): every rule but the totals holds; each takes a block iff its last one is full
-        total, blocks, free = len(sched), len(decode.full), view.num_free_blocks
+        total, blocks, free = len(sched), len(decode.full) + decode.cow, view.num_free_blocks
     else:
         total, blocks, free = _check_entries(view, plan, policy)
     if plan.spec_tokens:              # k drafts: k more tokens of the budget, the KV of k + 1 tokens
@@ -338,8 +342,20 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
     if all_decodes and not plan.preempt:
         full = _decode(view).full
         blocks = len(full) if len(sched) == len(decoding) else len(full & sched.keys())
-        return len(sched), blocks, view.num_free_blocks
+        return len(sched), blocks + _copies(view, plan), view.num_free_blocks
     return sum(sched.values()), *view.plan_kv(plan)
+
+
+def _copies(view: SchedulerView, plan: StepPlan) -> int:
+    """Blocks the plan's copy-on-writes take: writes into blocks forks share (0 without forks)."""
+    sched, live = plan.num_scheduled_tokens, view.by_id
+    if not sched:
+        return 0
+    kv = _kv(live[next(iter(sched))])
+    if kv.cow is None:
+        return 0
+    return kv.cow.copies([(_request(live[rid]), n) for rid, n in sched.items()],
+                         [_request(live[rid]) for rid in plan.preempt])
 
 
 def _validate_swap(view: SchedulerView, plan: StepPlan, preempt_set: set, policy: str) -> None:

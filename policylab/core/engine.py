@@ -21,6 +21,7 @@ from policylab.core.contract import (ContractViolation, DecodeFacts, RequestView
                                      private_copy, validate_plan)
 from policylab.core.batch import Batch, CommittedStep, DataPlane, StepResult, bad_duration, joined
 from policylab.core.decode_batch import DecodeBatch
+from policylab.core.forks import Forks, uses_forks
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import BlockManager, chain_hashes
 from policylab.core.policy import Policy
@@ -82,6 +83,8 @@ class Engine:
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
         self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
         self.speculation = Speculation(self)    # steps that verify draft tokens (StepPlan.spec_tokens)
+        self.forks = Forks(self, cfg.parallel_samples, cfg.beam_width) \
+            if uses_forks(self.trace, cfg.parallel_samples, cfg.beam_width) else None   # parallel samples, beams
 
     running = property(lambda self: self._running)
     waiting = property(lambda self: [self.requests[rid] for rid in self._waiting.ids()],
@@ -113,6 +116,8 @@ class Engine:
             result.kv_tiers = self.kv_stats
         result.sessions = getattr(self.arrivals, "plan", None)
         result.speculative = self.speculation.stats
+        if self.forks is not None:     # parallel samples: their counters
+            result.forks = self.forks.stats
         return result
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
@@ -223,6 +228,8 @@ class Engine:
 
     def _done(self, r: Request) -> None:
         view = self.views.pop(r.req_id, None)
+        if self.forks is not None and (r := self.forks.group_done(r)) is None:   # samples still run
+            return self.policy.on_finished(view) if view is not None else None
         self.num_done += 1
         if view is not None:
             self.policy.on_finished(view)
@@ -240,6 +247,8 @@ class Engine:
             ids = [r.req_id for r in self._running]
             self._decode_facts = DecodeFacts(self._needs_block_ro, tuple(
                 ids if len(ids) == len(decoding) else [i for i in ids if i in decoding]))
+        if self.forks is not None:       # copy-on-writes of the decodes (their shares change every step)
+            self._decode_facts.cow = self.kv.cow.copies([(self.requests[i], 1) for i in self._decode_facts.ids])
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
                              self._decoding_ro, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
                              kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
@@ -291,6 +300,8 @@ class Engine:
                                       plan.reject, plan.swap) if chunks or plan.preempt or plan.reject else None
         if spec:
             self.speculation.commit(parts[0], parts[1], spec)
+        if self.forks is not None:       # a shared block is copied before the step writes it
+            self.forks.copy_on_write(sched)
         if not decodes:
             if parts is None or not parts[1]:
                 return None
@@ -394,6 +405,8 @@ class Engine:
             more, prefill_tokens, n_prefill = self._postprocess_requests(step.requests, query_lens,
                                                                          batch.sample[n:], rest)
             finished += more
+            if self.forks is not None:   # parallel samples fork once the prompt has its first token
+                self.running = self._running + self.forks.spawn(step.requests, now)
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
             if self.before_release is not None:
@@ -408,6 +421,8 @@ class Engine:
         if sampled:
             self._stalled_steps = 0
         self._sampled = list(compress(batch.req_ids, batch.sample)) if step.requests else batch.req_ids
+        if self.forks is not None:       # beam search compares its beams once their tokens are in
+            self.forks.after_step(self._sampled, sampled)
         size = len(batch.req_ids)
         tokens = n + sum(batch.query_lens[n:]) if step.requests else n
         self.step_log.append([start, result.duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,

@@ -140,6 +140,7 @@ class BlockManager:
         self._num_free_cached = 0
         self._hits: dict = {}                    # req_id -> its cache hits, until the cache changes
         self.tiers = None                        # host/disk tiers below the cache (core.prefix_tiers)
+        self.cow = None                          # forks' SharedWrites (policylab.core.forks): None, no forks
 
     @property
     def num_free(self) -> int:
@@ -190,7 +191,9 @@ class BlockManager:
 
     def blocks_needed(self, r, n: int) -> int:
         """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included)."""
-        if r.block_table:        # running: no cache lookup, just the tail of its table
+        if r.block_table:        # running: no cache lookup, just the tail of its table (and the
+            if self.cow is not None:     # copies of blocks it shares with its forks)
+                return new_blocks(r, n, (), self.block_size) + self.cow.blocks_for_write(r, n)
             return new_blocks(r, n, (), self.block_size)
         hits = self.hits(r)
         return new_blocks(r, n, hits, self.block_size) + (self.reclaim_cost(hits) if hits else 0)
@@ -253,6 +256,18 @@ class BlockManager:
             self._take(table, 1)
         else:
             raise MemoryError("KV cache exhausted: need 1 block, 0 free")
+
+    def copy_block(self, b: int) -> int:
+        """A fresh block to copy shared block `b` into (copy-on-write): one reference on `b` moves
+        to it."""
+        if self._ref[b] < 2:
+            raise ValueError(f"block {b} is not shared (reference count {self._ref[b]}): nothing to copy")
+        if not self.num_free:
+            raise MemoryError("KV cache exhausted: need 1 block for a copy-on-write, 0 free")
+        new = []
+        self._take(new, 1)
+        self._ref[b] -= 1
+        return new[0]
 
     def _take(self, table: list, need: int) -> None:
         """Plain free blocks first, then the least recently freed cached ones (evicting their

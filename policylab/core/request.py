@@ -49,6 +49,9 @@ class TraceRequest:
     prefix_hashes: tuple = ()
     max_tokens: Optional[int] = None
     spec_acceptance: Optional[float] = None   # per-draft acceptance rate on the sim (None: speculative.acceptance_rate)
+    n: int = 1                            # parallel samples (copy-on-write forks of one prompt)
+    fork_output_tokens: tuple = ()        # output lengths of samples 1..n-1 (empty: output_tokens each)
+    beam_width: int = 1                   # beams of a (simple, stochastic) beam search over forks
     prompt_ids: Optional[tuple] = None    # real token ids (generate); None: synthesized from the trace
 
     @property
@@ -94,6 +97,8 @@ class Request:
     num_cached_tokens_total: int = 0  # prefix-cache hit tokens over the request's life
     swapped_blocks: int = 0           # waiting with this many KV blocks on the host tier (swap)
     reject_reason: str = ""
+    fork_of: Optional[int] = None     # a parallel sample: the req_id of the trace request it samples for
+    forks: Optional[list] = None      # a trace request with parallel samples: its other samples' Requests
 
     @property
     def prompt_len(self) -> int:

@@ -25,6 +25,7 @@ class RunResult:
     kv_tiers: dict | None = None     # swap and KV-tier counters, when a host tier is configured
     sessions: object | None = None   # the SessionPlan of a closed-loop replay (core.closed_loop)
     speculative: dict | None = None  # speculative-decoding counters (core.speculative), filled as the run goes
+    forks: dict | None = None        # parallel samples' counters, when a request asks for them
 
     @property
     def partial(self) -> bool:

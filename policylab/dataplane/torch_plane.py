@@ -228,6 +228,24 @@ class TorchDataPlane:
         index = torch.tensor(block_table, dtype=torch.long, device=self.device)
         self.kv.index_copy_(dim, index, payload.to(self.device, self.dtype))
 
+    @torch.inference_mode()
+    def copy_kv_blocks(self, src: list, dst: list) -> None:
+        """Copy the K/V of blocks `src` into blocks `dst` (pairwise): a fork's copy-on-write of a
+        block its samples shared, before the step that writes it."""
+        dim = self._block_dim()
+        index = torch.tensor(src, dtype=torch.long, device=self.device)
+        self.kv.index_copy_(dim, torch.tensor(dst, dtype=torch.long, device=self.device),
+                            self.kv.index_select(dim, index))
+
+    @torch.inference_mode()
+    def sampled_logprobs(self, rows: list, tokens: list) -> list:
+        """Log-probabilities of `tokens` at rows `rows` of the last step's sampled entries (the
+        model's distribution, before temperature): beam search's scores."""
+        logits = self._last_logits[torch.tensor(rows, dtype=torch.long, device=self._last_logits.device)]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return logp[torch.arange(len(rows), device=logp.device),
+                    torch.tensor(tokens, dtype=torch.long, device=logp.device)].tolist()
+
     # ---------------------------------------------------------------- step
     @torch.inference_mode()
     def forward(self, batch: Batch, all_logits: bool = False) -> torch.Tensor:
@@ -255,6 +273,7 @@ class TorchDataPlane:
             return verify_greedy(self, batch)
         start = self.clock()
         logits = self.forward(batch)
+        self._last_logits = logits              # (a reference: beam search may ask its log-probabilities)
         rows = [i for i, s in enumerate(batch.sample) if s]
         tokens = sample(logits, [batch.sampling[i] for i in rows], [batch.req_ids[i] for i in rows],
                         [batch.context_lens[i] + batch.query_lens[i] for i in rows], self.seed)

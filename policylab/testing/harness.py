@@ -68,6 +68,7 @@ class _RecordingDataPlane:
 
     def execute(self, batch):
         self._checker.batch = batch
+        self._checker.check_writes(batch)
         return self._inner.execute(batch)
 
 
@@ -75,6 +76,7 @@ class CheckedEngine(Engine):
     def __init__(self, checker: "StepChecker", *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.checker = checker
+        checker.engine = self
 
     def step(self) -> None:
         self.checker.begin_step()

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from policylab.core.config import EngineConfig
 from policylab.core.contract import StepPlan
 from policylab.core.engine import Engine
+from policylab.core.forks import fork_plan
+from policylab.core.kv import blocks_for
 from policylab.core.result import RunResult
 from policylab.core.request import Status
 from policylab.testing.prefix_tier_checks import check_prefix_tiers
@@ -25,9 +27,9 @@ EPS = 1e-9
 
 def arrived(engine: Engine) -> list:
     """The requests that have arrived: a prefix of the trace, or under a closed-loop client
-    (whose turns arrive as earlier ones finish, in no trace order) every one that exists."""
-    if engine.arrivals is None:
-        return engine.requests[:engine.next_arrival]
+    (whose turns arrive as earlier ones finish, in no trace order) every one that exists; forks included."""
+    if engine.arrivals is None:            # (forks of a request's samples follow the trace's requests)
+        return engine.requests[:engine.next_arrival] + engine.requests[len(engine.trace):]
     return [r for r in engine.requests if r is not None]
 
 
@@ -57,6 +59,7 @@ class StepChecker:
         self.clock, self.steps = 0.0, 0
         self.plan = self.snaps = self.batch = None
         self.spec = SpecChecks(self)    # speculative steps: drafts, their counts and their KV
+        self.engine: Engine | None = None     # set by the checked engine (forks' checks read its KV)
 
     def fail(self, invariant: str, detail: str):
         self.violation = self.violation or InvariantViolation(invariant, detail, self.name)
@@ -83,12 +86,43 @@ class StepChecker:
                       for lst in (view.running, view.waiting) for v in lst}
         decoding = {v.req_id for v in view.running if v.is_decode}
         full = {rid for rid in decoding if view.by_id[rid].num_computed_tokens % view.block_size == 0}
-        if set(view.decoding) != decoding or view.decode_blocks_needed != len(full) \
+        if set(view.decoding) != decoding or view.decode_blocks_needed != len(full) + self._decode_copies(decoding) \
                 or list(view.decode_tokens()) != [v.req_id for v in view.running if v.req_id in decoding]:
             self.fail("view", f"step {view.step}: the view's decode facts disagree with the requests "
                       f"(decoding {sorted(view.decoding)} vs {sorted(decoding)}, decode blocks "
                       f"{view.decode_blocks_needed} vs {len(full)})")
         self._each_property("before_schedule", view)
+
+    def _decode_copies(self, decoding: set) -> int:
+        """Copy-on-writes every decode takes: of W decodes writing a block held R times, min(W, R - 1)."""
+        engine = self.engine
+        if engine is None or engine.forks is None:
+            return 0
+        refs, bs, writers = engine.kv.refs, engine.kv.block_size, Counter()
+        for rid in decoding:
+            r = engine.requests[rid]
+            i = r.num_computed_tokens // bs
+            if i < len(r.block_table) and refs[r.block_table[i]] > 1:
+                writers[r.block_table[i]] += 1
+        return sum(min(w, refs[b] - 1) for b, w in writers.items())
+
+    def check_writes(self, batch) -> None:
+        """No block is written while shared: every block a step writes has one reference (prefix-cache
+        hits share full blocks that no step writes; forks copy a shared block before writing it)."""
+        if self.engine is None:
+            return
+        refs, bs = self.engine.kv.refs, self.engine.kv.block_size
+        for rid, n, ctx, table in zip(batch.req_ids, batch.query_lens, batch.context_lens, batch.block_tables):
+            shared = [b for b in table[ctx // bs:blocks_for(ctx + n, bs)] if refs[b] != 1]
+            if shared:
+                self.fail("no_write_while_shared", f"request {rid} writes tokens {ctx}..{ctx + n - 1} into "
+                          f"blocks {shared} held {[refs[b] for b in shared]} times")
+
+    def _new_forks(self, engine: Engine) -> None:
+        """A fork starts where its prompt's shared blocks end (its last prompt token is its own)."""
+        for r in engine.requests[len(engine.trace):]:
+            if r.req_id not in self.status and r.status is Status.RUNNING:
+                self.next_ctx[r.req_id] = self.chunk_sum[r.req_id] = r.num_computed_tokens
 
     def after_schedule(self, view, plan) -> None:
         if not isinstance(plan, StepPlan):
@@ -109,6 +143,8 @@ class StepChecker:
         self.clock = now
         if self.batch is not None:
             self._check_batch(engine)
+        if engine.forks is not None:
+            self._new_forks(engine)
         self._check_lifecycle(engine)
         self._check_conservation(engine)
         self._check_kv(engine)
@@ -176,7 +212,7 @@ class StepChecker:
                   (Status.WAITING, Status.REJECTED): rid in rejected,
                   (Status.RUNNING, Status.WAITING): rid in preempted,
                   (Status.RUNNING, Status.FINISHED): rid in ran,
-                  (None, Status.RUNNING): rid in ran,
+                  (None, Status.RUNNING): rid in ran or r.fork_of is not None,
                   (None, Status.FINISHED): rid in ran}.get((old, new), False)
             if not ok:
                 self.fail("lifecycle", f"request {rid}: illegal transition {old} -> {new.value}")
@@ -213,12 +249,15 @@ class StepChecker:
         live = arrived(engine)
         count = Counter(r.status for r in live)
         done = count[Status.FINISHED] + count[Status.REJECTED]
-        if done + count[Status.WAITING] + count[Status.RUNNING] != len(live) or engine.num_done != done:
+        ended = (Status.FINISHED, Status.REJECTED)
+        groups_done = sum(1 for r in live if r.req_id < len(engine.trace) and r.status in ended
+                          and all(f.status in ended for f in r.forks or ()))
+        if done + count[Status.WAITING] + count[Status.RUNNING] != len(live) or engine.num_done != groups_done:
             self.fail("request_conservation", f"{len(live)} arrived != {dict(count)}")
         for queue, status in ((engine.waiting, Status.WAITING), (engine.running, Status.RUNNING)):
             if len(queue) != count[status] or any(r.status is not status for r in queue):
                 self.fail("request_conservation", f"the {status.value} queue disagrees with request states")
-        if engine.arrivals is None and any(r is not None for r in engine.requests[engine.next_arrival:]):
+        if engine.arrivals is None and any(r is not None for r in engine.requests[engine.next_arrival:len(engine.trace)]):
             self.fail("request_conservation", "a request exists before its arrival")
 
     def _check_kv(self, engine: Engine) -> None:
@@ -254,11 +293,16 @@ class StepChecker:
         """A finished request generated min(its trace output length, its max_tokens) tokens (fewer
         only when it stopped at EOS): checked against the request and the trace, not against the
         engine's own target."""
-        want, n = min(engine.trace[r.req_id].output_tokens, r.max_tokens), len(r.output_ids)
+        if r.fork_of is None:
+            length = engine.trace[r.req_id].output_tokens
+        else:                               # sample k of its trace request: the trace's k-th fork length
+            t, parent = engine.trace[r.fork_of], engine.requests[r.fork_of]
+            length = fork_plan(t, engine.cfg.parallel_samples, engine.cfg.beam_width)[1][parent.forks.index(r)]
+        want, n = min(length, r.max_tokens), len(r.output_ids)
         eos = engine.cfg.stop_at_eos and r.output_ids and r.output_ids[-1] == engine.dataplane.eos_token_id
         if n > want or (n < want and not eos):
             self.fail("output_length", f"request {r.req_id} generated {n} tokens; max_tokens is {r.max_tokens} "
-                      f"and the trace's output length {engine.trace[r.req_id].output_tokens}")
+                      f"and the trace's output length {length}")
 
     def finish(self, engine: Engine, result: RunResult) -> None:
         if self.violation is not None:
@@ -284,7 +328,12 @@ class StepChecker:
                           f"out of order: {times}")
             if r.status is Status.FINISHED:
                 self._check_output_length(engine, r)
-            if r.status is Status.FINISHED and r.token_times[-1] != r.finish_time:
+            if r.status is Status.FINISHED and r.forks:     # done with its last sample
+                ends = [f.finish_time for f in (r, *r.forks) if f.status is Status.FINISHED]
+                if r.finish_time != max(ends) or r.finish_time < r.token_times[-1]:
+                    self.fail("causality", f"request {r.req_id} completed at {r.finish_time}, not when its "
+                              f"last sample did ({max(ends)})")
+            elif r.status is Status.FINISHED and r.token_times[-1] != r.finish_time:
                 self.fail("causality", f"request {r.req_id} completed at {r.finish_time}, "
                           "not at its last token")
         starts, durations = result.steps["clock"], result.steps["duration"]

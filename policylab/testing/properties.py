@@ -41,13 +41,15 @@ class Property:
 
 
 class SinglePhase(Property):
-    """prefill_first: a step is all prefill chunks or all decodes, never both."""
+    """prefill_first: a step is all prefill chunks or all decodes, never both (a running fork's
+    first token, the one prompt token it computes on its shared prompt, counts as a decode)."""
 
     name = "single_phase"
 
     def after_schedule(self, view, plan):
         sched = plan.num_scheduled_tokens
-        phases = {v.is_decode for v in (*view.running, *view.waiting) if v.req_id in sched}
+        phases = {v.is_decode or v.fork_of is not None and v.status == "running" and not v.num_output_tokens
+                  for v in (*view.running, *view.waiting) if v.req_id in sched}
         if len(phases) > 1:
             self.fail(f"step {view.step} mixes prefill chunks and decodes")
 

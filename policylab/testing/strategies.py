@@ -86,3 +86,24 @@ def lever_scenarios(draw, max_requests: int = 30, max_prompt: int = 200, max_out
                                  swap_overlap=draw(st.booleans()), prefix_host_blocks=prefix_host,
                                  prefix_disk_blocks=draw(st.sampled_from([0, 8])) if prefix_host else 0)
     return dataclasses.replace(scenario, engine=engine)
+
+
+@st.composite
+def fork_scenarios(draw, max_requests: int = 20, max_prompt: int = 200, max_output: int = 24) -> Scenario:
+    """`lever_scenarios` with parallel samples or beams: per request (`n` with its forks' lengths,
+    or `beam_width`), or for every request through the engine's overrides."""
+    import dataclasses
+    scenario = draw(lever_scenarios(max_requests, max_prompt, max_output))
+    trace = []
+    for t in scenario.trace:
+        kind = draw(st.sampled_from(["one", "samples", "beam"]))
+        if kind == "samples":
+            n = draw(st.integers(2, 4))
+            lengths = draw(st.sampled_from([(), tuple(draw(st.integers(1, max_output)) for _ in range(n - 1))]))
+            t = dataclasses.replace(t, n=n, fork_output_tokens=lengths)
+        elif kind == "beam":
+            t = dataclasses.replace(t, beam_width=draw(st.integers(2, 4)))
+        trace.append(t)
+    engine = dataclasses.replace(scenario.engine, parallel_samples=draw(st.sampled_from([0, 0, 0, 1, 3])),
+                                 beam_width=draw(st.sampled_from([0, 0, 0, 2])))
+    return dataclasses.replace(scenario, trace=tuple(trace), engine=engine)

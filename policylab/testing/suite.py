@@ -59,3 +59,42 @@ def test_invariants_with_kv_levers_on(policy_spec):
         engine = dataclasses.replace(scenario.engine, host_kv_blocks=24, prefix_cache="radix",
                                      prefix_host_blocks=8, prefix_disk_blocks=8)
         check_policy(policy_spec, dataclasses.replace(scenario, engine=engine))
+
+
+def forks_scenario(seed: int) -> Scenario:
+    """The KV-pressure burst with parallel samples: 1 to 4 per request, each its own length."""
+    base = pressure_scenario(seed)
+    trace = tuple(dataclasses.replace(t, n=1 + i % 4, fork_output_tokens=tuple(3 + 5 * j + i % 7 for j in range(i % 4)))
+                  for i, t in enumerate(base.trace))
+    return dataclasses.replace(base, trace=trace)
+
+
+def test_invariants_with_forks(policy_spec):
+    """Parallel samples under KV pressure: reference counts equal the tables holding each block,
+    no block is written while shared, nothing leaks at drain, every sample runs to its length."""
+    for seed in (0, 1):
+        scenario = forks_scenario(seed)
+        try:
+            check_policy(policy_spec, scenario)
+        except Exception as e:
+            e.add_note(reproduction(policy_spec, scenario))
+            raise
+
+
+def beams_scenario(seed: int) -> Scenario:
+    """The KV-pressure burst with beam search: widths 1 to 4, beams forked and replaced on the fly."""
+    base = pressure_scenario(seed)
+    return dataclasses.replace(base, trace=tuple(dataclasses.replace(t, beam_width=1 + (i + 1) % 4)
+                                                 for i, t in enumerate(base.trace)))
+
+
+def test_invariants_with_beams(policy_spec):
+    """Beam search under KV pressure: beams share every block when they fork or are replaced by
+    the best one, and every invariant of the forks holds."""
+    for seed in (0, 1):
+        scenario = beams_scenario(seed)
+        try:
+            check_policy(policy_spec, scenario)
+        except Exception as e:
+            e.add_note(reproduction(policy_spec, scenario))
+            raise

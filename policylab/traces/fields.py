@@ -137,6 +137,17 @@ def block_ids(value, file, line, field) -> tuple:
     return tuple(value)
 
 
+def fork_lengths(value, n: int, file, line, field) -> tuple:
+    """Output lengths of a request's samples beyond its first: none (each generates
+    `output_tokens`) or exactly n - 1 positive integers."""
+    if not isinstance(value, (list, tuple)):
+        raise TraceError(file, line, field, f"expected a list of output lengths, got {shown(value)}")
+    if value and len(value) != n - 1:
+        raise TraceError(file, line, field, f"expected {n - 1} output lengths (one per sample beyond the "
+                                            f"first, n={n}), got {len(value)}")
+    return tuple(positive_int(v, file, line, field) for v in value)
+
+
 def cell_number(cell: str, file, line, column) -> float:
     """A numeric CSV cell ('12', '12.0', '1e3'); text that is not a finite number is an error."""
     try:

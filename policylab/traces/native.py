@@ -2,7 +2,8 @@
 
 Required: `arrival_time` (s), `prompt_tokens`, `output_tokens`; optional: `client`, `priority`,
 `ttft_slo`, `tpot_slo`, `prefix_hashes`, `max_tokens`, `spec_acceptance` (a speculative draft's
-acceptance rate on the sim, in [0, 1]). Unknown keys are errors (a typo must not
+acceptance rate on the sim, in [0, 1]), `n` (parallel samples) and `fork_output_tokens` (the output
+lengths of samples 1..n-1), `beam_width`. Unknown keys are errors (a typo must not
 silently drop a field).
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ from policylab.traces.errors import TraceError
 from policylab.traces.raw import RawRequest
 
 REQUIRED = ("arrival_time", "prompt_tokens", "output_tokens")
-OPTIONAL = ("client", "priority", "ttft_slo", "tpot_slo", "prefix_hashes", "max_tokens", "spec_acceptance")
+OPTIONAL = ("client", "priority", "ttft_slo", "tpot_slo", "prefix_hashes", "max_tokens", "spec_acceptance", "n",
+            "fork_output_tokens", "beam_width")
 DEFAULTS = RawRequest(0.0, 1, 1)
 
 
@@ -38,6 +40,10 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
             raise TraceError(file, line, client_column, "missing (trace.client_column names it)")
         client = str(rec[client_column])
     max_tokens = rec.get("max_tokens")
+    n = F.positive_int(rec.get("n", 1), file, line, "n")
+    beam_width = F.positive_int(rec.get("beam_width", 1), file, line, "beam_width")
+    if n > 1 and beam_width > 1:
+        raise TraceError(file, line, "beam_width", f"a request has parallel samples (n={n}) or a beam, not both")
     return RawRequest(
         arrival_time=F.arrival(rec["arrival_time"], file, line, "arrival_time"),
         prompt_tokens=F.positive_int(rec["prompt_tokens"], file, line, "prompt_tokens"),
@@ -49,6 +55,9 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
         prefix_hashes=F.block_ids(rec.get("prefix_hashes", []), file, line, "prefix_hashes"),
         max_tokens=None if max_tokens is None else F.positive_int(max_tokens, file, line, "max_tokens"),
         spec_acceptance=F.optional_fraction(rec.get("spec_acceptance"), file, line, "spec_acceptance"),
+        n=n,
+        beam_width=beam_width,
+        fork_output_tokens=F.fork_lengths(rec.get("fork_output_tokens", []), n, file, line, "fork_output_tokens"),
     )
 
 
@@ -66,7 +75,7 @@ def record_of(r) -> dict:
     for key in OPTIONAL:
         value = getattr(r, key)
         if value != getattr(DEFAULTS, key):
-            rec[key] = list(value) if key == "prefix_hashes" else value
+            rec[key] = list(value) if key in ("prefix_hashes", "fork_output_tokens") else value
     return rec
 
 

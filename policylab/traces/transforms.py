@@ -190,6 +190,7 @@ def apply_transforms(reqs: list, cfg, seed: int, report: TraceReport) -> list:
             report.clipped_outputs += 1
             output = cfg.max_output_tokens
         out.append(TraceRequest((t - base) / cfg.rate_scale, prompt, output, client, r.priority, ttft, tpot,
-                                hashes, r.max_tokens, r.spec_acceptance))
+                                hashes, r.max_tokens, r.spec_acceptance, n=r.n,
+                                fork_output_tokens=r.fork_output_tokens, beam_width=r.beam_width))
     report.kept = len(out)
     return out
