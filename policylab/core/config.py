@@ -36,6 +36,8 @@ class EngineConfig:
     swap_bandwidth: Optional[float] = None  # bytes/s one way, overriding the preset's
     swap_latency: Optional[float] = None    # seconds per step that moves KV, overriding the preset's
     swap_overlap: bool = False              # the copy hides behind the step's compute (max, not sum)
+    tool_kv: str = "policy"                 # KV of a request paused for a tool call: policy (its
+                                            # on_tool_call hook) | keep | free | offload (forced)
 
 
 @dataclass
@@ -149,6 +151,8 @@ def check_engine_config(cfg: EngineConfig) -> None:
     if cfg.host_kv_blocks < 0:
         raise ValueError(f"engine.host_kv_blocks must be >= 0, got {cfg.host_kv_blocks}")
     make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
+    if cfg.tool_kv not in ("policy", "keep", "free", "offload"):
+        raise ValueError(f"engine.tool_kv must be one of policy, keep, free, offload, got '{cfg.tool_kv}'")
     if cfg.clock not in ("virtual", "wall"):
         raise ValueError(f"engine.clock must be 'virtual' or 'wall', got '{cfg.clock}'")
 

@@ -31,6 +31,7 @@ from policylab.core.request import (NO_TOKENS, Request, SamplingParams, Status, 
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.step_log import StepLog
 from policylab.core.swap import Swapper
+from policylab.core.tool_calls import ToolCalls, has_tool_calls
 
 
 class Engine:
@@ -77,6 +78,9 @@ class Engine:
         self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
         self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
+        self.tools = ToolCalls(self) if has_tool_calls(self.trace) else None   # requests that pause
+        if self.tools is not None:                                              # for tool calls
+            self._next_arrival_time = self.tools.next_event
 
     running = property(lambda self: self._running)
     waiting = property(lambda self: [self.requests[rid] for rid in self._waiting.ids()],
@@ -106,6 +110,8 @@ class Engine:
         result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks, self.kv.block_size, self.policy_name)
         if self.host.num_blocks:       # (filled as the run goes)
             result.kv_tiers = self.kv_stats
+        if self.tools is not None:
+            result.programs = self.tools
         return result
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
@@ -167,12 +173,16 @@ class Engine:
         while self.next_arrival < len(self.trace) and self.trace[self.next_arrival].arrival_time <= now:
             self._arrive(self.next_arrival)
             self.next_arrival += 1
+        if self.tools is not None:
+            self.tools.resume_due(now)
 
     def _arrive(self, i: int) -> None:
         t: TraceRequest = self.trace[i]
         cfg = self.cfg
         reason = never_fits(t.prompt_tokens, t.output_tokens, cfg.max_model_len, self.kv.num_blocks,
                             self.kv.block_size, t.max_tokens or cfg.max_tokens)   # by arithmetic: no token or hash
+        if self.tools is not None and not reason:
+            reason = self.tools.never_fits(t, cfg, self.kv)
         if reason:                       # is built for a request that can never run, however long its prompt
             ids = NO_TOKENS
         elif t.prompt_ids is not None:
@@ -185,6 +195,8 @@ class Engine:
                     t.tpot_slo, predict_output(cfg, self._rng, t.output_tokens), self.sampling)
         self.requests[i] = r
         self.target_len[i] = min(t.output_tokens, max_tokens)
+        if self.tools is not None:
+            self.tools.arrived(i)
         if reason:
             return self._reject(r, reason)
         if self.kv.prefix_caching:                   # 8 bytes a hash; none yet for a prompt of its
@@ -317,6 +329,8 @@ class Engine:
                 if not r.swapped_blocks:       # (a swapped request's hits are computed tokens it has)
                     r.num_computed_tokens = len(blocks) * bs
                     r.num_cached_tokens_total += r.num_computed_tokens
+        if self.tools is not None and starting:
+            self.tools.started(starting)
         ns = list(sched.values())
         ctxs = [r.num_computed_tokens for r in rs]
         for r, n, c in zip(rs, ns, ctxs):
@@ -367,6 +381,8 @@ class Engine:
             more, prefill_tokens, n_prefill = self._postprocess_requests(
                 step.requests, batch.query_lens[n:], batch.sample[n:], sampled[n:])
             finished += more
+        if self.tools is not None and finished:       # those at a tool call pause instead
+            finished = self.tools.pause_at_calls(finished, now)
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
             if self.before_release is not None:

@@ -23,6 +23,8 @@ class RunResult:
     error: str = ""
     traceback: str = ""              # of the exception that ended a partial run (none for Ctrl-C)
     kv_tiers: dict | None = None     # swap and KV-tier counters, when a host tier is configured
+    programs: object = None          # the run's ToolCalls (per-request and run counters), when
+                                     # the trace has tool calls
 
     @property
     def partial(self) -> bool:

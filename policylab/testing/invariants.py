@@ -17,6 +17,7 @@ from policylab.core.engine import Engine
 from policylab.core.result import RunResult
 from policylab.core.request import Status
 from policylab.testing.properties import InvariantViolation, build_properties
+from policylab.testing.tool_invariants import ToolCallChecks
 
 EPS = 1e-9
 
@@ -45,6 +46,7 @@ class StepChecker:
         self.chunk_sum: dict = {}       # req_id -> cached + chunk tokens since its (re)start
         self.swapped: dict = {}         # req_id -> (computed tokens, output ids) when swapped out
         self.clock, self.steps = 0.0, 0
+        self.tools = ToolCallChecks(self.fail)   # requests paused for tool calls
         self.plan = self.snaps = self.batch = None
 
     def fail(self, invariant: str, detail: str):
@@ -70,6 +72,7 @@ class StepChecker:
         self.snaps = {v.req_id: Snap(v.num_tokens, v.num_computed_tokens, v.num_output_tokens,
                                      v.num_cached_tokens, v.is_decode)
                       for lst in (view.running, view.waiting) for v in lst}
+        self.tools.views_hide_paused(view)
         decoding = {v.req_id for v in view.running if v.is_decode}
         full = {rid for rid in decoding if view.by_id[rid].num_computed_tokens % view.block_size == 0}
         if set(view.decoding) != decoding or view.decode_blocks_needed != len(full) \
@@ -85,7 +88,9 @@ class StepChecker:
         self.plan = plan
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             room = len(view.running) < view.max_num_seqs
-            if view.running or any(room and view.blocks_needed(v, 1) <= view.num_free_blocks
+            if self.tools.holding_memory():     # the engine waits for a tool's return (or frees kept KV)
+                pass
+            elif view.running or any(room and view.blocks_needed(v, 1) <= view.num_free_blocks
                                    for v in view.waiting):
                 self.fail("work_conservation", f"step {view.step}: empty plan with {len(view.running)} "
                           f"running, {len(view.waiting)} waiting, {view.num_free_blocks} free blocks")
@@ -106,6 +111,7 @@ class StepChecker:
     # --------------------------------------------------------------- checks
     def _check_batch(self, engine: Engine) -> None:
         b, cfg, bs = self.batch, self.cfg, engine.kv.block_size
+        self.tools.not_scheduled(b, self.snaps)
         if len(b) > cfg.max_num_seqs:
             self.fail("seq_cap", f"{len(b)} requests in a step > max_num_seqs={cfg.max_num_seqs}")
         if b.num_tokens > cfg.max_num_batched_tokens:
@@ -134,7 +140,8 @@ class StepChecker:
                     self.fail("chunks", f"request {rid}: cached + chunks != {s.num_tokens} tokens")
             self.next_ctx[rid] = ctx + n
             r = engine.requests[rid]
-            if r.num_computed_tokens != ctx + n or len(r.output_ids) != s.num_output + sample:
+            paused = r.status is Status.PAUSED         # (its KV as its tool call chose: checked there)
+            if not paused and r.num_computed_tokens != ctx + n or len(r.output_ids) != s.num_output + sample:
                 self.fail("chunks", f"request {rid}: engine state disagrees with the batch it ran")
 
     def _check_lifecycle(self, engine: Engine) -> None:
@@ -154,6 +161,12 @@ class StepChecker:
                 self.fail("lifecycle", f"request {rid} still runs with all its output tokens")
             if new is Status.REJECTED and not r.reject_reason:
                 self.fail("lifecycle", f"request {rid} rejected without a reason")
+            if old is Status.PAUSED:
+                self._check_tool_return(engine, r, new, ran)
+                continue
+            if new is Status.PAUSED and old is not Status.PAUSED:
+                self._check_tool_pause(engine, r, ran)
+                continue
             if new is old or old is None and new in (Status.WAITING, Status.REJECTED):
                 continue
             ok = {(Status.WAITING, Status.RUNNING): rid in ran,
@@ -174,6 +187,36 @@ class StepChecker:
                 self.chunk_sum.pop(rid, None)
             if old is Status.WAITING and new is not Status.REJECTED and rid in self.swapped:
                 self._check_resumed(r)
+
+    def _check_tool_pause(self, engine: Engine, r, ran: set) -> None:
+        """RUNNING -> PAUSED: it ran this step (the token that begins the call); its KV as chosen."""
+        if r.req_id not in ran:
+            self.fail("lifecycle", f"request {r.req_id} paused for a tool call without running")
+        self.tools.paused_now(engine, r)
+        choice = self.tools.paused[r.req_id][0]
+        if choice == "free":                 # recomputed from the prefix cache on resume
+            self.next_ctx.pop(r.req_id, None)
+            self.chunk_sum.pop(r.req_id, None)
+        else:                                # continues where it stopped
+            self.chunk_sum[r.req_id] = r.num_computed_tokens
+
+    def _check_tool_return(self, engine: Engine, r, new: Status, ran: set) -> None:
+        """PAUSED -> waiting, or on to running, paused again or finished by a step it ran in."""
+        if new is Status.PAUSED:
+            return self.tools.still_paused(engine, r)
+        if new is not Status.WAITING and r.req_id not in ran:
+            self.fail("lifecycle", f"request {r.req_id}: illegal transition paused -> {new.value}")
+        self.tools.resumed(engine, r)
+        if new is Status.PAUSED or new is Status.RUNNING or new is Status.FINISHED:
+            self.tools.kept_waiting.discard(r.req_id)
+
+    def _released_kept(self, engine: Engine) -> None:
+        """Kept KV the engine freed (the policy left it waiting with nothing more to come): it
+        restarts from the prefix cache."""
+        for rid in [rid for rid in self.tools.kept_waiting if not engine.requests[rid].block_table]:
+            self.tools.kept_waiting.discard(rid)
+            self.next_ctx.pop(rid, None)
+            self.chunk_sum.pop(rid, None)
 
     def _check_swapped_out(self, engine: Engine, r) -> None:
         """A swap victim holds no device block, keeps its computed tokens, and the host tier holds
@@ -198,7 +241,8 @@ class StepChecker:
         arrived = engine.requests[:engine.next_arrival]
         count = Counter(r.status for r in arrived)
         done = count[Status.FINISHED] + count[Status.REJECTED]
-        if done + count[Status.WAITING] + count[Status.RUNNING] != len(arrived) or engine.num_done != done:
+        if done + count[Status.WAITING] + count[Status.RUNNING] + count[Status.PAUSED] != len(arrived) \
+                or engine.num_done != done:
             self.fail("request_conservation", f"{len(arrived)} arrived != {dict(count)}")
         for queue, status in ((engine.waiting, Status.WAITING), (engine.running, Status.RUNNING)):
             if len(queue) != count[status] or any(r.status is not status for r in queue):
@@ -209,7 +253,13 @@ class StepChecker:
     def _check_kv(self, engine: Engine) -> None:
         kv = engine.kv
         held = Counter(b for r in engine.running for b in r.block_table)
-        if any(r.block_table for r in engine.waiting):
+        self._released_kept(engine)
+        held.update(self.tools.held_by_paused(engine))
+        for rid in [rid for rid in self.tools.kept_waiting if engine.requests[rid].status is Status.RUNNING]:
+            self.tools.kept_waiting.discard(rid)
+            held.subtract(engine.requests[rid].block_table)
+        held = +held
+        if any(r.block_table for r in engine.waiting if r.req_id not in self.tools.kept_waiting):
             self.fail("kv_conservation", "a waiting request holds KV blocks")
         refs = kv.refs
         wrong = [b for b in range(kv.num_blocks) if refs[b] != held.get(b, 0)]
@@ -224,6 +274,7 @@ class StepChecker:
         host = engine.host
         held = host.swapped()
         owners = {r.req_id: r.swapped_blocks for r in engine.waiting if r.swapped_blocks}
+        owners.update(self.tools.host_owners(engine))
         if host.num_used + host.num_free != host.num_blocks or len(set().union(*held.values())) != host.num_used \
                 or {rid: len(b) for rid, b in held.items()} != owners:
             self.fail("kv_conservation", f"host tier: used={host.num_used} free={host.num_free} "
@@ -237,7 +288,7 @@ class StepChecker:
         """A finished request generated min(its trace output length, its max_tokens) tokens (fewer
         only when it stopped at EOS): checked against the request and the trace, not against the
         engine's own target."""
-        want, n = min(engine.trace[r.req_id].output_tokens, r.max_tokens), len(r.output_ids)
+        want, n = min(engine.trace[r.req_id].output_tokens, r.max_tokens), len(r.token_times)
         eos = engine.cfg.stop_at_eos and r.output_ids and r.output_ids[-1] == engine.dataplane.eos_token_id
         if n > want or (n < want and not eos):
             self.fail("output_length", f"request {r.req_id} generated {n} tokens; max_tokens is {r.max_tokens} "
