@@ -248,7 +248,10 @@ class Engine:
         self._sampled, self._arrived = (), []      # told once                  checked is what runs
         validate_plan(view, plan, self.policy_name)
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
-            if self._running or self._next_arrival_time() is None:
+            stuck = self._running or self._next_arrival_time() is None
+            if stuck and self.tools is not None and self.tools.release_kept():
+                return None                 # kept KV the policy leaves idle is freed: ask again
+            if stuck:
                 raise ContractViolation(self.policy_name, "work_conservation",
                                         "empty plan while requests wait and nothing else can arrive "
                                         "or run; the replay would never end")

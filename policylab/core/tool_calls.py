@@ -65,8 +65,9 @@ def check_tool_calls(calls, output_tokens: int, where: str) -> None:
         if not 0 <= c.duration_s < math.inf:
             raise ValueError(f"{where}: tool_calls[{k}].duration_s must be a finite number of seconds "
                              f">= 0, got {c.duration_s}")
-        if c.result_tokens < 0:
-            raise ValueError(f"{where}: tool_calls[{k}].result_tokens must be >= 0, got {c.result_tokens}")
+        if c.result_tokens < 1:
+            raise ValueError(f"{where}: tool_calls[{k}].result_tokens must be >= 1 (a tool returns at least "
+                             f"one token), got {c.result_tokens}")
         last = c.after_tokens
 
 
@@ -113,7 +114,7 @@ class ToolCalls:
         self.paused: dict = {}       # req_id -> (its view, KV choice, tokens at the pause, computed tokens)
         self._returns: list = []     # heap of (return time, req_id)
         self._to_recompute: dict = {}   # req_id -> computed tokens freed at its pause (until it restarts)
-        self.per_request: dict = {}  # req_id -> [calls, seconds paused, tokens recomputed]
+        self.per_request: dict = {}  # req_id -> [calls, seconds paused, tokens recomputed, kept KV released]
         self.stats = {"tool_calls": 0, "kept": 0, "freed": 0, "offloaded": 0, "offload_fallbacks": 0,
                       "recomputed_tokens": 0, "offloaded_blocks": 0, "paused_time": 0.0, "kept_released": 0}
 
@@ -128,7 +129,7 @@ class ToolCalls:
         t = self.engine.trace[i]
         if t.tool_calls:
             self.reached[i] = self.tool_tokens[i] = 0
-            self.per_request[i] = [0, 0.0, 0]
+            self.per_request[i] = [0, 0.0, 0, 0]
             self.engine.target_len[i] = self._next_target(i)
 
     def _next_target(self, i: int) -> int:
@@ -140,28 +141,11 @@ class ToolCalls:
         return stop + self.tool_tokens[i]
 
     def next_event(self) -> float | None:
-        """When more work can come: the next arrival of the trace or the next tool return. When
-        nothing more can come while the policy leaves requests waiting with the KV they kept, that
-        KV is freed (they recompute): a policy that never schedules them cannot hold it forever."""
+        """When more work can come: the next arrival of the trace or the next tool return."""
         t = self.engine._next_trace_arrival()
         if self._returns:
             return self._returns[0][0] if t is None else min(t, self._returns[0][0])
-        if t is None and self._release_kept_waiting():
-            return self.engine.clock.now
         return t
-
-    def _release_kept_waiting(self) -> bool:
-        e, released = self.engine, False
-        for rid in list(e._waiting.ids()):
-            r = e.requests[rid]
-            if r.block_table and rid in self.reached:
-                lost = r.num_computed_tokens
-                e._release(r)
-                r.num_computed_tokens = 0
-                self._to_recompute[rid] = self._to_recompute.get(rid, 0) + lost
-                self.stats["kept_released"] += 1
-                released = True
-        return released
 
     def pause_at_calls(self, finished: list, now: float) -> list:
         """Of the requests that reached their target this step, those at a tool call pause (their
@@ -228,7 +212,9 @@ class ToolCalls:
         return choice
 
     def resume_due(self, now: float) -> None:
-        """Requests whose tool has returned by `now` take its tokens and join the waiting queue."""
+        """Requests whose tool has returned by `now` take its tokens and join the waiting queue in
+        front, as preempted requests do (work begun goes first; kept KV is memory only that
+        request can use): the policy schedules the prefill of the tool's tokens like any work."""
         e, returns, back = self.engine, self._returns, []
         while returns and returns[0][0] <= now:
             _, rid = heapq.heappop(returns)
@@ -239,13 +225,30 @@ class ToolCalls:
             r.output_ids.extend(int(x) for x in ids)
             self.tool_tokens[rid] += call.result_tokens
             e.target_len[rid] = self._next_target(rid)
-            r.status = Status.WAITING
             e.views[rid] = view
+            r.status = Status.WAITING
             back.append(rid)
             e._arrived.append(rid)
             e.asleep = False
-        if back:          # in front, as preempted requests: work begun goes first (and kept KV is
-            e._waiting.put_back(back)      # memory only that request can use)
+        if back:
+            e._waiting.put_back(back)
+
+    def release_kept(self) -> bool:
+        """Free the KV that waiting requests kept through their tool call (they recompute what the
+        prefix cache loses), when the policy's plan is empty and the replay could not go on
+        otherwise: a policy that never schedules them cannot hold that memory forever. Whether
+        anything was freed."""
+        e, released = self.engine, False
+        for rid in list(e._waiting.ids()):
+            r = e.requests[rid]
+            if r.block_table and rid in self.reached:
+                self._to_recompute[rid] = self._to_recompute.get(rid, 0) + r.num_computed_tokens
+                e._release(r)
+                r.num_computed_tokens = 0
+                self.stats["kept_released"] += 1
+                self.per_request[rid][3] += 1
+                released = True
+        return released
 
     def started(self, starting: list) -> None:
         """Requests just started: those freed at a tool call recompute what the cache lost."""

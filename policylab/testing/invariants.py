@@ -193,30 +193,27 @@ class StepChecker:
         if r.req_id not in ran:
             self.fail("lifecycle", f"request {r.req_id} paused for a tool call without running")
         self.tools.paused_now(engine, r)
-        choice = self.tools.paused[r.req_id][0]
-        if choice == "free":                 # recomputed from the prefix cache on resume
+        self._tool_chunks(r)
+
+    def _tool_chunks(self, r) -> None:
+        """Where a paused request's next chunk starts: from the prefix cache if its KV was freed,
+        where it stopped otherwise."""
+        if self.tools.paused[r.req_id][0] == "free":
             self.next_ctx.pop(r.req_id, None)
             self.chunk_sum.pop(r.req_id, None)
-        else:                                # continues where it stopped
+        else:
             self.chunk_sum[r.req_id] = r.num_computed_tokens
 
     def _check_tool_return(self, engine: Engine, r, new: Status, ran: set) -> None:
-        """PAUSED -> waiting, or on to running, paused again or finished by a step it ran in."""
+        """PAUSED -> waiting or running (kept KV), or on to running, paused again or finished by
+        a step it ran in."""
         if new is Status.PAUSED:
-            return self.tools.still_paused(engine, r)
+            if self.tools.still_paused(engine, r):
+                self._tool_chunks(r)
+            return
         if new is not Status.WAITING and r.req_id not in ran:
             self.fail("lifecycle", f"request {r.req_id}: illegal transition paused -> {new.value}")
         self.tools.resumed(engine, r)
-        if new is Status.PAUSED or new is Status.RUNNING or new is Status.FINISHED:
-            self.tools.kept_waiting.discard(r.req_id)
-
-    def _released_kept(self, engine: Engine) -> None:
-        """Kept KV the engine freed (the policy left it waiting with nothing more to come): it
-        restarts from the prefix cache."""
-        for rid in [rid for rid in self.tools.kept_waiting if not engine.requests[rid].block_table]:
-            self.tools.kept_waiting.discard(rid)
-            self.next_ctx.pop(rid, None)
-            self.chunk_sum.pop(rid, None)
 
     def _check_swapped_out(self, engine: Engine, r) -> None:
         """A swap victim holds no device block, keeps its computed tokens, and the host tier holds
@@ -253,12 +250,10 @@ class StepChecker:
     def _check_kv(self, engine: Engine) -> None:
         kv = engine.kv
         held = Counter(b for r in engine.running for b in r.block_table)
-        self._released_kept(engine)
+        for rid in self.tools.kept_released(engine):     # restarts from the prefix cache
+            self.next_ctx.pop(rid, None)
+            self.chunk_sum.pop(rid, None)
         held.update(self.tools.held_by_paused(engine))
-        for rid in [rid for rid in self.tools.kept_waiting if engine.requests[rid].status is Status.RUNNING]:
-            self.tools.kept_waiting.discard(rid)
-            held.subtract(engine.requests[rid].block_table)
-        held = +held
         if any(r.block_table for r in engine.waiting if r.req_id not in self.tools.kept_waiting):
             self.fail("kv_conservation", "a waiting request holds KV blocks")
         refs = kv.refs

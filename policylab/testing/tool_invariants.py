@@ -17,7 +17,7 @@ class ToolCallChecks:
     def __init__(self, fail):
         self.fail = fail
         self.paused: dict = {}       # req_id -> (choice, device blocks, tokens, computed, return time)
-        self.kept_waiting: set = set()   # resumed with their kept blocks, not yet running again
+        self.kept_waiting: set = set()   # resumed with the blocks they kept, not running yet
 
     def views_hide_paused(self, view) -> None:
         """No paused request is among the requests a policy sees."""
@@ -67,13 +67,15 @@ class ToolCallChecks:
         """Every step of the pause: the same KV as when it paused (kept: the very same blocks)."""
         choice, table, _, computed, _, k = self.paused[r.req_id]
         if engine.tools.reached[r.req_id] - 1 != k:      # resumed, ran and paused again in one step
-            self.resumed(engine, r)
-            return self.paused_now(engine, r)
+            self.resumed(engine, r, check_kv=False)
+            self.paused_now(engine, r)
+            return True
         if tuple(r.block_table) != table:
             self.fail("tool_calls", f"paused request {r.req_id}: its device blocks changed during the pause")
         self._holds_its_choice(engine, r, choice, computed)
+        return False
 
-    def resumed(self, engine, r) -> None:
+    def resumed(self, engine, r, check_kv: bool = True) -> None:
         """PAUSED -> anything else: not before its tool returned, with its tokens + the tool's."""
         rid = r.req_id
         choice, table, tokens, _, back, k = self.paused.pop(rid)
@@ -85,20 +87,28 @@ class ToolCallChecks:
         have = tuple(int(x) for x in r.token_ids(0, min(r.num_tokens, len(want))))
         if have != want:
             self.fail("tool_calls", f"request {rid} resumed with other tokens than its own and the tool's")
+        released = rid in engine.tools._to_recompute   # (release_kept: the replay could not go on)
+        if check_kv and choice == "keep" and not released and r.block_table[:len(table)] != list(table):
+            self.fail("tool_calls", f"request {rid} resumed without the blocks it kept")
         if choice == "keep" and r.status is Status.WAITING:
-            if tuple(r.block_table) != table:
-                self.fail("tool_calls", f"request {rid} resumed without the blocks it kept")
             self.kept_waiting.add(rid)
 
     def holding_memory(self) -> bool:
-        """Requests paused, or waiting with the KV they kept: an empty plan is the policy's choice
-        to wait for them (the engine idles until a tool returns)."""
-        return bool(self.paused or self.kept_waiting)
+        """Paused requests keep device blocks: an empty plan may be the policy's choice to wait for
+        them (the engine idles until a tool returns)."""
+        return any(entry[1] for entry in self.paused.values()) or bool(self.kept_waiting)
+
+    def kept_released(self, engine) -> list:
+        """Kept waiting requests whose KV the engine freed (`ToolCalls.release_kept`)."""
+        gone = [rid for rid in self.kept_waiting if not engine.requests[rid].block_table]
+        self.kept_waiting.difference_update(gone)
+        return gone
 
     def held_by_paused(self, engine) -> list:
-        """Device blocks held by requests out of the running list: paused kept ones and kept ones
-        waiting again."""
+        """Device blocks held by requests out of the running list: paused ones that kept theirs,
+        and kept ones waiting again (those running again leave `kept_waiting`)."""
         reqs = engine.requests
+        self.kept_waiting = {rid for rid in self.kept_waiting if reqs[rid].status is Status.WAITING}
         return [b for rid in (*self.paused, *self.kept_waiting) for b in reqs[rid].block_table]
 
     def host_owners(self, engine) -> dict:
