@@ -211,7 +211,7 @@ class ResultStream:
         flat = flat_token_times(table["token_times"].tolist())
         self._facts_parts.append(token_facts(table, flat, services=self._clients > 1))
         self._requests.write(requests_arrow(table, flat))
-        self._tables.append(table.drop(columns="token_times"))
+        self._tables.append(table.drop(columns=[c for c in ("token_times", "tool_gaps") if c in table.columns]))
         self._rows = stop
 
     def _write_steps(self, columns: dict, result: RunResult) -> None:

@@ -58,6 +58,15 @@ def fairness_line(fair: dict, windows: dict) -> str:
             f"{windows.get('windows')} contended); {whole}")
 
 
+def program_line(p: dict) -> str:
+    """Tool calls: job completion time, time paused, what became of the KV, tokens recomputed."""
+    jct, paused = p.get("jct") or {}, p.get("tool_time") or {}
+    return (f"{METRICS['programs.jct'].name} p50 {_num(jct.get('p50'), ',.3f')} s / p99 {_num(jct.get('p99'), ',.3f')} s "
+            f"(tools' time included; TTFT, TPOT, ITL, E2E exclude it); paused p50 {_num(paused.get('p50'), ',.3f')} s; "
+            f"{p.get('tool_calls', 0)} tool calls: KV kept {p.get('kept', 0)}, freed {p.get('freed', 0)}, "
+            f"offloaded {p.get('offloaded', 0)}; {p.get('recomputed_tokens', 0)} tokens recomputed")
+
+
 def print_summary(summary: dict, console: Console | None = None) -> None:
     """Compact end-of-run report: latency percentiles (ms), SLOs, throughput, rejections."""
     console = console or Console()
@@ -88,6 +97,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
                      "of prompt tokens served from cached blocks")
     if (fair.get("num_clients") or 0) > 1:
         overview.add_row("fairness", fairness_line(fair, summary.get("fairness_windows") or {}))
+    programs = summary.get("programs")
+    if programs:
+        overview.add_row("programs", program_line(programs))
     cluster = summary.get("cluster")
     if cluster:
         busy = ", ".join(f"{_num(100 * (r.get('utilization') or 0), '.0f')} %" for r in cluster["replicas"].values())

@@ -42,6 +42,8 @@ COLUMNS = (
     Shown("cluster.goodput_per_gpu", better="max", digits=3),
     Shown("kv_hierarchy.recomputed_tokens", better="min", digits=0),         # runs with a host KV tier
     Shown("kv_hierarchy.transfer_time", better="min", digits=3),
+    Shown("programs.jct", "p99", "s", "min", 3),                               # runs with tool calls
+    Shown("programs.recomputed_tokens", better="min", digits=0),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]

@@ -47,6 +47,7 @@ class ToolCallChecks:
         k = engine.tools.reached[rid] - 1
         back = engine.clock.now + engine.trace[rid].tool_calls[k].duration_s
         self.paused[rid] = (choice, tuple(r.block_table), tokens, computed, back, k)
+        self.kept_waiting.discard(rid)
 
     def _holds_its_choice(self, engine, r, choice: str, computed: int) -> None:
         rid, bs, host = r.req_id, engine.kv.block_size, engine.host
@@ -100,7 +101,8 @@ class ToolCallChecks:
 
     def kept_released(self, engine) -> list:
         """Kept waiting requests whose KV the engine freed (`ToolCalls.release_kept`)."""
-        gone = [rid for rid in self.kept_waiting if not engine.requests[rid].block_table]
+        reqs = engine.requests
+        gone = [rid for rid in self.kept_waiting if reqs[rid].status is Status.WAITING and not reqs[rid].block_table]
         self.kept_waiting.difference_update(gone)
         return gone
 

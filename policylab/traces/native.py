@@ -1,7 +1,8 @@
 """policylab native traces (DESIGN §9): one JSON object per line, validated while streaming.
 
 Required: `arrival_time` (s), `prompt_tokens`, `output_tokens`; optional: `client`, `priority`,
-`ttft_slo`, `tpot_slo`, `prefix_hashes`, `max_tokens`. Unknown keys are errors (a typo must not
+`ttft_slo`, `tpot_slo`, `prefix_hashes`, `max_tokens`, `tool_calls` (policylab.traces.tool_calls).
+Unknown keys are errors (a typo must not
 silently drop a field).
 """
 from __future__ import annotations
@@ -16,9 +17,10 @@ from policylab.core.request import TraceRequest
 import policylab.traces.fields as F
 from policylab.traces.errors import TraceError
 from policylab.traces.raw import RawRequest
+from policylab.traces.tool_calls import parse_tool_calls, record_of_calls
 
 REQUIRED = ("arrival_time", "prompt_tokens", "output_tokens")
-OPTIONAL = ("client", "priority", "ttft_slo", "tpot_slo", "prefix_hashes", "max_tokens")
+OPTIONAL = ("client", "priority", "ttft_slo", "tpot_slo", "prefix_hashes", "max_tokens", "tool_calls")
 DEFAULTS = RawRequest(0.0, 1, 1)
 
 
@@ -37,16 +39,18 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
             raise TraceError(file, line, client_column, "missing (trace.client_column names it)")
         client = str(rec[client_column])
     max_tokens = rec.get("max_tokens")
+    output_tokens = F.positive_int(rec["output_tokens"], file, line, "output_tokens")
     return RawRequest(
         arrival_time=F.arrival(rec["arrival_time"], file, line, "arrival_time"),
         prompt_tokens=F.positive_int(rec["prompt_tokens"], file, line, "prompt_tokens"),
-        output_tokens=F.positive_int(rec["output_tokens"], file, line, "output_tokens"),
+        output_tokens=output_tokens,
         client=F.text(client, file, line, "client"),
         priority=F.integer(rec.get("priority", 0), file, line, "priority"),
         ttft_slo=F.optional_seconds(rec.get("ttft_slo"), file, line, "ttft_slo"),
         tpot_slo=F.optional_seconds(rec.get("tpot_slo"), file, line, "tpot_slo"),
         prefix_hashes=F.block_ids(rec.get("prefix_hashes", []), file, line, "prefix_hashes"),
         max_tokens=None if max_tokens is None else F.positive_int(max_tokens, file, line, "max_tokens"),
+        tool_calls=parse_tool_calls(rec["tool_calls"], output_tokens, file, line) if "tool_calls" in rec else (),
     )
 
 
@@ -64,7 +68,8 @@ def record_of(r) -> dict:
     for key in OPTIONAL:
         value = getattr(r, key)
         if value != getattr(DEFAULTS, key):
-            rec[key] = list(value) if key == "prefix_hashes" else value
+            rec[key] = list(value) if key == "prefix_hashes" else record_of_calls(value) \
+                if key == "tool_calls" else value
     return rec
 
 
