@@ -12,9 +12,9 @@ arrival among equals, is preempted first. Batching is `chunked`'s (decodes first
 `chunk_size` budget). So short programs and programs early in their life overtake long
 ones, which approximates shortest-job-first without knowing any job's length; discrete
 levels keep programs of similar service in FCFS order instead of thrashing between them.
-At a tool call it keeps the KV of a level-0 program (it will be scheduled first when its
-tool returns) or when nobody waits, and otherwise offloads it to the host tier when that
-has room, else frees it (the default rule of `Policy.on_tool_call`).
+At a tool call its KV is handled by the default rule of `Policy.on_tool_call` (offload
+when the host tier has room, else keep while nobody waits, else free): keeping it would hold
+memory while programs with less service are admitted ahead of it (docs/tool-calls.md).
 Sources: Luo et al., "Autellix: An Efficient Serving Engine for LLM Agents as General
 Programs", 2025 (§4.2 PLAS, discretized multi-level queues); Abdelkader et al., InferCept
 (ICML'24) for the KV choice at a call.
@@ -25,7 +25,6 @@ import math
 from typing import Iterable
 
 from policylab import RequestView, SchedulerView, StepPlan
-from policylab.core.tool_calls import default_tool_kv
 from policies.chunked import Chunked
 
 
@@ -65,7 +64,3 @@ class ProgramLeastAttainedService(Chunked):
     def on_finished(self, v: RequestView) -> None:
         self.service.pop(v.req_id, None)
 
-    def on_tool_call(self, view: SchedulerView, v: RequestView, call) -> str:
-        if self.level(v) == 0:
-            return "keep"
-        return default_tool_kv(view, v, call)

@@ -102,9 +102,14 @@ def test_the_policy_hook_decides_unless_the_config_forces_a_choice():
         replay("policy", policy=lambda: _Chooses("discard"))
 
 
-def test_the_default_hook_keeps_when_nobody_waits():
+def test_the_default_hook_offloads_if_it_can_else_keeps_when_nobody_waits_else_frees():
     alone = (TraceRequest(0.0, 40, 30, tool_calls=(ToolCall(10, 0.5, 5),)),)
-    assert replay("policy", trace=alone).programs.stats["kept"] == 1
+    assert replay("policy", trace=alone).programs.stats["offloaded"] == 1
+    no_host = dataclasses.replace(CFG, host_kv_blocks=0)
+    assert replay("policy", no_host, trace=alone).programs.stats["kept"] == 1
+    crowd = alone + tuple(TraceRequest(0.001, 300, 30) for _ in range(12))   # they wait behind it
+    stats = replay("policy", dataclasses.replace(no_host, max_num_seqs=1), trace=crowd).programs.stats
+    assert stats["freed"] == 1
 
 
 def test_latencies_exclude_tool_time_and_jct_includes_it():

@@ -78,14 +78,15 @@ def has_tool_calls(trace) -> bool:
 def default_tool_kv(view, request, call) -> str:
     """What `Policy.on_tool_call` chooses unless a policy says otherwise.
 
-    keep while nobody waits (the memory it holds is wanted by no one, and resuming costs
-    nothing); otherwise offload when the host tier has room for its blocks (a copy each way
-    over the link costs far less than recomputing any context of more than a few blocks);
-    otherwise free (recompute on resume: nothing else gives its memory back)."""
+    offload when the host tier has room for its blocks: the copy each way costs milliseconds
+    over the link (`engine.swap_link`), far less than a tool's duration, and the device memory
+    is free for others meanwhile; else keep while nobody waits (the memory it holds is wanted by
+    no one, and resuming costs nothing); else free (recompute on resume: nothing else gives its
+    memory back). docs/tool-calls.md measures the three under KV pressure."""
+    if view.num_total_host_blocks and view.num_free_host_blocks >= view.host_blocks_needed(request):
+        return "offload"
     if not view.waiting:
         return "keep"
-    if view.num_free_host_blocks >= view.host_blocks_needed(request):
-        return "offload"
     return "free"
 
 
