@@ -7,7 +7,7 @@ seeded by the run seed, so each seed is a replicate with other tool timings). It
 the sim plane (Llama-3-8B shape on an H100) with a KV cache too small for every paused
 request to keep its blocks, and a host tier that holds them all, under `engine.tool_kv` =
 keep | free | offload (forced) and policy (the policy's `on_tool_call`, here its default
-rule), for chunked (FCFS) and plas. For each: job completion time p50/p99 (tools' time
+rule), and policy without a host tier, for chunked (FCFS) and plas. For each: job completion time p50/p99 (tools' time
 included), TTFT p99, tokens recomputed because KV was freed, blocks offloaded, mean ± 95 %
 half-width over the seeds.
 Usage: python experiments/tool_kv_check.py [--seeds 3] [--rate 3] [--blocks 600] [--duration 1.0] [--out DIR]
@@ -62,18 +62,18 @@ def main_check() -> None:
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="tool_kv_"))
     common = [f"trace.rate_scale={a.rate}", f"trace.max_requests={a.requests}", f"engine.num_blocks={a.blocks}",
-              "engine.host_kv_blocks=20000",
               f"+trace.tool_calls={{calls: 2, duration_s: {a.duration}, result_tokens: 64}}"]
     print(f"trace=poisson ({a.requests} requests) x rate_scale {a.rate}, 2 tool calls each (mean {a.duration} s, "
-          f"64 tokens), {a.blocks} KV blocks, host tier 20000 blocks; {a.seeds} seeds; run dirs under {out}\n")
+          f"64 tokens), {a.blocks} KV blocks, host tier 20000 blocks (none where the row says so); {a.seeds} seeds; run dirs under {out}\n")
     print("| policy | tool_kv | JCT p50 (s) | JCT p99 (s) | TTFT p99 (ms) | recomputed tokens | "
           "blocks offloaded | kept / freed / offloaded |")
     print("|---|---|---|---|---|---|---|---|")
     for policy in ("chunked", "plas"):
-        for mode in ("keep", "free", "offload", "policy"):
-            rows = [run(out, f"{policy}_{mode}_{seed}", [f"policy={policy}", f"engine.tool_kv={mode}",
-                                                          f"seed={seed}", *common])
-                    for seed in range(a.seeds)]
+        for mode in ("keep", "free", "offload", "policy", "policy, no host tier"):
+            extra = ["engine.tool_kv=policy", "engine.host_kv_blocks=0"] if mode.endswith("no host tier") else \
+                [f"engine.tool_kv={mode}", "engine.host_kv_blocks=20000"]
+            rows = [run(out, f"{policy}_{mode.replace(', ', '_').replace(' ', '-')}_{seed}",
+                        [f"policy={policy}", *common, *extra, f"seed={seed}"]) for seed in range(a.seeds)]
             bad = [r for r in rows if r["counts"]["finished"] != r["counts"]["requests"]]
             p = [r["programs"] for r in rows]
             split = " / ".join(f"{sum(x[k] for x in p) / len(p):,.0f}" for k in ("kept", "freed", "offloaded"))

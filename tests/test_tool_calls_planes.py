@@ -96,3 +96,11 @@ def test_a_bad_tool_kv_setting_is_one_clear_error(tmp_path, capsys):
               "engine.tool_kv=discard"])
     err = capsys.readouterr().err
     assert "engine.tool_kv must be one of" in err and "Traceback" not in err
+
+
+def test_a_cluster_refuses_tool_calls_in_one_line(tmp_path, capsys):
+    from policylab.apps.cli import main
+    with pytest.raises(SystemExit):
+        main(["run", *COMMON, f"hydra.run.dir={tmp_path}", "trace=toolagent", "dataplane=sim", "cluster.replicas=2"])
+    err = capsys.readouterr().err
+    assert "tool calls are not supported on a cluster" in err and "Traceback" not in err

@@ -118,6 +118,8 @@ class Engine:
         """Make this engine a replica: requests come only through `deliver`/`receive_prefilled`. When
         its policy waits, `next_event_time()` is when more can come: a time (it idles until then),
         math.inf (it sleeps until a delivery wakes it) or None (never: work conservation broken)."""
+        if self.tools is not None:
+            raise ValueError("tool calls are not supported on a cluster yet: replay the trace on one engine")
         self.next_arrival = len(self.trace)
         self._next_arrival_time = next_event_time
 
