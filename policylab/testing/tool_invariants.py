@@ -33,7 +33,7 @@ class ToolCallChecks:
 
     def paused_now(self, engine, r) -> None:
         """RUNNING -> PAUSED: its KV is what the choice says, its tokens are recorded."""
-        rid, bs = r.req_id, engine.kv.block_size
+        rid = r.req_id
         entry = engine.tools.paused.get(rid)
         if entry is None:
             self.fail("tool_calls", f"request {rid} is paused but the engine has no tool call for it")
