@@ -104,3 +104,13 @@ def test_a_cluster_refuses_tool_calls_in_one_line(tmp_path, capsys):
         main(["run", *COMMON, f"hydra.run.dir={tmp_path}", "trace=toolagent", "dataplane=sim", "cluster.replicas=2"])
     err = capsys.readouterr().err
     assert "tool calls are not supported on a cluster" in err and "Traceback" not in err
+
+
+def test_python_api_composes_a_tool_call_run_in_process(tmp_path):
+    import policylab
+    run = policylab.replay("plas", "toolagent", dir=tmp_path, dataplane="sim", logger="none", plots="false",
+                           progress="false", engine={"tool_kv": "offload", "host_kv_blocks": 4000})
+    assert run.status == "complete"
+    p = run.summary["programs"]
+    assert p["offloaded"] == p["tool_calls"] > 0 and p["recomputed_tokens"] == 0
+    assert (run.requests["jct"] >= run.requests["e2e"]).all()
