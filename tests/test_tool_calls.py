@@ -206,3 +206,17 @@ def test_the_transform_adds_seeded_calls_to_any_trace():
         add_tool_calls(outputs, {"calls": 0}, np.random.default_rng(0))
     with pytest.raises(TraceError, match=r"trace.tool_calls.wait"):
         add_tool_calls(outputs, {"wait": 1}, np.random.default_rng(0))
+
+
+def test_a_running_request_short_of_kv_held_by_a_paused_one_waits_for_the_tool_not_a_violation():
+    """A paused request keeps half the cache; a long prompt runs out of blocks mid-prefill and
+    the policy's plan is empty: the engine waits for the tool, then frees the kept KV (that
+    request waits behind the prefill), and both finish."""
+    trace = (TraceRequest(0.0, 40, 10, tool_calls=(ToolCall(2, 0.5, 8),)), TraceRequest(0.01, 80, 5))
+    cfg = EngineConfig(block_size=8, num_blocks=12, max_num_batched_tokens=16, max_num_seqs=4, max_model_len=256,
+                       tool_kv="keep")
+    result = run_checked(lambda: Chunked(chunk_size=16), Scenario(trace, cfg))
+    assert result.status == "complete", result.error
+    assert result.programs.stats["kept"] == 1 and result.programs.stats["kept_released"] == 1
+    a, b = result.requests
+    assert b.token_times[0] > a.token_times[1] + 0.5                   # it waited for the tool's return

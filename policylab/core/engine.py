@@ -251,8 +251,8 @@ class Engine:
         validate_plan(view, plan, self.policy_name)
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             stuck = self._running or self._next_arrival_time() is None
-            if stuck and self.tools is not None and self.tools.release_kept():
-                return None                 # kept KV the policy leaves idle is freed: ask again
+            if stuck and self.tools is not None and self.tools.unstick():
+                return None                 # kept KV freed, or a tool's return awaited: ask again
             if stuck:
                 raise ContractViolation(self.policy_name, "work_conservation",
                                         "empty plan while requests wait and nothing else can arrive "

@@ -234,6 +234,18 @@ class ToolCalls:
         if back:
             e._waiting.put_back(back)
 
+    def unstick(self) -> bool:
+        """The policy's plan is empty with requests running, or with nothing more to arrive:
+        free the KV that waiting requests kept (`release_kept`), else, while paused requests hold
+        the memory the running ones need, wait for the next tool to return. Whether the replay
+        can go on."""
+        if self.release_kept():
+            return True
+        if self._returns:
+            self.engine.clock.idle_until(self._returns[0][0])
+            return True
+        return False
+
     def release_kept(self) -> bool:
         """Free the KV that waiting requests kept through their tool call (they recompute what the
         prefix cache loses), when the policy's plan is empty and the replay could not go on
