@@ -112,7 +112,7 @@ class ToolCalls:
                 check_tool_calls(t.tool_calls, t.output_tokens, f"trace request {i}")
         self.reached: dict = {}      # req_id -> calls begun so far
         self.tool_tokens: dict = {}  # req_id -> tool result tokens appended
-        self.paused: dict = {}       # req_id -> (its view, KV choice, tokens at the pause, computed tokens)
+        self.paused: dict = {}       # req_id -> (its view, KV choice, computed tokens at the pause)
         self._returns: list = []     # heap of (return time, req_id)
         self._to_recompute: dict = {}   # req_id -> computed tokens freed at its pause (until it restarts)
         self.per_request: dict = {}  # req_id -> [calls, seconds paused, tokens recomputed, kept KV released]
@@ -175,7 +175,6 @@ class ToolCalls:
         if choice == "offload" and e.host.num_free < -(-r.num_computed_tokens // e.kv.block_size):
             choice = "free"
             self.stats["offload_fallbacks"] += 1
-        tokens = tuple(int(x) for x in r.token_ids(0, r.num_tokens))
         computed = r.num_computed_tokens
         if e._decoding.pop(rid, 0) is None:
             e._decode_facts = None
@@ -191,7 +190,7 @@ class ToolCalls:
             self._to_recompute[rid] = computed
         r.status = Status.PAUSED
         del e.views[rid]
-        self.paused[rid] = (view, choice, tokens, computed)
+        self.paused[rid] = (view, choice, computed)
         self.reached[rid] += 1
         self.per_request[rid][0] += 1
         self.per_request[rid][1] += call.duration_s
@@ -219,7 +218,7 @@ class ToolCalls:
         e, returns, back = self.engine, self._returns, []
         while returns and returns[0][0] <= now:
             _, rid = heapq.heappop(returns)
-            view, _, _, _ = self.paused.pop(rid)
+            view, _, _ = self.paused.pop(rid)
             r, call = e.requests[rid], e.trace[rid].tool_calls[self.reached[rid] - 1]
             ids = tool_result_ids(e.seed, rid, self.reached[rid] - 1, call.result_tokens,
                                   e.dataplane.vocab_size)
