@@ -16,7 +16,8 @@ from policylab.testing import InvariantViolation, check_policy, run_checked
 from policylab.testing.strategies import lever_scenarios, scenarios
 from policylab.testing.suite import (pressure_scenario, pytest_generate_tests,  # noqa: F401
                                      test_invariants_on_generated_scenarios,
-                                     test_invariants_under_kv_pressure, test_invariants_with_kv_levers_on)
+                                     test_invariants_under_kv_pressure, test_invariants_with_kv_levers_on,
+                                     test_invariants_with_tool_calls)
 
 
 VARIANTS = {   # parameter settings the shipped YAMLs do not use

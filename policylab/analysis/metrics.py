@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from policylab.core.speculative import spec_summary
+from policylab.analysis.program_metrics import add_program_columns, less_tool_time, program_summary
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import STEP_FIELDS, RunResult
 from policylab.analysis import counted as counted_values
@@ -69,11 +70,14 @@ def request_table(result: RunResult, slo: SloConfig, start: int = 0, stop: int |
     df["queueing_delay"] = df["first_scheduled_time"].to_numpy() - arrival
     df["slo_met"] = finished & (ttft <= df["ttft_slo"].to_numpy()) & (
         (generated <= 1) | (tpot <= df["tpot_slo"].to_numpy()))
-    return add_sessions(add_placement(df[["req_id", "client", "priority", "arrival_time", "prompt_tokens", "output_tokens",
-                             "generated_tokens", "status", "reason", "first_scheduled_time",
-                             "first_token_time", "finish_time", *LATENCIES, "preemptions", "cached_tokens",
-                             "ttft_slo", "tpot_slo", "slo_met", "token_times"]], result, start, stop),
-                        result, start, stop)
+    table = add_sessions(add_placement(df[["req_id", "client", "priority", "arrival_time", "prompt_tokens", "output_tokens",
+                                           "generated_tokens", "status", "reason", "first_scheduled_time",
+                                           "first_token_time", "finish_time", *LATENCIES, "preemptions", "cached_tokens",
+                                           "ttft_slo", "tpot_slo", "slo_met", "token_times"]], result, start, stop),
+                         result, start, stop)
+    if getattr(result, "programs", None) is not None:      # tool calls: tool time is not serving time
+        add_program_columns(table, result, start, stop)
+    return table
 
 
 def _request_row(t, r) -> tuple:
@@ -164,7 +168,8 @@ def token_facts(table: pd.DataFrame, flat: tuple | None = None, services: bool |
     client has no service difference to measure, and they cost a sort of every token time."""
     token_time, token_row = flat or flat_token_times(table["token_times"].tolist())
     finished = (table["status"] == "finished").to_numpy()
-    itl = np.diff(token_time)[(token_row[1:] == token_row[:-1]) & finished[token_row[1:]]]
+    itl = less_tool_time(np.diff(token_time), token_row, table)[(token_row[1:] == token_row[:-1])
+                                                                 & finished[token_row[1:]]]
     names, client = np.unique(table["client"].to_numpy(dtype=str), return_inverse=True)
     if not (names.size > 1 if services is None else services):
         return TokenFacts(counted_values.counted(itl), np.zeros(0), np.zeros(0, dtype=str), np.zeros(0))
@@ -240,6 +245,8 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         summary["speculative"] = speculative
     if getattr(result, "forks", None) is not None:   # parallel samples (copy-on-write forks)
         summary["forks"] = forks_summary(result.forks, result.requests, len(result.trace), makespan)
+    if "jct" in df.columns:                    # the trace has tool calls
+        summary["programs"] = program_summary(df, result, distribution)
     if isinstance(result, ClusterResult):
         summary["router"] = result.router
         summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"],

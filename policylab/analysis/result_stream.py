@@ -215,6 +215,8 @@ class ResultStream:
         table = request_table(source, self.slo, self._rows, stop)
         flat = flat_token_times(table["token_times"].tolist())
         self._facts_parts.append(token_facts(table, flat, services=self._clients > 1))
+        if "tool_gaps" in table.columns:         # (for ITL only: the calls are in the trace)
+            table = table.drop(columns="tool_gaps")
         self._requests.write(requests_arrow(table, flat))
         self._tables.append(table.drop(columns="token_times"))
         self._rows = stop

@@ -66,6 +66,13 @@ def session_line(sessions: dict) -> str:
     return (f"{sessions['completed']} of {sessions['count']} completed, session time p50 "
             f"{_num(done.get('p50'), ',.2f')} s / p99 {_num(done.get('p99'), ',.2f')} s; TTFT p50 (ms) {ttft}. "
             f"{sessions['mode']}")
+def program_line(p: dict) -> str:
+    """Tool calls: job completion time, time paused, what became of the KV, tokens recomputed."""
+    jct, paused = p.get("jct") or {}, p.get("tool_time") or {}
+    return (f"{METRICS['programs.jct'].name} p50 {_num(jct.get('p50'), ',.3f')} s / p99 {_num(jct.get('p99'), ',.3f')} s "
+            f"(tools' time included; TTFT, TPOT, ITL, E2E exclude it); paused p50 {_num(paused.get('p50'), ',.3f')} s; "
+            f"{p.get('tool_calls', 0)} tool calls: KV kept {p.get('kept', 0)}, freed {p.get('freed', 0)}, "
+            f"offloaded {p.get('offloaded', 0)}; {p.get('recomputed_tokens', 0)} tokens recomputed")
 
 
 def print_summary(summary: dict, console: Console | None = None) -> None:
@@ -102,6 +109,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     if spec:
         overview.add_row("speculation", f"{spec['proposed_tokens']} drafts, {_num(100 * spec['acceptance_rate'], '.1f')} "
                          f"% accepted, {_num(spec['tokens_per_step'], '.2f')} tokens per verifying step")
+    programs = summary.get("programs")
+    if programs:
+        overview.add_row("programs", program_line(programs))
     cluster = summary.get("cluster")
     if cluster:
         busy = ", ".join(f"{_num(100 * (r.get('utilization') or 0), '.0f')} %" for r in cluster["replicas"].values())

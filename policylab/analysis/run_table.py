@@ -50,6 +50,8 @@ COLUMNS = (
     Shown("kv_hierarchy.disk_hit_rate", unit="%", better="max", digits=1),
     Shown("kv_hierarchy.host_transfer_time", better="min", digits=3),
     Shown("kv_hierarchy.disk_transfer_time", better="min", digits=3),
+    Shown("programs.jct", "p99", "s", "min", 3),                               # runs with tool calls
+    Shown("programs.recomputed_tokens", better="min", digits=0),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]

@@ -29,10 +29,19 @@ def vllm_setup(cfg: RunConfig):
     return setup_from_config(cfg.engine, cfg.model, cfg.dataplane, cfg.seed)
 
 
+def refuse_tool_calls(trace) -> None:
+    """vLLM's engine has no request that pauses mid-generation and resumes with new tokens."""
+    calls = sum(1 for t in trace if t.tool_calls)
+    if calls:
+        raise RunError(f"dataplane=vllm does not support tool calls ({calls} requests of this trace pause for "
+                       "one): replay it with dataplane=sim or dataplane=torch (docs/tool-calls.md)")
+
+
 def replay_on_vllm(cfg: RunConfig, trace, on_request_done=None):
     """(RunResult, extra summary fields) of one replay through vLLM."""
     if getattr(trace, "sessions", None) is not None:
         raise RunError(CLOSED_LOOP_REFUSED)
+    refuse_tool_calls(trace)
     import vllm
 
     from policylab.integrations.vllm.replay import replay_trace
@@ -55,6 +64,7 @@ def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     refusal = vllm_refusal(trace, cfg.engine.parallel_samples, cfg.engine.beam_width)
     if refusal:                          # before vLLM loads or any file is written
         raise RunError(refusal)
+    refuse_tool_calls(trace)
     vllm_setup(cfg)
     tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
     results = ResultStream(run_dir, sorted(trace, key=lambda t: t.arrival_time), cfg)

@@ -43,6 +43,8 @@ class EngineConfig:
     prefix_disk_path: Optional[str] = None  # torch plane: directory of the disk tier's file (None: temp dir)
     parallel_samples: int = 0               # samples per request, overriding the trace's `n` (0: the trace's)
     beam_width: int = 0                     # beams per request, overriding the trace's `beam_width` (0: the trace's)
+    tool_kv: str = "policy"                 # KV of a request paused for a tool call: policy (its
+                                            # on_tool_call hook) | keep | free | offload (forced)
 
 
 @dataclass
@@ -168,6 +170,8 @@ def check_engine_config(cfg: EngineConfig) -> None:
         raise ValueError(f"engine.host_kv_blocks must be >= 0, got {cfg.host_kv_blocks}")
     make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
     check_tier_config(cfg)
+    if cfg.tool_kv not in ("policy", "keep", "free", "offload"):
+        raise ValueError(f"engine.tool_kv must be one of policy, keep, free, offload, got '{cfg.tool_kv}'")
     if cfg.clock not in ("virtual", "wall"):
         raise ValueError(f"engine.clock must be 'virtual' or 'wall', got '{cfg.clock}'")
 

@@ -34,6 +34,7 @@ from policylab.core.result import RunResult, mark_partial
 from policylab.core.speculative import Speculation
 from policylab.core.step_log import StepLog
 from policylab.core.swap import Swapper
+from policylab.core.tool_calls import ToolCalls, has_tool_calls
 
 
 class Engine:
@@ -85,6 +86,9 @@ class Engine:
         self.speculation = Speculation(self)    # steps that verify draft tokens (StepPlan.spec_tokens)
         self.forks = Forks(self, cfg.parallel_samples, cfg.beam_width) \
             if uses_forks(self.trace, cfg.parallel_samples, cfg.beam_width) else None   # parallel samples, beams
+        self.tools = ToolCalls(self) if has_tool_calls(self.trace) else None   # requests that pause
+        if self.tools is not None:                                              # for tool calls
+            self._next_arrival_time = self.tools.next_event
 
     running = property(lambda self: self._running)
     waiting = property(lambda self: [self.requests[rid] for rid in self._waiting.ids()],
@@ -118,12 +122,16 @@ class Engine:
         result.speculative = self.speculation.stats
         if self.forks is not None:     # parallel samples: their counters
             result.forks = self.forks.stats
+        if self.tools is not None:
+            result.programs = self.tools
         return result
 
     def take_arrivals_from(self, next_event_time: Callable[[], Optional[float]]) -> None:
         """Make this engine a replica: requests come only through `deliver`/`receive_prefilled`. When
         its policy waits, `next_event_time()` is when more can come: a time (it idles until then),
         math.inf (it sleeps until a delivery wakes it) or None (never: work conservation broken)."""
+        if self.tools is not None:
+            raise ValueError("tool calls are not supported on a cluster yet: replay the trace on one engine")
         self.next_arrival = len(self.trace)
         self._next_arrival_time = next_event_time
 
@@ -190,12 +198,16 @@ class Engine:
         while self.next_arrival < len(self.trace) and self.trace[self.next_arrival].arrival_time <= now:
             self._arrive(self.next_arrival)
             self.next_arrival += 1
+        if self.tools is not None:
+            self.tools.resume_due(now)
 
     def _arrive(self, i: int) -> None:
         t: TraceRequest = self.trace[i]
         cfg = self.cfg
         reason = never_fits(t.prompt_tokens, t.output_tokens, cfg.max_model_len, self.kv.num_blocks,
                             self.kv.block_size, t.max_tokens or cfg.max_tokens)   # by arithmetic: no token or hash
+        if self.tools is not None and not reason:
+            reason = self.tools.never_fits(t, cfg, self.kv)
         if reason:                       # is built for a request that can never run, however long its prompt
             ids = NO_TOKENS
         elif t.prompt_ids is not None:
@@ -208,6 +220,8 @@ class Engine:
                     t.tpot_slo, predict_output(cfg, self._rng, t.output_tokens), self.sampling)
         self.requests[i] = r
         self.target_len[i] = min(t.output_tokens, max_tokens)
+        if self.tools is not None:
+            self.tools.arrived(i)
         if reason:
             return self._reject(r, reason)
         if self.kv.prefix_caching:                   # 8 bytes a hash; none yet for a prompt of its
@@ -265,7 +279,10 @@ class Engine:
         self._sampled, self._arrived = (), []      # told once                  checked is what runs
         validate_plan(view, plan, self.policy_name)
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
-            if self._running or self._next_arrival_time() is None:
+            stuck = self._running or self._next_arrival_time() is None
+            if stuck and self.tools is not None and self.tools.unstick():
+                return None                 # kept KV freed, or a tool's return awaited: ask again
+            if stuck:
                 raise ContractViolation(self.policy_name, "work_conservation",
                                         "empty plan while requests wait and nothing else can arrive "
                                         "or run; the replay would never end")
@@ -353,6 +370,8 @@ class Engine:
                     r.num_cached_tokens_total += r.num_computed_tokens
         if kv.tiers is not None:                 # lower-tier hits come back to the device
             kv.tiers.promote_pending(kv)
+        if self.tools is not None and starting:
+            self.tools.started(starting)
         ns = list(sched.values())
         ctxs = [r.num_computed_tokens for r in rs]
         for r, n, c in zip(rs, ns, ctxs):
@@ -407,6 +426,8 @@ class Engine:
             finished += more
             if self.forks is not None:   # parallel samples fork once the prompt has its first token
                 self.running = self._running + self.forks.spawn(step.requests, now)
+        if self.tools is not None and finished:       # those at a tool call pause instead
+            finished = self.tools.pause_at_calls(finished, now)
         for r in finished:
             r.status, r.finish_time = Status.FINISHED, now
             if self.before_release is not None:

@@ -17,6 +17,7 @@ class Status(str, enum.Enum):
     PENDING = "pending"      # in the trace, not yet arrived
     WAITING = "waiting"
     RUNNING = "running"
+    PAUSED = "paused"        # waiting for a tool call to return (policylab.core.tool_calls)
     FINISHED = "finished"
     REJECTED = "rejected"
 
@@ -52,7 +53,13 @@ class TraceRequest:
     n: int = 1                            # parallel samples (copy-on-write forks of one prompt)
     fork_output_tokens: tuple = ()        # output lengths of samples 1..n-1 (empty: output_tokens each)
     beam_width: int = 1                   # beams of a (simple, stochastic) beam search over forks
+    tool_calls: tuple = ()                # ToolCalls (policylab.core.tool_calls), by after_tokens
     prompt_ids: Optional[tuple] = None    # real token ids (generate); None: synthesized from the trace
+
+    @property
+    def tool_tokens(self) -> int:
+        """Tokens the tools return into this request's context, all calls together."""
+        return sum(c.result_tokens for c in self.tool_calls)
 
     @property
     def own_prompt(self) -> bool:

@@ -26,6 +26,8 @@ class RunResult:
     sessions: object | None = None   # the SessionPlan of a closed-loop replay (core.closed_loop)
     speculative: dict | None = None  # speculative-decoding counters (core.speculative), filled as the run goes
     forks: dict | None = None        # parallel samples' counters, when a request asks for them
+    programs: object = None          # the run's ToolCalls (per-request and run counters), when
+                                     # the trace has tool calls
 
     @property
     def partial(self) -> bool:

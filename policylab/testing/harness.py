@@ -15,6 +15,7 @@ from policylab.dataplane.sim import SimDataPlane
 from policylab.core.closed_loop import attach
 from policylab.core.engine import Engine
 from policylab.core.result import RunResult
+from policylab.core.tool_calls import default_tool_kv
 from policylab.testing.invariants import StepChecker
 from policylab.testing.loader import policy_factory
 from policylab.testing.session_invariants import check_sessions
@@ -49,6 +50,9 @@ class _RecordingPolicy:
         hook = getattr(self._inner, "on_finished", None)
         if hook is not None:
             hook(view)
+
+    def on_tool_call(self, view, request, call) -> str:
+        return (getattr(self._inner, "on_tool_call", None) or default_tool_kv)(view, request, call)
 
 
 class _RecordingDataPlane:

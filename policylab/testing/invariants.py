@@ -21,6 +21,7 @@ from policylab.core.request import Status
 from policylab.testing.prefix_tier_checks import check_prefix_tiers
 from policylab.testing.properties import InvariantViolation, build_properties
 from policylab.testing.spec_invariants import SpecChecks
+from policylab.testing.tool_invariants import ToolCallChecks
 
 EPS = 1e-9
 
@@ -57,6 +58,7 @@ class StepChecker:
         self.chunk_sum: dict = {}       # req_id -> cached + chunk tokens since its (re)start
         self.swapped: dict = {}         # req_id -> (computed tokens, output ids) when swapped out
         self.clock, self.steps = 0.0, 0
+        self.tools = ToolCallChecks(self.fail)   # requests paused for tool calls
         self.plan = self.snaps = self.batch = None
         self.spec = SpecChecks(self)    # speculative steps: drafts, their counts and their KV
         self.engine: Engine | None = None     # set by the checked engine (forks' checks read its KV)
@@ -84,6 +86,7 @@ class StepChecker:
         self.snaps = {v.req_id: Snap(v.num_tokens, v.num_computed_tokens, v.num_output_tokens,
                                      v.num_cached_tokens, v.is_decode)
                       for lst in (view.running, view.waiting) for v in lst}
+        self.tools.views_hide_paused(view)
         decoding = {v.req_id for v in view.running if v.is_decode}
         full = {rid for rid in decoding if view.by_id[rid].num_computed_tokens % view.block_size == 0}
         if set(view.decoding) != decoding or view.decode_blocks_needed != len(full) + self._decode_copies(decoding) \
@@ -130,7 +133,9 @@ class StepChecker:
         self.plan = plan
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             room = len(view.running) < view.max_num_seqs
-            if view.running or any(room and view.blocks_needed(v, 1) <= view.num_free_blocks
+            if self.tools.holding_memory():     # the engine waits for a tool's return (or frees kept KV)
+                pass
+            elif view.running or any(room and view.blocks_needed(v, 1) <= view.num_free_blocks
                                    for v in view.waiting):
                 self.fail("work_conservation", f"step {view.step}: empty plan with {len(view.running)} "
                           f"running, {len(view.waiting)} waiting, {view.num_free_blocks} free blocks")
@@ -154,6 +159,7 @@ class StepChecker:
     def _check_batch(self, engine: Engine) -> None:
         b, cfg, bs = self.batch, self.cfg, engine.kv.block_size
         drafts = self.spec.check_step(engine, b, self.snaps, self.plan)   # batch row -> (k, tokens gained)
+        self.tools.not_scheduled(b, self.snaps)
         if len(b) > cfg.max_num_seqs:
             self.fail("seq_cap", f"{len(b)} requests in a step > max_num_seqs={cfg.max_num_seqs}")
         if b.num_tokens > cfg.max_num_batched_tokens:
@@ -185,7 +191,8 @@ class StepChecker:
             n, sample = (gained, gained) if k else (n, sample)
             self.next_ctx[rid] = ctx + n
             r = engine.requests[rid]
-            if r.num_computed_tokens != ctx + n or len(r.output_ids) != s.num_output + sample:
+            paused = r.status is Status.PAUSED         # (its KV as its tool call chose: checked there)
+            if not paused and r.num_computed_tokens != ctx + n or len(r.output_ids) != s.num_output + sample:
                 self.fail("chunks", f"request {rid}: engine state disagrees with the batch it ran")
 
     def _check_lifecycle(self, engine: Engine) -> None:
@@ -205,6 +212,12 @@ class StepChecker:
                 self.fail("lifecycle", f"request {rid} still runs with all its output tokens")
             if new is Status.REJECTED and not r.reject_reason:
                 self.fail("lifecycle", f"request {rid} rejected without a reason")
+            if old is Status.PAUSED:
+                self._check_tool_return(engine, r, new, ran)
+                continue
+            if new is Status.PAUSED and old is not Status.PAUSED:
+                self._check_tool_pause(engine, r, ran)
+                continue
             if new is old or old is None and new in (Status.WAITING, Status.REJECTED):
                 continue
             ok = {(Status.WAITING, Status.RUNNING): rid in ran,
@@ -225,6 +238,33 @@ class StepChecker:
                 self.chunk_sum.pop(rid, None)
             if old is Status.WAITING and new is not Status.REJECTED and rid in self.swapped:
                 self._check_resumed(r)
+
+    def _check_tool_pause(self, engine: Engine, r, ran: set) -> None:
+        """RUNNING -> PAUSED: it ran this step (the token that begins the call); its KV as chosen."""
+        if r.req_id not in ran:
+            self.fail("lifecycle", f"request {r.req_id} paused for a tool call without running")
+        self.tools.paused_now(engine, r)
+        self._tool_chunks(r)
+
+    def _tool_chunks(self, r) -> None:
+        """Where a paused request's next chunk starts: from the prefix cache if its KV was freed,
+        where it stopped otherwise."""
+        if self.tools.paused[r.req_id][0] == "free":
+            self.next_ctx.pop(r.req_id, None)
+            self.chunk_sum.pop(r.req_id, None)
+        else:
+            self.chunk_sum[r.req_id] = r.num_computed_tokens
+
+    def _check_tool_return(self, engine: Engine, r, new: Status, ran: set) -> None:
+        """PAUSED -> waiting or running (kept KV), or on to running, paused again or finished by
+        a step it ran in."""
+        if new is Status.PAUSED:
+            if self.tools.still_paused(engine, r):
+                self._tool_chunks(r)
+            return
+        if new is not Status.WAITING and r.req_id not in ran:
+            self.fail("lifecycle", f"request {r.req_id}: illegal transition paused -> {new.value}")
+        self.tools.resumed(engine, r)
 
     def _check_swapped_out(self, engine: Engine, r) -> None:
         """A swap victim holds no device block, keeps its computed tokens, and the host tier holds
@@ -252,7 +292,8 @@ class StepChecker:
         ended = (Status.FINISHED, Status.REJECTED)
         groups_done = sum(1 for r in live if r.req_id < len(engine.trace) and r.status in ended
                           and all(f.status in ended for f in r.forks or ()))
-        if done + count[Status.WAITING] + count[Status.RUNNING] != len(live) or engine.num_done != groups_done:
+        if done + count[Status.WAITING] + count[Status.RUNNING] + count[Status.PAUSED] != len(live) \
+                or engine.num_done != groups_done:
             self.fail("request_conservation", f"{len(live)} arrived != {dict(count)}")
         for queue, status in ((engine.waiting, Status.WAITING), (engine.running, Status.RUNNING)):
             if len(queue) != count[status] or any(r.status is not status for r in queue):
@@ -263,7 +304,11 @@ class StepChecker:
     def _check_kv(self, engine: Engine) -> None:
         kv = engine.kv
         held = Counter(b for r in engine.running for b in r.block_table)
-        if any(r.block_table for r in engine.waiting):
+        for rid in self.tools.kept_released(engine):     # restarts from the prefix cache
+            self.next_ctx.pop(rid, None)
+            self.chunk_sum.pop(rid, None)
+        held.update(self.tools.held_by_paused(engine))
+        if any(r.block_table for r in engine.waiting if r.req_id not in self.tools.kept_waiting):
             self.fail("kv_conservation", "a waiting request holds KV blocks")
         refs = kv.refs
         wrong = [b for b in range(kv.num_blocks) if refs[b] != held.get(b, 0)]
@@ -280,6 +325,7 @@ class StepChecker:
         host = engine.host
         held = host.swapped()
         owners = {r.req_id: r.swapped_blocks for r in engine.waiting if r.swapped_blocks}
+        owners.update(self.tools.host_owners(engine))
         if host.num_used + host.num_free != host.num_blocks or len(set().union(*held.values())) != host.num_used \
                 or {rid: len(b) for rid, b in held.items()} != owners:
             self.fail("kv_conservation", f"host tier: used={host.num_used} free={host.num_free} "
@@ -298,7 +344,7 @@ class StepChecker:
         else:                               # sample k of its trace request: the trace's k-th fork length
             t, parent = engine.trace[r.fork_of], engine.requests[r.fork_of]
             length = fork_plan(t, engine.cfg.parallel_samples, engine.cfg.beam_width)[1][parent.forks.index(r)]
-        want, n = min(length, r.max_tokens), len(r.output_ids)
+        want, n = min(length, r.max_tokens), len(r.token_times)
         eos = engine.cfg.stop_at_eos and r.output_ids and r.output_ids[-1] == engine.dataplane.eos_token_id
         if n > want or (n < want and not eos):
             self.fail("output_length", f"request {r.req_id} generated {n} tokens; max_tokens is {r.max_tokens} "

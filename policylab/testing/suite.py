@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest
+from policylab.core.tool_calls import ToolCall
 from policylab.testing.harness import Scenario, check_policy, reproduction
 from policylab.testing.loader import shipped_policy_configs, spec_id
 from policylab.testing.strategies import scenarios
@@ -98,3 +99,21 @@ def test_invariants_with_beams(policy_spec):
         except Exception as e:
             e.add_note(reproduction(policy_spec, scenario))
             raise
+def tool_call_scenario(mode: str) -> Scenario:
+    """KV pressure with requests that pause for tool calls (back-to-back calls and calls of no
+    duration included), their KV handled as `mode` says (engine.tool_kv)."""
+    trace = tuple(TraceRequest(arrival_time=0.003 * i, prompt_tokens=30 + 7 * i % 50, output_tokens=20 + 3 * i % 15,
+                               client=("a", "b")[i % 2], priority=i % 3, prefix_hashes=(1,) if i % 3 == 0 else (),
+                               tool_calls=(ToolCall(3, 0.01 * (i % 4), 9), ToolCall(4, 0.0, 1),
+                                           ToolCall(10, 0.05, 20)) if i % 4 else ())
+                  for i in range(24))
+    cfg = EngineConfig(block_size=8, num_blocks=40, max_num_batched_tokens=128, max_num_seqs=12,
+                       host_kv_blocks=24, tool_kv=mode)
+    return Scenario(trace, cfg, prefix_block_tokens=32)
+
+
+def test_invariants_with_tool_calls(policy_spec):
+    """Every KV choice at a tool call (the policy's own, and each one forced) keeps every
+    invariant, the paused requests' included."""
+    for mode in ("policy", "keep", "free", "offload"):
+        check_policy(policy_spec, tool_call_scenario(mode))

@@ -33,3 +33,5 @@ class TraceConfig:
         "interactive": {"ttft_slo": 0.5, "tpot_slo": 0.05}, "batch": {"ttft_slo": 5.0, "tpot_slo": 0.5}})
     slo_by_client: dict = field(default_factory=dict)  # client -> class, e.g. +trace.slo_by_client={a: batch}
     slo_ratio: dict = field(default_factory=dict)      # class -> weight, each request draws one (seeded)
+    tool_calls: dict = field(default_factory=dict)     # add tool calls (seeded; policylab.traces.tool_calls):
+                                                       # {calls, duration_s, result_tokens, fraction, fixed_duration}

@@ -3,7 +3,8 @@
 Required: `arrival_time` (s), `prompt_tokens`, `output_tokens`; optional: `client`, `priority`,
 `ttft_slo`, `tpot_slo`, `prefix_hashes`, `max_tokens`, `spec_acceptance` (a speculative draft's
 acceptance rate on the sim, in [0, 1]), `n` (parallel samples) and `fork_output_tokens` (the output
-lengths of samples 1..n-1), `beam_width`. Unknown keys are errors (a typo must not
+lengths of samples 1..n-1), `beam_width`, `tool_calls` (policylab.traces.tool_calls).
+Unknown keys are errors (a typo must not
 silently drop a field).
 """
 from __future__ import annotations
@@ -18,10 +19,11 @@ from policylab.core.request import TraceRequest
 import policylab.traces.fields as F
 from policylab.traces.errors import TraceError
 from policylab.traces.raw import RawRequest
+from policylab.traces.tool_calls import parse_tool_calls, record_of_calls
 
 REQUIRED = ("arrival_time", "prompt_tokens", "output_tokens")
 OPTIONAL = ("client", "priority", "ttft_slo", "tpot_slo", "prefix_hashes", "max_tokens", "spec_acceptance", "n",
-            "fork_output_tokens", "beam_width")
+            "fork_output_tokens", "beam_width", "tool_calls")
 DEFAULTS = RawRequest(0.0, 1, 1)
 
 
@@ -44,10 +46,11 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
     beam_width = F.positive_int(rec.get("beam_width", 1), file, line, "beam_width")
     if n > 1 and beam_width > 1:
         raise TraceError(file, line, "beam_width", f"a request has parallel samples (n={n}) or a beam, not both")
+    output_tokens = F.positive_int(rec["output_tokens"], file, line, "output_tokens")
     return RawRequest(
         arrival_time=F.arrival(rec["arrival_time"], file, line, "arrival_time"),
         prompt_tokens=F.positive_int(rec["prompt_tokens"], file, line, "prompt_tokens"),
-        output_tokens=F.positive_int(rec["output_tokens"], file, line, "output_tokens"),
+        output_tokens=output_tokens,
         client=F.text(client, file, line, "client"),
         priority=F.integer(rec.get("priority", 0), file, line, "priority"),
         ttft_slo=F.optional_seconds(rec.get("ttft_slo"), file, line, "ttft_slo"),
@@ -58,6 +61,7 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
         n=n,
         beam_width=beam_width,
         fork_output_tokens=F.fork_lengths(rec.get("fork_output_tokens", []), n, file, line, "fork_output_tokens"),
+        tool_calls=parse_tool_calls(rec["tool_calls"], output_tokens, file, line) if "tool_calls" in rec else (),
     )
 
 
@@ -75,7 +79,8 @@ def record_of(r) -> dict:
     for key in OPTIONAL:
         value = getattr(r, key)
         if value != getattr(DEFAULTS, key):
-            rec[key] = list(value) if key in ("prefix_hashes", "fork_output_tokens") else value
+            rec[key] = list(value) if key in ("prefix_hashes", "fork_output_tokens") else record_of_calls(value) \
+                if key == "tool_calls" else value
     return rec
 
 

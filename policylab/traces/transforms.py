@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import numpy as np
 from policylab.core.request import TraceRequest
 from policylab.traces.errors import TraceError
 from policylab.traces.replicate import physical_memory, resample, tile
+from policylab.traces.tool_calls import add_tool_calls, check_transform as check_tool_transform, clip_tool_calls
 
 CLIENT_ASSIGNMENTS = ("keep", "column", "round_robin", "zipf")
 
@@ -84,6 +86,8 @@ def check_config(cfg) -> None:
     if not (isinstance(cfg.zipf_exponent, (int, float)) and 0 <= cfg.zipf_exponent < math.inf):
         raise _bad("zipf_exponent", f"must be a finite number >= 0, got {cfg.zipf_exponent!r}")
     _slo_table(cfg)
+    if cfg.tool_calls:
+        check_tool_transform(dict(cfg.tool_calls))
     for cls, weight in cfg.slo_ratio.items():
         _number(weight, f"slo_ratio.{cls}", "a weight", zero_allowed=True)
     if cfg.slo_by_client and cfg.slo_ratio:
@@ -191,6 +195,10 @@ def apply_transforms(reqs: list, cfg, seed: int, report: TraceReport) -> list:
             output = cfg.max_output_tokens
         out.append(TraceRequest((t - base) / cfg.rate_scale, prompt, output, client, r.priority, ttft, tpot,
                                 hashes, r.max_tokens, r.spec_acceptance, n=r.n,
-                                fork_output_tokens=r.fork_output_tokens, beam_width=r.beam_width))
+                                fork_output_tokens=r.fork_output_tokens, beam_width=r.beam_width,
+                                tool_calls=clip_tool_calls(r.tool_calls, output) if r.tool_calls else ()))
+    if cfg.tool_calls:
+        calls = add_tool_calls([t.output_tokens for t in out], dict(cfg.tool_calls), np.random.default_rng([seed, 5]))
+        out = [t if t.tool_calls else dataclasses.replace(t, tool_calls=c) for t, c in zip(out, calls)]
     report.kept = len(out)
     return out

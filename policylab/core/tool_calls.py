@@ -1,0 +1,272 @@
+"""Tool calls: a request that pauses mid-generation for a tool and resumes with its result.
+
+An agent's LLM call stops after some output tokens to run a tool (a search, code, an API),
+waits for it, then continues with the tool's result appended to its context. A trace
+request lists its calls (`TraceRequest.tool_calls`: after how many output tokens, how long
+the tool runs, how many tokens it returns). While the tool runs the request is PAUSED: it
+is neither waiting nor running, no policy can schedule it, and its KV is, as the policy's
+`on_tool_call` hook chose (InferCept's three options):
+
+  keep     its device blocks stay held: it resumes where it stopped, at the price of the
+           memory the others cannot use meanwhile
+  free     its blocks are released (published in the prefix cache first): it recomputes
+           what the cache no longer holds when it resumes
+  offload  its computed blocks are copied to the host tier (swap preemption's mechanism and
+           transfer pricing): copied back when it is scheduled again
+
+When the tool returns, its result tokens are appended after the request's output tokens and
+the request joins the waiting queue as an arrival does: the policy schedules their prefill
+like any other work. The engine keeps the request's output target at the next pause point,
+so its usual "reached the output length" test is where a call begins (`pause_at_calls`).
+
+The tool's tokens sit in `Request.output_ids` (the request's one token sequence is prompt +
+everything after it), but they are not output: they have no token time, and metrics count
+`len(token_times)` output tokens.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from policylab.core.admission import never_fits
+from policylab.core.contract import ContractViolation
+from policylab.core.request import Status
+
+KV_CHOICES = ("keep", "free", "offload")
+TOOL_KV_MODES = ("policy",) + KV_CHOICES
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call of a request: after `after_tokens` output tokens it pauses `duration_s`
+    seconds, then resumes with `result_tokens` tokens of the tool's result in its context."""
+
+    after_tokens: int
+    duration_s: float
+    result_tokens: int
+
+
+def check_tool_calls(calls, output_tokens: int, where: str) -> None:
+    """Calls are ToolCalls in increasing `after_tokens`, each before the request's last output
+    token, with a finite duration >= 0 and result tokens >= 0 (ValueError naming `where`)."""
+    last = 0
+    for k, c in enumerate(calls):
+        if not isinstance(c, ToolCall):
+            raise ValueError(f"{where}: tool_calls[{k}] must be a ToolCall, got {type(c).__name__}")
+        if c.after_tokens <= last:
+            raise ValueError(f"{where}: tool_calls[{k}].after_tokens={c.after_tokens} must be > "
+                             f"{last} (calls in increasing order, after at least one output token)")
+        if c.after_tokens >= output_tokens:
+            raise ValueError(f"{where}: tool_calls[{k}].after_tokens={c.after_tokens} must be < "
+                             f"output_tokens={output_tokens} (a call pauses before the last token)")
+        if not 0 <= c.duration_s < math.inf:
+            raise ValueError(f"{where}: tool_calls[{k}].duration_s must be a finite number of seconds "
+                             f">= 0, got {c.duration_s}")
+        if c.result_tokens < 1:
+            raise ValueError(f"{where}: tool_calls[{k}].result_tokens must be >= 1 (a tool returns at least "
+                             f"one token), got {c.result_tokens}")
+        last = c.after_tokens
+
+
+def has_tool_calls(trace) -> bool:
+    return any(t.tool_calls for t in trace)
+
+
+def default_tool_kv(view, request, call) -> str:
+    """What `Policy.on_tool_call` chooses unless a policy says otherwise.
+
+    offload when the host tier has room for its blocks: the copy each way costs milliseconds
+    over the link (`engine.swap_link`), far less than a tool's duration, and the device memory
+    is free for others meanwhile; else keep while nobody waits (the memory it holds is wanted by
+    no one, and resuming costs nothing); else free (recompute on resume: nothing else gives its
+    memory back). docs/tool-calls.md measures the three under KV pressure."""
+    if view.num_total_host_blocks and view.num_free_host_blocks >= view.host_blocks_needed(request):
+        return "offload"
+    if not view.waiting:
+        return "keep"
+    return "free"
+
+
+def tool_result_ids(seed: int, req_id: int, index: int, n: int, vocab_size: int) -> np.ndarray:
+    """The token ids a tool returns: synthetic, the same for a seed, request and call."""
+    rng = np.random.default_rng([seed, req_id, index, 0x7001])
+    return rng.integers(1, max(vocab_size, 2), size=n, dtype=np.int32)
+
+
+class ToolCalls:
+    """The engine's side of tool calls: the paused requests, when each tool returns, and the
+    program-level counters. Made only for traces with tool calls (else the engine holds None)."""
+
+    def __init__(self, engine):
+        self.engine, cfg = engine, engine.cfg
+        self.mode = cfg.tool_kv
+        if self.mode not in TOOL_KV_MODES:
+            raise ValueError(f"engine.tool_kv must be one of {', '.join(TOOL_KV_MODES)}, got '{self.mode}'")
+        if self.mode == "offload" and not cfg.host_kv_blocks:
+            raise ValueError("engine.tool_kv=offload needs a host tier: set engine.host_kv_blocks > 0")
+        for i, t in enumerate(engine.trace):
+            if t.tool_calls:
+                check_tool_calls(t.tool_calls, t.output_tokens, f"trace request {i}")
+        self.reached: dict = {}      # req_id -> calls begun so far
+        self.tool_tokens: dict = {}  # req_id -> tool result tokens appended
+        self.paused: dict = {}       # req_id -> (its view, KV choice, computed tokens at the pause)
+        self._returns: list = []     # heap of (return time, req_id)
+        self._to_recompute: dict = {}   # req_id -> computed tokens freed at its pause (until it restarts)
+        self.per_request: dict = {}  # req_id -> [calls, seconds paused, tokens recomputed, kept KV released]
+        self.stats = {"tool_calls": 0, "kept": 0, "freed": 0, "offloaded": 0, "offload_fallbacks": 0,
+                      "recomputed_tokens": 0, "offloaded_blocks": 0, "paused_time": 0.0, "kept_released": 0}
+
+    # ------------------------------------------------------------- engine hooks
+    def never_fits(self, t, cfg, kv) -> str:
+        """Why a request with its tool tokens can never run ("" if it can)."""
+        return never_fits(t.prompt_tokens, t.output_tokens + t.tool_tokens, cfg.max_model_len,
+                          kv.num_blocks, kv.block_size) if t.tool_calls else ""
+
+    def arrived(self, i: int) -> None:
+        """A request arrived: its hidden target is its first pause point."""
+        t = self.engine.trace[i]
+        if t.tool_calls:
+            self.reached[i] = self.tool_tokens[i] = 0
+            self.per_request[i] = [0, 0.0, 0, 0]
+            self.engine.target_len[i] = self._next_target(i)
+
+    def _next_target(self, i: int) -> int:
+        """Output ids (tool tokens included) at the request's next pause, or at its end."""
+        e, k = self.engine, self.reached[i]
+        r, calls = e.requests[i], e.trace[i].tool_calls
+        end = min(e.trace[i].output_tokens, r.max_tokens)
+        stop = calls[k].after_tokens if k < len(calls) and calls[k].after_tokens < end else end
+        return stop + self.tool_tokens[i]
+
+    def next_event(self) -> float | None:
+        """When more work can come: the next arrival of the trace or the next tool return."""
+        t = self.engine._next_trace_arrival()
+        if self._returns:
+            return self._returns[0][0] if t is None else min(t, self._returns[0][0])
+        return t
+
+    def pause_at_calls(self, finished: list, now: float) -> list:
+        """Of the requests that reached their target this step, those at a tool call pause (their
+        KV kept, freed or offloaded, they leave running); the others really finished (returned)."""
+        e, done, paused = self.engine, [], []
+        eos = e._eos
+        for r in finished:
+            rid = r.req_id
+            k = self.reached.get(rid)
+            calls = e.trace[rid].tool_calls if k is not None else ()
+            if k is None or k >= len(calls) or len(r.token_times) != calls[k].after_tokens \
+                    or r.output_ids[-1] == eos:
+                done.append(r)
+                continue
+            self._pause(r, calls[k], now)
+            paused.append(r)
+        if paused:
+            gone = set(paused)
+            e.running = [r for r in e._running if r not in gone]
+        return done
+
+    def _pause(self, r, call: ToolCall, now: float) -> None:
+        e, rid = self.engine, r.req_id
+        view = e.views[rid]
+        choice = self.mode if self.mode != "policy" else self._ask_policy(view, call)
+        if choice == "offload" and e.host.num_free < -(-r.num_computed_tokens // e.kv.block_size):
+            choice = "free"
+            self.stats["offload_fallbacks"] += 1
+        computed = r.num_computed_tokens
+        if e._decoding.pop(rid, 0) is None:
+            e._decode_facts = None
+        e._needs_block.pop(rid, None)
+        if choice == "offload":
+            e.swap.swap_out(r, e.kv.block_size)
+            e._release(r)
+            r.num_computed_tokens = computed
+            self.stats["offloaded_blocks"] += r.swapped_blocks
+        elif choice == "free":
+            e._release(r)
+            r.num_computed_tokens = 0
+            self._to_recompute[rid] = computed
+        r.status = Status.PAUSED
+        del e.views[rid]
+        self.paused[rid] = (view, choice, computed)
+        self.reached[rid] += 1
+        self.per_request[rid][0] += 1
+        self.per_request[rid][1] += call.duration_s
+        self.stats["tool_calls"] += 1
+        self.stats[{"keep": "kept", "free": "freed", "offload": "offloaded"}[choice]] += 1
+        self.stats["paused_time"] += call.duration_s
+        heapq.heappush(self._returns, (now + call.duration_s, rid))
+
+    def _ask_policy(self, view, call: ToolCall) -> str:
+        e = self.engine
+        hook = getattr(e.policy, "on_tool_call", None)
+        choice = (hook or default_tool_kv)(e._view(), view, call)
+        if choice not in KV_CHOICES:
+            raise ContractViolation(e.policy_name, "tool_kv", f"on_tool_call must return one of "
+                                    f"{', '.join(KV_CHOICES)}, got {choice!r}")
+        if choice == "offload" and not e.host.num_blocks:
+            choice = "free"
+            self.stats["offload_fallbacks"] += 1
+        return choice
+
+    def resume_due(self, now: float) -> None:
+        """Requests whose tool has returned by `now` take its tokens and join the waiting queue in
+        front, as preempted requests do (work begun goes first; kept KV is memory only that
+        request can use): the policy schedules the prefill of the tool's tokens like any work."""
+        e, returns, back = self.engine, self._returns, []
+        while returns and returns[0][0] <= now:
+            _, rid = heapq.heappop(returns)
+            view, _, _ = self.paused.pop(rid)
+            r, call = e.requests[rid], e.trace[rid].tool_calls[self.reached[rid] - 1]
+            ids = tool_result_ids(e.seed, rid, self.reached[rid] - 1, call.result_tokens,
+                                  e.dataplane.vocab_size)
+            r.output_ids.extend(int(x) for x in ids)
+            self.tool_tokens[rid] += call.result_tokens
+            e.target_len[rid] = self._next_target(rid)
+            e.views[rid] = view
+            r.status = Status.WAITING
+            back.append(rid)
+            e._arrived.append(rid)
+            e.asleep = False
+        if back:
+            e._waiting.put_back(back)
+
+    def unstick(self) -> bool:
+        """The policy's plan is empty with requests running, or with nothing more to arrive:
+        free the KV that waiting requests kept (`release_kept`), else, while paused requests hold
+        the memory the running ones need, wait for the next tool to return. Whether the replay
+        can go on."""
+        if self.release_kept():
+            return True
+        if self._returns:
+            self.engine.clock.idle_until(self._returns[0][0])
+            return True
+        return False
+
+    def release_kept(self) -> bool:
+        """Free the KV that waiting requests kept through their tool call (they recompute what the
+        prefix cache loses), when the policy's plan is empty and the replay could not go on
+        otherwise: a policy that never schedules them cannot hold that memory forever. Whether
+        anything was freed."""
+        e, released = self.engine, False
+        for rid in list(e._waiting.ids()):
+            r = e.requests[rid]
+            if r.block_table and rid in self.reached:
+                self._to_recompute[rid] = self._to_recompute.get(rid, 0) + r.num_computed_tokens
+                e._release(r)
+                r.num_computed_tokens = 0
+                self.stats["kept_released"] += 1
+                self.per_request[rid][3] += 1
+                released = True
+        return released
+
+    def started(self, starting: list) -> None:
+        """Requests just started: those freed at a tool call recompute what the cache lost."""
+        for r in starting:
+            lost = self._to_recompute.pop(r.req_id, None)
+            if lost is not None:
+                n = max(lost - r.num_computed_tokens, 0)
+                self.per_request[r.req_id][2] += n
+                self.stats["recomputed_tokens"] += n
