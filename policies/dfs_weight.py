@@ -83,7 +83,7 @@ class DfsWeight(Chunked):
     properties = ("stall_free", "chunk_budget", "max_wait")
 
     def __init__(self, name: str | None = None, chunk_size: int | None = 512, max_partial_prefills: int = 1,
-                 max_wait_s: float | None = 10.0, preempt_mode: str = "recompute"):
+                 max_wait_s: float | None = 30.0, preempt_mode: str = "recompute"):
         super().__init__(name or "dfs_weight", chunk_size, max_partial_prefills, preempt_mode)
         self.max_wait_s = checked_max_wait(self.name, max_wait_s)
 
