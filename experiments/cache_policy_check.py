@@ -70,15 +70,21 @@ def interval(values: list) -> str:
 
 
 def check_policies(trace_args: list, out: Path, replicates: int) -> None:
-    print(f"policies over {replicates} replicates (mean ± 95 % CI; TTFT in s)")
-    print(f"{'policy':22} {'hit rate %':>18} {'TTFT mean':>18} {'TTFT p99':>18} {'max TTFT':>18}")
+    print(f"policies over {replicates} replicates (mean ± 95 % CI; TTFT in s); the last two columns are "
+          f"paired with FCFS on the same replicate")
+    print(f"{'policy':22} {'hit rate %':>14} {'TTFT mean':>14} {'TTFT p99':>14} {'max TTFT':>14} "
+          f"{'Δ hit rate pts':>15} {'TTFT mean / FCFS':>17}")
+    fcfs = None
     for label, extra in POLICIES:
         rows = []
         for k in range(1, replicates + 1):
             name = label.split()[0] + ("_nobound" if "no bound" in label else "")
             s = run(trace_args, out, f"{name}_rep{k}", [*extra, f"trace.replicate={k}"])
             rows.append((100 * s["prefix_cache_hit_rate"], s["ttft"]["mean"], s["ttft"]["p99"], s["ttft"]["max"]))
-        print(f"{label:22} " + " ".join(f"{interval([r[i] for r in rows]):>18}" for i in range(4)))
+        fcfs = fcfs or rows
+        paired = ([r[0] - f[0] for r, f in zip(rows, fcfs)], [r[1] / f[1] for r, f in zip(rows, fcfs)])
+        print(f"{label:22} " + " ".join(f"{interval([r[i] for r in rows]):>14}" for i in range(4)) +
+              f" {interval(paired[0]):>15} {interval(paired[1]):>17}")
 
 
 def check_starvation(trace_args: list, out: Path, bound: float) -> None:
