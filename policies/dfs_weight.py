@@ -56,7 +56,7 @@ def dfs_weight_order(paths: list) -> list:
     prefix, so the walk visits only branch points (at most 2n nodes), not every block."""
     order = sorted(range(len(paths)), key=paths.__getitem__)      # stable: equal paths keep queue order
     out: list = []
-    stack: list = [(0, len(order), 0)]    # (lo, hi, depth): the node order[lo:hi] share paths[:depth] of
+    stack: list = [(0, len(order), 0)]    # (lo, hi, depth): the node at `depth` that order[lo:hi] pass
     while stack:
         frame = stack.pop()
         if isinstance(frame, list):       # a node's own requests, after its children's

@@ -31,6 +31,7 @@ VARIANTS = {   # parameter settings the shipped YAMLs do not use
                           "weights": {"alice": 3, "bob": 0.5}},
     "priority_fast_aging": {"_target_": "policies.priority.Priority", "aging_rate": 50.0},
     "lpm_max_wait": {"_target_": "policies.lpm.LongestPrefixMatch", "aging_rate": 0.0, "max_wait_s": 0.02},
+    "lpm_aging_and_max_wait": {"_target_": "policies.lpm.LongestPrefixMatch", "aging_rate": 20.0, "max_wait_s": 0.05},
     "dfs_weight_tight_bound": {"_target_": "policies.dfs_weight.DfsWeight", "chunk_size": 64, "max_wait_s": 0.01},
     "dfs_weight_no_bound": {"_target_": "policies.dfs_weight.DfsWeight", "max_wait_s": None},
 }
