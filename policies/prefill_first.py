@@ -55,7 +55,7 @@ class PrefillFirst(Policy):
                 plan.num_scheduled_tokens[v.req_id] = n
             return plan
         for v in view.waiting:
-            if seqs >= view.max_num_seqs or v.is_decode:     # a swapped decoder: the next decode step's
+            if seqs >= view.max_num_seqs or v.is_swapped and v.is_decode:   # the next decode step's
                 break
             if reserve and blocks_for(v.num_tokens, view.block_size) > view.num_total_blocks - reserve:
                 plan.reject[v.req_id] = (f"its {blocks_for(v.num_tokens, view.block_size)} KV blocks exceed the "
@@ -76,7 +76,7 @@ class PrefillFirst(Policy):
 
     def _decodes(self, view: SchedulerView) -> StepPlan:
         free = view.num_free_blocks
-        swapped = bool(view.waiting) and view.waiting[0].is_decode
+        swapped = bool(view.waiting) and view.waiting[0].is_swapped and view.waiting[0].is_decode
         if len(view.decoding) == len(view.running) <= view.max_num_batched_tokens \
                 and view.decode_blocks_needed <= free and not swapped:   # the steady state: every request decodes
             return StepPlan(view.decode_tokens())
@@ -107,7 +107,7 @@ class PrefillFirst(Policy):
         seqs = len(view.running)
         for v in view.waiting:
             need = view.blocks_needed(v, 1)
-            if not v.is_decode or seqs >= view.max_num_seqs or budget < 1 or need > free:
+            if not (v.is_swapped and v.is_decode) or seqs >= view.max_num_seqs or budget < 1 or need > free:
                 return
             plan.num_scheduled_tokens[v.req_id] = 1
             free, budget, seqs = free - need, budget - 1, seqs + 1
