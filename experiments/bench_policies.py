@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path.cwd() / "experiments"))
 from bench_engine import steady_engine  # noqa: E402  (the checkout's own, from its root)
 
-POLICIES = ("prefill_first", "decode_first", "chunked", "slo_aware", "fairness", "priority", "sjf")
+POLICIES = ("prefill_first", "decode_first", "chunked", "slo_aware", "fairness", "priority", "sjf", "lpm", "dfs_weight")
 
 
 def control_cpu_per_step(policy: str, running: int, steps: int) -> float:

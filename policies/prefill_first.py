@@ -12,6 +12,10 @@ refuses such prompts at startup; chunking keeps every request servable instead).
 blocks free, so that running requests have room to decode before anyone is preempted; a
 prompt whose blocks exceed the whole cache less the watermark can never be admitted and is
 rejected with the reason (v0 ignores it). Decodes ignore the watermark. 0 turns it off.
+A request swapped out mid-decode (another policy's or a wrapper's `StepPlan.swap`; this one
+recomputes) waits at the head of the queue and is swapped back in by a decode step, after the
+running decodes, as vLLM v0 swaps in after decoding the running batch: a prefill step stops at
+it, so no step mixes the two phases.
 Sources: vLLM v0 `Scheduler._schedule_default`, `BlockSpaceManager.can_allocate` (the
 watermark); nano-vLLM `Scheduler.schedule`.
 """
@@ -51,7 +55,7 @@ class PrefillFirst(Policy):
                 plan.num_scheduled_tokens[v.req_id] = n
             return plan
         for v in view.waiting:
-            if seqs >= view.max_num_seqs:
+            if seqs >= view.max_num_seqs or v.is_swapped and v.is_decode:   # the next decode step's
                 break
             if reserve and blocks_for(v.num_tokens, view.block_size) > view.num_total_blocks - reserve:
                 plan.reject[v.req_id] = (f"its {blocks_for(v.num_tokens, view.block_size)} KV blocks exceed the "
@@ -72,8 +76,9 @@ class PrefillFirst(Policy):
 
     def _decodes(self, view: SchedulerView) -> StepPlan:
         free = view.num_free_blocks
+        swapped = bool(view.waiting) and view.waiting[0].is_swapped and view.waiting[0].is_decode
         if len(view.decoding) == len(view.running) <= view.max_num_batched_tokens \
-                and view.decode_blocks_needed <= free:   # the steady state: every request decodes
+                and view.decode_blocks_needed <= free and not swapped:   # the steady state: every request decodes
             return StepPlan(view.decode_tokens())
         plan = StepPlan()
         running, head, tail = view.running, 0, len(view.running)
@@ -93,4 +98,16 @@ class PrefillFirst(Policy):
                 break
             plan.num_scheduled_tokens[v.req_id] = 1
             free, budget = free - need, budget - 1
+        if swapped and not plan.preempt:
+            self._swap_in(view, plan, free, budget)
         return plan
+
+    def _swap_in(self, view: SchedulerView, plan: StepPlan, free: int, budget: int) -> None:
+        """Swapped decoders at the head of the queue get their decode token, FCFS, while they fit."""
+        seqs = len(view.running)
+        for v in view.waiting:
+            need = view.blocks_needed(v, 1)
+            if not (v.is_swapped and v.is_decode) or seqs >= view.max_num_seqs or budget < 1 or need > free:
+                return
+            plan.num_scheduled_tokens[v.req_id] = 1
+            free, budget, seqs = free - need, budget - 1, seqs + 1

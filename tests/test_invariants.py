@@ -17,7 +17,8 @@ from policylab.testing.strategies import lever_scenarios, scenarios
 from policylab.testing.suite import (pressure_scenario, pytest_generate_tests,  # noqa: F401
                                      test_invariants_on_generated_scenarios,
                                      test_invariants_under_kv_pressure, test_invariants_with_kv_levers_on,
-                                     test_invariants_with_tool_calls)
+                                     test_invariants_with_tool_calls,
+                                     test_invariants_with_swap_preemption_forced)
 
 
 VARIANTS = {   # parameter settings the shipped YAMLs do not use
@@ -30,11 +31,17 @@ VARIANTS = {   # parameter settings the shipped YAMLs do not use
     "fairness_weighted": {"_target_": "policies.fairness.Fairness", "chunk_size": 32,
                           "weights": {"alice": 3, "bob": 0.5}},
     "priority_fast_aging": {"_target_": "policies.priority.Priority", "aging_rate": 50.0},
+    "lpm_max_wait": {"_target_": "policies.lpm.LongestPrefixMatch", "aging_rate": 0.0, "max_wait_s": 0.02},
+    "lpm_aging_and_max_wait": {"_target_": "policies.lpm.LongestPrefixMatch", "aging_rate": 20.0, "max_wait_s": 0.05},
+    "dfs_weight_tight_bound": {"_target_": "policies.dfs_weight.DfsWeight", "chunk_size": 64, "max_wait_s": 0.01},
+    "dfs_weight_no_bound": {"_target_": "policies.dfs_weight.DfsWeight", "max_wait_s": None},
 }
 SWAP_VARIANTS = {   # policies that swap, on engines with and without a host tier
     "chunked_swap": {"_target_": "policies.chunked.Chunked", "chunk_size": 64, "preempt_mode": "swap"},
     "lpm_swap": {"_target_": "policies.lpm.LongestPrefixMatch", "chunk_size": 64, "preempt_mode": "swap"},
     "lpm_slow_aging": {"_target_": "policies.lpm.LongestPrefixMatch", "aging_rate": 5.0},
+    "dfs_weight_swap": {"_target_": "policies.dfs_weight.DfsWeight", "chunk_size": 64, "preempt_mode": "swap",
+                        "max_wait_s": 0.02},
 }
 
 

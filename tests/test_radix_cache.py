@@ -89,3 +89,31 @@ def test_an_unknown_index_is_refused():
     from policylab.core.config import check_engine_config
     with pytest.raises(ValueError, match="engine.prefix_cache"):
         check_engine_config(EngineConfig(prefix_cache="trie"))
+
+
+@pytest.mark.parametrize("policy", ["chunked", "dfs_weight"])
+def test_torch_plane_radix_hits_and_greedy_tokens_equal_the_hash_maps_and_no_cache(policy):
+    """A tiny model on the torch plane: prompts that share a prefix hit the radix index, and the
+    greedy tokens equal those of the chained-hash map and of prefix caching off (a hit reads the
+    KV the prefix computed)."""
+    pytest.importorskip("torch")
+    from policylab.core.engine import Engine
+    from policylab.core.request import TraceRequest
+    from policylab.dataplane.torch_plane import TorchDataPlane
+    from policylab.testing.loader import load_policy
+    from tests.test_dataplane_model import SMALL, dataplane
+
+    trace = [TraceRequest(arrival_time=0.004 * i, prompt_tokens=p, output_tokens=6, prefix_hashes=h)
+             for i, (p, h) in enumerate(((20, (1, 2)), (22, (1, 2, 3)), (18, (1, 4)), (9, ()), (24, (1, 2, 5))))]
+    outputs, cached = {}, {}
+    for name, caching, index in (("radix", True, "radix"), ("hash", True, "hash"), ("off", False, "hash")):
+        cfg = EngineConfig(block_size=4, num_blocks=40, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=128,
+                           check_invariants=True, enable_prefix_caching=caching, prefix_cache=index)
+        plane = TorchDataPlane.from_config(dataplane(), SMALL, seed=0)
+        result = Engine(trace, load_policy(policy), plane, cfg, seed=0, prefix_block_tokens=8).run()
+        assert result.status == "complete", result.error
+        outputs[name] = [r.output_ids for r in result.requests]
+        cached[name] = sum(r.num_cached_tokens_total for r in result.requests)
+    assert cached["radix"] == cached["hash"] > 0 and cached["off"] == 0
+    assert outputs["radix"] == outputs["hash"] == outputs["off"]
+    assert all(len(o) == t.output_tokens for o, t in zip(outputs["radix"], trace))

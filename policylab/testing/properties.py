@@ -109,6 +109,30 @@ class AgingBound(Property):
                               f"after it with base keys {key[y.req_id]:.3g} vs {key[x.req_id]:.3g}")
 
 
+class MaxWait(Property):
+    """No starvation past a deadline: a waiting request that has waited longer than the policy's
+    `max_wait_s` since it arrived (overdue) is passed only by requests that arrived before it
+    (arrival, then id): overdue requests are served first, FCFS. `max_wait_s=None` is no bound."""
+
+    name = "max_wait"
+
+    def after_schedule(self, view, plan):
+        bound = self.policy.max_wait_s
+        if bound is None:
+            return
+        sched, now = plan.num_scheduled_tokens, view.clock
+        overdue = [v for v in view.waiting if now - v.arrival_time > bound and v.req_id not in plan.reject]
+        passed = [x for x in overdue if x.req_id not in sched]
+        if not passed:
+            return
+        first = min(passed, key=lambda x: (x.arrival_time, x.req_id))
+        for y in view.waiting:
+            if y.req_id in sched and (y.arrival_time, y.req_id) > (first.arrival_time, first.req_id):
+                self.fail(f"step {view.step}: request {y.req_id} (arrived {y.arrival_time:.6g}s) started while "
+                          f"{first.req_id} (arrived {first.arrival_time:.6g}s) had waited "
+                          f"{now - first.arrival_time:.3g}s > max_wait_s={bound}")
+
+
 class VtcFairness(Property):
     """VTC: counters never decrease; a client that becomes backlogged is lifted to at least
     the least counter of those that stayed backlogged; and between two continuously
@@ -173,7 +197,7 @@ class VtcFairness(Property):
 
 
 PROPERTIES = {cls.name: cls for cls in (SinglePhase, StallFree, ChunkBudget, DrainedAdmission,
-                                        AgingBound, VtcFairness)}
+                                        AgingBound, MaxWait, VtcFairness)}
 BUILTIN = {"policies.prefill_first.PrefillFirst": ("single_phase",)}
 
 

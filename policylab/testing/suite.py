@@ -14,7 +14,7 @@ from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest
 from policylab.core.tool_calls import ToolCall
 from policylab.testing.harness import Scenario, check_policy, reproduction
-from policylab.testing.loader import shipped_policy_configs, spec_id
+from policylab.testing.loader import policy_factory, shipped_policy_configs, spec_id
 from policylab.testing.strategies import scenarios
 
 
@@ -117,3 +117,42 @@ def test_invariants_with_tool_calls(policy_spec):
     invariant, the paused requests' included."""
     for mode in ("policy", "keep", "free", "offload"):
         check_policy(policy_spec, tool_call_scenario(mode))
+
+
+def swap_every_victim(spec):
+    """A factory of `spec`'s policy whose plans swap each preempted request whose computed blocks
+    still fit the host tier (the rest recompute): swap preemption forced on a policy that never
+    chose it, so its admission order meets swapped requests in `waiting`."""
+    build = policy_factory(spec)
+
+    def make():
+        policy = build()
+        decide = policy.schedule
+
+        def schedule(view):
+            plan = decide(view)
+            room = view.num_free_host_blocks - sum(view.host_blocks_needed(view.by_id[r]) for r in plan.swap)
+            for rid in plan.preempt:
+                need = view.host_blocks_needed(view.by_id[rid])
+                if rid not in plan.swap and need <= room:
+                    plan.swap.append(rid)
+                    room -= need
+            return plan
+
+        policy.schedule = schedule
+        return policy
+    return make
+
+
+def test_invariants_with_swap_preemption_forced(policy_spec):
+    """Every victim that fits the host tier is swapped, under both prefix indexes: every invariant
+    holds, the swapped requests resume with exactly their tokens, and the swaps happen."""
+    for index in ("hash", "radix"):
+        swaps = preemptions = 0
+        for seed in (0, 1):
+            scenario = pressure_scenario(seed)
+            engine = dataclasses.replace(scenario.engine, host_kv_blocks=48, prefix_cache=index)
+            result = check_policy(swap_every_victim(policy_spec), dataclasses.replace(scenario, engine=engine))
+            swaps += result.kv_tiers["swap_outs"]
+            preemptions += sum(r.num_preemptions for r in result.requests)
+        assert swaps > 0 or preemptions == 0, f"{index}: {preemptions} preemptions, none swapped"
