@@ -290,3 +290,18 @@ def test_cli_vllm_refuses_forks_before_loading_vllm(tmp_path):
     assert proc.returncode != 0
     assert "dataplane=vllm does not run parallel samples or beam search" in proc.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_torch_plane_copies_kv_blocks_pairwise_and_nothing_else():
+    torch = pytest.importorskip("torch")
+    from tests.test_dataplane_model import SMALL, make_plane
+    plane = make_plane(SMALL, num_blocks=8)
+    plane.kv.copy_(torch.randn_like(plane.kv))
+    before = plane.export_kv(list(range(8))).clone()
+    plane.copy_kv_blocks([1, 2], [5, 6])
+    after = plane.export_kv(list(range(8)))
+    dim = plane._block_dim()
+    assert torch.equal(after.select(dim, 5), before.select(dim, 1))
+    assert torch.equal(after.select(dim, 6), before.select(dim, 2))
+    for b in (0, 1, 2, 3, 4, 7):
+        assert torch.equal(after.select(dim, b), before.select(dim, b))
