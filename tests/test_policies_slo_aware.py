@@ -44,7 +44,8 @@ def decode_tpot_and_chunks(policy) -> tuple:
     """A decode with a 13 ms TPOT target (a step alone takes ~10 ms) meets a 6k-token prompt."""
     trace = [T(0.0, 50, 30, tpot_slo=0.013), T(0.03, 6000, 2, ttft_slo=60.0)]
     result, records = replay(policy, trace, EngineConfig(max_num_batched_tokens=4096), model="llama3-8b",
-                             hardware=SCENARIO_H100)
+                             hardware=SCENARIO_H100, cost_model="roofline")   # step cost linear in tokens,
+                                                                              # as the policy's estimate
     times = result.requests[0].token_times
     chunks = [r.plan.num_scheduled_tokens[1] for r in records
               if 1 in r.plan.num_scheduled_tokens and 0 in r.running]

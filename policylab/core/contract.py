@@ -12,25 +12,12 @@ from operator import is_, itemgetter
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
 from policylab.core.request import is_decoding
+from policylab.core.spec_rules import check_spec_tokens
+from policylab.core.violation import ContractViolation  # noqa: F401  (raised here; importable from here)
 
 if TYPE_CHECKING:
     from policylab.core.kv import BlockManager
     from policylab.core.request import Request
-
-
-class ContractViolation(Exception):
-    """A plan broke a rule of the contract; carries the policy and the rule names."""
-
-    def __init__(self, policy: str, rule: str, detail: str):
-        self.policy, self.rule, self.detail = policy, rule, detail
-        self.step = self.time = None
-        super().__init__(f"policy '{policy}' broke rule '{rule}': {detail}")
-
-    def locate(self, step: int, time: float) -> None:
-        """Name the engine step whose plan broke the rule (once; the message then ends with it)."""
-        if self.step is None:
-            self.step, self.time = step, time
-            self.args = (f"{self.args[0]} (at step {step}, t={time:.6g} s)",)
 
 
 class RequestView:
@@ -278,7 +265,6 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
     else:
         total, blocks, free = _check_entries(view, plan, policy)
     if plan.spec_tokens:              # k drafts: k more tokens of the budget, the KV of k + 1 tokens
-        from policylab.core.speculative import check_spec_tokens
         extra_tokens, extra_blocks = check_spec_tokens(view, plan, policy)
         total, blocks = total + extra_tokens, blocks + extra_blocks
     if total > view.max_num_batched_tokens:

@@ -90,7 +90,8 @@ class CheckedEngine(Engine):
 def _dataplane(seed: int) -> SimDataPlane:
     """The tiny model at a fixed 4 ms per step (as the policy scenarios): generated traces' arrivals
     then interleave with steps the same way whatever the roofline's fitted efficiencies."""
-    return SimDataPlane(ModelConfig(), HardwareConfig(step_overhead=0.004), DataplaneConfig(kind="sim"), seed=seed)
+    return SimDataPlane(ModelConfig(), HardwareConfig(step_overhead=0.004), DataplaneConfig(kind="sim", cost_model="roofline"),
+                        seed=seed)
 
 
 def run_checked(policy, scenario: Scenario, max_steps: int | None = None,

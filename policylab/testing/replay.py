@@ -67,8 +67,10 @@ def scenario_dataplane(hardware: HardwareConfig) -> DataplaneConfig:
 
 
 def replay(policy, trace, cfg: EngineConfig, seed: int = 0, model: str | ModelConfig = "tiny",
-           hardware: HardwareConfig | None = None, prefix_block_tokens: int = 512) -> tuple[RunResult, list]:
-    """Run `trace` with `policy`; returns (result, records).
+           hardware: HardwareConfig | None = None, prefix_block_tokens: int = 512,
+           cost_model: str | None = None) -> tuple[RunResult, list]:
+    """Run `trace` with `policy`; returns (result, records). `cost_model` pins the sim's cost
+    model (None: the scenario hardware's roofline, any other hardware's default).
 
     A policy instance is used as it is (inspect its state afterwards); any other spec the
     loader accepts is built fresh.
@@ -77,7 +79,8 @@ def replay(policy, trace, cfg: EngineConfig, seed: int = 0, model: str | ModelCo
     instance = policy if is_instance else policy_factory(policy)()
     model = model_config(model) if isinstance(model, str) else model
     hardware = hardware or SCENARIO_HARDWARE
-    dataplane = SimDataPlane(model, hardware, scenario_dataplane(hardware), seed=seed)
+    plane_cfg = scenario_dataplane(hardware) if cost_model is None else DataplaneConfig(kind="sim", cost_model=cost_model)
+    dataplane = SimDataPlane(model, hardware, plane_cfg, seed=seed)
     records: list = []
     engine = Engine(list(trace), _Recorder(instance, records), dataplane, cfg, seed=seed,
                     prefix_block_tokens=prefix_block_tokens)

@@ -18,18 +18,12 @@ from policylab.datasets.cache import resolve as resolve_dataset
 from policylab.datasets.catalog import TRACES
 from policylab.traces.errors import TraceError
 from policylab.traces.formats import detect_format, read_requests
+from policylab.traces.loaded import LoadedTrace  # noqa: F401  (load_trace's result type)
 from policylab.traces.session_load import is_closed_loop, load_closed_loop
 from policylab.traces.transforms import TraceReport, apply_transforms, check_config
 
 log = logging.getLogger("policylab.traces")
 SHIPPED_TRACES = Path(str(files("policylab.shipped_traces")))   # the repository's traces/, in the wheel too
-
-
-class LoadedTrace(list):
-    """A list of TraceRequest (arrival order) that also carries its TraceReport as `.report`."""
-
-    report: TraceReport
-    sessions = None                  # a closed-loop workload's SessionPlan (core.closed_loop); None: open loop
 
 
 def resolve_path(path, dataset: Optional[str] = None, cache_dir: Optional[str] = None) -> Path:

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from policylab.traces.config import TraceConfig
 from policylab.traces.errors import TraceError
+from policylab.traces.loaded import LoadedTrace
 from policylab.traces.session_sources import read_burstgpt_sessions, read_mooncake_sessions
 from policylab.traces.sessions import FORMAT, clip_sessions, one_turn_sessions, plan_of, read_sessions
 from policylab.traces.transforms import TraceReport
@@ -50,7 +51,6 @@ def check_session_config(cfg: TraceConfig, fmt: str) -> None:
 def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict, open_loop=None):
     """(the engines' trace, its report): sessions read from `path`, or `open_loop()` (the trace as
     `load_trace` reads it) as one-turn sessions for `trace.concurrency` users."""
-    from policylab.traces.load import LoadedTrace
     check_session_config(cfg, fmt)
     report = TraceReport(name, fmt, skipped=Counter())
     if fmt == FORMAT or cfg.sessions:
