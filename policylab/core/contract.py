@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import is_, itemgetter
+from operator import is_not, itemgetter
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
 from policylab.core.request import is_decoding
@@ -110,13 +110,14 @@ _FACTS = ("clock", "step", "waiting", "running", "decoding", "max_num_batched_to
 
 class DecodeFacts:
     """What the validator and `decode_tokens` know of the decoding requests: those whose last block
-    is full (a live read-only set), their ids in running order, and the plan {each: 1} that
-    `decode_tokens` copies. The engine makes one when the decoding requests change."""
+    is full (a live read-only set), their ids in running order (a list: a plan's keys compare to it
+    as one list), and the plan {each: 1} that `decode_tokens` copies. The engine makes one when the
+    decoding requests change."""
 
     __slots__ = ("full", "ids", "plan")
 
-    def __init__(self, full: AbstractSet[int], ids: tuple):
-        self.full, self.ids, self.plan = full, ids, dict.fromkeys(ids, 1)
+    def __init__(self, full: AbstractSet[int], ids):
+        self.full, self.ids, self.plan = full, list(ids), dict.fromkeys(ids, 1)
 
 
 class SchedulerView(tuple):
@@ -250,6 +251,13 @@ def private_copy(plan, policy: str) -> StepPlan:
 def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> None:
     """Check every rule of DESIGN §3 against the view's facts; raise ContractViolation on the first
     broken one. Pure: reads the plan's values only, changes nothing."""
+    check_plan(view, plan, policy)
+
+
+def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> bool:
+    """`validate_plan`, saying what it found on the way: True when the plan gives every decoding
+    request its one token, in running order, and does nothing else (the engine commits that plan
+    on its persistent decode batch without looking at its entries again)."""
     if not isinstance(plan, StepPlan):
         raise ContractViolation(policy, "plan_type",
                                 f"schedule() must return a StepPlan, got {type(plan).__name__}")
@@ -259,11 +267,11 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
                                 f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
     decode = _decode(view)
     decode_ids = decode.ids
-    if len(sched) == len(decode_ids) and not plan.preempt and not plan.reject and not plan.swap \
-            and tuple(sched) == decode_ids \
-            and all(map(is_, sched.values(), repeat(1))):
-        # every decoding request, in running order, one token each (`is 1`: the int 1, not a value
-        # equal to it): every rule but the totals holds; each takes a block iff its last one is full
+    steady = len(sched) == len(decode_ids) != 0 and not plan.preempt and not plan.reject and not plan.swap \
+        and list(sched) == decode_ids and not any(map(is_not, sched.values(), repeat(1)))
+    if steady:  # every decoding request, in running order, the int 1 each (`is not 1`: a value equal to
+        # 1 that is not the int 1 is refused below): every rule but the totals holds; each takes a
+        # block iff its last one is full
         total, blocks, free = len(sched), len(decode.full), view.num_free_blocks
     else:
         total, blocks, free = _check_entries(view, plan, policy)
@@ -274,6 +282,7 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
     if blocks > free:
         raise ContractViolation(policy, "kv_capacity",
                                 f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
+    return steady
 
 
 def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
