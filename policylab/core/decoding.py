@@ -29,6 +29,7 @@ class Decoding:
         self.full = MappingProxyType(self._full).keys()
         self._batch = DecodeBatch(requests, target_len, block_size)
         self._facts = None            # the view's DecodeFacts, made again when running or decoding change
+        self._batch_is_facts = False  # the batch's members are the facts' ids, in that order
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -47,14 +48,15 @@ class Decoding:
 
     def facts(self, running: list) -> DecodeFacts:
         """What the view states of them: their ids in running order, and those with a full last block."""
-        if self._facts is None:
-            ids = [r.req_id for r in running]
-            self._facts = DecodeFacts(self.full, ids if len(ids) == len(self._ids) else
-                                      [i for i in ids if i in self._ids])
+        return self._facts or self._make_facts(running)
+
+    def _make_facts(self, running: list) -> DecodeFacts:
+        ids = [r.req_id for r in running]
+        self._facts = DecodeFacts(self.full, ids if len(ids) == len(self._ids) else [i for i in ids if i in self._ids])
         return self._facts
 
     def running_changed(self) -> None:
-        self._facts = None
+        self._facts, self._batch_is_facts = None, False
 
     def update(self, r: Request) -> None:
         """Record a request a step just gave tokens one by one (a prefill chunk, or a decode off the
@@ -68,20 +70,23 @@ class Decoding:
             self._full.pop(rid, None)
         if rid not in self._ids:
             self._ids[rid] = self._facts = None
+            self._batch_is_facts = False
 
     def discard(self, rid: int) -> None:
         """The request no longer decodes (its KV released, or a step left it in prefill)."""
         self._full.pop(rid, None)
         if self._ids.pop(rid, 0) is None:
-            self._facts = None
+            self._facts, self._batch_is_facts = None, False
 
-    def split(self, plan, steady: bool) -> tuple:
-        """(running decodes, the other entries) of a valid plan, each in plan order: the decodes go on
-        the decode batch (`steady`: they are the view's, every decoding request in running order),
-        the others one by one; with preemptions or rejections every entry goes one by one."""
+    def steady_ids(self) -> list:
+        """The decodes of a steady-state plan (`check_plan`): every decoding request, in running order."""
+        return self._facts.ids
+
+    def split(self, plan) -> tuple:
+        """(running decodes, the other entries) of any other valid plan, each in plan order: the
+        decodes go on the decode batch, the others one by one; with preemptions or rejections every
+        entry goes one by one."""
         sched, ids = plan.num_scheduled_tokens, self._ids
-        if steady:
-            return self._facts.ids, {}
         if plan.preempt or plan.reject:
             return [], sched
         decodes = [rid for rid in sched if rid in ids]
@@ -92,11 +97,15 @@ class Decoding:
     def forget_batch(self) -> None:
         """Its members change outside `commit` (a preemption, or one of them committed one by one)."""
         self._batch.clear()
+        self._batch_is_facts = False
 
-    def commit(self, decodes: list, kv) -> Batch:
+    def commit(self, decodes: list, kv, steady: bool = False) -> Batch:
         """The batch of these running decodes (in this order) on the cached batch, each given its
-        token's KV: a new block for those whose last block is full."""
-        self._batch.become(decodes)
+        token's KV: a new block for those whose last block is full. `steady`: they are the view's
+        decodes (every decoding request, in running order)."""
+        if not (steady and self._batch_is_facts):
+            self._batch.become(decodes)
+            self._batch_is_facts = steady
         full = self._full
         growing = list(full) if len(decodes) == len(self._ids) else full.keys() & set(decodes)
         for rid in growing:
@@ -112,4 +121,5 @@ class Decoding:
             self._full[rid] = None
         if finished:
             batch.leave(finished)
+            self._batch_is_facts = False
         return finished

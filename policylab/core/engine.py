@@ -249,14 +249,17 @@ class Engine:
         """Commit a valid plan: without preemptions or rejections its running decodes lead the batch
         on the persistent decode batch (`steady`: the plan is every decode, as `check_plan` found);
         every other entry goes one by one."""
-        decodes, chunks = self._decoding.split(plan, steady)
-        parts = self._commit_requests(chunks, plan.preempt, plan.reject, plan.swap) \
-            if chunks or plan.preempt or plan.reject else None
-        if not decodes:
-            if parts is None or not parts[1]:
-                return None
-            return CommittedStep(parts[0], 0, parts[1], len(plan.preempt), len(plan.reject))
-        db = self._decoding.commit(decodes, self.kv)
+        if steady:
+            decodes, parts = self._decoding.steady_ids(), None
+        else:
+            decodes, chunks = self._decoding.split(plan)
+            parts = self._commit_requests(chunks, plan.preempt, plan.reject, plan.swap) \
+                if chunks or plan.preempt or plan.reject else None
+            if not decodes:
+                if parts is None or not parts[1]:
+                    return None
+                return CommittedStep(parts[0], 0, parts[1], len(plan.preempt), len(plan.reject))
+        db = self._decoding.commit(decodes, self.kv, steady)
         if self.dataplane.needs_token_ids:
             db.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decoding.batch_requests]
         if parts is None:
