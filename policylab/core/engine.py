@@ -23,6 +23,7 @@ from policylab.core.batch import Batch, CommittedStep, DataPlane, StepResult, ba
 from policylab.core.decoding import Decoding
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import BlockManager, chain_hashes
+from policylab.core.liveness import Liveness
 from policylab.core.policy import Policy
 from policylab.core.synthetic_prompts import SyntheticPrompt, synthesize_prompt
 from policylab.core.waiting_queue import QueueView, WaitingQueue
@@ -65,7 +66,7 @@ class Engine:
         self.step_index = 0
         self.step_log = StepLog()        # one typed row per executed step, in STEP_FIELDS order
         self._rng = np.random.default_rng(seed)
-        self._stalled_steps = 0          # consecutive steps with no output token and no request done
+        self._liveness = Liveness(cfg.max_stall_steps, self.policy_name)
         self._on_done = None
         self.before_release: Optional[Callable[[Request], None]] = None   # a finished request, its KV
                                          # still in its blocks (a P/D prefill replica copies it)
@@ -323,21 +324,13 @@ class Engine:
             waiting.remove(starting_ids)
             waiting.remove(reject)
             waiting.put_back([r.req_id for r in preempted])
-        self._check_progress(bool(reject))
+        self._liveness.check(bool(reject))
         return batch, rs
 
     def _release(self, r: Request) -> None:
         """Free the request's KV (its computed blocks published first): it leaves the decoding sets."""
         self.kv.release_request(r, self.seed, r.own_prompt and r.status is Status.FINISHED)
         self._decoding.discard(r.req_id)
-
-    def _check_progress(self, progressed: bool) -> None:
-        """Liveness: a preempt/requeue livelock ends the run instead of spinning forever."""
-        self._stalled_steps = 0 if progressed else self._stalled_steps + 1
-        if self._stalled_steps > self.cfg.max_stall_steps:
-            raise ContractViolation(self.policy_name, "liveness",
-                                    f"{self.cfg.max_stall_steps} consecutive steps produced no output token "
-                                    "and finished no request (preempt/requeue livelock?)")
 
     # ------------------------------------------------------- postprocess
     def _postprocess(self, step: CommittedStep, result: StepResult) -> None:
@@ -363,7 +356,7 @@ class Engine:
                 running.remove(r)
             self.running = running
         if sampled:
-            self._stalled_steps = 0
+            self._liveness.stalled = 0
         self._sampled = list(compress(batch.req_ids, batch.sample)) if step.requests else batch.req_ids
         size = len(batch.req_ids)
         tokens = n + sum(batch.query_lens[n:]) if step.requests else n
