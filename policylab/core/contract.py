@@ -237,12 +237,12 @@ def private_copy(plan, policy: str) -> StepPlan:
     a plan object that answers differently when read again changes nothing. A plain StepPlan of a
     dict and lists, rejecting nobody, is its own copy: the only policy code that runs while the
     engine commits a plan is `on_finished` of the requests it rejects."""
-    if not isinstance(plan, StepPlan):
-        raise ContractViolation(policy, "plan_type",
-                                f"schedule() must return a StepPlan, got {type(plan).__name__}")
     if type(plan) is StepPlan and type(plan.num_scheduled_tokens) is dict and type(plan.preempt) is list \
             and type(plan.swap) is list and not plan.reject:
         return plan      # plain values, and no policy code runs before the engine has committed them
+    if not isinstance(plan, StepPlan):
+        raise ContractViolation(policy, "plan_type",
+                                f"schedule() must return a StepPlan, got {type(plan).__name__}")
     copy = object.__new__(StepPlan)          # (a plain StepPlan, whatever class the policy's is)
     try:
         copy.num_scheduled_tokens, copy.preempt, copy.reject, copy.swap = \

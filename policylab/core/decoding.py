@@ -28,7 +28,7 @@ class Decoding:
         self.ids = MappingProxyType(self._ids).keys()      # live read-only sets (the view's facts)
         self.full = MappingProxyType(self._full).keys()
         self._batch = DecodeBatch(requests, target_len, block_size)
-        self._facts = None            # the view's DecodeFacts, made again when running or decoding change
+        self.facts = None             # the view's DecodeFacts (`make_facts`); None when running or decoding change
         self._batch_is_facts = False  # the batch's members are the facts' ids, in that order
 
     def __len__(self) -> int:
@@ -46,17 +46,14 @@ class Decoding:
     def batch_requests(self) -> list:
         return self._batch.requests
 
-    def facts(self, running: list) -> DecodeFacts:
+    def make_facts(self, running: list) -> DecodeFacts:
         """What the view states of them: their ids in running order, and those with a full last block."""
-        return self._facts or self._make_facts(running)
-
-    def _make_facts(self, running: list) -> DecodeFacts:
         ids = [r.req_id for r in running]
-        self._facts = DecodeFacts(self.full, ids if len(ids) == len(self._ids) else [i for i in ids if i in self._ids])
-        return self._facts
+        self.facts = DecodeFacts(self.full, ids if len(ids) == len(self._ids) else [i for i in ids if i in self._ids])
+        return self.facts
 
     def running_changed(self) -> None:
-        self._facts, self._batch_is_facts = None, False
+        self.facts, self._batch_is_facts = None, False
 
     def update(self, r: Request) -> None:
         """Record a request a step just gave tokens one by one (a prefill chunk, or a decode off the
@@ -69,18 +66,14 @@ class Decoding:
         else:
             self._full.pop(rid, None)
         if rid not in self._ids:
-            self._ids[rid] = self._facts = None
+            self._ids[rid] = self.facts = None
             self._batch_is_facts = False
 
     def discard(self, rid: int) -> None:
         """The request no longer decodes (its KV released, or a step left it in prefill)."""
         self._full.pop(rid, None)
         if self._ids.pop(rid, 0) is None:
-            self._facts, self._batch_is_facts = None, False
-
-    def steady_ids(self) -> list:
-        """The decodes of a steady-state plan (`check_plan`): every decoding request, in running order."""
-        return self._facts.ids
+            self.facts, self._batch_is_facts = None, False
 
     def split(self, plan) -> tuple:
         """(running decodes, the other entries) of any other valid plan, each in plan order: the

@@ -215,8 +215,8 @@ class Engine:
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
                              self._decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
                              kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
-                             self._arrived, self._decoding.facts(self._running),
-                             self.host.num_free, self.host.num_blocks)
+                             self._arrived, self._decoding.facts or self._decoding.make_facts(self._running),
+                             self.host.num_blocks and self.host.num_free, self.host.num_blocks)
 
     def _schedule(self) -> Optional[CommittedStep]:
         """Ask the policy, validate its plan, commit it: the step to execute (None: nothing runs)."""
@@ -251,7 +251,7 @@ class Engine:
         on the persistent decode batch (`steady`: the plan is every decode, as `check_plan` found);
         every other entry goes one by one."""
         if steady:
-            decodes, parts = self._decoding.steady_ids(), None
+            decodes, parts = self._decoding.facts.ids, None       # every decode, in running order
         else:
             decodes, chunks = self._decoding.split(plan)
             parts = self._commit_requests(chunks, plan.preempt, plan.reject, plan.swap) \
