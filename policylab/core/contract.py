@@ -7,7 +7,7 @@ validates every plan with `validate_plan` before touching any state; a broken ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
 from operator import is_not, itemgetter
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
@@ -259,10 +259,11 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
     check_plan(view, plan, policy)
 
 
-def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> bool:
-    """`validate_plan`, saying what it found on the way: True when the plan gives every decoding
-    request its one token, in running order, and does nothing else (the engine commits that plan
-    on its persistent decode batch without looking at its entries again)."""
+def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> int:
+    """`validate_plan`, saying what it found on the way: how many of the plan's first entries give
+    every decoding request its one token, in running order, in a plan that neither preempts nor
+    rejects (0: not so). The engine commits those on its persistent decode batch without looking
+    at them again; when they are the whole plan it is the steady state."""
     if not isinstance(plan, StepPlan):
         raise ContractViolation(policy, "plan_type",
                                 f"schedule() must return a StepPlan, got {type(plan).__name__}")
@@ -272,14 +273,16 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> b
                                 f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
     decode = _decode(view)
     decode_ids = decode.ids
-    steady = len(sched) == len(decode_ids) != 0 and not plan.preempt and not plan.reject and not plan.swap \
-        and list(sched) == decode_ids and not any(map(is_not, sched.values(), repeat(1)))
-    if steady:  # every decoding request, in running order, the int 1 each (`is not 1`: a value equal to
+    k = len(decode_ids)
+    leading = k if k and len(sched) >= k and not plan.preempt and not plan.reject and not plan.swap \
+        and (list(sched) if len(sched) == k else list(islice(sched, k))) == decode_ids \
+        and not any(map(is_not, islice(sched.values(), k), repeat(1))) else 0
+    if leading and leading == len(sched):  # every decoding request, in running order, the int 1 each (`is not 1`: a value equal to
         # 1 that is not the int 1 is refused below): every rule but the totals holds; each takes a
         # block iff its last one is full
         total, blocks, free = len(sched), len(decode.full), view.num_free_blocks
     else:
-        total, blocks, free = _check_entries(view, plan, policy)
+        total, blocks, free = _check_entries(view, plan, policy, leading)
     if total > view.max_num_batched_tokens:
         raise ContractViolation(policy, "token_budget",
                                 f"{total} tokens scheduled > "
@@ -287,10 +290,10 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> b
     if blocks > free:
         raise ContractViolation(policy, "kv_capacity",
                                 f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
-    return steady
+    return leading
 
 
-def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
+def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: int = 0) -> tuple:
     """validate_plan's rules for any other plan, entry by entry: (total tokens, blocks needed,
     blocks available)."""
     live, sched = view.by_id, plan.num_scheduled_tokens
@@ -329,7 +332,7 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
     decoding = view.decoding
     all_decodes = sched.keys() <= decoding
     if not (all_decodes and set(sched.values()) <= {1}):    # else every entry is a decode's one token
-        for rid, n in sched.items():
+        for rid, n in islice(sched.items(), leading, None):      # (the leading decodes are checked)
             r = _request(live[rid])
             if rid in decoding or is_decoding(r):
                 if n != 1:
@@ -343,6 +346,10 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
         full = _decode(view).full
         blocks = len(full) if len(sched) == len(decoding) else len(full & sched.keys())
         return len(sched), blocks, view.num_free_blocks
+    if leading:          # every decode leads, the other entries are prefill chunks
+        rest = [(_request(live[rid]), n) for rid, n in islice(sched.items(), leading, None)]
+        needed, available = _kv(live[next(iter(sched))]).plan_cost([], rest)
+        return sum(sched.values()), needed + len(_decode(view).full), available
     return sum(sched.values()), *view.plan_kv(plan)
 
 

@@ -98,7 +98,7 @@ class Decoding:
         decodes (every decoding request, in running order)."""
         if not (steady and self._batch_is_facts):
             self._batch.become(decodes)
-            self._batch_is_facts = steady
+            self._batch_is_facts = steady and self.facts is not None   # (not when running just changed)
         full = self._full
         growing = list(full) if len(decodes) == len(self._ids) else full.keys() & set(decodes)
         for rid in growing:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from itertools import compress
+from itertools import compress, islice
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -226,7 +226,7 @@ class Engine:
         view = self._view()
         plan = private_copy(self.policy.schedule(view), self.policy_name)   # read once: what is
         self._sampled, self._arrived = (), []      # told once                  checked is what runs
-        steady = check_plan(view, plan, self.policy_name)
+        leading = check_plan(view, plan, self.policy_name)     # the view's decodes, first
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             if self._running or self._next_arrival_time() is None:
                 raise ContractViolation(self.policy_name, "work_conservation",
@@ -234,7 +234,7 @@ class Engine:
                                         "or run; the replay would never end")
             self._idle_until_next_arrival()
             return None
-        return self._commit(plan, steady)
+        return self._commit(plan, leading)
 
     def _idle_until_next_arrival(self) -> None:
         t = self._next_arrival_time()
@@ -246,12 +246,15 @@ class Engine:
         return self.trace[self.next_arrival].arrival_time if self.next_arrival < len(self.trace) else None
 
     # ------------------------------------------------------------ commit
-    def _commit(self, plan: StepPlan, steady: bool = False) -> Optional[CommittedStep]:
+    def _commit(self, plan: StepPlan, leading: int = 0) -> Optional[CommittedStep]:
         """Commit a valid plan: without preemptions or rejections its running decodes lead the batch
-        on the persistent decode batch (`steady`: the plan is every decode, as `check_plan` found);
-        every other entry goes one by one."""
-        if steady:
-            decodes, parts = self._decoding.facts.ids, None       # every decode, in running order
+        on the persistent decode batch (`leading`: the plan's first entries are every decode, in
+        running order, as `check_plan` found); every other entry goes one by one."""
+        sched = plan.num_scheduled_tokens
+        if leading:
+            decodes = self._decoding.facts.ids       # every decode, in running order
+            chunks = dict(islice(sched.items(), leading, None)) if leading < len(sched) else {}
+            parts = self._commit_requests(chunks, [], {}) if chunks else None
         else:
             decodes, chunks = self._decoding.split(plan)
             parts = self._commit_requests(chunks, plan.preempt, plan.reject, plan.swap) \
@@ -260,7 +263,7 @@ class Engine:
                 if parts is None or not parts[1]:
                     return None
                 return CommittedStep(parts[0], 0, parts[1], len(plan.preempt), len(plan.reject))
-        db = self._decoding.commit(decodes, self.kv, steady)
+        db = self._decoding.commit(decodes, self.kv, bool(leading))
         if self.dataplane.needs_token_ids:
             db.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decoding.batch_requests]
         if parts is None:
