@@ -14,6 +14,8 @@ Usage: python experiments/bench_engine.py [--requests 20000] [--policy prefill_f
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import statistics
 import sys
 import tempfile
@@ -25,7 +27,10 @@ import numpy as np
 import yaml
 
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
-from policylab.dataplane.config import DataplaneConfig
+try:
+    from policylab.dataplane.config import DataplaneConfig
+except ImportError:            # an older checkout (count_instructions.py --against runs this file there)
+    from policylab.core.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
@@ -50,8 +55,11 @@ PINNED = {"prefill_first": {"watermark": 0.0}}   # the published figures predate
 
 
 def load_policy(name):
-    if name in PINNED:
-        return load_policy_spec({**yaml.safe_load(open(ROOT / f"configs/policy/{name}.yaml")), **PINNED[name]})
+    if name in PINNED:       # (an older checkout, for count_instructions.py --against: the options it
+        spec = {**yaml.safe_load(open(ROOT / f"configs/policy/{name}.yaml")), **PINNED[name]}   # has)
+        module, cls = spec["_target_"].rsplit(".", 1)
+        takes = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
+        return load_policy_spec({k: v for k, v in spec.items() if k == "_target_" or k in takes})
     return load_policy_spec(str(ROOT / f"configs/policy/{name}.yaml"))      # resolves ${fairness.*} / ${slo.*} too
 
 
@@ -60,7 +68,8 @@ COST_MODEL = "shaped"        # --cost-model
 
 def sim_plane():
     model = ModelConfig(**yaml.safe_load(open(ROOT / "configs/model/llama3-8b.yaml")))
-    return SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim", cost_model=COST_MODEL))
+    fields = {"cost_model": COST_MODEL} if COST_MODEL != "roofline" else {}   # (older checkouts: roofline only)
+    return SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim", **fields))
 
 
 def replay_engine(n, policy):

@@ -75,7 +75,7 @@ def test_each_broken_rule_is_named_and_nothing_is_committed(rule):
 
 def test_every_rule_of_validate_plan_has_a_breaking_plan():
     from policylab.core import contract
-    source = inspect.getsource(validate_plan) + inspect.getsource(contract._check_entries)
+    source = inspect.getsource(contract.check_plan) + inspect.getsource(contract._check_entries)
     rules = set(re.findall(r'ContractViolation\(policy, "(\w+)"', source))
     assert rules == set(BAD_PLANS)
 

@@ -25,7 +25,7 @@ def test_engine_invariants_hold_over_random_traces_and_budgets(scenario):
 def test_the_persistent_decode_batch_gives_the_same_replay_as_committing_request_by_request(scenario):
     """Running decodes are committed on the persistent decode batch (a cache of the one commit
     path); with it switched off every entry is committed request by request, and nothing may differ."""
-    def request_by_request(engine, plan):
+    def request_by_request(engine, plan, steady=False):
         batch, requests = engine._commit_requests(plan.num_scheduled_tokens, plan.preempt, plan.reject)
         return CommittedStep(batch, 0, requests, len(plan.preempt), len(plan.reject)) if requests else None
 

@@ -220,6 +220,32 @@ def test_a_plan_that_changes_after_validation_runs_as_validated(make):
     assert [len(r.output_ids) for r in result.requests] == [4, 4]
 
 
+def test_a_plan_its_policy_changes_while_its_rejections_are_committed_runs_as_validated():
+    """Rejections call the policy's on_finished during the commit: a policy that then rewrites the
+    plan it returned (a preemption of a waiting request, a budget-breaking chunk) changes nothing."""
+    class Rewrites(PrefillFirst):
+        plan = None
+
+        def schedule(self, view):
+            plan = super().schedule(view)
+            if 1 in view.by_id and view.by_id[1].status == "waiting":
+                plan = StepPlan({}, reject={1: "not this one"})
+            self.plan = plan
+            return plan
+
+        def on_finished(self, v):
+            if self.plan is not None:
+                self.plan.num_scheduled_tokens[0] = 10_000
+                self.plan.preempt.append(0)
+
+    trace = [TraceRequest(0.0, 60, 4), TraceRequest(0.0, 60, 4)]
+    result = engine(Rewrites(), trace=trace).run()
+    assert result.status == "complete", result.error
+    assert [r.status.value for r in result.requests] == ["finished", "rejected"]
+    assert result.requests[0].num_preemptions == 0 and len(result.requests[0].output_ids) == 4
+    assert max(result.steps["prefill_tokens"]) == 60
+
+
 # ------------------------------------------------------------- 11. bad files
 @pytest.mark.parametrize("name, content, expected", [
     ("binary.jsonl", b"\x00\x01\xa3\xff\xfe" * 20, r":1: not UTF-8 text \(byte 0xa3 at column 3\)"),

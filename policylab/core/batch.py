@@ -10,7 +10,7 @@ after its step, so a data plane may keep batches it was sent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 @dataclass
@@ -47,8 +47,7 @@ class StepResult:
     accepted: dict | None = None   # speculative steps: batch row -> accepted draft ids (sampled follows them)
 
 
-@dataclass(slots=True)
-class CommittedStep:
+class CommittedStep(NamedTuple):
     """What one commit did, for the postprocess of the same step (vLLM's `SchedulerOutput`)."""
     batch: Batch
     decodes: int             # the batch's first entries: running decodes, on the persistent decode batch

@@ -7,8 +7,8 @@ validates every plan with `validate_plan` before touching any state; a broken ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import is_, itemgetter
+from itertools import islice, repeat
+from operator import is_not, itemgetter
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
 from policylab.core.request import is_decoding
@@ -99,14 +99,15 @@ _FACTS = ("clock", "step", "waiting", "running", "decoding", "max_num_batched_to
 
 class DecodeFacts:
     """What the validator and `decode_tokens` know of the decoding requests: those whose last block
-    is full (a live read-only set), their ids in running order, and the plan {each: 1} that
-    `decode_tokens` copies, and `cow`: blocks the copy-on-writes of every decode take (forks
-    only, `policylab.core.forks`). The engine makes one when the decoding requests change."""
+    is full (a live read-only set), their ids in running order (a list: a plan's keys compare to it
+    as one list), the plan {each: 1} that `decode_tokens` copies, and `cow`: blocks the
+    copy-on-writes of every decode take (forks only, `policylab.core.forks`). The engine makes one
+    when the decoding requests change."""
 
     __slots__ = ("full", "ids", "plan", "cow")
 
-    def __init__(self, full: AbstractSet[int], ids: tuple, cow: int = 0):
-        self.full, self.ids, self.plan, self.cow = full, ids, dict.fromkeys(ids, 1), cow
+    def __init__(self, full: AbstractSet[int], ids, cow: int = 0):
+        self.full, self.ids, self.plan, self.cow = full, list(ids), dict.fromkeys(ids, 1), cow
 
 
 class SchedulerView(tuple):
@@ -228,7 +229,12 @@ class StepPlan:
 
 def private_copy(plan, policy: str) -> StepPlan:
     """The plan as plain values, taken once: the engine validates and executes this copy only, so
-    a plan object that answers differently when read again changes nothing."""
+    a plan object that answers differently when read again changes nothing. A plain StepPlan of a
+    dict and lists, rejecting nobody, is its own copy: the only policy code that runs while the
+    engine commits a plan is `on_finished` of the requests it rejects."""
+    if type(plan) is StepPlan and type(plan.num_scheduled_tokens) is dict and type(plan.preempt) is list \
+            and type(plan.swap) is list and not plan.reject:
+        return plan      # plain values, and no policy code runs before the engine has committed them
     if not isinstance(plan, StepPlan):
         raise ContractViolation(policy, "plan_type",
                                 f"schedule() must return a StepPlan, got {type(plan).__name__}")
@@ -247,6 +253,14 @@ def private_copy(plan, policy: str) -> StepPlan:
 def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> None:
     """Check every rule of DESIGN §3 against the view's facts; raise ContractViolation on the first
     broken one. Pure: reads the plan's values only, changes nothing."""
+    check_plan(view, plan, policy)
+
+
+def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> int:
+    """`validate_plan`, saying what it found on the way: how many of the plan's first entries give
+    every decoding request its one token, in running order, in a plan that neither preempts nor
+    rejects (0: not so). The engine commits those on its persistent decode batch without looking
+    at them again; when they are the whole plan it is the steady state."""
     if not isinstance(plan, StepPlan):
         raise ContractViolation(policy, "plan_type",
                                 f"schedule() must return a StepPlan, got {type(plan).__name__}")
@@ -256,14 +270,16 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
                                 f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
     decode = _decode(view)
     decode_ids = decode.ids
-    if len(sched) == len(decode_ids) and not plan.preempt and not plan.reject and not plan.swap \
-            and tuple(sched) == decode_ids \
-            and all(map(is_, sched.values(), repeat(1))):
-        # every decoding request, in running order, one token each (`is 1`: the int 1, not a value
-        # equal to it): every rule but the totals holds; each takes a block iff its last one is full
+    k = len(decode_ids)
+    leading = k if k and len(sched) >= k and not plan.preempt and not plan.reject and not plan.swap \
+        and (list(sched) if len(sched) == k else list(islice(sched, k))) == decode_ids \
+        and not any(map(is_not, islice(sched.values(), k), repeat(1))) else 0
+    if leading and leading == len(sched):  # every decoding request, in running order, the int 1 each (`is not 1`: a value equal to
+        # 1 that is not the int 1 is refused below): every rule but the totals holds; each takes a
+        # block iff its last one is full
         total, blocks, free = len(sched), len(decode.full) + decode.cow, view.num_free_blocks
     else:
-        total, blocks, free = _check_entries(view, plan, policy)
+        total, blocks, free = _check_entries(view, plan, policy, leading)
     if plan.spec_tokens:              # k drafts: k more tokens of the budget, the KV of k + 1 tokens
         extra_tokens, extra_blocks = check_spec_tokens(view, plan, policy)
         total, blocks = total + extra_tokens, blocks + extra_blocks
@@ -274,9 +290,10 @@ def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -
     if blocks > free:
         raise ContractViolation(policy, "kv_capacity",
                                 f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
+    return leading
 
 
-def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
+def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: int = 0) -> tuple:
     """validate_plan's rules for any other plan, entry by entry: (total tokens, blocks needed,
     blocks available)."""
     live, sched = view.by_id, plan.num_scheduled_tokens
@@ -315,7 +332,7 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
     decoding = view.decoding
     all_decodes = sched.keys() <= decoding
     if not (all_decodes and set(sched.values()) <= {1}):    # else every entry is a decode's one token
-        for rid, n in sched.items():
+        for rid, n in islice(sched.items(), leading, None):      # (the leading decodes are checked)
             r = _request(live[rid])
             if rid in decoding or is_decoding(r):
                 if n != 1:
@@ -329,6 +346,10 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str) -> tuple:
         full = _decode(view).full
         blocks = len(full) if len(sched) == len(decoding) else len(full & sched.keys())
         return len(sched), blocks + _copies(view, plan), view.num_free_blocks
+    if leading:          # every decode leads, the other entries are prefill chunks
+        rest = [(_request(live[rid]), n) for rid, n in islice(sched.items(), leading, None)]
+        needed, available = _kv(live[next(iter(sched))]).plan_cost([], rest)
+        return sum(sched.values()), needed + len(_decode(view).full) + _copies(view, plan), available
     return sum(sched.values()), *view.plan_kv(plan)
 
 

@@ -21,8 +21,8 @@ from policylab.core.batch import Batch
 
 
 class DecodeBatch:
-    """Running decodes in batch order: the engine's private cache of its one commit path, valid
-    while only that path's decodes change its members."""
+    """Running decodes in batch order: a private cache of `Decoding` (which requests decode and
+    whose last block is full), valid while only its decodes change its members."""
 
     def __init__(self, requests: list, target_len: dict, block_size: int):
         self._all, self._target_len, self.block_size = requests, target_len, block_size
@@ -86,26 +86,6 @@ class DecodeBatch:
 
     def batch(self) -> Batch:
         return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling)
-
-    def commit(self, decodes: list, needs_block: dict, all_decoding: bool, kv, members: bool = False) -> Batch:
-        """Make `decodes` the members (`members`: they are already) and give each its token's KV: a
-        new block for those whose last block is full (`needs_block`, all of them when `all_decoding`)."""
-        if not members:
-            self.become(decodes)
-        growing = list(needs_block) if all_decoding else needs_block.keys() & set(decodes)
-        for rid in growing:
-            kv.grow_one(self._all[rid].block_table)
-            del needs_block[rid]                     # its last block is no longer full
-        return self.batch()
-
-    def postprocess(self, sampled: list, now: float, eos, needs_block: dict) -> list:
-        """The members take their tokens; returns those that finished (they have left)."""
-        finished = self.advance(sampled, now, eos)
-        for rid in self.full_last_block():
-            needs_block[rid] = None
-        if finished:
-            self.leave(finished)
-        return finished
 
     def advance(self, sampled: list, now: float, eos) -> list:
         """Apply one step's tokens; returns the members that finished (they must `leave`)."""

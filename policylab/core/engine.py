@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from itertools import compress
+from itertools import compress, islice
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -18,18 +18,18 @@ from policylab.core.admission import never_fits, predict_output
 from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
 from policylab.core.contract import (ContractViolation, DecodeFacts, RequestView, SchedulerView, StepPlan,
-                                     private_copy, validate_plan)
+                                     check_plan, private_copy)
 from policylab.core.batch import Batch, CommittedStep, DataPlane, StepResult, bad_duration, joined
-from policylab.core.decode_batch import DecodeBatch
+from policylab.core.decoding import Decoding
 from policylab.core.forks import Forks, uses_forks
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import BlockManager, chain_hashes
+from policylab.core.liveness import Liveness
 from policylab.core.policy import Policy
 from policylab.core.prefix_tiers import make_prefix_tiers
 from policylab.core.synthetic_prompts import SyntheticPrompt, synthesize_prompt
 from policylab.core.waiting_queue import QueueView, WaitingQueue
-from policylab.core.request import (NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals,
-                                    forget_done, is_decoding)
+from policylab.core.request import NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals, forget_done
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.speculative import Speculation
 from policylab.core.step_log import StepLog
@@ -62,11 +62,7 @@ class Engine:
         self._waiting_view = QueueView(self._waiting)  # the policies' live, read-only window on it
         self._running: list = []
         self._running_views = None       # views of running, rebuilt when it changes
-        self._decode_facts = None        # the view's DecodeFacts, rebuilt when running or decoding change
-        self._decoding: dict = {}        # req_id -> None: running requests in decode (ordered set)
-        self._needs_block: dict = {}     # req_id -> None: decoding ones whose last block is full
-        self._decoding_ro, self._needs_block_ro = (MappingProxyType(d).keys() for d in (self._decoding,
-                                                                                      self._needs_block))
+        self._decoding = Decoding(self.requests, self.target_len, cfg.block_size)   # and the decode batch
         self.next_arrival = 0
         self._next_arrival_time = self._next_trace_arrival   # when more work can come (None: never)
         self.asleep = False              # a replica whose policy waits: no step until a delivery
@@ -76,11 +72,10 @@ class Engine:
         self.step_index = 0
         self.step_log = StepLog()        # one typed row per executed step, in STEP_FIELDS order
         self._rng = np.random.default_rng(seed)
-        self._stalled_steps = 0          # consecutive steps with no output token and no request done
+        self._liveness = Liveness(cfg.max_stall_steps, self.policy_name)
         self._on_done = None
         self.before_release: Optional[Callable[[Request], None]] = None   # a finished request, its KV
                                          # still in its blocks (a P/D prefill replica copies it)
-        self._decode_batch = DecodeBatch(self.requests, self.target_len, cfg.block_size)   # the steady state
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
         self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
         self.speculation = Speculation(self)    # steps that verify draft tokens (StepPlan.spec_tokens)
@@ -96,7 +91,8 @@ class Engine:
 
     @running.setter
     def running(self, value: list) -> None:
-        self._running, self._running_views, self._decode_facts = value, None, None
+        self._running, self._running_views = value, None
+        self._decoding.running_changed()
 
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> RunResult:
         result = self.begin(on_request_done)
@@ -254,20 +250,20 @@ class Engine:
 
     # ---------------------------------------------------------- schedule
     def _view(self) -> SchedulerView:
-        kv, decoding = self.kv, self._decoding
+        kv = self.kv
         if self._running_views is None:
             self._running_views = tuple([self.views[r.req_id] for r in self._running])
-        if self._decode_facts is None:
-            ids = [r.req_id for r in self._running]
-            self._decode_facts = DecodeFacts(self._needs_block_ro, tuple(
-                ids if len(ids) == len(decoding) else [i for i in ids if i in decoding]))
-        if self.forks is not None:       # copy-on-writes of the decodes (their shares change every step)
-            self._decode_facts.cow = self.kv.cow.copies([(self.requests[i], 1) for i in self._decode_facts.ids])
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
-                             self._decoding_ro, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
+                             self._decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
                              kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
-                             self._arrived, self._decode_facts,
-                             self.host.num_free, self.host.num_blocks)
+                             self._arrived, self._decode_facts(), self.host.num_blocks and self.host.num_free,
+                             self.host.num_blocks)
+
+    def _decode_facts(self) -> DecodeFacts:
+        facts = self._decoding.facts or self._decoding.make_facts(self._running)
+        if self.forks is not None:       # copy-on-writes of the decodes (their shares change every step)
+            facts.cow = self.kv.cow.copies([(self.requests[i], 1) for i in facts.ids])
+        return facts
 
     def _schedule(self) -> Optional[CommittedStep]:
         """Ask the policy, validate its plan, commit it: the step to execute (None: nothing runs)."""
@@ -277,7 +273,7 @@ class Engine:
         view = self._view()
         plan = private_copy(self.policy.schedule(view), self.policy_name)   # read once: what is
         self._sampled, self._arrived = (), []      # told once                  checked is what runs
-        validate_plan(view, plan, self.policy_name)
+        leading = check_plan(view, plan, self.policy_name)     # the view's decodes, first
         if not plan.num_scheduled_tokens and not plan.preempt and not plan.reject:
             stuck = self._running or self._next_arrival_time() is None
             if stuck and self.tools is not None and self.tools.unstick():
@@ -288,7 +284,7 @@ class Engine:
                                         "or run; the replay would never end")
             self._idle_until_next_arrival()
             return None
-        return self._commit(plan)
+        return self._commit(plan, leading)
 
     def _idle_until_next_arrival(self) -> None:
         t = self._next_arrival_time()
@@ -300,33 +296,32 @@ class Engine:
         return self.trace[self.next_arrival].arrival_time if self.next_arrival < len(self.trace) else None
 
     # ------------------------------------------------------------ commit
-    def _commit(self, plan: StepPlan) -> Optional[CommittedStep]:
-        """Commit a valid plan: without preemptions or rejections its running decodes (found by their
-        keys) lead the batch on the persistent decode batch; every other entry goes one by one."""
-        sched, decoding = plan.num_scheduled_tokens, self._decoding
-        same = (ids := list(sched)) == self._decode_batch.ids     # (the decode batch's members all decode)
-        spec = plan.spec_tokens and self.speculation.planned(plan.spec_tokens)   # drafts: the general path
-        if plan.preempt or plan.reject or spec:
-            decodes, chunks = [], sched
-        elif same or all(map(decoding.__contains__, ids)):
-            decodes, chunks = ids, {}
+    def _commit(self, plan: StepPlan, leading: int = 0) -> Optional[CommittedStep]:
+        """Commit a valid plan: without preemptions or rejections its running decodes lead the batch
+        on the persistent decode batch (`leading`: the plan's first entries are every decode, in
+        running order, as `check_plan` found); every other entry goes one by one (and every entry of
+        a plan with draft tokens)."""
+        sched = plan.num_scheduled_tokens
+        spec = plan.spec_tokens and self.speculation.planned(plan.spec_tokens)
+        if leading and not spec:
+            decodes = self._decoding.facts.ids       # every decode, in running order
+            chunks = dict(islice(sched.items(), leading, None)) if leading < len(sched) else {}
+            parts = self._commit_requests(chunks, [], {}) if chunks else None
         else:
-            decodes = [rid for rid in ids if rid in decoding]
-            chunks = {rid: n for rid, n in sched.items() if rid not in decoding} if decodes else sched
-        parts = self._commit_requests(self.speculation.widened(chunks, spec) if spec else chunks, plan.preempt,
-                                      plan.reject, plan.swap) if chunks or plan.preempt or plan.reject else None
-        if spec:
-            self.speculation.commit(parts[0], parts[1], spec)
+            decodes, chunks = ([], sched) if spec else self._decoding.split(plan)
+            parts = self._commit_requests(self.speculation.widened(chunks, spec) if spec else chunks, plan.preempt,
+                                          plan.reject, plan.swap) if chunks or plan.preempt or plan.reject else None
+            if spec:
+                self.speculation.commit(parts[0], parts[1], spec)
         if self.forks is not None:       # a shared block is copied before the step writes it
             self.forks.copy_on_write(sched)
         if not decodes:
             if parts is None or not parts[1]:
                 return None
             return CommittedStep(parts[0], 0, parts[1], len(plan.preempt), len(plan.reject))
-        db = self._decode_batch.commit(decodes, self._needs_block, len(decodes) == len(decoding), self.kv,
-                                       same and not chunks)
+        db = self._decoding.commit(decodes, self.kv, bool(leading))
         if self.dataplane.needs_token_ids:
-            db.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decode_batch.requests]
+            db.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decoding.batch_requests]
         if parts is None:
             return CommittedStep(db, len(decodes), [], 0, 0)
         return CommittedStep(joined(db, parts[0]), len(decodes), parts[1], 0, 0)
@@ -335,8 +330,8 @@ class Engine:
         """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
         (the batch of `sched`'s entries, their Requests)."""
         now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
-        if preempt or not sched.keys().isdisjoint(self._decode_batch.ids):   # its members change
-            self._decode_batch.clear()
+        if preempt or not sched.keys().isdisjoint(self._decoding.batch_ids):   # its members change
+            self._decoding.forget_batch()
         rs = [reqs[rid] for rid in sched]
         waiting = self._waiting
         starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
@@ -392,31 +387,21 @@ class Engine:
             waiting.remove(starting_ids)
             waiting.remove(reject)
             waiting.put_back([r.req_id for r in preempted])
-        self._check_progress(bool(reject))
+        self._liveness.check(bool(reject))
         return batch, rs
 
     def _release(self, r: Request) -> None:
         """Free the request's KV (its computed blocks published first): it leaves the decoding sets."""
         self.kv.release_request(r, self.seed, r.own_prompt and r.status is Status.FINISHED)
-        if self._decoding.pop(r.req_id, 0) is None:
-            self._decode_facts = None
-        self._needs_block.pop(r.req_id, None)
-
-    def _check_progress(self, progressed: bool) -> None:
-        """Liveness: a preempt/requeue livelock ends the run instead of spinning forever."""
-        self._stalled_steps = 0 if progressed else self._stalled_steps + 1
-        if self._stalled_steps > self.cfg.max_stall_steps:
-            raise ContractViolation(self.policy_name, "liveness",
-                                    f"{self.cfg.max_stall_steps} consecutive steps produced no output token "
-                                    "and finished no request (preempt/requeue livelock?)")
+        self._decoding.discard(r.req_id)
 
     # ------------------------------------------------------- postprocess
     def _postprocess(self, step: CommittedStep, result: StepResult) -> None:
         start = self.clock.now
         self.clock.advance(result.duration)
         batch, n, now, sampled = step.batch, step.decodes, self.clock.now, result.sampled
-        finished = self._decode_batch.postprocess(sampled[:n] if step.requests else sampled, now, self._eos,
-                                                  self._needs_block) if n else []
+        finished = self._decoding.postprocess(sampled[:n] if step.requests else sampled, now, self._eos) \
+            if n else []
         prefill_tokens = n_prefill = 0
         if step.requests:
             query_lens, rest = (batch.query_lens[n:], sampled[n:]) if batch.spec_lens is None else \
@@ -440,7 +425,7 @@ class Engine:
                 running.remove(r)
             self.running = running
         if sampled:
-            self._stalled_steps = 0
+            self._liveness.stalled = 0
         self._sampled = list(compress(batch.req_ids, batch.sample)) if step.requests else batch.req_ids
         if self.forks is not None:       # beam search compares its beams once their tokens are in
             self.forks.after_step(self._sampled, sampled)
@@ -457,7 +442,7 @@ class Engine:
         """The entries committed request by request: (finished requests, prefill tokens, prefill requests)."""
         now, kv, bs, eos = self.clock.now, self.kv, self.kv.block_size, self._eos
         finished, prefill_tokens, n_prefill = [], 0, 0
-        target, decoding, needs_block = self.target_len, self._decoding, self._needs_block
+        target, decoding = self.target_len, self._decoding
         sampled = iter(sampled)
         for r, n, sample in zip(requests, query_lens, sample):
             out, rid = r.output_ids, r.req_id
@@ -475,15 +460,5 @@ class Engine:
                 if len(out) >= target[rid] or tok == eos:
                     finished.append(r)
                     continue
-            if is_decoding(r):          # decoding from now on (also a recompute one token short of the end)
-                if rid not in decoding:
-                    decoding[rid] = self._decode_facts = None
-                if after % bs == 0:
-                    needs_block[rid] = None
-                else:
-                    needs_block.pop(rid, None)
-            else:
-                if decoding.pop(rid, 0) is None:
-                    self._decode_facts = None
-                needs_block.pop(rid, None)
+            decoding.update(r)          # it begins or stops decoding, or stays
         return finished, prefill_tokens, n_prefill

@@ -157,9 +157,7 @@ class Forks:
             child.num_computed_tokens = parent.num_computed_tokens
             child.output_ids, child.token_times = list(parent.output_ids), list(parent.token_times)
             kv.acquire(child.block_table, parent.block_table)
-            engine._decoding[k] = engine._decode_facts = None
-            if child.num_computed_tokens % kv.block_size == 0:
-                engine._needs_block[k] = None
+            engine._decoding.update(child)
         elif share:                   # every prompt block but its last token's write: shared
             child.status, child.first_scheduled_time = Status.RUNNING, now
             child.num_computed_tokens = len(parent.prompt_ids) - 1

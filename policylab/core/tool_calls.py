@@ -176,9 +176,7 @@ class ToolCalls:
             choice = "free"
             self.stats["offload_fallbacks"] += 1
         computed = r.num_computed_tokens
-        if e._decoding.pop(rid, 0) is None:
-            e._decode_facts = None
-        e._needs_block.pop(rid, None)
+        e._decoding.discard(rid)
         if choice == "offload":
             e.swap.swap_out(r, e.kv.block_size)
             e._release(r)

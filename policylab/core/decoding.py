@@ -1,0 +1,118 @@
+"""The running requests in decode: the engine's one record of which requests decode (DESIGN §2).
+
+A running request decodes when its next step is exactly one token (`is_decoding`); it enters
+when a step leaves it so and leaves when a step leaves it otherwise, or when its KV is
+released (finished, preempted, rejected). Beside the ordered set of them this record keeps
+those whose last KV block is full, so that giving every decode its token knows the blocks it
+takes without a look at each request. The persistent decode batch is a private cache of it:
+while the same requests decode step after step, their per-request lists are reused.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from policylab.core.batch import Batch
+from policylab.core.contract import DecodeFacts
+from policylab.core.decode_batch import DecodeBatch
+from policylab.core.request import Request, is_decoding
+
+
+class Decoding:
+    """The decoding requests of one engine (ordered by when they began decoding), those whose last
+    block is full, and the decode batch cached over them."""
+
+    def __init__(self, requests: list, target_len: list, block_size: int):
+        self._requests, self.block_size = requests, block_size
+        self._ids: dict = {}          # req_id -> None: an ordered set
+        self._full: dict = {}         # req_id -> None: decoding ones whose last block is full
+        self.ids = MappingProxyType(self._ids).keys()      # live read-only sets (the view's facts)
+        self.full = MappingProxyType(self._full).keys()
+        self._batch = DecodeBatch(requests, target_len, block_size)
+        self.facts = None             # the view's DecodeFacts (`make_facts`); None when running or decoding change
+        self._batch_is_facts = False  # the batch's members are the facts' ids, in that order
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, rid: int) -> bool:
+        return rid in self._ids
+
+    @property
+    def batch_ids(self) -> list:
+        """The cached decode batch's members, in batch order."""
+        return self._batch.ids
+
+    @property
+    def batch_requests(self) -> list:
+        return self._batch.requests
+
+    def make_facts(self, running: list) -> DecodeFacts:
+        """What the view states of them: their ids in running order, and those with a full last block."""
+        ids = [r.req_id for r in running]
+        self.facts = DecodeFacts(self.full, ids if len(ids) == len(self._ids) else [i for i in ids if i in self._ids])
+        return self.facts
+
+    def running_changed(self) -> None:
+        self.facts, self._batch_is_facts = None, False
+
+    def update(self, r: Request) -> None:
+        """Record a request a step just gave tokens one by one (a prefill chunk, or a decode off the
+        cached batch): it decodes from now on, or not."""
+        rid = r.req_id
+        if not is_decoding(r):        # (decoding also covers a recompute one token short of the end)
+            return self.discard(rid)
+        if r.num_computed_tokens % self.block_size == 0:
+            self._full[rid] = None
+        else:
+            self._full.pop(rid, None)
+        if rid not in self._ids:
+            self._ids[rid] = self.facts = None
+            self._batch_is_facts = False
+
+    def discard(self, rid: int) -> None:
+        """The request no longer decodes (its KV released, or a step left it in prefill)."""
+        self._full.pop(rid, None)
+        if self._ids.pop(rid, 0) is None:
+            self.facts, self._batch_is_facts = None, False
+
+    def split(self, plan) -> tuple:
+        """(running decodes, the other entries) of any other valid plan, each in plan order: the
+        decodes go on the decode batch, the others one by one; with preemptions or rejections every
+        entry goes one by one."""
+        sched, ids = plan.num_scheduled_tokens, self._ids
+        if plan.preempt or plan.reject:
+            return [], sched
+        decodes = [rid for rid in sched if rid in ids]
+        if not decodes or len(decodes) == len(sched):
+            return decodes, {} if decodes else sched
+        return decodes, {rid: n for rid, n in sched.items() if rid not in ids}
+
+    def forget_batch(self) -> None:
+        """Its members change outside `commit` (a preemption, or one of them committed one by one)."""
+        self._batch.clear()
+        self._batch_is_facts = False
+
+    def commit(self, decodes: list, kv, steady: bool = False) -> Batch:
+        """The batch of these running decodes (in this order) on the cached batch, each given its
+        token's KV: a new block for those whose last block is full. `steady`: they are the view's
+        decodes (every decoding request, in running order)."""
+        if not (steady and self._batch_is_facts):
+            self._batch.become(decodes)
+            self._batch_is_facts = steady and self.facts is not None   # (not when running just changed)
+        full = self._full
+        growing = list(full) if len(decodes) == len(self._ids) else full.keys() & set(decodes)
+        for rid in growing:
+            kv.grow_one(self._requests[rid].block_table)
+            del full[rid]                     # its last block is no longer full
+        return self._batch.batch()
+
+    def postprocess(self, sampled: list, now: float, eos) -> list:
+        """The cached batch's members take their tokens; returns those that finished (they left it)."""
+        batch = self._batch
+        finished = batch.advance(sampled, now, eos)
+        for rid in batch.full_last_block():
+            self._full[rid] = None
+        if finished:
+            batch.leave(finished)
+            self._batch_is_facts = False
+        return finished
