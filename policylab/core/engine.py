@@ -19,7 +19,7 @@ from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
 from policylab.core.contract import (ContractViolation, DecodeFacts, RequestView, SchedulerView, StepPlan,
                                      check_plan, private_copy)
-from policylab.core.batch import Batch, CommittedStep, DataPlane, StepResult, bad_duration, joined
+from policylab.core.batch import CommittedStep, DataPlane, StepResult, bad_duration, joined
 from policylab.core.decoding import Decoding
 from policylab.core.forks import Forks, uses_forks
 from policylab.core.gc_freeze import FrozenHeap
@@ -29,6 +29,7 @@ from policylab.core.policy import Policy
 from policylab.core.prefix_tiers import make_prefix_tiers
 from policylab.core.synthetic_prompts import SyntheticPrompt, synthesize_prompt
 from policylab.core.waiting_queue import QueueView, WaitingQueue
+from policylab.core.request_steps import commit_requests, postprocess_requests
 from policylab.core.request import NO_TOKENS, Request, SamplingParams, Status, TraceRequest, check_arrivals, forget_done
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.speculative import Speculation
@@ -326,69 +327,8 @@ class Engine:
             return CommittedStep(db, len(decodes), [], 0, 0)
         return CommittedStep(joined(db, parts[0]), len(decodes), parts[1], 0, 0)
 
-    def _commit_requests(self, sched: dict, preempt: list, reject: dict, swap: list = ()) -> tuple:
-        """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
-        (the batch of `sched`'s entries, their Requests)."""
-        now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
-        if preempt or not sched.keys().isdisjoint(self._decoding.batch_ids):   # its members change
-            self._decoding.forget_batch()
-        rs = [reqs[rid] for rid in sched]
-        waiting = self._waiting
-        starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
-        starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
-        hits = [kv.hits(r) for r in starting]      # as validated: before a release changes the cache
-        kv_hits = {r.req_id: h for r, h in zip(starting, hits) if r.swapped_blocks} if self.host.num_used else {}
-        for rid, reason in reject.items():
-            self._reject(reqs[rid], f"rejected by policy: {reason}")
-        preempted = [reqs[rid] for rid in preempt]
-        swapping = set(swap)
-        for r in preempted:
-            if r.req_id in swapping:
-                computed = r.num_computed_tokens
-                self.swap.swap_out(r, bs)
-                self._release(r)
-                r.num_computed_tokens = computed
-            else:
-                self.kv_stats["recomputed_tokens"] += r.num_computed_tokens
-                self._release(r)
-                r.num_computed_tokens = 0
-            r.status = Status.WAITING
-            r.num_preemptions += 1
-        for r, blocks in zip(starting, hits):    # take every cache hit before any allocation can evict one
-            r.status = Status.RUNNING
-            if r.first_scheduled_time is None:
-                r.first_scheduled_time = now
-            if blocks:
-                kv.acquire(r.block_table, blocks)
-                if not r.swapped_blocks:       # (a swapped request's hits are computed tokens it has)
-                    r.num_computed_tokens = len(blocks) * bs
-                    r.num_cached_tokens_total += r.num_computed_tokens
-        if kv.tiers is not None:                 # lower-tier hits come back to the device
-            kv.tiers.promote_pending(kv)
-        if self.tools is not None and starting:
-            self.tools.started(starting)
-        ns = list(sched.values())
-        ctxs = [r.num_computed_tokens for r in rs]
-        for r, n, c in zip(rs, ns, ctxs):
-            if c + n > len(r.block_table) * bs:
-                kv.grow(r.block_table, c + n)
-            if r.swapped_blocks:
-                self.swap.swap_in(r, len(kv_hits[r.req_id]))
-        batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
-                      [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
-                      [r.sampling for r in rs])
-        if self.dataplane.needs_token_ids:
-            batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
-        if preempted:
-            self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
-        elif starting:                  # (rejected requests were waiting: running only grows)
-            self.running = self._running + starting
-        if preempted or reject or starting:
-            waiting.remove(starting_ids)
-            waiting.remove(reject)
-            waiting.put_back([r.req_id for r in preempted])
-        self._liveness.check(bool(reject))
-        return batch, rs
+    _commit_requests = commit_requests           # the entries that go one by one (core.request_steps)
+    _postprocess_requests = postprocess_requests
 
     def _release(self, r: Request) -> None:
         """Free the request's KV (its computed blocks published first): it leaves the decoding sets."""
@@ -437,28 +377,3 @@ class Engine:
         self.step_index += 1
         if self.cfg.check_invariants:
             self.kv.check()
-
-    def _postprocess_requests(self, requests: list, query_lens: list, sample: list, sampled: list) -> tuple:
-        """The entries committed request by request: (finished requests, prefill tokens, prefill requests)."""
-        now, kv, bs, eos = self.clock.now, self.kv, self.kv.block_size, self._eos
-        finished, prefill_tokens, n_prefill = [], 0, 0
-        target, decoding = self.target_len, self._decoding
-        sampled = iter(sampled)
-        for r, n, sample in zip(requests, query_lens, sample):
-            out, rid = r.output_ids, r.req_id
-            if n > 1 or not out:
-                prefill_tokens += n
-                n_prefill += 1
-            before = r.num_computed_tokens
-            r.num_computed_tokens = after = before + n
-            if after // bs > before // bs and before < len(r.block_hashes) * bs:
-                kv.register(r.block_table, r.block_hashes, after, before // bs)   # prompt blocks filled
-            if sample:
-                tok = next(sampled)
-                out.append(tok)
-                r.token_times.append(now)
-                if len(out) >= target[rid] or tok == eos:
-                    finished.append(r)
-                    continue
-            decoding.update(r)          # it begins or stops decoding, or stays
-        return finished, prefill_tokens, n_prefill
