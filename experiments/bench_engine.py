@@ -14,6 +14,7 @@ Usage: python experiments/bench_engine.py [--requests 20000] [--policy prefill_f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import inspect
 import statistics
@@ -68,7 +69,11 @@ COST_MODEL = "shaped"        # --cost-model
 
 def sim_plane():
     model = ModelConfig(**yaml.safe_load(open(ROOT / "configs/model/llama3-8b.yaml")))
-    fields = {"cost_model": COST_MODEL} if COST_MODEL != "roofline" else {}   # (older checkouts: roofline only)
+    takes = {f.name for f in dataclasses.fields(DataplaneConfig)} if dataclasses.is_dataclass(DataplaneConfig) \
+        else set(inspect.signature(DataplaneConfig).parameters)
+    fields = {"cost_model": COST_MODEL} if "cost_model" in takes else {}   # (older checkouts: the roofline only)
+    if not fields and COST_MODEL != "roofline":
+        sys.exit(f"this checkout's sim has no cost model '{COST_MODEL}' (only the roofline): use --cost-model roofline")
     return SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim", **fields))
 
 
