@@ -40,15 +40,21 @@ def pressure_scenario(seed: int) -> Scenario:
     return Scenario(trace, cfg, seed=seed, prefix_block_tokens=32)
 
 
-def test_invariants_under_kv_pressure(policy_spec):
-    """On failure the exception carries the scenario as code that reproduces it alone."""
+def check_each_seed(policy_spec, scenario_of) -> None:
+    """`check_policy` on `scenario_of(seed)` for seeds 0 and 1; a failure carries the scenario as
+    code that reproduces it alone."""
     for seed in (0, 1):
-        scenario = pressure_scenario(seed)
+        scenario = scenario_of(seed)
         try:
             check_policy(policy_spec, scenario)
         except Exception as e:
             e.add_note(reproduction(policy_spec, scenario))
             raise
+
+
+def test_invariants_under_kv_pressure(policy_spec):
+    """On failure the exception carries the scenario as code that reproduces it alone."""
+    check_each_seed(policy_spec, pressure_scenario)
 
 
 def test_invariants_with_kv_levers_on(policy_spec):
@@ -73,13 +79,7 @@ def forks_scenario(seed: int) -> Scenario:
 def test_invariants_with_forks(policy_spec):
     """Parallel samples under KV pressure: reference counts equal the tables holding each block,
     no block is written while shared, nothing leaks at drain, every sample runs to its length."""
-    for seed in (0, 1):
-        scenario = forks_scenario(seed)
-        try:
-            check_policy(policy_spec, scenario)
-        except Exception as e:
-            e.add_note(reproduction(policy_spec, scenario))
-            raise
+    check_each_seed(policy_spec, forks_scenario)
 
 
 def beams_scenario(seed: int) -> Scenario:
@@ -92,13 +92,9 @@ def beams_scenario(seed: int) -> Scenario:
 def test_invariants_with_beams(policy_spec):
     """Beam search under KV pressure: beams share every block when they fork or are replaced by
     the best one, and every invariant of the forks holds."""
-    for seed in (0, 1):
-        scenario = beams_scenario(seed)
-        try:
-            check_policy(policy_spec, scenario)
-        except Exception as e:
-            e.add_note(reproduction(policy_spec, scenario))
-            raise
+    check_each_seed(policy_spec, beams_scenario)
+
+
 def tool_call_scenario(mode: str) -> Scenario:
     """KV pressure with requests that pause for tool calls (back-to-back calls and calls of no
     duration included), their KV handled as `mode` says (engine.tool_kv)."""
