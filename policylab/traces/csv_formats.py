@@ -86,17 +86,14 @@ def read_vidur(path: Path, name: str, skipped: Counter,
             yield r
 
 
-def read_burstgpt(path: Path, name: str, skipped: Counter, client_column: Optional[str] = None,
-                  model: Union[str, Sequence[str], None] = None,
-                  log_type: Optional[str] = None) -> Iterator[RawRequest]:
-    """BurstGPT: Timestamp (s),Model,Request tokens,Response tokens,Total tokens,Log Type[,...].
-
-    `model` (one name or a list) and `log_type` keep only matching rows; failed requests
-    (0 response tokens) are skipped and counted.
-    """
+def burstgpt_rows(path: Path, name: str, skipped: Counter, extra_column: Optional[str],
+                  model: Union[str, Sequence[str], None] = None, log_type: Optional[str] = None):
+    """BurstGPT's rows of the chosen `model` (one name or a list) and `log_type` that did not fail
+    (0 response tokens; the others are counted in `skipped`): (line, arrival time, request tokens,
+    response tokens, the `extra_column` cell or None)."""
     cols = ("Timestamp", "Model", "Request tokens", "Response tokens", "Log Type")
     models = {model} if isinstance(model, str) else (set(model) if model else None)
-    for line, (ts, row_model, req, resp, row_log), client in _rows(path, name, cols, client_column):
+    for line, (ts, row_model, req, resp, row_log), extra in _rows(path, name, cols, extra_column):
         if models is not None and row_model not in models:
             skipped["other model"] += 1
             continue
@@ -107,8 +104,19 @@ def read_burstgpt(path: Path, name: str, skipped: Counter, client_column: Option
         if response == 0:
             skipped["failed (0 response tokens)"] += 1
             continue
-        r = _request(F.arrival(F.cell_number(ts, name, line, cols[0]), name, line, cols[0], kind="column"),
-                     F.cell_count(req, name, line, cols[2]),
-                     response, client, skipped, cols[2], cols[3])
+        t = F.arrival(F.cell_number(ts, name, line, cols[0]), name, line, cols[0], kind="column")
+        yield line, t, F.cell_count(req, name, line, cols[2]), response, extra
+
+
+def read_burstgpt(path: Path, name: str, skipped: Counter, client_column: Optional[str] = None,
+                  model: Union[str, Sequence[str], None] = None,
+                  log_type: Optional[str] = None) -> Iterator[RawRequest]:
+    """BurstGPT: Timestamp (s),Model,Request tokens,Response tokens,Total tokens,Log Type[,...].
+
+    `model` (one name or a list) and `log_type` keep only matching rows; failed requests
+    (0 response tokens) are skipped and counted.
+    """
+    for _, t, prompt, response, client in burstgpt_rows(path, name, skipped, client_column, model, log_type):
+        r = _request(t, prompt, response, client, skipped, "Request tokens", "Response tokens")
         if r is not None:
             yield r

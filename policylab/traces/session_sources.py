@@ -18,8 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-import policylab.traces.fields as F
-from policylab.traces.csv_formats import _rows
+from policylab.traces.csv_formats import burstgpt_rows
 from policylab.traces.mooncake import read_mooncake
 from policylab.traces.sessions import Session, Turn
 
@@ -52,24 +51,11 @@ def read_burstgpt_sessions(path: Path, name: str, skipped: Counter,
                            log_type: Optional[str] = None) -> list:
     """BurstGPT rows grouped by their `Session ID` (the column must be there)."""
     from policylab.traces.raw import RawRequest
-    cols = ("Timestamp", "Model", "Request tokens", "Response tokens", "Log Type", SESSION_COLUMN)
-    models = {model} if isinstance(model, str) else (set(model) if model else None)
     groups: dict = {}
-    for line, (ts, row_model, req, resp, row_log, sid), _ in _rows(path, name, cols, None):
-        if models is not None and row_model not in models:
-            skipped["other model"] += 1
-            continue
-        if log_type is not None and row_log != log_type:
-            skipped["other log type"] += 1
-            continue
-        prompt, response = F.cell_count(req, name, line, cols[2]), F.cell_count(resp, name, line, cols[3])
-        if response == 0:
-            skipped["failed (0 response tokens)"] += 1
-            continue
+    for line, t, prompt, response, sid in burstgpt_rows(path, name, skipped, SESSION_COLUMN, model, log_type):
         if prompt == 0:
             skipped["Request tokens <= 0"] += 1
             continue
-        t = F.arrival(F.cell_number(ts, name, line, cols[0]), name, line, cols[0], kind="column")
         groups.setdefault(sid or f"row-{line}", []).append(RawRequest(t, prompt, response))
     for reqs in groups.values():
         reqs.sort(key=lambda r: r.arrival_time)
