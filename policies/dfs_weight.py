@@ -48,13 +48,6 @@ def common_prefix(a: tuple, b: tuple) -> int:
     return lo
 
 
-def node_key(block) -> int:
-    """A matched block as a tree node: a device block is its id; a hit on a host or disk tier of
-    the prefix cache (not an int) is keyed by its hash, negative so it never equals a device id
-    and still sorts against them."""
-    return block if type(block) is int else ~(hash(block) & (2 ** 61 - 1))
-
-
 def dfs_weight_order(paths: list) -> list:
     """Indices of `paths` (each a request's matched blocks from the root; index = queue position)
     in DFS-weight order: heavier subtrees first, a node's own requests after its children's.
@@ -96,5 +89,5 @@ class DfsWeight(Chunked):
 
     def admission_order(self, view: SchedulerView):
         overdue, rest = split_overdue(view, self.max_wait_s)
-        paths = [tuple(map(node_key, v.cached_blocks())) for v in rest]
+        paths = [v.cached_blocks() for v in rest]
         return overdue + [rest[i] for i in dfs_weight_order(paths)]

@@ -61,7 +61,7 @@ class BeamSearch:
             rid = sampled_ids[i]
             score[rid] = score.get(rid, 0.0) + lp
             r = reqs[rid]
-            parents[r.req_id if r.fork_of is None else r.fork_of] = None
+            parents[r.trace_id] = None
         for pid in parents:
             self._compare(reqs[pid])
 

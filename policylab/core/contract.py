@@ -11,6 +11,7 @@ from itertools import islice, repeat
 from operator import is_not, itemgetter
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
+from policylab.core.prefix_tiers import block_key
 from policylab.core.request import is_decoding
 from policylab.core.spec_rules import check_spec_tokens
 from policylab.core.violation import ContractViolation  # noqa: F401  (raised here; importable from here)
@@ -62,8 +63,12 @@ class RequestView:
                        doc="A parallel sample of request `fork_of` (None: a trace request itself).")
 
     def cached_blocks(self) -> tuple:
-        """Prefix-cache blocks this request would reuse if scheduled now."""
-        return _kv(self).hits(_request(self))
+        """Prefix-cache blocks this request would reuse if scheduled now, from the prompt's start: a
+        device block's id, or for a block on a host or disk tier of the prefix cache a negative key
+        of its hash (distinct blocks, distinct keys: requests' prefixes compare by these)."""
+        kv = _kv(self)
+        hits = kv.hits(_request(self))
+        return hits if kv.tiers is None else tuple(map(block_key, hits))
 
     @property
     def num_cached_tokens(self) -> int:

@@ -200,7 +200,7 @@ class Forks:
     def group_done(self, r: Request):
         """The trace request to report now that `r` is done (finished or rejected): `r` itself
         without forks, its parent once every sample is done, else None (samples still run)."""
-        parent = r if r.fork_of is None else self.engine.requests[r.fork_of]
+        parent = self.engine.requests[r.trace_id]
         if parent.forks is None:
             return parent
         members = (parent, *parent.forks)

@@ -48,6 +48,12 @@ def check_tier_config(cfg) -> None:
                          "(engine.enable_prefix_caching=true): the tiers hold what it evicts")
 
 
+def block_key(block) -> int:
+    """A cache hit as policies see it: a device block is its id; a `TierHit` a negative key of
+    its hash, so it never equals a device id and sorts against them."""
+    return block if type(block) is int else ~(hash(block) & (2 ** 61 - 1))
+
+
 class TierHit:
     """A prompt block found below the device (`tier`: host or disk), or on the device after such
     a block: promoted or taken when the request starts. Equal by hash, so one promotion serves

@@ -108,6 +108,11 @@ class Request:
     forks: Optional[list] = None      # a trace request with parallel samples: its other samples' Requests
 
     @property
+    def trace_id(self) -> int:
+        """The trace request this one serves: its own, or the one a fork samples for."""
+        return self.req_id if self.fork_of is None else self.fork_of
+
+    @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 

@@ -110,7 +110,7 @@ class Speculation:
                 k = len(drafts)
             batch.query_lens[i] = 1 + k
             batch.sample[i] = True
-            lens[i], alphas[i] = k, engine.trace[r.req_id if r.fork_of is None else r.fork_of].spec_acceptance
+            lens[i], alphas[i] = k, engine.trace[r.trace_id].spec_acceptance
         batch.spec_lens, batch.spec_alpha = lens, alphas
 
     def postprocess(self, requests: list, batch, result, now: float) -> tuple:

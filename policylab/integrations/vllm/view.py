@@ -95,7 +95,8 @@ class LiveKV:
         self.block_size = block_size
         self.num_blocks = self.pool.num_gpu_blocks - 1
         self.prefix_caching = bool(kv_cache_manager.enable_caching)
-        self.cow = None                 # vLLM serves no copy-on-write forks here (refused before it starts)
+        self.cow = self.tiers = None    # vLLM serves no copy-on-write forks or prefix tiers here (refused before
+                                        # it starts)
         self._blocks = self.pool.blocks
         self._ref_counts = RefCounts(self._blocks)
         self._req_to_blocks = self.coordinator.single_type_managers[0].req_to_blocks
