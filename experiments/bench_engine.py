@@ -69,9 +69,10 @@ COST_MODEL = "shaped"        # --cost-model
 
 def sim_plane():
     model = ModelConfig(**yaml.safe_load(open(ROOT / "configs/model/llama3-8b.yaml")))
-    takes = {f.name for f in dataclasses.fields(DataplaneConfig)} if dataclasses.is_dataclass(DataplaneConfig) \
-        else set(inspect.signature(DataplaneConfig).parameters)
-    fields = {"cost_model": COST_MODEL} if "cost_model" in takes else {}   # (older checkouts: the roofline only)
+    if dataclasses.is_dataclass(DataplaneConfig):      # (older checkouts: one config class, maybe no cost models)
+        fields = {"cost_model": COST_MODEL} if "cost_model" in {f.name for f in dataclasses.fields(DataplaneConfig)} else {}
+    else:                                              # a config per plane kind, built from its values
+        fields = {"cost_model": COST_MODEL}
     if not fields and COST_MODEL != "roofline":
         sys.exit(f"this checkout's sim has no cost model '{COST_MODEL}' (only the roofline): use --cost-model roofline")
     return SimDataPlane(model, HardwareConfig(), DataplaneConfig(kind="sim", **fields))

@@ -134,9 +134,7 @@ class Chunked(Policy):
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         budget = self.token_budget(view)
-        decoding = view.decoding
-        prefills = [] if len(decoding) == len(view.running) else \
-            [v for v in view.running if v.req_id not in decoding]
+        prefills = list(view.prefilling)
         sharing = min(self.max_partial_prefills, len(prefills) + len(view.waiting))
         slot = max(1, budget // max(1, sharing))        # each prefill's share of the budget
         if view.decode_blocks_needed <= view.num_free_blocks:     # every decode fits: no victim
@@ -146,6 +144,7 @@ class Chunked(Policy):
         else:
             running = self.running_order(view, list(view.running))
             s = _Step(view, budget, slot, running, len(running), len(prefills), self.preempt_mode == "swap")
+            decoding = view.decoding
             self._decodes(s, [v for v in running if v.req_id in decoding])
         s.plan.reject = self.rejections(view)
         if not prefills and (s.plan.preempt or len(view.waiting) == len(s.plan.reject)):

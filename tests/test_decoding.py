@@ -3,6 +3,7 @@ import pytest
 
 from policies.chunked import Chunked
 from policies.prefill_first import PrefillFirst
+from policylab.core.contract import SchedulerView
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest as T, is_decoding
@@ -28,6 +29,11 @@ def test_the_decoding_record_is_the_predicate_over_running_after_every_step(poli
         assert sorted(record.ids) == sorted(decoding) and len(record) == len(decoding)
         assert set(record.full) == {rid for rid in decoding if engine.requests[rid].num_computed_tokens % 4 == 0}
         assert set(record.batch_ids) <= set(record.ids)
+        view = engine._view()                                # what a policy is told of them
+        assert list(view.decode_tokens()) == [rid for rid in decoding] and set(view.decode_tokens().values()) <= {1}
+        assert [v.req_id for v in view.prefilling] == [r.req_id for r in engine.running if not is_decoding(r)]
+        hand_made = SchedulerView(*tuple(view)[:13])        # a view built outside the engine: the same answer
+        assert [v.req_id for v in hand_made.prefilling] == [v.req_id for v in view.prefilling]
         preempted = max(preempted, sum(r.num_preemptions for r in engine.requests if r is not None))
     assert preempted, "the scenario must preempt, or it tests less than it says"
     assert not list(engine._decoding.ids) and steps

@@ -143,8 +143,28 @@ def test_config_tags_group_table_and_plots(logged_run):
     table = json.loads((Path(info["dir"]) / "files" / media[0]["requests/path"]).read_text())
     requests = pd.read_parquet(run_dir / "requests.parquet")
     assert len(table["data"]) == len(requests) == summary["counts"]["requests"]
-    ttft = table["data"][0][table["columns"].index("ttft")]
-    assert ttft == pytest.approx(requests["ttft"].iloc[0]) and "token_times" not in table["columns"]
+    assert "token_times" not in table["columns"]
+    shown = requests[table["columns"]]
+    assert table["data"] == shown.astype(object).where(shown.notna(), None).to_numpy().tolist()   # every cell
+
+
+def test_table_column_types_are_those_wandb_infers_and_checked(logged_run):
+    """The requests table declares its column types from the frame's dtypes instead of letting W&B
+    infer them cell by cell: the same types W&B infers (missing values included), and a row that
+    contradicts them is refused by W&B, not logged."""
+    import wandb
+    from policylab.analysis.tracking import column_type, typed_table
+    requests = pd.read_parquet(logged_run[0] / "requests.parquet").drop(columns=["token_times"])
+    requests.loc[1, "ttft"] = None                                  # a missing number
+    rows = requests.astype(object).where(requests.notna(), None).to_numpy().tolist()
+    columns, types = list(requests.columns), [column_type(requests[c]) for c in requests]
+    inferred, declared = wandb.Table(columns=columns, data=rows), typed_table(wandb, columns, types, rows)
+    assert declared._column_types.params == inferred._column_types.params and declared.data == rows
+    assert {c: t for c, t in zip(columns, types)}["slo_met"] is bool and types[columns.index("status")] is str
+    bad = [list(rows[0])]
+    bad[0][columns.index("ttft")] = "fast"                           # a string in a number column
+    with pytest.raises(TypeError):
+        typed_table(wandb, columns, types, bad)
 
 
 def test_wandb_that_cannot_start_warns_once_and_run_goes_on(tmp_path, monkeypatch, capsys):

@@ -7,8 +7,8 @@ validates every plan with `validate_plan` before touching any state; a broken ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import islice, repeat
-from operator import is_not, itemgetter
+from itertools import compress, islice, repeat
+from operator import contains, is_not, itemgetter, not_
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
 from policylab.core.prefix_tiers import block_key
@@ -109,10 +109,11 @@ class DecodeFacts:
     copy-on-writes of every decode take (forks only, `policylab.core.forks`). The engine makes one
     when the decoding requests change."""
 
-    __slots__ = ("full", "ids", "plan", "cow")
+    __slots__ = ("full", "ids", "plan", "cow", "running_ids")
 
-    def __init__(self, full: AbstractSet[int], ids, cow: int = 0):
+    def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None):
         self.full, self.ids, self.plan, self.cow = full, list(ids), dict.fromkeys(ids, 1), cow
+        self.running_ids = running_ids    # every running req_id in running order (None: read off the views)
 
 
 class SchedulerView(tuple):
@@ -127,7 +128,8 @@ class SchedulerView(tuple):
                          first), then arrivals
     running              RequestViews, in the order they started running
     decoding             req_ids of running requests whose next step is one decode token
-                         (`decode_tokens()` lists them in running order)
+                         (`decode_tokens()` lists them in running order; `prefilling`: the other
+                         running requests, those with a prefill chunk to go)
     max_num_batched_tokens, max_num_seqs     the step's budgets
     block_size, num_free_blocks, num_total_blocks   the KV cache
     by_id                every waiting and running request by req_id
@@ -155,6 +157,17 @@ class SchedulerView(tuple):
                      num_total_host_blocks=self.num_total_host_blocks)
         facts.update(changes)
         return SchedulerView(**facts, decode=_decode(self))
+
+    @property
+    def prefilling(self) -> tuple:
+        """The running requests that are not decoding (their next step is a prefill chunk), in
+        running order."""
+        running, decoding = self.running, self.decoding
+        if len(decoding) == len(running):
+            return ()
+        ids = _decode(self).running_ids
+        return tuple(compress(running, map(not_, map(contains, repeat(decoding),
+                                                         [v.req_id for v in running] if ids is None else ids))))
 
     def decode_tokens(self) -> dict:
         """A new {req_id: 1} for every decoding request, in running order: "every decode gets its

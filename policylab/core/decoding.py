@@ -9,12 +9,15 @@ while the same requests decode step after step, their per-request lists are reus
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from types import MappingProxyType
 
 from policylab.core.batch import Batch
 from policylab.core.contract import DecodeFacts
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.request import Request, is_decoding
+
+_req_id = attrgetter("req_id")
 
 
 class Decoding:
@@ -48,8 +51,9 @@ class Decoding:
 
     def make_facts(self, running: list) -> DecodeFacts:
         """What the view states of them: their ids in running order, and those with a full last block."""
-        ids = [r.req_id for r in running]
-        self.facts = DecodeFacts(self.full, ids if len(ids) == len(self._ids) else [i for i in ids if i in self._ids])
+        ids = list(map(_req_id, running))
+        self.facts = DecodeFacts(self.full, ids if len(ids) == len(self._ids) else list(filter(self._ids.__contains__, ids)),
+                                 running_ids=ids)
         return self.facts
 
     def running_changed(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from array import array
 from itertools import compress, islice
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -36,6 +37,8 @@ from policylab.core.speculative import Speculation
 from policylab.core.step_log import StepLog
 from policylab.core.swap import Swapper
 from policylab.core.tool_calls import ToolCalls, has_tool_calls
+
+_req_id = attrgetter("req_id")
 
 
 class Engine:
@@ -253,7 +256,7 @@ class Engine:
     def _view(self) -> SchedulerView:
         kv = self.kv
         if self._running_views is None:
-            self._running_views = tuple([self.views[r.req_id] for r in self._running])
+            self._running_views = tuple(map(self.views.__getitem__, map(_req_id, self._running)))
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
                              self._decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
                              kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
