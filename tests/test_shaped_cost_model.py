@@ -26,7 +26,7 @@ LLAMA = model("llama3-8b")
 ROUND = HardwareConfig(name="round", peak_flops=100e12, mem_bandwidth=1e12, flops_efficiency=0.5, bw_efficiency=0.5,
                        kernel_latency=5e-6, num_sms=100, curve_efficiency=0.8, gemm_half_m=100,
                        attention_floor=10e-6, decode_attention_floor=20e-6, attention_efficiency=0.5,
-                       attention_length_slope=0.05)
+                       attention_length_slope=0.05, elementwise_bw_efficiency=0.25, elementwise_latency=2e-6)
 
 
 def test_gemm_curve_matches_the_hand_computed_time():
@@ -36,14 +36,38 @@ def test_gemm_curve_matches_the_hand_computed_time():
     for n in (1, 100, 4096):
         compute = 2 * 4096 * 4096 * (n + 100) / flops
         memory = (4096 * 4096 + n * 8192) * 2 / bw
-        assert cm.gemm_time(n, 4096, 4096) == pytest.approx((compute ** 6 + memory ** 6) ** (1 / 6), rel=1e-12)
+        assert cm.gemm_time(n, 4096, 4096) == pytest.approx((compute ** 4 + memory ** 4) ** (1 / 4), rel=1e-12)
     # N = 25,600 columns fill two waves of 12,800: half of the half-m
     compute = 2 * 4096 * 25600 * (512 + 50) / flops
     memory = (4096 * 25600 + 512 * (4096 + 25600)) * 2 / bw
-    assert cm.gemm_time(512, 4096, 25600) == pytest.approx((compute ** 6 + memory ** 6) ** (1 / 6), rel=1e-12)
+    assert cm.gemm_time(512, 4096, 25600) == pytest.approx((compute ** 4 + memory ** 4) ** (1 / 4), rel=1e-12)
     # the achieved share of peak rises with m towards curve_efficiency
     shares = [2 * n * 4096 * 4096 / cm.gemm_time(n, 4096, 4096) / 100e12 for n in (256, 1024, 4096, 16384)]
     assert shares == sorted(shares) and 0.7 < shares[-1] < 0.8
+
+
+def test_elementwise_kernels_match_the_hand_computed_time():
+    cm = ShapedCostModel(LLAMA, ROUND)
+    h, f, q, kv = 4096, 14336, 4096, 1024
+    adds = 2 * 3 * h                                        # two residual adds: 2 read, 1 written each
+    rows = 2 * 2 * h + 2 * (q + kv) + 3 * f                 # two RMSNorms, RoPE on q and k, SiLU x mul
+    bw = 0.25 * 1e12
+    # below one token per SM (100) the per-token kernels cost 100 tokens' traffic; the adds do not
+    assert cm.elementwise_time(10, rows + adds) == pytest.approx((100 * rows + 10 * adds) * 2 / bw, rel=1e-12)
+    assert cm.elementwise_time(1000, rows + adds) == pytest.approx(1000 * (rows + adds) * 2 / bw, rel=1e-12)
+    # one layer: 4 GEMM launches at kernel_latency, 6 elementwise ones at elementwise_latency
+    gemms = sum(cm.gemm_time(1000, k, m) for k, m in cm.shape.gemms)
+    layer = gemms + 1000 * (rows + adds) * 2 / bw + 4 * 5e-6 + 6 * 2e-6
+    embedding = 5e-6 + 2 * 1000 * h * 2 / 0.5e12
+    assert cm.dense_time(1000) == pytest.approx(32 * layer + embedding, rel=1e-12)
+
+
+def test_the_roofline_keeps_one_bandwidth_and_latency_for_elementwise_kernels():
+    roofline = Roofline(LLAMA, ROUND)
+    s = roofline.shape
+    gemms = sum(roofline.gemm_time(10, k, m) for k, m in s.gemms)
+    layer = gemms + 10 * s.elementwise_elems * 2 / 0.5e12 + s.kernels_per_layer * 5e-6
+    assert roofline.layers_time(10) == pytest.approx(32 * layer, rel=1e-12)
 
 
 def test_prefill_attention_efficiency_falls_by_the_slope_per_halving():
