@@ -17,8 +17,9 @@ curve already carries part of the inefficiency of mid-sized GEMMs that the roofl
 stood for. Both constants are Vidur's (experiments/check_cost_terms.py,
 experiments/check_roofline_profiles.py): `curve_efficiency` is what Vidur's FLOP-bound GEMMs
 reach (0.71 of peak on the H100, 0.74 on the A100, 0.78 on the A40; held-out cuBLAS timings
-reach more, 0.77 and 0.82, and a simulator that takes them is 5-9 % short of Vidur's prefill
-steps). Explicit 128 x 128 tile waves fit worse: cuBLAS switches tiles with the shape.
+reach more, 0.77 and 0.82, and with them Vidur's dense steps at >= 2,048 tokens come out 7 % (H100)
+and 10 % (A100) short, median). Explicit 128 x 128 tile waves fit worse: cuBLAS switches tiles
+with the shape.
 
 Elementwise kernels (the norms, RoPE, the activation, the residual adds) do not stream like a
 GEMM's weights: on Vidur's profiles they reach 0.51 (A100), 0.56 (H100) and 0.75 (A40) of peak
