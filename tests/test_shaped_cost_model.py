@@ -123,6 +123,28 @@ def test_gemms_on_the_shipped_vidur_sample_are_within_bounds():
     assert max(map(abs, err)) < 0.35                           # measured: 30 % (the roofline: 39 %)
 
 
+def test_elementwise_kernels_on_the_shipped_vidur_sample_beat_the_roofline():
+    """One layer's norms, RoPE, activation and two residual adds, as Vidur times them."""
+    path = VIDUR / "compute" / "a100" / "meta-llama" / "Meta-Llama-3-8B" / "mlp.csv"
+    ops = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+    table = read_table(path, ["num_tokens", "num_tensor_parallel_workers"] + [f"time_stats.{op}.median" for op in ops])
+    tp1 = floats(table, "num_tensor_parallel_workers", path) == 1
+    n = floats(table, "num_tokens", path, tp1)
+    measured = sum(floats(table, f"time_stats.{op}.median", path, tp1) * (2 if op == "add" else 1) for op in ops) / 1e3
+    a100 = hardware("a100", step_overhead=0.0)
+    shaped, roofline = ShapedCostModel(LLAMA, a100), Roofline(LLAMA, a100)
+    elems, kernels = shaped.shape.elementwise_elems, shaped.shape.elementwise_kernels
+    err = {"shaped": [], "roofline": []}
+    for x, t in zip(n, measured):
+        err["shaped"].append((shaped.elementwise_time(int(x), elems) + kernels * shaped.elementwise_latency) / t - 1)
+        err["roofline"].append((roofline.elementwise_time(int(x), elems) + kernels * roofline.latency) / t - 1)
+    mape = {name: sum(map(abs, e)) / len(e) for name, e in err.items()}
+    assert len(measured) == 22
+    assert mape["shaped"] < 0.09                                   # measured: 6.2 %
+    assert mape["roofline"] > 2 * mape["shaped"]                   # measured: 22.0 % (one bandwidth, 4.9 us a kernel)
+    assert max(map(abs, err["shaped"])) < 0.2                      # measured: 15 %
+
+
 def shipped_attention():
     with (VIDUR / "attention_points.csv").open() as f:
         return [{k: float(v) if k != "source_offset" else v for k, v in row.items()} for row in csv.DictReader(f)]
