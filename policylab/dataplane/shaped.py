@@ -24,10 +24,10 @@ with the shape.
 Elementwise kernels (the norms, RoPE, the activation, the residual adds) do not stream like a
 GEMM's weights: on Vidur's profiles they reach 0.51 (A100), 0.56 (H100) and 0.75 (A40) of peak
 bandwidth at >= 1,024 tokens (`elementwise_bw_efficiency`; the roofline charges the GEMVs'
-0.79-0.90, 33-37 % short on a prefill's elementwise time). The norms, RoPE and the activation
-launch one thread block per token, so below one token per SM their time does not shrink: they
-cost at least `num_sms` tokens' traffic (flat up to ~128-256 tokens in every profile), plus
-`elementwise_latency` each; the adds stream flat.
+0.79-0.90, 30-33 % short on a prefill's elementwise time on the A100 and H100). The norms, RoPE
+and the activation launch one thread block per token, so below about one token per SM their time
+does not shrink (flat up to 64-128 tokens on the A40 and A100, ~256 on the H100): they cost at
+least `num_sms` tokens' traffic, plus `elementwise_latency` each; the adds stream flat.
 
 Attention: one kernel per layer per phase (vLLM launches a varlen FlashAttention kernel for the
 prefill chunks and a paged kernel for the decodes) plus the KV-cache write's launch.
