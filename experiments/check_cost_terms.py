@@ -6,6 +6,10 @@ root given on the command line (github.com/microsoft/vidur's data/profiling; wit
 shipped A100 Llama-3-8B sample in tests/data/vidur), against the model's `gemm_time` plus one
 `kernel_latency`, grouped by token count m.
 
+Elementwise kernels: each profile's norms, RoPE, activation and residual adds of one layer
+(Vidur's op medians; the add twice in a Llama-style block) against the model's elementwise time
+plus its elementwise launches, grouped by token count m.
+
 Attention: one layer's attention kernel against
 - Vidur's A100 Llama-3-8B attention.csv rows in tests/data/vidur/attention_points.csv (FlashInfer;
   the kernel alone, attn_prefill or attn_decode medians; decodes of 1-512 requests at 96-1,408
@@ -25,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from check_attention_kernels import VLLM_43232_FLASH_ATTN_DECODE
-from vidur_profiles import ROOT, cases, hardware
+from vidur_profiles import ELEMENTWISE, ROOT, cases, hardware
 from policylab.apps.sim_check import load_group
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.kernel_model import KernelCostModel
@@ -59,6 +63,25 @@ def gemm_errors(root: Path) -> dict:
                 for name, cm in built.items():
                     err = (cm.gemm_time(x, k, m) + cm.latency) / float(np.mean(ts)) - 1
                     out.setdefault((name, case.gpu, lo), []).append(err)
+    return out
+
+
+def elementwise_errors(root: Path) -> dict:
+    """(cost model, GPU, m range) -> relative errors of one layer's elementwise kernels."""
+    out: dict = {}
+    for case in cases(root):
+        n = case.column("num_tokens").astype(int)
+        llama_block = "time_stats.post_attention_layernorm.median" in case.table
+        measured = sum(case.column(f"time_stats.{op}.median") * (2 if op == "add" and llama_block else 1)
+                       for op in ELEMENTWISE if f"time_stats.{op}.median" in case.table) / 1e3
+        for name, cls in MODELS.items():
+            cm = cls(case.model, case.hardware)
+            s = cm.shape
+            launch = cm.elementwise_latency if isinstance(cm, ShapedCostModel) else cm.latency
+            for x, t in zip(n, measured):
+                lo = next(r for r in M_RANGES if r[0] <= x <= r[1])
+                t_model = cm.elementwise_time(int(x), s.elementwise_elems) + s.elementwise_kernels * launch
+                out.setdefault((name, case.gpu, lo), []).append(t_model / t - 1)
     return out
 
 
@@ -132,6 +155,11 @@ def main() -> None:
     print(f"GEMMs ({root}), predicted / measured - 1:\n")
     print(table(gemms, ("GPU", "m")))
     print("\nall GEMMs:\n\n" + overall(gemms))
+    elementwise = {(m, gpu, f"{lo:,}-{hi:,}" if hi < 1 << 20 else f">= {lo:,}"): v
+                   for (m, gpu, (lo, hi)), v in elementwise_errors(root).items()}
+    print("\nElementwise kernels (one layer: norms, RoPE, activation, residual adds):\n")
+    print(table(elementwise, ("GPU", "m")))
+    print("\nall elementwise points:\n\n" + overall(elementwise))
     attention = attention_errors()
     print("\nAttention kernels (one layer):\n")
     print(table(attention, ("source", "phase", "work")))

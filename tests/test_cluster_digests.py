@@ -34,22 +34,22 @@ SMALL = EngineConfig(num_blocks=96, block_size=16, max_num_batched_tokens=512, m
 
 DIGESTS = {
     "4/round_robin/prefill_first/fixed": "d2cac00143896997",
-    "4/round_robin/prefill_first/roofline": "ca169d073ae910ce",
+    "4/round_robin/prefill_first/roofline": "bfdf128b0a4b9c0e",
     "4/least_loaded/prefill_first/fixed": "3f96b5fe6bc4a619",
-    "4/least_loaded/prefill_first/roofline": "07c57ee7007bf6bc",
+    "4/least_loaded/prefill_first/roofline": "dee30288b6483f1a",
     "4/prefix_affinity/prefill_first/fixed": "0f8726c227eca797",
-    "4/prefix_affinity/prefill_first/roofline": "4600dc5cd7ae1fd8",
+    "4/prefix_affinity/prefill_first/roofline": "fb1d99bdc689eccd",
     "4/power_of_two/prefill_first/fixed": "a8e9f070b4017e35",
-    "4/power_of_two/prefill_first/roofline": "90a719739127f639",
+    "4/power_of_two/prefill_first/roofline": "ebfbdedd6bd69ad4",
     "4/random/chunked/fixed": "78bed3d2156f0fa1",
-    "4/session/decode_first/roofline": "4f46f5950f26aca4",
-    "4/least_loaded/chunked/roofline": "085c04b0de955ea6",
+    "4/session/decode_first/roofline": "b2cfd0d4b0b1ae07",
+    "4/least_loaded/chunked/roofline": "cfc368e0bf45ac38",
     "2+2/round_robin/prefill_first/fixed": "e60481ae2995c1aa",
-    "2+2/least_loaded/chunked/roofline": "37e0cf26b61f72f2",
+    "2+2/least_loaded/chunked/roofline": "5ee748ad6eb8ece3",
     "1+3/power_of_two/prefill_first/fixed": "22d13694d3348036",
-    "4/round_robin/prefill_first/bench": "3117f6f808bce6c1",
-    "cli/1+2/round_robin/bursty": "516df91b5596f81f",
-    "cli/3/prefix_affinity/multitenant": "7c2252aac95635e0",
+    "4/round_robin/prefill_first/bench": "5ec262d3ba8a43f5",
+    "cli/1+2/round_robin/bursty": "1630de2dfb767777",
+    "cli/3/prefix_affinity/multitenant": "0cf7142c892f97b3",
 }
 
 

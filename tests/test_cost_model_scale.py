@@ -162,7 +162,7 @@ def test_sim_check_reports_each_phase_on_the_shipped_sample(tmp_path, capsys):
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| dense |"))
     mape = float(row.split("|")[3].strip().rstrip(" %"))
-    assert mape < 6.0 and png.stat().st_size > 1000                # the roofline within 6 % on Vidur's A100
+    assert mape < 4.0 and png.stat().st_size > 1000                # the default (shaped): 3.3 % on Vidur's A100
 
 
 def test_sim_check_prices_whole_steps_and_names_bad_cells(tmp_path, capsys):

@@ -69,7 +69,8 @@ def test_a_bad_step_duration_ends_the_run_naming_the_data_plane_and_batch(bad):
 
 @pytest.mark.parametrize("field, value", [("step_overhead", math.nan), ("step_overhead", -1.0),
                                           ("kernel_latency", -1e-6), ("kernel_latency", math.inf),
-                                          ("mem_bandwidth", 0.0), ("peak_flops", math.inf)])
+                                          ("mem_bandwidth", 0.0), ("peak_flops", math.inf),
+                                          ("elementwise_bw_efficiency", 0.0), ("elementwise_latency", -1e-6)])
 def test_the_roofline_refuses_parameters_that_break_the_clock(field, value):
     with pytest.raises(ValueError, match=f"hardware.{field} must be a finite number"):
         sim(**{field: value})

@@ -16,27 +16,27 @@ from policylab.apps.cli import main
 from run_digest import replay_digest
 
 DIGESTS = {
-    "prefill_first/bursty": "251dd0800fd3fe3b",
-    "decode_first/bursty": "491bc7d76a8202d6",
-    "chunked/bursty": "6c2cfb5fda0aa551",
-    "slo_aware/bursty": "a8eb5eaa20b6072e",
-    "fairness/bursty": "7a44bc820d391cbf",
-    "priority/bursty": "c661a20026e1394d",
-    "sjf/bursty": "ed4ea68237806e48",
-    "prefill_first/multitenant": "1688c3f291de682a",
-    "decode_first/multitenant": "b321af7a01fa3462",
-    "chunked/multitenant": "83ee85549c4c6a66",
-    "slo_aware/multitenant": "3428c640b3cd5a45",
-    "fairness/multitenant": "290fb68adf08b716",
-    "priority/multitenant": "8c3b9dbad5262a6e",
-    "sjf/multitenant": "443b1bb8eb5e0447",
-    "prefill_first/poisson": "bb0aae32ffe58303",
-    "decode_first/poisson": "3f2f64e78f15dfcd",
-    "chunked/poisson": "341fe502cb51463c",
-    "slo_aware/poisson": "4b99c64120c4555d",
-    "fairness/poisson": "411993355e21682d",
-    "priority/poisson": "7082d5b46a21d510",
-    "sjf/poisson": "e265fd2b6b929f01"
+    "prefill_first/bursty": "928e527a00319cc2",
+    "decode_first/bursty": "315630801d70cb83",
+    "chunked/bursty": "446f5fa27cadd7c7",
+    "slo_aware/bursty": "ded8e67a20715964",
+    "fairness/bursty": "ce00be9cc6c5c09c",
+    "priority/bursty": "0b9fe8dd955d46c0",
+    "sjf/bursty": "04afbe3ddab96e3f",
+    "prefill_first/multitenant": "549724a1d0a6d88e",
+    "decode_first/multitenant": "46560c734e1fbeef",
+    "chunked/multitenant": "4174297b4184b045",
+    "slo_aware/multitenant": "c4739f37c804b9e8",
+    "fairness/multitenant": "01183c77cf1f6619",
+    "priority/multitenant": "80a955491865b6c4",
+    "sjf/multitenant": "974661614f7d0573",
+    "prefill_first/poisson": "3d4204b62f25aa59",
+    "decode_first/poisson": "74baa7562ae7b598",
+    "chunked/poisson": "9f9b1447ac55c1b5",
+    "slo_aware/poisson": "de964c715a546ce2",
+    "fairness/poisson": "c7cab01043975326",
+    "priority/poisson": "67865ef64ad161e0",
+    "sjf/poisson": "6485b5b909676dae"
 }
 
 

@@ -123,10 +123,12 @@ class HardwareConfig:
     attention_floor: float = 11e-6  # seconds an attention kernel takes however little it does
     attention_efficiency: float = 0.60   # share of peak FLOP/s of FlashAttention-style prefill
     # cost_model=shaped (the default) also uses these (idem)
-    curve_efficiency: float = 0.74  # share of peak FLOP/s a GEMM tends to at large m (the shaped curve)
-    gemm_half_m: float = 96.0       # tokens at which a GEMM's compute reaches half of curve_efficiency
+    curve_efficiency: float = 0.71  # share of peak FLOP/s a GEMM tends to at large m (the shaped curve)
+    gemm_half_m: float = 56.0       # tokens at which a GEMM's compute reaches half of curve_efficiency
     decode_attention_floor: float = 20e-6   # seconds a paged-decode attention kernel takes however little it does
     attention_length_slope: float = 0.065   # prefill attention efficiency lost per halving of the chunk below 16k
+    elementwise_bw_efficiency: float = 0.56  # achieved share of peak bandwidth of the norms, RoPE, activation, adds
+    elementwise_latency: float = 2.3e-6      # seconds each of those kernels costs however small
 
 
 @dataclass

@@ -73,6 +73,9 @@ class Roofline:
         self.hw_name, self.flops_eff, self.bw_eff = hw.name, hw.flops_efficiency, hw.bw_efficiency
         self._s_per_attn_pair = s.attn_flops_per_pair * s.layers / self.flops
         self._s_per_kv_token = s.kv_bytes_per_token / self.bw
+        # every layer's kernel launches (GEMMs and elementwise ops; the shaped model prices them apart)
+        self._layer_launches = s.kernels_per_layer * self.latency
+        self._moe_layer_launches = s.moe_kernels_per_layer * self.latency
         self._dense: dict = {}
         self._lm_head: dict = {}
         self._stages: dict = {}          # pipeline: (tokens, micro-batches) -> one micro-batch's layers, hand-off, embedding
@@ -88,7 +91,7 @@ class Roofline:
         """All transformer layers' GEMMs and elementwise ops for n tokens (no attention)."""
         s, b, gemm_time = self.shape, self.shape.dtype_bytes, self.gemm_time
         gemm = sum(gemm_time(n, k, m) for k, m in s.gemms)
-        t = s.dense_layers * (gemm + n * s.elementwise_elems * b / self.bw + s.kernels_per_layer * self.latency)
+        t = s.dense_layers * (gemm + self.elementwise_time(n, s.elementwise_elems) + self._layer_launches)
         if s.moe_layers:
             t += s.moe_layers * self.moe_layer_time(n)
         if self.tp > 1:          # two all-reduces per layer (attention output, MLP down)
@@ -101,7 +104,12 @@ class Roofline:
         gemm = sum(self.gemm_time(n, k, m) for k, m in s.moe_gemms)
         flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b)
         experts = self.expert_time(flops, traffic)
-        return gemm + experts + n * s.moe_elementwise_elems * b / self.bw + s.moe_kernels_per_layer * self.latency
+        return gemm + experts + self.elementwise_time(n, s.moe_elementwise_elems) + self._moe_layer_launches
+
+    def elementwise_time(self, n: int, elems: int) -> float:
+        """One layer's norms, RoPE, activation and residual adds (`elems` read and written per token):
+        traffic at the weights' streaming bandwidth; their launches are counted per layer."""
+        return n * elems * self.shape.dtype_bytes / self.bw
 
     def expert_time(self, flops: float, traffic: float) -> float:
         """The two grouped expert GEMMs, joined as a dense GEMM's terms are."""

@@ -67,10 +67,12 @@ class ModelShape:
         self.kv_bytes_per_token = m.num_hidden_layers * self.kv_elems_per_token_layer * m.dtype_bytes
         # elements read + written per token per layer: norms (h in, h out), RoPE (q and k in and
         # out), the activation (SiLU·mul: 2f in, f out; GELU: f in, f out), 2 residual adds (2h in, h out)
-        self.elementwise_elems = norms * 2 * h + 2 * rope_elems + (3 if gated else 2) * f + 2 * 3 * h
+        self.residual_add_elems = 2 * 3 * h
+        self.elementwise_elems = norms * 2 * h + 2 * rope_elems + (3 if gated else 2) * f + self.residual_add_elems
         routed_f = m.num_experts_per_tok * self.expert_f + shared_f
-        self.moe_elementwise_elems = norms * 2 * h + 2 * rope_elems + 3 * routed_f + 2 * 3 * h
-        self.kernels_per_layer = len(self.gemms) + norms + 1 + 1 + 2          # + RoPE, activation, adds
+        self.moe_elementwise_elems = norms * 2 * h + 2 * rope_elems + 3 * routed_f + self.residual_add_elems
+        self.elementwise_kernels = norms + 1 + 1 + 2                           # norms, RoPE, activation, adds
+        self.kernels_per_layer = len(self.gemms) + self.elementwise_kernels
         # MoE layer: attention GEMMs, router, top-k + permute, two grouped expert GEMMs, shared experts
         self.moe_kernels_per_layer = len(self.moe_gemms) + 2 + 2 + norms + 1 + 1 + 2
 

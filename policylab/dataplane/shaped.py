@@ -1,8 +1,9 @@
-"""`dataplane.cost_model=shaped`, the default: the roofline with GEMM efficiency by shape and
-attention priced per kernel, each term fitted to public kernel timings.
+"""`dataplane.cost_model=shaped`, the default: the roofline with GEMM efficiency by shape,
+elementwise kernels priced apart and attention priced per kernel, each term fitted to public
+kernel timings.
 
-Everything but the GEMM and attention terms is the roofline's (elementwise traffic, embedding,
-LM head, tensor-parallel collectives, pipeline stages, host time, MoE routing).
+Everything else is the roofline's (embedding, LM head, tensor-parallel collectives, pipeline
+stages, host time, MoE routing).
 
 GEMMs. A GEMM of n tokens does not reach a large GEMM's FLOP rate: with few rows the output
 tiles fill few SMs and the last wave runs part-empty (wave quantisation). Averaged over the
@@ -11,12 +12,22 @@ tiles a library picks, the achieved share of `curve_efficiency` is n / (n + `gem
     t_compute = 2 x K x N x (n + gemm_half_m) / (peak x curve_efficiency)
 
 (a GEMM of n tokens costs as much compute as one of n + gemm_half_m at full rate). Memory time
-(weights, activations in and out at `bw_efficiency`) joins it by a p-norm with p = 6: the
-curve already carries the inefficiency of mid-sized GEMMs that the roofline's p = 3 knee stood for. On
-Vidur's 20 mlp.csv profiles this curve is within the roofline's error at every m range while
-reaching the large-GEMM efficiency that held-out cuBLAS timings show (0.77 of peak on Hopper,
-0.82 on the A100; experiments/check_cost_terms.py). Explicit 128 x 128 tile waves fit worse:
-cuBLAS switches tiles with the shape.
+(weights, activations in and out at `bw_efficiency`) joins it by a p-norm with p = 4: the
+curve already carries part of the inefficiency of mid-sized GEMMs that the roofline's p = 3 knee
+stood for. Both constants are Vidur's (experiments/check_cost_terms.py,
+experiments/check_roofline_profiles.py): `curve_efficiency` is what Vidur's FLOP-bound GEMMs
+reach (0.71 of peak on the H100, 0.74 on the A100, 0.78 on the A40; held-out cuBLAS timings
+reach more, 0.77 and 0.82, and with them Vidur's dense steps at >= 2,048 tokens come out 7 % (H100)
+and 10 % (A100) short, median). Explicit 128 x 128 tile waves fit worse: cuBLAS switches tiles
+with the shape.
+
+Elementwise kernels (the norms, RoPE, the activation, the residual adds) do not stream like a
+GEMM's weights: on Vidur's profiles they reach 0.51 (A100), 0.56 (H100) and 0.75 (A40) of peak
+bandwidth at >= 1,024 tokens (`elementwise_bw_efficiency`; the roofline charges the GEMVs'
+0.79-0.90, 30-33 % short on a prefill's elementwise time on the A100 and H100). The norms, RoPE
+and the activation launch one thread block per token, so below about one token per SM their time
+does not shrink (flat up to 64-128 tokens on the A40 and A100, ~256 on the H100): they cost at
+least `num_sms` tokens' traffic, plus `elementwise_latency` each; the adds stream flat.
 
 Attention: one kernel per layer per phase (vLLM launches a varlen FlashAttention kernel for the
 prefill chunks and a paged kernel for the decodes) plus the KV-cache write's launch.
@@ -46,19 +57,26 @@ from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.kernel_model import KernelCostModel
 
 COLUMN_TILE = 128           # output columns per SM in one wave (a 128-wide tile)
-GEMM_P_NORM = 6.0           # the GEMM knee: 2^(1/6) = 1.12x the larger bound at balance
+GEMM_P_NORM = 4.0           # the GEMM knee: 2^(1/4) = 1.19x the larger bound at balance
 
 FULL_RATE_CHUNK = 16384     # the chunk length at which prefill attention runs at attention_efficiency
 MIN_LENGTH_SHARE = 0.1      # r(n) never below this (a guard for tiny chunks; not reached above 2 tokens)
 
 
 class ShapedCostModel(KernelCostModel):
-    """The roofline with the GEMM curve and the attention kernels above (module doc)."""
+    """The roofline with the GEMM curve, the elementwise kernels and the attention kernels above (module doc)."""
 
     def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1):
         super().__init__(model, hw, tp, pp)
         self.half_m, self.decode_floor, self.slope = hw.gemm_half_m, hw.decode_attention_floor, hw.attention_length_slope
         self.curve_eff = hw.curve_efficiency
+        s = self.shape
+        self.elementwise_eff, self.elementwise_latency = hw.elementwise_bw_efficiency, hw.elementwise_latency
+        self._elementwise_bw = hw.mem_bandwidth * hw.elementwise_bw_efficiency
+        gemm_launches = (s.kernels_per_layer - s.elementwise_kernels) * self.latency
+        self._layer_launches = gemm_launches + s.elementwise_kernels * hw.elementwise_latency
+        self._moe_layer_launches = ((s.moe_kernels_per_layer - s.elementwise_kernels) * self.latency
+                                    + s.elementwise_kernels * hw.elementwise_latency)
         self._cols_per_wave = hw.num_sms * COLUMN_TILE
         self._gemm_flops = hw.peak_flops * hw.curve_efficiency
         if not (tp > 1 or pp > 1 or self.host.per_request or self.host.per_token):
@@ -68,6 +86,12 @@ class ShapedCostModel(KernelCostModel):
         compute = 2 * k * m * (n + self.half_m * min(1.0, self._cols_per_wave / m)) / self._gemm_flops
         memory = (k * m + n * (k + m)) * self.shape.dtype_bytes / self.bw
         return (compute ** GEMM_P_NORM + memory ** GEMM_P_NORM) ** (1 / GEMM_P_NORM)
+
+    def elementwise_time(self, n: int, elems: int) -> float:
+        """Norms, RoPE and the activation (one thread block per token) cost at least `num_sms` tokens'
+        traffic, the residual adds stream flat; both at `elementwise_bw_efficiency` (module doc)."""
+        adds = self.shape.residual_add_elems
+        return (max(n, self.sms) * (elems - adds) + n * adds) * self.shape.dtype_bytes / self._elementwise_bw
 
     def expert_time(self, flops: float, traffic: float) -> float:
         compute, memory = flops / self._gemm_flops, traffic / self.bw
@@ -109,6 +133,7 @@ class ShapedCostModel(KernelCostModel):
         out = {"kind": "shaped", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,
                "kernel_latency": self.latency, "step_overhead": self.overhead,
                "curve_efficiency": self.curve_eff, "gemm_half_m": self.half_m, "p_norm": GEMM_P_NORM,
+               "elementwise_bw_efficiency": self.elementwise_eff, "elementwise_latency": self.elementwise_latency,
                "attention_efficiency": self.attn_eff, "attention_length_slope": self.slope,
                "attention_floor": self.floor, "decode_attention_floor": self.decode_floor}
         return {**out, **self.parallel_description(), "host_time": self.host.describe()}

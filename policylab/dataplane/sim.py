@@ -58,15 +58,16 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneCo
     step_overhead hung the virtual clock; mem_bandwidth=0 divided by zero)."""
     for name in ("peak_flops", "mem_bandwidth", "mem_bytes", "flops_efficiency", "bw_efficiency", "link_bandwidth",
                  "gemm_efficiency", "attention_efficiency", "num_sms", "gemm_tile_m", "gemm_tile_n",
-                 "curve_efficiency"):
+                 "curve_efficiency", "elementwise_bw_efficiency"):
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number > 0, got {value!r}")
-    for name in ("flops_efficiency", "bw_efficiency"):
+    for name in ("flops_efficiency", "bw_efficiency", "elementwise_bw_efficiency"):
         if getattr(hw, name) > 1:
             raise ValueError(f"hardware.{name} is the achieved share of the peak: at most 1, got {getattr(hw, name)!r}")
     for name in ("kernel_latency", "step_overhead", "host_per_request", "host_per_token", "link_latency",
-                 "collective_latency", "attention_floor", "decode_attention_floor", "gemm_half_m"):
+                 "collective_latency", "attention_floor", "decode_attention_floor", "gemm_half_m",
+                 "elementwise_latency"):
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number >= 0 (seconds), got {value!r}")
