@@ -34,22 +34,22 @@ SMALL = EngineConfig(num_blocks=96, block_size=16, max_num_batched_tokens=512, m
 
 DIGESTS = {
     "4/round_robin/prefill_first/fixed": "d2cac00143896997",
-    "4/round_robin/prefill_first/roofline": "bfdf128b0a4b9c0e",
+    "4/round_robin/prefill_first/roofline": "80268bfa2e163fe3",
     "4/least_loaded/prefill_first/fixed": "3f96b5fe6bc4a619",
-    "4/least_loaded/prefill_first/roofline": "dee30288b6483f1a",
+    "4/least_loaded/prefill_first/roofline": "d98a5aac5391b730",
     "4/prefix_affinity/prefill_first/fixed": "0f8726c227eca797",
-    "4/prefix_affinity/prefill_first/roofline": "fb1d99bdc689eccd",
+    "4/prefix_affinity/prefill_first/roofline": "573146f6c7a13dbe",
     "4/power_of_two/prefill_first/fixed": "a8e9f070b4017e35",
-    "4/power_of_two/prefill_first/roofline": "ebfbdedd6bd69ad4",
+    "4/power_of_two/prefill_first/roofline": "5c65fbd0df2923ff",
     "4/random/chunked/fixed": "78bed3d2156f0fa1",
-    "4/session/decode_first/roofline": "b2cfd0d4b0b1ae07",
-    "4/least_loaded/chunked/roofline": "cfc368e0bf45ac38",
+    "4/session/decode_first/roofline": "de0fc9ce3b84e4b3",
+    "4/least_loaded/chunked/roofline": "e1061b2d814775a2",
     "2+2/round_robin/prefill_first/fixed": "e60481ae2995c1aa",
-    "2+2/least_loaded/chunked/roofline": "5ee748ad6eb8ece3",
+    "2+2/least_loaded/chunked/roofline": "c006aa5d9047135a",
     "1+3/power_of_two/prefill_first/fixed": "22d13694d3348036",
-    "4/round_robin/prefill_first/bench": "5ec262d3ba8a43f5",
-    "cli/1+2/round_robin/bursty": "1630de2dfb767777",
-    "cli/3/prefix_affinity/multitenant": "0cf7142c892f97b3",
+    "4/round_robin/prefill_first/bench": "8585a689341bf3d4",
+    "cli/1+2/round_robin/bursty": "7ec4dc684d86dbfc",
+    "cli/3/prefix_affinity/multitenant": "0db636f2b60e3f98",
 }
 
 

@@ -16,27 +16,27 @@ from policylab.apps.cli import main
 from run_digest import replay_digest
 
 DIGESTS = {
-    "prefill_first/bursty": "928e527a00319cc2",
-    "decode_first/bursty": "315630801d70cb83",
-    "chunked/bursty": "446f5fa27cadd7c7",
-    "slo_aware/bursty": "ded8e67a20715964",
-    "fairness/bursty": "ce00be9cc6c5c09c",
-    "priority/bursty": "0b9fe8dd955d46c0",
-    "sjf/bursty": "04afbe3ddab96e3f",
-    "prefill_first/multitenant": "549724a1d0a6d88e",
-    "decode_first/multitenant": "46560c734e1fbeef",
-    "chunked/multitenant": "4174297b4184b045",
-    "slo_aware/multitenant": "c4739f37c804b9e8",
-    "fairness/multitenant": "01183c77cf1f6619",
-    "priority/multitenant": "80a955491865b6c4",
-    "sjf/multitenant": "974661614f7d0573",
-    "prefill_first/poisson": "3d4204b62f25aa59",
-    "decode_first/poisson": "74baa7562ae7b598",
-    "chunked/poisson": "9f9b1447ac55c1b5",
-    "slo_aware/poisson": "de964c715a546ce2",
-    "fairness/poisson": "c7cab01043975326",
-    "priority/poisson": "67865ef64ad161e0",
-    "sjf/poisson": "6485b5b909676dae"
+    "chunked/bursty": "cc10a0975f3cc576",
+    "chunked/multitenant": "ac541ab9c4bf1d96",
+    "chunked/poisson": "9f584601aa609c9b",
+    "decode_first/bursty": "4a9cbd4c7fa2ebed",
+    "decode_first/multitenant": "e34179b6f755aebe",
+    "decode_first/poisson": "b38ada3c7db22a25",
+    "fairness/bursty": "a6e644b2e47b2689",
+    "fairness/multitenant": "791a4ffbe1ac351e",
+    "fairness/poisson": "a65aa471f81bc09d",
+    "prefill_first/bursty": "b03a52bffecf78f2",
+    "prefill_first/multitenant": "c648b4ef6ace06f9",
+    "prefill_first/poisson": "1636f905271c3500",
+    "priority/bursty": "7dce88df243a0693",
+    "priority/multitenant": "a34379bf4f4f802b",
+    "priority/poisson": "4dfae1c7e2f68173",
+    "sjf/bursty": "063500b252dc073b",
+    "sjf/multitenant": "eaf569a7f8b3dc5e",
+    "sjf/poisson": "7f83658d37f05259",
+    "slo_aware/bursty": "0ec38106cca5eb4b",
+    "slo_aware/multitenant": "80f4154a2089ad85",
+    "slo_aware/poisson": "b70ae9389f94458c"
 }
 
 

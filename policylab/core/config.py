@@ -123,8 +123,10 @@ class HardwareConfig:
     attention_floor: float = 11e-6  # seconds an attention kernel takes however little it does
     attention_efficiency: float = 0.60   # share of peak FLOP/s of FlashAttention-style prefill
     # cost_model=shaped (the default) also uses these (idem)
-    curve_efficiency: float = 0.71  # share of peak FLOP/s a GEMM tends to at large m (the shaped curve)
-    gemm_half_m: float = 56.0       # tokens at which a GEMM's compute reaches half of curve_efficiency
+    curve_efficiency: float = 0.73  # share of peak FLOP/s of a GEMM in whole tile waves (the shaped curve)
+    gemm_half_m: float = 0.0        # each GEMM's fixed pipeline fill, in tokens of work
+    gemm_wave_tile_m: int = 128     # output tile the shaped GEMM's waves are made of: rows (tokens) ...
+    gemm_wave_tile_n: int = 128     # ... and columns
     decode_attention_floor: float = 20e-6   # seconds a paged-decode attention kernel takes however little it does
     attention_length_slope: float = 0.065   # prefill attention efficiency lost per halving of the chunk below 16k
     elementwise_bw_efficiency: float = 0.56  # achieved share of peak bandwidth of the norms, RoPE, activation, adds

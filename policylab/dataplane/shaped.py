@@ -5,21 +5,25 @@ kernel timings.
 Everything else is the roofline's (embedding, LM head, tensor-parallel collectives, pipeline
 stages, host time, MoE routing).
 
-GEMMs. A GEMM of n tokens does not reach a large GEMM's FLOP rate: with few rows the output
-tiles fill few SMs and the last wave runs part-empty (wave quantisation). Averaged over the
-tiles a library picks, the achieved share of `curve_efficiency` is n / (n + `gemm_half_m`), so
+GEMMs. A library GEMM of n tokens x N columns runs ceil(n / tm) x ceil(N / tn) output tiles of
+tm x tn (`gemm_wave_tile_m` x `gemm_wave_tile_n`; rows below tm take the smallest power-of-two row
+tile that holds them, at least 16) in waves of `num_sms` tiles at a time. A token count that fills
+whole tiles and waves runs at `curve_efficiency`; one token past a wave boundary starts a new,
+nearly empty wave (wave quantisation: Vidur's H100 Qwen-72B QKV GEMM reaches 0.53 of peak at 256
+tokens and 0.33 at 264). A last wave that fills a share f of the SMs costs sqrt(f) of a full one:
+its few tiles share the memory system with fewer neighbours and the library splits the remainder
+(split-K, stream-K), so it costs less than a full wave but more than its share. With w such waves
 
-    t_compute = 2 x K x N x (n + gemm_half_m) / (peak x curve_efficiency)
+    t_compute = 2 x K x (w x tm x tn x num_sms + gemm_half_m x N x min(1, num_sms x 128 / N))
+                / (peak x curve_efficiency)
 
-(a GEMM of n tokens costs as much compute as one of n + gemm_half_m at full rate). Memory time
-(weights, activations in and out at `bw_efficiency`) joins it by a p-norm with p = 4: the
-curve already carries part of the inefficiency of mid-sized GEMMs that the roofline's p = 3 knee
-stood for. Both constants are Vidur's (experiments/check_cost_terms.py,
-experiments/check_roofline_profiles.py): `curve_efficiency` is what Vidur's FLOP-bound GEMMs
-reach (0.71 of peak on the H100, 0.74 on the A100, 0.78 on the A40; held-out cuBLAS timings
-reach more, 0.77 and 0.82, and with them Vidur's dense steps at >= 2,048 tokens come out 7 % (H100)
-and 10 % (A100) short, median). Explicit 128 x 128 tile waves fit worse: cuBLAS switches tiles
-with the shape.
+(`gemm_half_m`: each GEMM's fixed pipeline fill, in tokens of work). Memory time (weights,
+activations in and out at `bw_efficiency`) joins it by a p-norm with p = 4. The tile sizes, the
+curve and the fill are Vidur's (experiments/check_cost_terms.py,
+experiments/check_roofline_profiles.py): on each GPU's profiles the tile that fits its steps best
+(128 x 128 on the H100, 64 x 128 on the A100 and A40), `curve_efficiency` what its FLOP-bound
+GEMMs reach in whole waves (0.73 H100 and A100, 0.78 A40). The time is a function of the token
+count alone for a given GEMM, so the dense part of a step stays cached per token count.
 
 Elementwise kernels (the norms, RoPE, the activation, the residual adds) do not stream like a
 GEMM's weights: on Vidur's profiles they reach 0.51 (A100), 0.56 (H100) and 0.75 (A40) of peak
@@ -56,7 +60,9 @@ from math import log2
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.kernel_model import KernelCostModel
 
-COLUMN_TILE = 128           # output columns per SM in one wave (a 128-wide tile)
+COLUMN_TILE = 128           # output columns per SM in one wave of the fill term (a 128-wide tile)
+MIN_ROW_TILE = 16           # the smallest row tile a GEMM of few tokens runs
+PARTIAL_WAVE_EXPONENT = 0.5 # a last wave filling a share f of the SMs costs f ** this of a full wave
 GEMM_P_NORM = 4.0           # the GEMM knee: 2^(1/4) = 1.19x the larger bound at balance
 
 FULL_RATE_CHUNK = 16384     # the chunk length at which prefill attention runs at attention_efficiency
@@ -79,11 +85,16 @@ class ShapedCostModel(KernelCostModel):
                                     + s.elementwise_kernels * hw.elementwise_latency)
         self._cols_per_wave = hw.num_sms * COLUMN_TILE
         self._gemm_flops = hw.peak_flops * hw.curve_efficiency
+        self.tile_m, self.tile_n = int(hw.gemm_wave_tile_m), int(hw.gemm_wave_tile_n)
         if not (tp > 1 or pp > 1 or self.host.per_request or self.host.per_token):
             del self.step_time                   # the roofline's single-GPU step path (no per-request host time)
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
-        compute = 2 * k * m * (n + self.half_m * min(1.0, self._cols_per_wave / m)) / self._gemm_flops
+        tm = min(self.tile_m, max(MIN_ROW_TILE, 1 << (int(n) - 1).bit_length()))
+        full, rest = divmod(-(-n // tm) * -(-m // self.tile_n), self.sms)
+        waves = full + (rest / self.sms) ** PARTIAL_WAVE_EXPONENT
+        work = waves * tm * self.tile_n * self.sms + self.half_m * m * min(1.0, self._cols_per_wave / m)
+        compute = 2 * k * work / self._gemm_flops
         memory = (k * m + n * (k + m)) * self.shape.dtype_bytes / self.bw
         return (compute ** GEMM_P_NORM + memory ** GEMM_P_NORM) ** (1 / GEMM_P_NORM)
 
@@ -133,6 +144,7 @@ class ShapedCostModel(KernelCostModel):
         out = {"kind": "shaped", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,
                "kernel_latency": self.latency, "step_overhead": self.overhead,
                "curve_efficiency": self.curve_eff, "gemm_half_m": self.half_m, "p_norm": GEMM_P_NORM,
+               "gemm_wave_tile": [self.tile_m, self.tile_n], "partial_wave_exponent": PARTIAL_WAVE_EXPONENT,
                "elementwise_bw_efficiency": self.elementwise_eff, "elementwise_latency": self.elementwise_latency,
                "attention_efficiency": self.attn_eff, "attention_length_slope": self.slope,
                "attention_floor": self.floor, "decode_attention_floor": self.decode_floor}
