@@ -71,6 +71,15 @@ def test_a_partial_last_wave_costs_less_than_a_full_one_but_more_than_its_share(
     assert full * 0.25 < quarter < full
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("gemm_wave_tile_m", 0, "hardware.gemm_wave_tile_m must be a finite number > 0"),
+    ("gemm_wave_tile_n", 64.5, "hardware.gemm_wave_tile_n is a GEMM tile's rows or columns: a whole number >= 1"),
+])
+def test_a_bad_wave_tile_is_refused_with_its_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SimDataPlane(LLAMA, replace(ROUND, **{field: value}), DataplaneConfig(kind="sim"))
+
+
 def test_elementwise_kernels_match_the_hand_computed_time():
     cm = ShapedCostModel(LLAMA, ROUND)
     h, f, q, kv = 4096, 14336, 4096, 1024

@@ -17,11 +17,11 @@ its few tiles share the memory system with fewer neighbours and the library spli
     t_compute = 2 x K x (w x tm x tn x num_sms + gemm_half_m x N x min(1, num_sms x 128 / N))
                 / (peak x curve_efficiency)
 
-(`gemm_half_m`: each GEMM's fixed pipeline fill, in tokens of work). Memory time (weights,
-activations in and out at `bw_efficiency`) joins it by a p-norm with p = 4. The tile sizes, the
+(`gemm_half_m`: each GEMM's fixed pipeline fill in tokens of work: A100 24, H100 0, A40 48).
+Memory time (weights, activations in and out at `bw_efficiency`) joins it by a p-norm with p = 4. The tile sizes, the
 curve and the fill are Vidur's (experiments/check_cost_terms.py,
 experiments/check_roofline_profiles.py): on each GPU's profiles the tile that fits its steps best
-(128 x 128 on the H100, 64 x 128 on the A100 and A40), `curve_efficiency` what its FLOP-bound
+(128 x 128 on the H100, 64 x 64 on the A100 and A40), `curve_efficiency` what its FLOP-bound
 GEMMs reach in whole waves (0.73 H100 and A100, 0.78 A40). The time is a function of the token
 count alone for a given GEMM, so the dense part of a step stays cached per token count.
 

@@ -74,6 +74,10 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneCo
     if not (isinstance(hw.attention_length_slope, (int, float)) and 0 <= hw.attention_length_slope < 1):
         raise ValueError("hardware.attention_length_slope is the share of attention efficiency lost per halving "
                          f"of a prefill chunk: in [0, 1), got {hw.attention_length_slope!r}")
+    for name in ("gemm_wave_tile_m", "gemm_wave_tile_n"):
+        if getattr(hw, name) != int(getattr(hw, name)):
+            raise ValueError(f"hardware.{name} is a GEMM tile's rows or columns: a whole number >= 1, "
+                             f"got {getattr(hw, name)!r}")
     if not (isinstance(dp.time_noise, (int, float)) and 0 <= dp.time_noise <= MAX_TIME_NOISE):
         raise ValueError(f"dataplane.time_noise must be a number in [0, {MAX_TIME_NOISE}] (relative standard "
                          f"deviation of a step's duration), got {dp.time_noise!r}")
