@@ -8,7 +8,7 @@ logger (W&B offline), exactly a user's job. Reported: wall seconds, peak RSS (ge
 the RSS sampled every second (min/median/max of the samples in each quarter of the run), so
 time linear and memory flat in N show at a glance. Targets for 1,000,000 requests on the
 2-core box: <= 10 minutes, <= 4 GB peak RSS.
-Usage: python experiments/bench_scale.py --requests 100000 [--trace-dir /tmp] [--out DIR]
+Usage: python experiments/bench_scale.py --requests 100000 [--trace-dir /tmp] [--out DIR] [OVERRIDE ...]
 """
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--trace-dir", type=Path, default=Path("/tmp"))
     ap.add_argument("--out", type=Path, default=None, help="run directory (default: under --trace-dir)")
     ap.add_argument("--logger", default="wandb", help="wandb (default, offline) or none")
+    ap.add_argument("overrides", nargs="*", help="more run overrides, e.g. dataplane.cost_model=roofline "
+                                                 "(the same simulated run as a checkout whose default it was)")
     args = ap.parse_args()
     path = trace_file(args.requests, args.trace_dir)
     out = args.out or args.trace_dir / f"scale_run_{args.requests}"
@@ -62,7 +64,7 @@ def main() -> None:
     t0, cpu0 = time.perf_counter(), sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     try:
         cli(["run", "policy=chunked", "trace=file", f"trace.path={path}", "dataplane=sim",
-             f"logger={args.logger}", "progress=false", f"hydra.run.dir={out}"])
+             f"logger={args.logger}", "progress=false", f"hydra.run.dir={out}", *args.overrides])
     except SystemExit as e:
         if e.code not in (0, None):
             raise
