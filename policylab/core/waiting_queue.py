@@ -77,12 +77,10 @@ class QueueView(Sequence):
         return map(self._queue._views.__getitem__, self._queue.ids())
 
     def __len__(self) -> int:
-        queue = self._queue
-        return len(queue._front) + len(queue._arrived)
+        return len(self._queue)
 
-    def __bool__(self) -> bool:          # (asked every step by most policies)
-        queue = self._queue
-        return bool(queue._arrived or queue._front)
+    def __bool__(self) -> bool:
+        return bool(self._queue)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
