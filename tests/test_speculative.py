@@ -223,3 +223,18 @@ def test_spec_adaptive_measures_the_acceptance_of_the_run():
         policy = SpecAdaptive()
         run(policy, trace, alpha=alpha, cfg=EngineConfig(block_size=8, num_blocks=800, max_num_batched_tokens=512))
         assert policy.acceptance == pytest.approx(alpha, abs=0.06)
+
+
+def test_speculation_keeps_its_accepted_drafts_on_steps_that_move_prefix_tier_blocks():
+    """A step that also copies prefix-cache blocks between tiers keeps what its verification
+    accepted: the tokens equal a plain replay's, and drafts were accepted on such steps."""
+    trace = [TraceRequest(0.02 * i, 64 + 5 * (i % 4), 30 + 2 * i, prefix_hashes=((i % 3, 48),), max_tokens=400)
+             for i in range(24)]
+    cfg = EngineConfig(block_size=8, num_blocks=48, max_num_batched_tokens=256, enable_prefix_caching=True,
+                       prefix_host_blocks=64, check_invariants=True)
+    _, plain = run(PrefillFirst(), trace, cfg=cfg)
+    engine, spec = run(PrefillFirst(), trace, k=3, cfg=cfg)
+    assert [r.output_ids for r in spec.requests] == [r.output_ids for r in plain.requests]
+    assert engine.kv_stats["host_bytes"] > 0 and engine.speculation.stats["accepted_tokens"] > 0
+    stats = engine.speculation.stats
+    assert stats["accepted_tokens"] + stats["rejected_tokens"] == stats["proposed_tokens"]

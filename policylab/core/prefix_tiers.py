@@ -329,7 +329,8 @@ class PrefixTiers:
         s["host_transfer_time"] += host_time
         s["disk_transfer_time"] += disk_time
         self._link_blocks = self._disk_reads = self._disk_writes = 0
-        return StepResult(result.sampled, self.link.step_duration(result.duration, host_time + disk_time))
+        return StepResult(result.sampled, self.link.step_duration(result.duration, host_time + disk_time),
+                          result.accepted)
 
     # ------------------------------------------------------------------ checks
     def check(self, kv) -> None:
