@@ -83,8 +83,8 @@ class SharedWrites:
         return [i for i in range(start, stop) if ref[table[i]] > 1]
 
     def blocks_for_write(self, r, n: int) -> int:
-        """Copies giving `r` `n` more tokens takes if it writes before the other holders."""
-        return len(self.shared_blocks(r, n)) if r.block_table else 0
+        """Copies giving running request `r` `n` more tokens takes if it writes before the other holders."""
+        return len(self.shared_blocks(r, n))
 
     def copies(self, writes, preempted=()) -> int:
         """Blocks the copies of `writes` ((request, tokens) pairs of one step) take once the

@@ -102,9 +102,7 @@ class BlockManager:
 
     def reclaim_cost(self, blocks) -> int:
         """How many free blocks taking `blocks` (cache hits) consumes: those nobody holds."""
-        ref = self._ref
-        if self.tiers is not None:
-            return self.tiers.reclaim_cost(ref, blocks)
+        ref = self._ref if self.tiers is None else TierRefs(self._ref)   # (a lower-tier hit: held by nobody)
         return sum(1 for b in blocks if ref[b] == 0)
 
     # ---------------------------------------------- cost questions (the view and the validator ask)
@@ -126,10 +124,9 @@ class BlockManager:
 
     def blocks_needed(self, r, n: int) -> int:
         """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included)."""
-        if r.block_table:        # running: no cache lookup, just the tail of its table (and the
-            if self.cow is not None:     # copies of blocks it shares with its forks)
-                return new_blocks(r, n, (), self.block_size) + self.cow.blocks_for_write(r, n)
-            return new_blocks(r, n, (), self.block_size)
+        if r.block_table:        # running: no cache lookup, just the tail of its table, and the
+            copies = self.cow.blocks_for_write(r, n) if self.cow is not None else 0   # copies of blocks
+            return new_blocks(r, n, (), self.block_size) + copies                      # its forks share
         hits = self.hits(r)
         return new_blocks(r, n, hits, self.block_size) + (self.reclaim_cost(hits) if hits else 0)
 

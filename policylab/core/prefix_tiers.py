@@ -248,11 +248,6 @@ class PrefixTiers:
             out.append(TierHit(h, tier, i, hashes))
         return tuple(out) if len(out) > len(hits) else hits
 
-    @staticmethod
-    def reclaim_cost(ref: list, blocks) -> int:
-        """Free blocks taking `blocks` consumes: device ones nobody holds, and every TierHit."""
-        return sum(1 for b in blocks if type(b) is TierHit or ref[b] == 0)
-
     # ------------------------------------------------------------------ promotion
     def defer(self, table: list, blocks) -> tuple:
         """The device blocks of `blocks` to acquire now; its TierHit tail waits for promote_pending

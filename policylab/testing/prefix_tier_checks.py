@@ -11,19 +11,22 @@ def check_prefix_tiers(checker, engine) -> None:
     kv, tiers = engine.kv, engine.kv.tiers
     device = set(kv.cache_map)
     sizes = {}
+    distinct = {}
     for store in (tiers.host, tiers.disk):
         held = store.hashes()
-        sizes[store.name] = len(held)
-        if len(held) + store.num_free != store.capacity or len(set(held)) != len(held):
+        sizes[store.name], distinct[store.name] = len(held), set(held)
+        if len(held) + store.num_free != store.capacity or len(distinct[store.name]) != len(held):
             checker.fail("kv_conservation", f"prefix {store.name} tier: used={len(held)} free={store.num_free} "
                          f"total={store.capacity}")
-    host, disk = set(tiers.host.hashes()), set(tiers.disk.hashes())
+    host, disk = distinct[tiers.host.name], distinct[tiers.disk.name]
     union = device | host | disk
     if len(union) != len(device) + sizes["host"] + sizes["disk"]:
         checker.fail("kv_conservation", f"prefix tiers: device {len(device)} + host {sizes['host']} + disk "
                      f"{sizes['disk']} cached blocks, {len(union)} distinct: a block is cached on two tiers")
     if tiers._pending:
         checker.fail("no_leak", f"prefix tiers: {len(tiers._pending)} promotions left pending after a step")
+    if not tiers.promoted:
+        return
     where = {}
     for r in engine.running:
         for i, b in enumerate(r.block_table[:len(r.block_hashes)]):
