@@ -50,9 +50,6 @@ class SessionPlan:
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"trace.concurrency must be >= 1 closed-loop users, got {self.concurrency}")
         self.firsts = [i for i in range(n) if self.turn[i] == 0]       # each session's turn 0
-        self.num_turns = {}
-        for i in range(n):
-            self.num_turns[self.session[i]] = self.turn[i] + 1
 
     def has_next(self, i: int) -> bool:
         return i + 1 < len(self.trace) and self.turn[i + 1] == self.turn[i] + 1 and \
@@ -109,7 +106,8 @@ class ClosedLoopClient:
     def next_arrival_time(self) -> Optional[float]:
         """For a single engine whose policy waits: the next due time, or None when no turn is
         scheduled (what is in flight runs on this engine, so only its policy can make more come)."""
-        return self._due[0][0] if self._due else None
+        t = self.next_time()
+        return None if t == INF else t
 
     def pop(self) -> tuple:
         """(req_id, reason) of the turn due first: reason "" to deliver it (its TraceRequest, with
@@ -195,10 +193,10 @@ def attach(runner, plan: SessionPlan) -> ClosedLoopClient:
         if replicas is not None else [(runner.trace, None)]
     if replicas is not None:
         holders.append((runner.trace, None))
-        client.bind(runner.requests, holders)
+    client.bind(runner.requests, holders)
+    if replicas is not None:
         runner.take_arrivals_from(client)
     else:
-        client.bind(runner.requests, holders)
         runner.arrivals = client
         runner.take_arrivals_from(client.next_arrival_time)
     return client

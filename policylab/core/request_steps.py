@@ -9,6 +9,17 @@ from policylab.core.batch import Batch
 from policylab.core.request import Status
 
 
+def evict(engine, r, to_host: bool) -> int:
+    """Free a request's device KV: copied to the host tier, its computed tokens kept (`to_host`),
+    or dropped, to be recomputed. Its computed tokens before (a preemption, a tool call's pause)."""
+    computed = r.num_computed_tokens
+    if to_host:
+        engine.swap.swap_out(r, engine.kv.block_size)
+    engine._release(r)
+    r.num_computed_tokens = computed if to_host else 0
+    return computed
+
+
 def commit_requests(engine, sched: dict, preempt: list, reject: dict, swap: list = ()) -> tuple:
     """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
     (the batch of `sched`'s entries, their Requests)."""
@@ -26,15 +37,9 @@ def commit_requests(engine, sched: dict, preempt: list, reject: dict, swap: list
     preempted = [reqs[rid] for rid in preempt]
     swapping = set(swap)
     for r in preempted:
-        if r.req_id in swapping:
-            computed = r.num_computed_tokens
-            engine.swap.swap_out(r, bs)
-            engine._release(r)
-            r.num_computed_tokens = computed
-        else:
-            engine.kv_stats["recomputed_tokens"] += r.num_computed_tokens
-            engine._release(r)
-            r.num_computed_tokens = 0
+        computed = evict(engine, r, r.req_id in swapping)
+        if r.req_id not in swapping:
+            engine.kv_stats["recomputed_tokens"] += computed
         r.status = Status.WAITING
         r.num_preemptions += 1
     for r, blocks in zip(starting, hits):    # take every cache hit before any allocation can evict one

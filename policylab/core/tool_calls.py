@@ -33,7 +33,9 @@ import numpy as np
 
 from policylab.core.admission import never_fits
 from policylab.core.contract import ContractViolation
+from policylab.core.kv import blocks_for
 from policylab.core.request import Status
+from policylab.core.request_steps import evict
 
 KV_CHOICES = ("keep", "free", "offload")
 TOOL_KV_MODES = ("policy",) + KV_CHOICES
@@ -172,19 +174,16 @@ class ToolCalls:
         e, rid = self.engine, r.req_id
         view = e.views[rid]
         choice = self.mode if self.mode != "policy" else self._ask_policy(view, call)
-        if choice == "offload" and e.host.num_free < -(-r.num_computed_tokens // e.kv.block_size):
-            choice = "free"
+        if choice == "offload" and e.host.num_free < blocks_for(r.num_computed_tokens, e.kv.block_size):
+            choice = "free"              # (no host tier, or no room on it)
             self.stats["offload_fallbacks"] += 1
         computed = r.num_computed_tokens
         e._decoding.discard(rid)
+        if choice != "keep":
+            evict(e, r, choice == "offload")
         if choice == "offload":
-            e.swap.swap_out(r, e.kv.block_size)
-            e._release(r)
-            r.num_computed_tokens = computed
             self.stats["offloaded_blocks"] += r.swapped_blocks
         elif choice == "free":
-            e._release(r)
-            r.num_computed_tokens = 0
             self._to_recompute[rid] = computed
         r.status = Status.PAUSED
         del e.views[rid]
@@ -204,9 +203,6 @@ class ToolCalls:
         if choice not in KV_CHOICES:
             raise ContractViolation(e.policy_name, "tool_kv", f"on_tool_call must return one of "
                                     f"{', '.join(KV_CHOICES)}, got {choice!r}")
-        if choice == "offload" and not e.host.num_blocks:
-            choice = "free"
-            self.stats["offload_fallbacks"] += 1
         return choice
 
     def resume_due(self, now: float) -> None:
@@ -252,9 +248,7 @@ class ToolCalls:
         for rid in list(e._waiting.ids()):
             r = e.requests[rid]
             if r.block_table and rid in self.reached:
-                self._to_recompute[rid] = self._to_recompute.get(rid, 0) + r.num_computed_tokens
-                e._release(r)
-                r.num_computed_tokens = 0
+                self._to_recompute[rid] = self._to_recompute.get(rid, 0) + evict(e, r, False)
                 self.stats["kept_released"] += 1
                 self.per_request[rid][3] += 1
                 released = True
