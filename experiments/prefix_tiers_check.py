@@ -12,16 +12,12 @@ Usage: python experiments/prefix_tiers_check.py [--trace FILE.jsonl] [--requests
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # this checkout's policylab and policies
-from policylab.apps.cli import main  # noqa: E402
-from experiments.kv_hierarchy_check import write_trace  # noqa: E402
+from experiments.kv_hierarchy_check import ms, run, write_trace  # noqa: E402
 
 
 def slice_trace(source: Path, path: Path, requests: int) -> None:
@@ -29,19 +25,6 @@ def slice_trace(source: Path, path: Path, requests: int) -> None:
     with source.open() as f, path.open("w") as out:
         for _, line in zip(range(requests), f):
             out.write(line)
-
-
-def run(trace: Path, out: Path, name: str, overrides: list) -> dict:
-    args = ["run", "trace=mooncake", f"trace.path={trace}", "model=llama3-8b", "hardware=h100", "dataplane=sim",
-            "policy=chunked", "logger=none", "plots=false", "progress=false", f"hydra.run.dir={out / name}",
-            *overrides]
-    with contextlib.redirect_stdout(io.StringIO()):
-        main(args)
-    return json.loads((out / name / "summary.json").read_text())
-
-
-def ms(x) -> str:
-    return "—" if x is None else f"{1000 * x:,.0f}"
 
 
 def pct(x) -> str:
@@ -71,7 +54,7 @@ def main_check() -> None:
     print(f"trace: {what}; KV {a.blocks} blocks x 16 tokens; results in {out}\n")
     print(f"{'tiers':22} {'hit rate':>9} {'device':>8} {'host':>8} {'disk':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'offloaded':>10} {'dropped':>8} {'host s':>7} {'disk s':>7}")
-    kv = [f"engine.num_blocks={a.blocks}", f"trace.rate_scale={a.rate_scale}"]
+    kv = ["policy=chunked", f"engine.num_blocks={a.blocks}", f"trace.rate_scale={a.rate_scale}"]
     for name, extra in (("device only", []),
                         ("+host", [f"engine.prefix_host_blocks={a.host}"]),
                         ("+host, overlap", [f"engine.prefix_host_blocks={a.host}", "engine.swap_overlap=true"]),
