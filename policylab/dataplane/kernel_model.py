@@ -49,8 +49,8 @@ HALF_TILE_RATE = 0.95    # a tile half as wide runs at this share of a full tile
 
 
 class KernelCostModel(Roofline):
-    """The roofline with shape-aware GEMM and attention kernels (module doc); always through the
-    general step path, since host time is part of what it states."""
+    """The roofline with shape-aware GEMM and attention kernels (module doc); its steps take the
+    roofline's path (the general one with parallelism or per-request / per-token host time)."""
 
     def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1):
         super().__init__(model, hw, tp, pp)
@@ -62,7 +62,6 @@ class KernelCostModel(Roofline):
         self._pair_flops = s.attn_flops_per_pair                                 # per layer
         self._kv_bytes_layer = s.kv_elems_per_token_layer * s.dtype_bytes
         self._qo_bytes_token = 2 * s.q_dim * s.dtype_bytes
-        self.step_time = self._parallel_step_time
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
         tm = min(self.tile_m, max(MIN_TILE_M, 1 << (int(n) - 1).bit_length()))

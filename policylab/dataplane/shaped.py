@@ -86,8 +86,6 @@ class ShapedCostModel(KernelCostModel):
         self._cols_per_wave = hw.num_sms * COLUMN_TILE
         self._gemm_flops = hw.peak_flops * hw.curve_efficiency
         self.tile_m, self.tile_n = int(hw.gemm_wave_tile_m), int(hw.gemm_wave_tile_n)
-        if not (tp > 1 or pp > 1 or self.host.per_request or self.host.per_token):
-            del self.step_time                   # the roofline's single-GPU step path (no per-request host time)
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
         tm = min(self.tile_m, max(MIN_ROW_TILE, 1 << (int(n) - 1).bit_length()))
