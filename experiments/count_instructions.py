@@ -5,13 +5,17 @@ instruction counts repeat to ~0.05 % (one BLAS thread, import-time objects froze
 garbage collector). Each workload runs twice under `valgrind --tool=callgrind` (with and
 without the measured part) and the difference is divided by the units measured:
   steady  — instructions per engine step with N running decodes (sim data plane included);
-  replay  — instructions per request of a K-request sim replay (bench_engine.py's trace).
-The workloads are this checkout's bench_engine.py, so `--against` runs the same workload on
-the other checkout's engine.
+  replay  — instructions per request of a K-request sim replay (bench_engine.py's trace);
+  job     — instructions per request of the replay inside the `run` job, as the CLI composes it
+            (`chunked` on bench_scale.py's conversation trace of J requests; only the replay is
+            counted: valgrind's collection is switched on around it).
+The workloads are this checkout's bench_engine.py and bench_scale.py, so `--against` runs the
+same workload on the other checkout's engine.
 Fewer instructions is not always less time (caches, branch prediction), so confirm a change
 with bench_engine.py too. Needs valgrind (Debian package `valgrind`); slow: ~60x native.
 Usage: python experiments/count_instructions.py [--running 256] [--steps 100] [--requests 300]
-                                                [--against OTHER_CHECKOUT]     (0 steps/requests: skip)
+                                                [--job 2000] [--against OTHER_CHECKOUT]
+                                                (0 steps/requests/job: skip; --job is 0 unless given)
                                                 [--cost-model roofline]        (the sim's; default shaped)
 """
 from __future__ import annotations
@@ -43,6 +47,30 @@ else:
     replay_engine(1, "prefill_first")
 """
 
+JOB = r"""
+import os, subprocess, sys
+trace, overrides = sys.argv[1], sys.argv[2:]
+import policylab.apps.run as run_job
+replay = run_job.replay
+
+
+def counted_replay(*args, **kwargs):     # valgrind counts the replay only: not imports, Hydra or files
+    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
+    try:
+        return replay(*args, **kwargs)
+    finally:
+        subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], check=True, capture_output=True)
+
+
+run_job.replay = counted_replay
+from policylab.apps.cli import main
+try:
+    main(["run", "policy=chunked", "trace=file", f"trace.path={trace}", "dataplane=sim", "logger=none",
+          "progress=false", "plots=false", *overrides])
+except SystemExit as e:
+    if e.code not in (0, None):
+        raise
+"""
 
 COST_MODEL = "shaped"      # --cost-model
 
@@ -60,6 +88,24 @@ def instructions(checkout: str, kind: str, n: int, units: int) -> int:
     return int(found.group(1))
 
 
+def job_per_request(checkout: str, trace: str, requests: int, run_dir: str) -> float:
+    """Instructions per request of the `run` job's replay (the JOB workload) in `checkout`."""
+    with open(os.path.join(checkout, "configs", "dataplane", "sim.yaml")) as f:
+        chooses = "cost_model" in f.read()      # (an older checkout: the roofline only)
+    if not chooses and COST_MODEL != "roofline":
+        sys.exit(f"{checkout} prices steps with the roofline only: measure both with --cost-model roofline")
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
+           sys.executable, "-c", JOB, trace, f"hydra.run.dir={run_dir}",
+           *([f"dataplane.cost_model={COST_MODEL}"] if chooses else [])]
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": checkout,
+           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if out.returncode or not found:
+        sys.exit(f"valgrind run of the job failed in {checkout}:\n{out.stderr[-2000:]}")
+    return int(found.group(1)) / requests
+
+
 def per_unit(checkout: str, kind: str, n: int, units: int) -> float:
     work = instructions(checkout, kind, n, units) - instructions(checkout, kind, n, 0)
     if work <= 0:
@@ -72,6 +118,8 @@ if __name__ == "__main__":
     ap.add_argument("--running", type=int, default=256)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--job", type=int, default=0, help="requests of the run-job workload (0: skip)")
+    ap.add_argument("--trace-dir", default="/tmp", help="where the job's trace is written once (bench_scale.py's)")
     ap.add_argument("--against", help="another checkout (e.g. a git worktree of main) to compare with")
     ap.add_argument("--cost-model", default="shaped", help="the sim's cost model (shaped | roofline | kernel)")
     args = ap.parse_args()
@@ -88,4 +136,17 @@ if __name__ == "__main__":
         if args.against:
             theirs = per_unit(os.path.abspath(args.against), kind, n, units)
             line += f"; {args.against}: {theirs:,.0f} (this/that {mine / theirs:.2f})"
+        print(line)
+    if args.job:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from pathlib import Path
+        import tempfile
+        from bench_scale import trace_file
+        trace = str(trace_file(args.job, Path(args.trace_dir)))
+        with tempfile.TemporaryDirectory() as tmp:
+            mine = job_per_request(here, trace, args.job, os.path.join(tmp, "this"))
+            line = f"job: {mine:,.0f} instructions per request of the run job's replay ({args.job} requests, chunked)"
+            if args.against:
+                theirs = job_per_request(os.path.abspath(args.against), trace, args.job, os.path.join(tmp, "that"))
+                line += f"; {args.against}: {theirs:,.0f} (this/that {mine / theirs:.2f})"
         print(line)

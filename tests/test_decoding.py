@@ -37,3 +37,25 @@ def test_the_decoding_record_is_the_predicate_over_running_after_every_step(poli
         preempted = max(preempted, sum(r.num_preemptions for r in engine.requests if r is not None))
     assert preempted, "the scenario must preempt, or it tests less than it says"
     assert not list(engine._decoding.ids) and steps
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("prefilling", [0, 1, 3, 8, 9, 25])
+def test_prefilling_is_the_running_requests_outside_decoding_in_running_order(prefilling):
+    """Few or many prefilling requests, anywhere in running order; a view built by hand and one
+    changed with `replace` (its facts follow its running requests) answer alike."""
+    trace = [T(0.0, 10, 5) for _ in range(40)]
+    engine = Engine(trace, Chunked(), SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim")),
+                    EngineConfig(block_size=4, num_blocks=400))
+    engine._admit()
+    views = list(engine.views.values())[::-1]             # running order unlike req_id order
+    stride = len(views) // prefilling if prefilling else 0
+    outside = {v.req_id for v in views[::stride][:prefilling]} if prefilling else set()
+    decoding = frozenset(v.req_id for v in views) - outside
+    view = SchedulerView(0.0, 0, (), tuple(views), decoding, 64, 64, 4, 400, 400, engine._views_ro)
+    expected = [v.req_id for v in views if v.req_id in outside]
+    assert [v.req_id for v in view.prefilling] == expected
+    assert [v.req_id for v in view.prefilling] == expected                 # asked again
+    fewer = view.replace(running=tuple(views[1:]))
+    assert [v.req_id for v in fewer.prefilling] == [rid for rid in expected if rid != views[0].req_id]
+    assert list(fewer.decode_tokens()) == [v.req_id for v in views[1:] if v.req_id in decoding]

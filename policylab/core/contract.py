@@ -7,13 +7,14 @@ validates every plan with `validate_plan` before touching any state; a broken ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import compress, islice, repeat
-from operator import contains, is_not, itemgetter, not_
+from itertools import islice, repeat
+from operator import is_not, itemgetter
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
 from policylab.core.prefix_tiers import block_key
 from policylab.core.request import is_decoding
 from policylab.core.spec_rules import check_spec_tokens
+from policylab.core.swap_rules import check_swap
 from policylab.core.violation import ContractViolation  # noqa: F401  (raised here; importable from here)
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ def hide_slot(cls, name: str) -> tuple:
 (request_of, _set_request), (_kv, _set_kv) = hide_slot(RequestView, "_r"), hide_slot(RequestView, "_kv")
 _request = request_of     # the engine's Request behind a view: for the engine and validate_plan only
 
+_FEW = 8                 # prefilling requests that `SchedulerView.prefilling` finds by set difference
 _FACTS = ("clock", "step", "waiting", "running", "decoding", "max_num_batched_tokens", "max_num_seqs",
           "block_size", "num_free_blocks", "num_total_blocks", "by_id", "sampled", "arrived")
 
@@ -109,11 +111,12 @@ class DecodeFacts:
     copy-on-writes of every decode take (forks only, `policylab.core.forks`). The engine makes one
     when the decoding requests change."""
 
-    __slots__ = ("full", "ids", "plan", "cow", "running_ids")
+    __slots__ = ("full", "ids", "plan", "cow", "running_ids", "_prefilling")
 
     def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None):
         self.full, self.ids, self.plan, self.cow = full, list(ids), dict.fromkeys(ids, 1), cow
         self.running_ids = running_ids    # every running req_id in running order (None: read off the views)
+        self._prefilling = None           # (running, its prefilling requests): `SchedulerView.prefilling`
 
 
 class SchedulerView(tuple):
@@ -156,7 +159,12 @@ class SchedulerView(tuple):
         facts = dict(zip(_FACTS, self), num_free_host_blocks=self.num_free_host_blocks,
                      num_total_host_blocks=self.num_total_host_blocks)
         facts.update(changes)
-        return SchedulerView(**facts, decode=_decode(self))
+        decode = _decode(self)
+        if "running" in changes or "decoding" in changes:     # the decode facts follow them
+            running, decoding = facts["running"], facts["decoding"]
+            decode = DecodeFacts(frozenset(decode.full & set(decoding)),
+                                 [v.req_id for v in running if v.req_id in decoding], decode.cow)
+        return SchedulerView(**facts, decode=decode)
 
     @property
     def prefilling(self) -> tuple:
@@ -165,9 +173,17 @@ class SchedulerView(tuple):
         running, decoding = self.running, self.decoding
         if len(decoding) == len(running):
             return ()
-        ids = _decode(self).running_ids
-        return tuple(compress(running, map(not_, map(contains, repeat(decoding),
-                                                         [v.req_id for v in running] if ids is None else ids))))
+        decode = _decode(self)      # (the engine keeps its facts while running and decoding stay:
+        known = decode._prefilling  # so is the answer)
+        if known is not None and known[0] is running:
+            return known[1]
+        ids = decode.running_ids or [v.req_id for v in running]
+        if len(running) - len(decoding) <= _FEW:   # a few: found by set difference, put in running order
+            prefilling = tuple(map(running.__getitem__, sorted(map(ids.index, set(ids).difference(decoding)))))
+        else:
+            prefilling = tuple([v for v, rid in zip(running, ids) if rid not in decoding])
+        decode._prefilling = running, prefilling
+        return prefilling
 
     def decode_tokens(self) -> dict:
         """A new {req_id: 1} for every decoding request, in running order: "every decode gets its
@@ -315,8 +331,9 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: in
     """validate_plan's rules for any other plan, entry by entry: (total tokens, blocks needed,
     blocks available)."""
     live, sched = view.by_id, plan.num_scheduled_tokens
-    if not set(map(type, sched.values())) <= {int}:
-        rid, n = next((rid, n) for rid, n in sched.items() if type(n) is not int)
+    rest = dict(islice(sched.items(), leading, None)) if leading else sched   # (the leading decodes
+    if not set(map(type, rest.values())) <= {int}:                            # are checked)
+        rid, n = next((rid, n) for rid, n in rest.items() if type(n) is not int)
         raise ContractViolation(policy, "chunk_type",
                                 f"request {rid}: token count must be int, got {n!r}")
     preempt_set = set(plan.preempt)
@@ -332,7 +349,7 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: in
             raise ContractViolation(policy, "preempted_scheduled",
                                     f"request {rid} is both preempted and scheduled")
     if plan.swap:
-        _validate_swap(view, plan, preempt_set, policy)
+        check_swap(view, plan, preempt_set, policy)
     for rid, reason in plan.reject.items():
         v = live.get(rid)
         if v is None or v.status != "waiting":
@@ -343,14 +360,14 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: in
                                     f"request {rid} is both rejected and scheduled")
         if not reason or not isinstance(reason, str):
             raise ContractViolation(policy, "reject_reason", f"request {rid} rejected without a reason")
-    if not sched.keys() <= live.keys():
-        rid = next(rid for rid in sched if rid not in live)
+    if not rest.keys() <= live.keys():
+        rid = next(rid for rid in rest if rid not in live)
         raise ContractViolation(policy, "unknown_request",
                                 f"request {rid} is neither waiting nor running")
     decoding = view.decoding
-    all_decodes = sched.keys() <= decoding
-    if not (all_decodes and set(sched.values()) <= {1}):    # else every entry is a decode's one token
-        for rid, n in islice(sched.items(), leading, None):      # (the leading decodes are checked)
+    all_decodes = rest.keys() <= decoding
+    if not (all_decodes and set(rest.values()) <= {1}):    # else every entry is a decode's one token
+        for rid, n in rest.items():
             r = _request(live[rid])
             if rid in decoding or is_decoding(r):
                 if n != 1:
@@ -365,9 +382,9 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: in
         blocks = len(full) if len(sched) == len(decoding) else len(full & sched.keys())
         return len(sched), blocks + _copies(view, plan), view.num_free_blocks
     if leading:          # every decode leads, the other entries are prefill chunks
-        rest = [(_request(live[rid]), n) for rid, n in islice(sched.items(), leading, None)]
-        needed, available = _kv(live[next(iter(sched))]).plan_cost([], rest)
-        return sum(sched.values()), needed + len(_decode(view).full) + _copies(view, plan), available
+        chunks = [(_request(live[rid]), n) for rid, n in rest.items()]
+        needed, available = _kv(live[next(iter(sched))]).plan_cost([], chunks)
+        return leading + sum(rest.values()), needed + len(_decode(view).full) + _copies(view, plan), available
     return sum(sched.values()), *view.plan_kv(plan)
 
 
@@ -381,21 +398,3 @@ def _copies(view: SchedulerView, plan: StepPlan) -> int:
         return 0
     return kv.cow.copies([(_request(live[rid]), n) for rid, n in sched.items()],
                          [_request(live[rid]) for rid in plan.preempt])
-
-
-def _validate_swap(view: SchedulerView, plan: StepPlan, preempt_set: set, policy: str) -> None:
-    """Swap victims are preempted ones, each once, and their computed blocks fit the host tier free
-    before this step (blocks that swap-ins of the same step give back are not counted)."""
-    if view.num_total_host_blocks == 0:
-        raise ContractViolation(policy, "swap_off", "the plan swaps but the engine has no host tier "
-                                "(engine.host_kv_blocks=0)")
-    if len(set(plan.swap)) != len(plan.swap):
-        raise ContractViolation(policy, "unique", f"a request appears twice in the swap list {plan.swap}")
-    outside = [rid for rid in plan.swap if rid not in preempt_set]
-    if outside:
-        raise ContractViolation(policy, "swap_preempted",
-                                f"requests {outside} are swapped but not in the preempt list")
-    need = sum(view.host_blocks_needed(view.by_id[rid]) for rid in plan.swap)
-    if need > view.num_free_host_blocks:
-        raise ContractViolation(policy, "host_capacity", f"swapping out {plan.swap} needs {need} host KV "
-                                f"blocks but only {view.num_free_host_blocks} are free")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from itertools import compress
-from operator import not_, sub
+from operator import sub
 
 from policylab.core.batch import Batch
 
@@ -67,7 +67,7 @@ class DecodeBatch:
     def leave(self, finished: list) -> None:
         """Drop finished members."""
         gone = set(finished)
-        keep = list(map(not_, map(gone.__contains__, self.requests)))
+        keep = [r not in gone for r in self.requests]
         self.ids, self.requests = list(compress(self.ids, keep)), list(compress(self.requests, keep))
         self._outputs, self._times = list(compress(self._outputs, keep)), list(compress(self._times, keep))
         self._targets, self._context = list(compress(self._targets, keep)), list(compress(self._context, keep))

@@ -9,15 +9,12 @@ while the same requests decode step after step, their per-request lists are reus
 """
 from __future__ import annotations
 
-from operator import attrgetter
 from types import MappingProxyType
 
 from policylab.core.batch import Batch
 from policylab.core.contract import DecodeFacts
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.request import Request, is_decoding
-
-_req_id = attrgetter("req_id")
 
 
 class Decoding:
@@ -49,9 +46,9 @@ class Decoding:
     def batch_requests(self) -> list:
         return self._batch.requests
 
-    def make_facts(self, running: list) -> DecodeFacts:
-        """What the view states of them: their ids in running order, and those with a full last block."""
-        ids = list(map(_req_id, running))
+    def make_facts(self, ids: list) -> DecodeFacts:
+        """What the view states of them, from every running req_id in running order (`ids`): their
+        ids in running order, and those with a full last block."""
         self.facts = DecodeFacts(self.full, ids if len(ids) == len(self._ids) else list(filter(self._ids.__contains__, ids)),
                                  running_ids=ids)
         return self.facts

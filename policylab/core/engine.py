@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from array import array
 from itertools import compress, islice
-from operator import attrgetter
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -38,8 +37,6 @@ from policylab.core.step_log import StepLog
 from policylab.core.swap import Swapper
 from policylab.core.tool_calls import ToolCalls, has_tool_calls
 
-_req_id = attrgetter("req_id")
-
 
 class Engine:
     def __init__(self, trace: list, policy: Policy, dataplane: DataPlane, cfg: EngineConfig,
@@ -66,6 +63,7 @@ class Engine:
         self._waiting_view = QueueView(self._waiting)  # the policies' live, read-only window on it
         self._running: list = []
         self._running_views = None       # views of running, rebuilt when it changes
+        self._running_ids: list = []     # their req_ids, in running order (rebuilt with the views)
         self._decoding = Decoding(self.requests, self.target_len, cfg.block_size)   # and the decode batch
         self.next_arrival = 0
         self._next_arrival_time = self._next_trace_arrival   # when more work can come (None: never)
@@ -256,7 +254,8 @@ class Engine:
     def _view(self) -> SchedulerView:
         kv = self.kv
         if self._running_views is None:
-            self._running_views = tuple(map(self.views.__getitem__, map(_req_id, self._running)))
+            self._running_ids = ids = [r.req_id for r in self._running]
+            self._running_views = tuple(map(self.views.__getitem__, ids))
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
                              self._decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
                              kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
@@ -264,7 +263,7 @@ class Engine:
                              self.host.num_blocks)
 
     def _decode_facts(self) -> DecodeFacts:
-        facts = self._decoding.facts or self._decoding.make_facts(self._running)
+        facts = self._decoding.facts or self._decoding.make_facts(self._running_ids)
         if self.forks is not None:       # copy-on-writes of the decodes (their shares change every step)
             facts.cow = self.kv.cow.copies([(self.requests[i], 1) for i in facts.ids])
         return facts
