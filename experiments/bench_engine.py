@@ -185,7 +185,8 @@ def bench_cli(n, policy):
         trace_main(["generate", "-n", str(n), *CONVERSATION, "-o", str(trace)])
         split = {}
         argv = ["run", f"policy={policy}", *(f"policy.{k}={v}" for k, v in PINNED.get(policy, {}).items()),
-                "trace=file", f"trace.path={trace}", "dataplane=sim", f"hydra.run.dir={tmp}/run", "progress=false"]
+                "trace=file", f"trace.path={trace}", "dataplane=sim", f"dataplane.cost_model={COST_MODEL}",
+                f"hydra.run.dir={tmp}/run", "progress=false"]
         with timed_calls(split):
             t0 = time.perf_counter()
             try:
@@ -208,7 +209,7 @@ if __name__ == "__main__":
                     help="replays of (a), each from a fresh engine: on a shared, noisy machine one "
                          "number says little; the min is the least disturbed, the median the typical")
     ap.add_argument("--only", default="a,b,c", help="which measurements to run (comma-separated)")
-    ap.add_argument("--cost-model", default="shaped", help="(a), (b): the sim's cost model (shaped | roofline | kernel)")
+    ap.add_argument("--cost-model", default="shaped", help="the sim's cost model (shaped | roofline | kernel)")
     args = ap.parse_args()
     COST_MODEL = args.cost_model
     only = set(args.only.split(","))
