@@ -33,6 +33,12 @@ def trace_file(n: int, trace_dir: Path) -> Path:
     return path
 
 
+def run_args(trace, logger: str, overrides: list) -> list:
+    """The `run` job this benchmark times: `chunked` on the trace, the sim, no progress bar."""
+    return ["run", "policy=chunked", "trace=file", f"trace.path={trace}", "dataplane=sim", f"logger={logger}",
+            "progress=false", *overrides]
+
+
 class RssSampler(threading.Thread):
     """Resident set size (bytes) once a second, from /proc/self/statm."""
 
@@ -63,8 +69,7 @@ def main() -> None:
     sampler.start()
     t0, cpu0 = time.perf_counter(), sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     try:
-        cli(["run", "policy=chunked", "trace=file", f"trace.path={path}", "dataplane=sim",
-             f"logger={args.logger}", "progress=false", f"hydra.run.dir={out}", *args.overrides])
+        cli(run_args(path, args.logger, [f"hydra.run.dir={out}", *args.overrides]))
     except SystemExit as e:
         if e.code not in (0, None):
             raise

@@ -49,7 +49,9 @@ else:
 
 JOB = r"""
 import os, subprocess, sys
-trace, overrides = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, sys.argv[1])   # this script's bench_scale.py: the same job for every checkout
+from bench_scale import run_args
+trace, overrides = sys.argv[2], sys.argv[3:]
 import policylab.apps.run as run_job
 replay = run_job.replay
 
@@ -65,8 +67,7 @@ def counted_replay(*args, **kwargs):     # valgrind counts the replay only: not 
 run_job.replay = counted_replay
 from policylab.apps.cli import main
 try:
-    main(["run", "policy=chunked", "trace=file", f"trace.path={trace}", "dataplane=sim", "logger=none",
-          "progress=false", "plots=false", *overrides])
+    main(run_args(trace, "none", ["plots=false", *overrides]))
 except SystemExit as e:
     if e.code not in (0, None):
         raise
@@ -75,10 +76,11 @@ except SystemExit as e:
 COST_MODEL = "shaped"      # --cost-model
 
 
-def instructions(checkout: str, kind: str, n: int, units: int) -> int:
+def collected(checkout: str, code: str, args: list, at_start: bool = True) -> int:
+    """Instructions valgrind counts running `python -c code *args` on `checkout`'s policylab
+    (`at_start=False`: only where the code switches the collection on)."""
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-           sys.executable, "-c", WORKLOAD, kind, str(n), str(units), os.path.dirname(os.path.abspath(__file__)),
-           COST_MODEL]
+           *([] if at_start else ["--instr-atstart=no"]), sys.executable, "-c", code, *args]
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": checkout,
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}   # no spinning BLAS threads in the count
     out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
@@ -88,22 +90,20 @@ def instructions(checkout: str, kind: str, n: int, units: int) -> int:
     return int(found.group(1))
 
 
+def instructions(checkout: str, kind: str, n: int, units: int) -> int:
+    return collected(checkout, WORKLOAD, [kind, str(n), str(units), os.path.dirname(os.path.abspath(__file__)),
+                                          COST_MODEL])
+
+
 def job_per_request(checkout: str, trace: str, requests: int, run_dir: str) -> float:
     """Instructions per request of the `run` job's replay (the JOB workload) in `checkout`."""
     with open(os.path.join(checkout, "configs", "dataplane", "sim.yaml")) as f:
         chooses = "cost_model" in f.read()      # (an older checkout: the roofline only)
     if not chooses and COST_MODEL != "roofline":
         sys.exit(f"{checkout} prices steps with the roofline only: measure both with --cost-model roofline")
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
-           sys.executable, "-c", JOB, trace, f"hydra.run.dir={run_dir}",
-           *([f"dataplane.cost_model={COST_MODEL}"] if chooses else [])]
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": checkout,
-           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    if out.returncode or not found:
-        sys.exit(f"valgrind run of the job failed in {checkout}:\n{out.stderr[-2000:]}")
-    return int(found.group(1)) / requests
+    overrides = [f"hydra.run.dir={run_dir}", *([f"dataplane.cost_model={COST_MODEL}"] if chooses else [])]
+    return collected(checkout, JOB, [os.path.dirname(os.path.abspath(__file__)), trace, *overrides],
+                     at_start=False) / requests
 
 
 def per_unit(checkout: str, kind: str, n: int, units: int) -> float:

@@ -189,11 +189,8 @@ def attach(runner, plan: SessionPlan) -> ClosedLoopClient:
         raise ValueError("closed loop: the engines were not built on the session plan's trace")
     first = engines[0]
     client = ClosedLoopClient(plan, first.dataplane.vocab_size, first.seed, first.prefix_block_tokens)
-    holders = [(rep.engine.trace, _front if rep.role == "prefill" else None) for rep in replicas] \
-        if replicas is not None else [(runner.trace, None)]
-    if replicas is not None:
-        holders.append((runner.trace, None))
-    client.bind(runner.requests, holders)
+    holders = [(rep.engine.trace, _front if rep.role == "prefill" else None) for rep in replicas or ()]
+    client.bind(runner.requests, holders + [(runner.trace, None)])
     if replicas is not None:
         runner.take_arrivals_from(client)
     else:

@@ -111,12 +111,18 @@ class DecodeFacts:
     copy-on-writes of every decode take (forks only, `policylab.core.forks`). The engine makes one
     when the decoding requests change."""
 
-    __slots__ = ("full", "ids", "plan", "cow", "running_ids", "_prefilling")
+    __slots__ = ("full", "ids", "plan", "cow", "running_ids", "prefilling")
 
     def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None):
         self.full, self.ids, self.plan, self.cow = full, list(ids), dict.fromkeys(ids, 1), cow
         self.running_ids = running_ids    # every running req_id in running order (None: read off the views)
-        self._prefilling = None           # (running, its prefilling requests): `SchedulerView.prefilling`
+        self.prefilling = None            # `SchedulerView.prefilling`, once asked
+
+    @classmethod
+    def of(cls, running: Sequence, decoding: AbstractSet[int], full: AbstractSet[int] = frozenset(),
+           cow: int = 0) -> "DecodeFacts":
+        """The facts of a view built outside the engine, from its running views and decoding ids."""
+        return cls(full, [v.req_id for v in running if v.req_id in decoding], cow)
 
 
 class SchedulerView(tuple):
@@ -149,7 +155,7 @@ class SchedulerView(tuple):
                 num_total_blocks: int, by_id: Mapping, sampled: Sequence = (), arrived: Sequence = (),
                 decode: DecodeFacts | None = None, num_free_host_blocks: int = 0, num_total_host_blocks: int = 0):
         if decode is None:
-            decode = DecodeFacts(frozenset(), tuple(v.req_id for v in running if v.req_id in decoding))
+            decode = DecodeFacts.of(running, decoding)
         return tuple.__new__(cls, (clock, step, waiting, running, decoding, max_num_batched_tokens, max_num_seqs,
                                    block_size, num_free_blocks, num_total_blocks, by_id, sampled, arrived, decode,
                                    num_free_host_blocks, num_total_host_blocks))
@@ -161,9 +167,8 @@ class SchedulerView(tuple):
         facts.update(changes)
         decode = _decode(self)
         if "running" in changes or "decoding" in changes:     # the decode facts follow them
-            running, decoding = facts["running"], facts["decoding"]
-            decode = DecodeFacts(frozenset(decode.full & set(decoding)),
-                                 [v.req_id for v in running if v.req_id in decoding], decode.cow)
+            decode = DecodeFacts.of(facts["running"], facts["decoding"],
+                                    frozenset(decode.full & set(facts["decoding"])), decode.cow)
         return SchedulerView(**facts, decode=decode)
 
     @property
@@ -173,17 +178,14 @@ class SchedulerView(tuple):
         running, decoding = self.running, self.decoding
         if len(decoding) == len(running):
             return ()
-        decode = _decode(self)      # (the engine keeps its facts while running and decoding stay:
-        known = decode._prefilling  # so is the answer)
-        if known is not None and known[0] is running:
-            return known[1]
-        ids = decode.running_ids or [v.req_id for v in running]
-        if len(running) - len(decoding) <= _FEW:   # a few: found by set difference, put in running order
-            prefilling = tuple(map(running.__getitem__, sorted(map(ids.index, set(ids).difference(decoding)))))
-        else:
-            prefilling = tuple([v for v, rid in zip(running, ids) if rid not in decoding])
-        decode._prefilling = running, prefilling
-        return prefilling
+        decode = _decode(self)      # (facts belong to one state of running and decoding: the
+        if decode.prefilling is None:   # engine's last until either changes; so does the answer)
+            ids = decode.running_ids or [v.req_id for v in running]
+            if len(running) - len(decoding) <= _FEW:   # a few: by set difference, put in running order
+                decode.prefilling = tuple(map(running.__getitem__, sorted(map(ids.index, set(ids).difference(decoding)))))
+            else:
+                decode.prefilling = tuple([v for v, rid in zip(running, ids) if rid not in decoding])
+        return decode.prefilling
 
     def decode_tokens(self) -> dict:
         """A new {req_id: 1} for every decoding request, in running order: "every decode gets its
@@ -308,9 +310,7 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> i
     leading = k if k and len(sched) >= k and not plan.preempt and not plan.reject and not plan.swap \
         and (list(sched) if len(sched) == k else list(islice(sched, k))) == decode_ids \
         and not any(map(is_not, islice(sched.values(), k), repeat(1))) else 0
-    if leading and leading == len(sched):  # every decoding request, in running order, the int 1 each (`is not 1`: a value equal to
-        # 1 that is not the int 1 is refused below): every rule but the totals holds; each takes a
-        # block iff its last one is full
+    if leading and leading == len(sched):   # every decode, in running order, each the int 1: only the totals
         total, blocks, free = len(sched), len(decode.full) + decode.cow, view.num_free_blocks
     else:
         total, blocks, free = _check_entries(view, plan, policy, leading)
