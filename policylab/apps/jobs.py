@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
 from policylab.apps.config import RunConfig, typed_dataplane
+from policylab.apps.config_checks import check_workload
 from policylab.cluster.config import is_cluster
 from policylab.apps.signals import ReplaySignals
 from policylab.core.engine import Engine
@@ -135,6 +136,7 @@ def measuring(cfg: RunConfig, command: str) -> RunConfig:
 def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     """The run's engine, or its cluster of engines (`cluster.*`: same run/trace interface)."""
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
+    check_workload(cfg, trace)
     if is_cluster(cfg.cluster):
         if cfg.speculative != type(cfg.speculative)():
             raise RunError("speculative.* applies to single-engine runs; in a cluster a spec-aware policy "
@@ -205,7 +207,9 @@ class ProgressLines:
 
 def salvage(engine: Engine, e: BaseException) -> RunResult:
     """The engine's requests and steps so far, as a partial result."""
+    from policylab.core.forks import settle_stopped
     error = f"interrupted ({str(e) or 'Ctrl-C'})" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+    settle_stopped(engine.requests)
     return RunResult(engine.trace, engine.requests, engine.steps, engine.kv.num_blocks, engine.kv.block_size,
                      engine.policy_name, "partial", error)
 

@@ -20,6 +20,7 @@ import tempfile
 from collections import OrderedDict
 
 from policylab.core.batch import StepResult
+from policylab.core.disk_space import check_free, reserve
 from policylab.core.swap import make_link
 
 # (read bytes/s, write bytes/s, latency s per step that touches the disk): sustained sequential rates.
@@ -147,6 +148,12 @@ class DiskStore(TierStore):
         super().__init__("disk", capacity)
         self._dir, self._file, self._empty = directory, None, set()
 
+    def check_space(self, block_bytes: float) -> None:
+        """Its file's size against the free space, when the run starts (a mapped file the disk
+        cannot back ends the process with SIGBUS at a write)."""
+        check_free(self._dir, self.capacity * block_bytes, f"engine.prefix_disk_blocks={self.capacity:,} "
+                   f"(engine.prefix_disk_path={self._dir})")
+
     def _store(self, slot: int, payload) -> None:
         if payload is None:
             self._empty.add(slot)
@@ -165,10 +172,15 @@ class DiskStore(TierStore):
 def _mapped_file(directory: str | None, capacity: int, like):
     import torch
     fd, path = tempfile.mkstemp(prefix="policylab_kv_disk_", dir=directory)
-    os.close(fd)
     try:
+        reserve(fd, capacity * like.numel() * like.element_size(), path,
+                f"engine.prefix_disk_blocks={capacity:,} (engine.prefix_disk_path={directory})")
+        os.close(fd)
+        fd = -1
         flat = torch.from_file(path, shared=True, size=capacity * like.numel(), dtype=like.dtype)
     finally:
+        if fd >= 0:
+            os.close(fd)
         os.unlink(path)
     return flat.view(capacity, *like.shape)
 
@@ -189,6 +201,8 @@ class PrefixTiers:
                              f"{type(dataplane).__name__} cannot say how many bytes a KV block holds")
         self.block_bytes = float(dataplane.kv_block_bytes(cfg.block_size))
         self._export = getattr(dataplane, "export_kv", None)
+        if self._export is not None and self.disk.capacity:     # (payloads: the disk tier has a file)
+            self.disk.check_space(self.block_bytes)
         self._import = getattr(dataplane, "import_kv", None)
         self.verify = cfg.check_invariants
         self._pending: list = []         # (table, its lower-tier hits) deferred by acquire

@@ -5,6 +5,7 @@ import traceback
 from dataclasses import dataclass
 
 from policylab.core.contract import ContractViolation
+from policylab.core.forks import settle_stopped
 
 STEP_FIELDS = ("clock", "duration", "batch_size", "prefill_tokens", "decode_tokens",
                "num_prefill_reqs", "num_decode_reqs", "kv_used_blocks", "waiting", "running",
@@ -37,8 +38,10 @@ class RunResult:
 def mark_partial(result: RunResult, error: BaseException) -> None:
     """A run that ended early keeps its results, with what stopped it in one line: Ctrl-C or a
     stop signal the app turned into one, a broken contract, or anything a policy or data plane
-    raised (even sys.exit; its traceback kept). Call it inside the `except` block."""
+    raised (even sys.exit; its traceback kept). Call it inside the `except` block. A request
+    whose parallel samples or beams are not all done is unfinished (`forks.settle_stopped`)."""
     result.status = "partial"
+    settle_stopped(result.requests)
     if isinstance(error, KeyboardInterrupt):
         result.error = f"interrupted ({str(error) or 'Ctrl-C'})"
         return

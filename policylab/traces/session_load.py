@@ -12,6 +12,7 @@ import inspect
 from collections import Counter
 from dataclasses import replace
 
+from policylab.core.request import MAX_ARRIVAL_S
 from policylab.traces.config import TraceConfig
 from policylab.traces.errors import TraceError
 from policylab.traces.loaded import LoadedTrace
@@ -79,6 +80,10 @@ def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict,
 def _transformed(sessions: list, cfg: TraceConfig, report: TraceReport) -> list:
     origin = min(s.start for s in sessions) if sessions else 0.0
     sessions = [replace(s, start=(s.start - origin) / cfg.rate_scale) for s in sorted(sessions, key=lambda s: s.start)]
+    if sessions and sessions[-1].start > MAX_ARRIVAL_S:
+        raise TraceError(report.file, None, "arrival_time", f"sessions start over {sessions[-1].start:.3g} s (at "
+                         f"trace.rate_scale={cfg.rate_scale:g}); at most {MAX_ARRIVAL_S:g} s keeps latencies exact "
+                         "in float64 seconds")
     if cfg.max_requests is not None:
         kept, turns = [], 0
         for s in sessions:
