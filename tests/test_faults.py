@@ -92,7 +92,9 @@ def test_a_stop_signal_keeps_every_request_marked_partial(tmp_path, signals):
         deadline = time.monotonic() + 120
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert marker.exists(), proc.communicate()[1][-2000:]
+        if not marker.exists():
+            proc.kill()
+            assert False, proc.communicate(timeout=60)[1][-2000:]
         for sig in signals:                 # a second Ctrl-C lands while the results are written
             proc.send_signal(sig)
             time.sleep(0.02)
@@ -176,7 +178,7 @@ def test_a_really_full_filesystem_keeps_the_summary(tmp_path):
     tiny = tmp_path / "tiny"
     tiny.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)],
-                      capture_output=True).returncode != 0:
+                      capture_output=True, timeout=60).returncode != 0:
         pytest.skip("cannot mount a small tmpfs here (needs root); the injected ENOSPC test covers it")
     try:
         cfg = typed_config(config("policy=prefill_first"))
@@ -187,7 +189,7 @@ def test_a_really_full_filesystem_keeps_the_summary(tmp_path):
         assert summary["counts"]["requests"] == 300 and "requests.parquet" in summary["missing_files"]
         assert not list((tiny / "run").glob(".*tmp"))
     finally:
-        subprocess.run(["umount", str(tiny)], check=True)
+        subprocess.run(["umount", str(tiny)], check=True, timeout=60)
 
 
 # ------------------------------------------------------ 5. re-run into a dir

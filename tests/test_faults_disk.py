@@ -59,13 +59,13 @@ def tmpfs(tmp_path):
         folder = tmp_path / size
         folder.mkdir()
         if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                          capture_output=True).returncode != 0:
+                          capture_output=True, timeout=60).returncode != 0:
             pytest.skip("cannot mount a small tmpfs here (needs root); the injected ENOSPC test covers it")
         mounted.append(folder)
         return folder
     yield mount
     for folder in mounted:
-        subprocess.run(["umount", str(folder)], check=True)
+        subprocess.run(["umount", str(folder)], check=True, timeout=60)
 
 
 # tmpfs counts whole 4 KB pages: 24k holds Hydra's three files, the log and a summary, never a parquet file

@@ -94,7 +94,7 @@ def test_the_default_replay_does_not_depend_on_the_machines_load(tmp_path):
         run(cfg, tmp_path / "loaded")
     finally:
         burner.kill()
-        burner.wait()
+        burner.wait(timeout=60)
     alone, loaded = (pd.read_parquet(tmp_path / d / "requests.parquet") for d in ("alone", "loaded"))
     assert alone["finish_time"].notna().all()
     pd.testing.assert_frame_equal(alone, loaded)

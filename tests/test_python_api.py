@@ -114,7 +114,8 @@ def test_run_cdf_draws_the_finished_requests(tmp_path):
 
 def test_import_policylab_loads_neither_hydra_nor_torch_nor_pandas():
     code = "import sys, policylab; print(sorted(m for m in ('hydra', 'torch', 'pandas') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         timeout=120)
     assert out.stdout.strip() == "[]"
     assert callable(policylab.replay) and callable(policylab.compare)
 
