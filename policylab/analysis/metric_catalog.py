@@ -35,7 +35,8 @@ METRICS = {m.key: m for m in (
     Metric("slo_attainment", "SLO attainment", "fraction",
            "requests meeting both their TTFT and TPOT SLO / all requests",
            "all trace requests: rejected and unfinished ones miss"),
-    Metric("goodput", "goodput", "req/s", "requests meeting their SLOs / trace duration", "all trace requests"),
+    Metric("goodput", "goodput", "req/s", "requests meeting their SLOs / makespan (throughput's denominator: "
+           "goodput ≤ request throughput)", "all trace requests"),
     Metric("throughput.output_tokens_per_s", "throughput", "out tok/s", "generated tokens / makespan",
            "all requests"),
     Metric("throughput.input_tokens_per_s", "input throughput", "in tok/s", "prompt tokens prefilled / makespan",
@@ -181,7 +182,7 @@ REPLICA_METRICS = {m.key: m for m in (
     Metric("prefix_cache_hit_rate", "prefix hit", "fraction", "as the run's, on this replica",
            "requests scheduled there"),
     Metric("preemptions", "preemptions", "count", "as the run's, on this replica", "the replica"),
-    Metric("goodput", "goodput", "req/s", "its requests meeting their SLOs / trace duration", "the replica"),
+    Metric("goodput", "goodput", "req/s", "its requests meeting their SLOs / the run's makespan", "the replica"),
     Metric("steps", "steps", "count", "engine steps run", "the replica"),
 )}
 # summary entries that are not metrics: the run's identity, its inputs and its bookkeeping
