@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from policylab.analysis.compare_stats import light_load
+from policylab.analysis.compare_findings import light_load
 from policylab.apps.config import CONFIG_DIR, register, typed_config
 from policylab.apps.jobs import RunError, measuring
 from policylab.apps.run import run

@@ -22,36 +22,37 @@ LOAD_KEY = "trace.rate_scale"
 
 
 # compare's columns: metrics declared in `metric_catalog`, each in the unit and precision shown
+# (ranked in the catalog's direction; queueing and KV peak are shown for context, never ranked)
 COLUMNS = (
-    Shown("ttft", "p50", "ms", "min", 1),
-    Shown("ttft", "p99", "ms", "min", 1),
-    Shown("tpot", "p50", "ms", "min", 2),
-    Shown("tpot", "p99", "ms", "min", 2),
-    Shown("itl", "p99", "ms", "min", 2),
-    Shown("e2e", "p99", "s", "min", 3),
-    Shown("goodput", better="max", digits=3),
-    Shown("slo_attainment", unit="%", better="max", digits=1),
-    Shown("throughput.output_tokens_per_s", better="max", digits=1),
-    Shown("preemptions", better="min", digits=0),
-    Shown("queueing_delay", "p99", "s", "", 3),
+    Shown("ttft", "p50", "ms", 1),
+    Shown("ttft", "p99", "ms", 1),
+    Shown("tpot", "p50", "ms", 2),
+    Shown("tpot", "p99", "ms", 2),
+    Shown("itl", "p99", "ms", 2),
+    Shown("e2e", "p99", "s", 3),
+    Shown("goodput", digits=3),
+    Shown("slo_attainment", unit="%", digits=1),
+    Shown("throughput.output_tokens_per_s", digits=1),
+    Shown("preemptions", digits=0),
+    Shown("queueing_delay", "p99", "s", 3, rank=False),
     Shown("kv_utilization.max", unit="%", digits=1),
-    Shown("prefix_cache_hit_rate", unit="%", better="max", digits=1),
-    Shown("fairness_windows.jain_mean", better="max", digits=3),              # runs of several clients
-    Shown("fairness_windows.service_difference_mean", better="min", digits=0),
-    Shown("cluster.load_imbalance", better="min", digits=3),                  # cluster runs only
-    Shown("cluster.goodput_per_gpu", better="max", digits=3),
-    Shown("kv_hierarchy.recomputed_tokens", better="min", digits=0),         # runs with a host KV tier
-    Shown("kv_hierarchy.transfer_time", better="min", digits=3),
-    Shown("sessions.completion_time", "p50", "s", "min", 2),                 # closed-loop sessions
-    Shown("sessions.completion_time", "p99", "s", "min", 2),
-    Shown("speculative.acceptance_rate", unit="%", digits=1),                  # runs with draft tokens
+    Shown("prefix_cache_hit_rate", unit="%", digits=1),
+    Shown("fairness_windows.jain_mean", digits=3),              # runs of several clients
+    Shown("fairness_windows.service_difference_mean", digits=0),
+    Shown("cluster.load_imbalance", digits=3),                  # cluster runs only
+    Shown("cluster.goodput_per_gpu", digits=3),
+    Shown("kv_hierarchy.recomputed_tokens", digits=0),          # runs with a host KV tier
+    Shown("kv_hierarchy.transfer_time", digits=3),
+    Shown("sessions.completion_time", "p50", "s", 2),           # closed-loop sessions
+    Shown("sessions.completion_time", "p99", "s", 2),
+    Shown("speculative.acceptance_rate", unit="%", digits=1),   # runs with draft tokens
     Shown("speculative.tokens_per_step", digits=2),
-    Shown("kv_hierarchy.host_hit_rate", unit="%", better="max", digits=1),   # runs with prefix tiers
-    Shown("kv_hierarchy.disk_hit_rate", unit="%", better="max", digits=1),
-    Shown("kv_hierarchy.host_transfer_time", better="min", digits=3),
-    Shown("kv_hierarchy.disk_transfer_time", better="min", digits=3),
-    Shown("programs.jct", "p99", "s", "min", 3),                               # runs with tool calls
-    Shown("programs.recomputed_tokens", better="min", digits=0),
+    Shown("kv_hierarchy.host_hit_rate", unit="%", digits=1),    # runs with prefix tiers
+    Shown("kv_hierarchy.disk_hit_rate", unit="%", digits=1),
+    Shown("kv_hierarchy.host_transfer_time", digits=3),
+    Shown("kv_hierarchy.disk_transfer_time", digits=3),
+    Shown("programs.jct", "p99", "s", 3),                       # runs with tool calls
+    Shown("programs.recomputed_tokens", digits=0),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]

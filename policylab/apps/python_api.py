@@ -73,7 +73,8 @@ def compare(runs_or_dirs, out=None):
     """The `compare` command over runs (`Run` objects) or directories (runs or sweeps): writes
     its report (compare.md, compare.html, CSVs, figures) into `out` (default: the first
     directory's `compare/`) and returns the grouped table as a DataFrame, one row per
-    configuration and load, each metric's mean and the half-width of its 95 % interval (the `... ±` columns).
+    configuration and load: each metric's mean over the replicates and its 95 % interval (the
+    `... low` and `... high` columns, inside the metric's limits; `... ±` is half its width).
     The report's path is in the DataFrame's `attrs["report"]`."""
     import pandas as pd
     from policylab.analysis.compare import main as compare_main

@@ -21,7 +21,7 @@ def draw_plots(run_dir: Path, settings) -> None:
 def report(cfg, summary: dict, run_dir: Path, partial: bool, error: str, loaded: str, cost_model: dict) -> None:
     """What the terminal shows at the end of a run: the summary table (one line in a parallel
     sweep), a light-load or loaded-machine warning, what timed the steps, where the results are."""
-    from policylab.analysis.compare_stats import light_load
+    from policylab.analysis.compare_findings import light_load
     from policylab.analysis.results import print_summary
     if in_parallel_launcher():     # jobs side by side: one line each, never interleaved tables
         attainment, goodput = summary["slo_attainment"], summary["goodput"]
