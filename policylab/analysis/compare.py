@@ -91,7 +91,8 @@ def print_table(agg, marks, common) -> None:
     console.print(legend + (f"\ncommon overrides: {' '.join(common)}" if common else ""), markup=False)
     columns = printed_columns(agg)
     for (trace, load), group in agg.groupby(GROUP, sort=False):
-        shown = display_table(group, columns, marks, lambda t: f"[bold green]{escape(t)}*[/]", plain=escape)
+        shown = display_table(group, columns, marks, lambda t: f"[bold green]{escape(t)}*[/]", plain=escape,
+                              compact=True)
         shown = shown.drop(columns=["rate (req/s)"] + ([] if agg["n"].max() > 1 else ["n"]), errors="ignore")
         table = Table(title=title_of(group), title_justify="left",
                       title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -103,7 +104,7 @@ def print_table(agg, marks, common) -> None:
         table.add_column(shown.columns[0], overflow="fold",
                          width=max(14, min(max(map(len, labels)), console.width - _width(headers, cells) - 2)))
         for h in headers:
-            table.add_column(h, justify="right")
+            table.add_column(h, justify="right", overflow="fold")
         for label, row in zip(labels, cells):
             table.add_row(escape(label), *row)
         console.print(table)

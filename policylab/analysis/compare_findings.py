@@ -24,9 +24,10 @@ ATTAINMENT = "SLO attainment (%)"
 
 
 def where(trace: str, load: float, capacity_load=None) -> str:
-    """`azure at load ×2`, or `azure at load ×2 (0.8 of capacity)` for a run given trace.load."""
-    share = f" ({capacity_load:g} of capacity)" if capacity_load is not None and np.isfinite(capacity_load) else ""
-    return f"{trace} at load ×{load:g}{share}"
+    """`azure at load ×2`, or `azure at load 0.8 of capacity (×5.13)` for runs given trace.load."""
+    if capacity_load is not None and np.isfinite(capacity_load):
+        return f"{trace} at load {capacity_load:g} of capacity (×{load:.3g})"
+    return f"{trace} at load ×{load:g}"
 
 
 def _capacity_load(group: pd.DataFrame):
@@ -83,8 +84,7 @@ def warnings(df: pd.DataFrame, agg: pd.DataFrame, ranked: list[Ranking]) -> list
         elif len(complete) > 1 and complete["n"].max() < 2:
             notes.append(f"{here}: one replicate per configuration: no interval and no ranking "
                          "(add trace.replicate=1,2,3)")
-        hint = slo_hint(complete[ATTAINMENT].to_numpy(dtype=float) if ATTAINMENT in complete else [], fraction,
-                        every="configuration")
+        hint = slo_hint(complete[ATTAINMENT].to_numpy(dtype=float) if ATTAINMENT in complete else [], fraction)
         if hint and len(complete) > 1:
             notes.append(f"{here}: {hint}")
         runs = df[(df["trace"] == trace) & (df["load"] == load)]
@@ -94,9 +94,9 @@ def warnings(df: pd.DataFrame, agg: pd.DataFrame, ranked: list[Ranking]) -> list
     return notes
 
 
-def slo_hint(attainments_pct, capacity_load=None, every: str = "configuration") -> str | None:
-    """When SLO attainment cannot rank anything: every `every` met every SLO (too light), or
-    every one missed most of them (past capacity). The hint names a load to try."""
+def slo_hint(attainments_pct, capacity_load=None, subject: str = "every configuration") -> str | None:
+    """When SLO attainment cannot rank anything: `subject` (every configuration, this run) met
+    every SLO (too light), or missed most of them (past capacity). The hint names a load to try."""
     values = np.asarray(attainments_pct, dtype=float)
     values = values[np.isfinite(values)]
     if not values.size:
@@ -104,11 +104,11 @@ def slo_hint(attainments_pct, capacity_load=None, every: str = "configuration") 
     known = capacity_load is not None and np.isfinite(capacity_load)
     if (np.round(values, 1) >= ALL_MET).all():
         to = max(LIGHT_LOAD_TRY, round(1.25 * capacity_load, 2)) if known else LIGHT_LOAD_TRY
-        return (f"load too light to rank on SLOs: every {every} met every SLO (100% attainment); "
+        return (f"load too light to rank on SLOs: {subject} met every SLO (100% attainment); "
                 f"try trace.load={to:g} ({to:.0%} of the estimated capacity) or a higher trace.rate_scale")
     if (values < COLLAPSED).all():
         to = min(HEAVY_LOAD_TRY, round(0.7 * capacity_load, 2)) if known else HEAVY_LOAD_TRY
-        return (f"load too heavy to rank on SLOs: every {every} missed the SLOs of most requests (attainment "
+        return (f"load too heavy to rank on SLOs: {subject} missed the SLOs of most requests (attainment "
                 f"below {COLLAPSED:g}%); try trace.load={to:g} ({to:.0%} of the estimated capacity) or a lower "
                 "trace.rate_scale")
     return None

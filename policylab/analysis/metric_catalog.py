@@ -29,7 +29,7 @@ class Metric:
 
 
 FINISHED = "finished requests"
-LIMITS = {"fraction": (0.0, 1.0), "index": (0.0, 1.0), "ratio": (1.0, float("inf"))}   # else: ≥ 0
+LIMITS = {"fraction": (0.0, 1.0), "index": (0.0, 1.0)}      # shares and indexes; everything else: ≥ 0
 LOWER, HIGHER = "min", "max"
 METRICS = {m.key: m for m in (
     Metric("ttft", "TTFT", "s", "first output token time − arrival", FINISHED, True, better=LOWER),
@@ -64,6 +64,14 @@ METRICS = {m.key: m for m in (
            "the trace"),
     Metric("trace_duration", "trace duration", "s", "last − first arrival (the makespan if 0)", "the trace"),
     Metric("makespan", "makespan", "s", "first arrival to the last completion, rejection or step end", "the run"),
+    Metric("load.fraction", "offered load", "ratio", "trace.load: the arrival rate / the estimated capacity",
+           "runs given trace.load"),
+    Metric("load.capacity_rate", "estimated capacity", "req/s", "steady completions per second of chunked with "
+           "every request queued, on the sim of the run's model and hardware", "runs given trace.load"),
+    Metric("load.trace_rate", "trace rate", "req/s", "requests / arrival span of the trace as read",
+           "runs given trace.load"),
+    Metric("load.rate_scale", "rate scale", "ratio", "fraction × capacity / trace rate: the trace.rate_scale "
+           "the run used", "runs given trace.load"),
     Metric("slo.ttft", "TTFT SLO", "s", "the global TTFT SLO (a request's own SLO wins)", "configuration"),
     Metric("slo.tpot", "TPOT SLO", "s", "the global TPOT SLO (a request's own SLO wins)", "configuration"),
     Metric("fairness.num_clients", "clients", "count", "distinct client names", "the trace"),
@@ -200,7 +208,7 @@ REPLICA_METRICS = {m.key: m for m in (
     Metric("steps", "steps", "count", "engine steps run", "the replica"),
 )}
 # summary entries that are not metrics: the run's identity, its inputs and its bookkeeping
-NOT_METRICS = ("status", "partial", "error", "policy", "router", "rejections", "config", "trace_report",
+NOT_METRICS = ("status", "partial", "error", "policy", "router", "rejections", "config", "trace_report", "load.estimate",
                "cost_model", "missing_files", "files", "wall", "cluster.replicas", "sessions.mode", "sessions.users")
 
 SCALE = {("s", "ms"): 1e3, ("fraction", "%"): 100.0}

@@ -29,9 +29,9 @@ LEGEND = (f"Cells: {CI_NOTE}; n = replicates. {INTERVAL_NOTE} Best of each colum
           "every request ended: its metrics cover only the requests that did, so it is shown but never ranked.")
 
 
-def cell_text(mean, low, high, digits: int) -> str:
+def cell_text(mean, low, high, digits: int, compact: bool = False) -> str:
     """`mean ± half` for a symmetric interval, `mean [low–high]` for one a limit cut, `mean` alone
-    without an interval."""
+    without an interval; `compact`: the bounds to three significant digits (a terminal's table)."""
     if mean is None or not np.isfinite(mean):
         return "—"
     text = f"{mean:,.{digits}f}"
@@ -40,11 +40,20 @@ def cell_text(mean, low, high, digits: int) -> str:
     below, above = mean - low, high - mean
     if abs(below - above) <= 1e-9 * max(1.0, abs(mean)):
         return f"{text} ± {above:,.{digits}f}"
-    return f"{text} [{low:,.{digits}f}–{high:,.{digits}f}]"
+    bound = (lambda x: _short(x, digits)) if compact else (lambda x: f"{x:,.{digits}f}")
+    return f"{text} [{bound(low)}–{bound(high)}]"
+
+
+def _short(x: float, digits: int) -> str:
+    """`x` to about three significant digits, never more decimals than `digits`: 0, 0.113, 21.1, 1,683."""
+    if x == 0:
+        return "0"
+    decimals = min(digits, max(0, 2 - int(np.floor(np.log10(abs(x))))))
+    return f"{x:,.{decimals}f}"
 
 
 def display_table(agg: pd.DataFrame, metrics, marks: dict | None = None, bold=lambda t: t,
-                  plain=lambda t: t) -> pd.DataFrame:
+                  plain=lambda t: t, compact: bool = False) -> pd.DataFrame:
     """Display strings: configuration, n, (rate,) one `mean ± ci` column per metric, best marked."""
     marks = marks or {}
     out = pd.DataFrame({"configuration": agg["label"], "n": agg["n"]})
@@ -55,7 +64,8 @@ def display_table(agg: pd.DataFrame, metrics, marks: dict | None = None, bold=la
     for m in metrics:
         bounds = f"{m} low" in agg and f"{m} high" in agg
         texts = [cell_text(agg.at[i, m], agg.at[i, f"{m} low"] if bounds else None,
-                           agg.at[i, f"{m} high"] if bounds else None, DIGITS.get(m, 2)) for i in agg.index]
+                           agg.at[i, f"{m} high"] if bounds else None, DIGITS.get(m, 2), compact)
+                 for i in agg.index]
         for k, i in enumerate(agg.index):
             mark = marks.get((i, m))
             texts[k] = plain(texts[k]) if mark is None else bold(texts[k] + (" ≈" if mark.within_noise else ""))
@@ -84,7 +94,8 @@ def _markdown_sections(agg, metrics, marks, heading: str, found=()) -> list[str]
                 for m in metrics for i in group.index if (i, m) in marks and marks[(i, m)].ties]
         if ties:
             lines += ["Best within noise (not separated by the pairwise test): " + "; ".join(ties) + ".", ""]
-        here = [f for f in found if f.startswith(where(trace, load) + ":") or f.startswith(where(trace, load) + " (")]
+        title = where(trace, load, group["capacity_load"].mean() if "capacity_load" in group else None)
+        here = [f for f in found if f.startswith(title + ":")]
         if here:
             lines += ["Findings:", "", *(f"- {f}" for f in here), ""]
     return lines

@@ -2,8 +2,9 @@
 
 Every run is placed on three axes read from its summary's resolved config and its Hydra
 overrides: the **trace** (name plus any trace override but the load and the replicate), the
-**load** (`trace.rate_scale`) and the **configuration** (policy plus every other varying
-override). Runs that share all three and differ only in `seed` / `trace.replicate` are
+**load** (`trace.rate_scale`, as resolved from `trace.load` where a run was given one; the
+fraction of capacity is kept beside it) and the **configuration** (policy plus every other
+varying override). Runs that share all three and differ only in `seed` / `trace.replicate` are
 replicates of one measurement (`policylab.analysis.compare_stats` pools them).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import yaml
 from policylab.analysis.metric_catalog import Shown
 
 REPLICATE_KEYS = ("seed", "trace.replicate")
-LOAD_KEY = "trace.rate_scale"
+LOAD_KEYS = ("trace.rate_scale", "trace.load")
 
 
 # compare's columns: metrics declared in `metric_catalog`, each in the unit and precision shown
@@ -166,10 +167,10 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
         trace = config.get("trace") if isinstance(config.get("trace"), dict) else {}
         policy = summary.get("policy", "?")
         varying = [o for o in own if o not in common]
-        params = [o for o in varying if _key(o) not in (*REPLICATE_KEYS, LOAD_KEY, "policy", "trace")
+        params = [o for o in varying if _key(o) not in (*REPLICATE_KEYS, *LOAD_KEYS, "policy", "trace")
                   and not _key(o).startswith("trace.") and not _names_a_pool_policy(o)]
         trace_params = [o for o in varying if _key(o).startswith("trace.")
-                        and _key(o) not in (*REPLICATE_KEYS, LOAD_KEY)]
+                        and _key(o) not in (*REPLICATE_KEYS, *LOAD_KEYS)]
         counts = summary.get("counts") or {}
         duration = summary.get("trace_duration")
         partial = is_partial(summary)
@@ -183,12 +184,13 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
                "status": summary.get("status", "?"), "run_dir": str(run_dir),
                "cost_model": cost_model_label(summary),
                "rate": counts.get("requests", 0) / duration if duration else None,
+               "capacity_load": (summary.get("load") or {}).get("fraction"),
                "ttft_slo": (summary.get("slo") or {}).get("ttft")}
         for c in COLUMNS:
             value = summary_value(summary, c.path)
             row[c.label] = None if value is None else value * c.scale
         rows.append(row)
-    df = pd.DataFrame(rows, columns=[*IDENTITY, "partial", "finished", "error", "cost_model", "rate", "ttft_slo",
-                                     *METRICS])
-    df[METRICS + ["rate", "ttft_slo"]] = df[METRICS + ["rate", "ttft_slo"]].apply(pd.to_numeric, errors="coerce")
+    numeric = [*METRICS, "rate", "capacity_load", "ttft_slo"]
+    df = pd.DataFrame(rows, columns=[*IDENTITY, "partial", "finished", "error", "cost_model", *numeric])
+    df[numeric] = df[numeric].apply(pd.to_numeric, errors="coerce")
     return df, common

@@ -21,7 +21,7 @@ def draw_plots(run_dir: Path, settings) -> None:
 def report(cfg, summary: dict, run_dir: Path, partial: bool, error: str, loaded: str, cost_model: dict) -> None:
     """What the terminal shows at the end of a run: the summary table (one line in a parallel
     sweep), a light-load or loaded-machine warning, what timed the steps, where the results are."""
-    from policylab.analysis.compare_findings import light_load
+    from policylab.analysis.compare_findings import light_load, slo_hint
     from policylab.analysis.results import print_summary
     if in_parallel_launcher():     # jobs side by side: one line each, never interleaved tables
         attainment, goodput = summary["slo_attainment"], summary["goodput"]
@@ -33,6 +33,11 @@ def report(cfg, summary: dict, run_dir: Path, partial: bool, error: str, loaded:
                        cfg.slo.ttft)            # per-request SLOs may be tighter: the global one is the bar
     if light:
         print(f"warning: {light}", file=sys.stderr)
+    attainment = summary.get("slo_attainment")
+    hint = None if attainment is None or partial else \
+        slo_hint([100 * attainment], (summary.get("load") or {}).get("fraction"), subject="this run")
+    if hint:
+        print(f"note: {hint}", file=sys.stderr)
     if loaded:
         print(f"warning: {loaded}", file=sys.stderr)
     if cost_model and cost_model.get("tokens_from") and not in_parallel_launcher():
