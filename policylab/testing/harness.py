@@ -45,7 +45,8 @@ class Scenario:
         default = EngineConfig()
         engine = " ".join(f"{f.name}={getattr(self.engine, f.name)}" for f in dataclasses.fields(self.engine)
                           if getattr(self.engine, f.name) != getattr(default, f.name))
-        return (f"{len(t)} requests{span}{lengths}; engine {engine or 'defaults'}; seed {self.seed}"
+        return (f"{len(t)} request{'s' if len(t) != 1 else ''}{span}{lengths}; engine {engine or 'defaults'}; "
+                f"seed {self.seed}"
                 + ("; closed-loop sessions" if self.sessions is not None else ""))
 
     def _repr_pretty_(self, printer, cycle) -> None:
