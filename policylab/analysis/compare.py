@@ -118,7 +118,7 @@ def print_findings(lines: list[str], tests: str) -> None:
             print(f"  {line}")
 
 
-def compare_runs(run_dirs, out: Path) -> tuple:
+def compare_runs(run_dirs, out: Path, verbose: bool = True) -> tuple:
     """Tables, figures and warnings of the runs:
     (grouped table, marks, common, notes, breakdowns, files, findings, methods note)."""
     df, common = collect_runs(run_dirs)
@@ -128,11 +128,14 @@ def compare_runs(run_dirs, out: Path) -> tuple:
     notes = mixed_cost_models(df) + warnings(df, agg, ranked)
     found, methods = findings(agg, ranked), methods_note(ranked)
     tables = breakdowns(df)
-    print_table(agg, marks, common)
+    if verbose:
+        print_table(agg, marks, common)
     print_findings(findings(agg, ranked, printed_columns(agg)), tests_used(ranked))
+    (out / "findings.txt").write_text("".join(f"{line}\n" for line in found))
     df.to_csv(out / "runs.csv", index=False)
     agg.to_csv(out / "compare.csv", index=False)
-    files = [out / "compare.csv", out / "runs.csv", *cdf_compare(df, out), *metric_vs_load(agg, out)]
+    files = [out / "compare.csv", out / "runs.csv", out / "findings.txt", *cdf_compare(df, out),
+             *metric_vs_load(agg, out)]
     for kind, table in tables.items():
         path = out / f"per_{kind.replace(' ', '_').lower()}.csv"
         table.to_csv(path, index=False)
@@ -171,7 +174,8 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def main(argv=None, verbose: bool = True) -> int:
+    """The command; `verbose=False` (the Python API) prints only the findings and the warnings."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         capacity_dirs = find_dirs(args.paths, "capacity.json")
@@ -188,7 +192,7 @@ def main(argv=None) -> int:
     common, notes, tables, files, found, methods = [], [], {}, [], [], ""
     if run_dirs:
         try:
-            agg, marks, common, notes, tables, files, found, methods = compare_runs(run_dirs, out)
+            agg, marks, common, notes, tables, files, found, methods = compare_runs(run_dirs, out, verbose)
         except CompareError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -202,14 +206,16 @@ def main(argv=None) -> int:
     if agg is not None:
         files += [write_markdown(out, agg, marks, common, notes, tables, figures, found, methods),
                   write_html(out, agg, marks, common, notes, tables, figures, found, methods)]
-    print("wrote " + ", ".join(str(p) for p in files))
+    if verbose:
+        print("wrote " + ", ".join(str(p) for p in files))
     if args.log_wandb and not args.wandb_online:     # (--wandb-online logs the comparison run itself)
         from policylab.analysis.tracking import log_comparison
         named = {"compare": agg, **{f"per_{k.replace(' ', '_').lower()}": t for k, t in tables.items()}} \
             if agg is not None else {}
         print(log_comparison(out, named, figures, sweep_group(run_dirs or capacity_dirs), args.wandb_online))
     if not args.wandb_online:
-        print("W&B report: skipped (offline; pass --wandb-online with a logged-in W&B API to create one)")
+        if verbose:
+            print("W&B report: skipped (offline; pass --wandb-online with a logged-in W&B API to create one)")
         return 0
     from policylab.analysis.tracking import ReportError
     from policylab.analysis.wandb_report import publish

@@ -36,9 +36,9 @@ WINDOW = (0.1, 0.9)             # completions between these quantiles measure th
 ALL_AT_ONCE_S = 1e-6            # the trace's arrivals squeezed into this span: every request queued
 
 
-def resolve_load(cfg: RunConfig) -> tuple[RunConfig, dict | None]:
+def resolve_load(cfg: RunConfig, verbose: bool = True) -> tuple[RunConfig, dict | None]:
     """`cfg` with `trace.rate_scale` set from `trace.load` (unchanged without one), and the
-    summary's `load` section (None without one)."""
+    summary's `load` section (None without one); `verbose`: say so in one line."""
     load = cfg.trace.load
     if load is None:
         return cfg, None
@@ -54,9 +54,10 @@ def resolve_load(cfg: RunConfig) -> tuple[RunConfig, dict | None]:
               f"{cfg.trace.rate_scale:g} is not used", file=sys.stderr)
     report = {"fraction": float(load), "capacity_rate": estimate["capacity_rate"],
               "trace_rate": estimate["trace_rate"], "rate_scale": scale, "estimate": estimate["method"]}
-    print(f"trace.load={load:g}: {load:.0%} of an estimated capacity of {estimate['capacity_rate']:.3f} req/s, "
-          f"the trace at {scale:.4g}× its rate of {estimate['trace_rate']:.3f} req/s"
-          + (" (estimate cached)" if estimate.get("cached") else ""), file=sys.stderr)
+    if verbose:
+        print(f"trace.load={load:g}: {load:.0%} of an estimated capacity of {estimate['capacity_rate']:.3f} req/s, "
+              f"the trace at {scale:.4g}× its rate of {estimate['trace_rate']:.3f} req/s"
+              + (" (estimate cached)" if estimate.get("cached") else ""), file=sys.stderr)
     return dataclasses.replace(cfg, trace=dataclasses.replace(cfg.trace, rate_scale=scale)), report
 
 
