@@ -31,7 +31,7 @@ LEGEND = (f"Cells: {CI_NOTE}; n = replicates. {INTERVAL_NOTE} Best of each colum
 
 def cell_text(mean, low, high, digits: int, compact: bool = False) -> str:
     """`mean ± half` for a symmetric interval, `mean [low–high]` for one a limit cut, `mean` alone
-    without an interval; `compact`: the bounds to three significant digits (a terminal's table)."""
+    without an interval; `compact`: the bounds to two significant digits (a terminal's table)."""
     if mean is None or not np.isfinite(mean):
         return "—"
     text = f"{mean:,.{digits}f}"
@@ -45,10 +45,11 @@ def cell_text(mean, low, high, digits: int, compact: bool = False) -> str:
 
 
 def _short(x: float, digits: int) -> str:
-    """`x` to about three significant digits, never more decimals than `digits`: 0, 0.113, 21.1, 1,683."""
+    """`x` to two significant digits or its whole part, never more decimals than `digits`: 0, 0.11,
+    7.6, 85, 1,683 (an interval's bounds in a terminal's narrow columns)."""
     if x == 0:
         return "0"
-    decimals = min(digits, max(0, 2 - int(np.floor(np.log10(abs(x))))))
+    decimals = min(digits, max(0, 1 - int(np.floor(np.log10(abs(x))))))
     return f"{x:,.{decimals}f}"
 
 
