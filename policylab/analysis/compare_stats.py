@@ -167,14 +167,15 @@ def best_marks(agg: pd.DataFrame, ranked: list[Ranking]) -> dict:
 
 
 def steps_text(r: Ranking) -> str:
-    """`a ≈ b, ahead of c by 562.33 ms (95% CI 104.12 to 1,020.54; paired, 3 replicates)`."""
+    """`a ≈ b, ahead of c by 562.33 ms (95% CI 104.12 to 1,020.54; paired over 3 replicates)`; each
+    further tier `in turn ahead of` the next (its difference is from the tier above it)."""
     column = SHOWN[r.metric]
     unit = column.unit or ""
     unit = " points" if unit == "%" else f" {unit}" if unit else ""
     text = " ≈ ".join(r.tiers[0])
-    for tier, d in zip(r.tiers[1:], r.steps):
-        text += f", ahead of {' ≈ '.join(tier)} by {_number(abs(d.mean), column.digits)}{unit} " \
-                f"({_ci(d, column.digits)})"
+    for k, (tier, d) in enumerate(zip(r.tiers[1:], r.steps)):
+        text += f", {'in turn ' if k else ''}ahead of {' ≈ '.join(tier)} by {_number(abs(d.mean), column.digits)}" \
+                f"{unit} ({_ci(d, column.digits)})"
     return text
 
 
