@@ -29,6 +29,7 @@ def test_user_docs_carry_no_issue_numbers_dates_or_narrative(page):
     assert not hits, "\n".join(hits)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_site_builds_strict(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")

@@ -140,6 +140,7 @@ def test_a_basic_sweep_runs_every_job_and_reports_the_failed_ones(tmp_path, caps
     assert_every_request_kept(sweep / "2_x_poisson", 40, "complete")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_joblib_sweep_runs_every_job_and_reports_the_failed_ones(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="needs hydra-joblib-launcher")
@@ -173,6 +174,7 @@ def test_a_full_disk_still_writes_the_summary_and_leaves_no_temporary_file(tmp_p
     assert (tmp_path / "steps.parquet").is_file() and not list(tmp_path.glob(".*tmp"))
 
 
+@pytest.mark.slow
 def test_a_really_full_filesystem_keeps_the_summary(tmp_path):
     """The same on a 64 KiB tmpfs, where the machine lets the test mount one (root, Linux)."""
     tiny = tmp_path / "tiny"

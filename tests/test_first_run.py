@@ -85,6 +85,7 @@ def test_a_measured_cpu_run_on_a_loaded_machine_says_so_and_a_modelled_one_does_
     assert "the machine is loaded" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_default_replay_does_not_depend_on_the_machines_load(tmp_path):
     """The same default replay alone and beside a CPU-bound process: identical requests."""
     cfg = config("trace.max_requests=24")

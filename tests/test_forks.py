@@ -279,6 +279,7 @@ def test_cli_cluster_refuses_forks_in_one_line(tmp_path, capsys):
     assert "cluster runs do not serve parallel samples or beams" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_vllm_refuses_forks_before_loading_vllm(tmp_path):
     from vllm_cli import run_on_vllm
     proc = run_on_vllm("run", ["trace=bursty", "trace.max_requests=2", "engine.parallel_samples=2"],

@@ -17,6 +17,7 @@ pytest.importorskip("ipykernel", reason="the docs extra is not installed (pip in
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_notebook_runs_clean_on_a_jupyter_kernel(tmp_path, monkeypatch):
     shutil.copy(ROOT / "docs" / "notebook.ipynb", tmp_path / "notebook.ipynb")

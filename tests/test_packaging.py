@@ -7,6 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 REPLAY = """
@@ -30,6 +32,7 @@ print(json.dumps({"package": policylab.__file__, "summary": json.load(open("out/
 """
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_configs_and_traces_and_replays_outside_the_repo(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=240)

@@ -32,6 +32,7 @@ def config(*overrides):
                                             *overrides])
 
 
+@pytest.mark.slow
 def test_plots_in_every_requested_format(tmp_path):
     settings = plot_settings(config("plots.format='png,svg,pdf'", "trace.max_requests=30").plots)
     assert settings.formats == ("png", "svg", "pdf") and settings.log_latency
@@ -104,9 +105,11 @@ class LeaksBlocks(PrefillFirst):
 def test_a_failing_harness_check_says_its_cause_first_and_names_a_file_that_reproduces_it(tmp_path, monkeypatch):
     """The cause on the first line, then the command that reproduces the failure and the scenario in
     one line: the scenario in full (hundreds of lines) is in the file, not in front of the cause."""
-    import os
-    import subprocess
-    import sys
+    failing_harness_check(tmp_path, monkeypatch)
+
+
+def failing_harness_check(tmp_path, monkeypatch) -> tuple:
+    """(the cause, the reproduction file) of LeaksBlocks under the pressure scenario, checked."""
     from pathlib import Path
     monkeypatch.setenv("POLICYLAB_FAILURES", str(tmp_path))
     with pytest.raises(pytest.fail.Exception) as failure:
@@ -120,8 +123,18 @@ def test_a_failing_harness_check_says_its_cause_first_and_names_a_file_that_repr
     rebuilt = eval(call[call.index("Scenario("):-1],
                    {"Scenario": Scenario, "EngineConfig": EngineConfig, "TraceRequest": TraceRequest})
     assert rebuilt == pressure_scenario(0)
+    return cause, Path(command.split("python ", 1)[1])
+
+
+@pytest.mark.slow
+def test_the_file_a_harness_failure_names_reproduces_it_alone(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    cause, script = failing_harness_check(tmp_path, monkeypatch)
     here = Path(__file__).resolve().parent              # (the policy's module, as pytest imported it)
-    again = subprocess.run([sys.executable, command.split("python ", 1)[1]], capture_output=True, text=True,
-                           timeout=120, cwd=here if "." not in __name__ else here.parent,
+    again = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                           cwd=here if "." not in __name__ else here.parent,
                            env={**os.environ, "PYTHONPATH": str(here.parent)})
     assert again.returncode != 0 and cause.split(" (at step")[0] in again.stderr

@@ -39,6 +39,7 @@ def test_the_suite_has_a_default_timeout_that_fails_only_the_test():
     assert any(m.startswith("slow:") for m in options["markers"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_hanging_tests_fail_and_the_run_goes_on(tmp_path):
     (tmp_path / "test_hangs.py").write_text(HANGS)

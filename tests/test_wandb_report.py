@@ -64,6 +64,7 @@ def sweep(tmp_path):
     return root
 
 
+@pytest.mark.slow
 def test_wandb_online_uploads_offline_runs_and_reports_figures_and_tables(tmp_path, monkeypatch, capsys):
     saved, logged = stub_with_runs(monkeypatch, tmp_path)
     uploads = []
