@@ -93,7 +93,7 @@ def load_figure(swept: pd.DataFrame) -> Figure:
                 mean = line[metric].to_numpy(float)
                 low = line[f"{metric} low"].fillna(line[metric]).to_numpy(float)
                 high = line[f"{metric} high"].fillna(line[metric]).to_numpy(float)
-                ax.plot(line["rate"], mean, marker="o", **styles[label])
+                ax.plot(line["rate"], mean, marker="o", clip_on=False, **styles[label])   # (a point at 100 % shows)
                 ax.fill_between(line["rate"], low, high, color=styles[label]["color"], alpha=0.18)
             ax.set(title=f"{trace}: {metric}", xlabel="offered load (req/s)", ylabel=metric)
             ax.set_ylim(*feasible_ylim(ax.get_ylim(), interval_of(metric)[0]))
