@@ -74,6 +74,7 @@ def test_the_loaded_machine_warning_compares_the_load_with_the_cores_left():
     assert "load average 3.2 on 2 cores" in warning and "dataplane.step_time=model" in warning
 
 
+@pytest.mark.slow
 def test_a_measured_cpu_run_on_a_loaded_machine_says_so_and_a_modelled_one_does_not(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cpu_host, "usable_cores", lambda: 2)
     monkeypatch.setattr("os.getloadavg", lambda: (6.0, 6.0, 6.0))
