@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from policylab.analysis.compare_stats import light_load
+from policylab.analysis.compare_findings import light_load
 from policylab.apps.config import CONFIG_DIR, register, typed_config
 from policylab.apps.jobs import RunError, measuring
 from policylab.apps.run import run
@@ -74,6 +74,7 @@ def test_the_loaded_machine_warning_compares_the_load_with_the_cores_left():
     assert "load average 3.2 on 2 cores" in warning and "dataplane.step_time=model" in warning
 
 
+@pytest.mark.slow
 def test_a_measured_cpu_run_on_a_loaded_machine_says_so_and_a_modelled_one_does_not(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cpu_host, "usable_cores", lambda: 2)
     monkeypatch.setattr("os.getloadavg", lambda: (6.0, 6.0, 6.0))
@@ -85,6 +86,7 @@ def test_a_measured_cpu_run_on_a_loaded_machine_says_so_and_a_modelled_one_does_
     assert "the machine is loaded" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_default_replay_does_not_depend_on_the_machines_load(tmp_path):
     """The same default replay alone and beside a CPU-bound process: identical requests."""
     cfg = config("trace.max_requests=24")
@@ -94,7 +96,7 @@ def test_the_default_replay_does_not_depend_on_the_machines_load(tmp_path):
         run(cfg, tmp_path / "loaded")
     finally:
         burner.kill()
-        burner.wait()
+        burner.wait(timeout=60)
     alone, loaded = (pd.read_parquet(tmp_path / d / "requests.parquet") for d in ("alone", "loaded"))
     assert alone["finish_time"].notna().all()
     pd.testing.assert_frame_equal(alone, loaded)

@@ -230,7 +230,7 @@ def test_torch_plane_beams_score_real_log_probabilities_and_copy_kv():
 @pytest.mark.parametrize("policy", ["chunked", "prefill_first", "vllm_v1"])
 def test_invariants_hold_on_generated_fork_scenarios(policy):
     from hypothesis import HealthCheck, given, settings
-    from policylab.testing.harness import check_policy, reproduction
+    from policylab.testing.suite import checked
     from policylab.testing.loader import shipped_policy_configs
     from policylab.testing.strategies import fork_scenarios
     spec = next(s for s in shipped_policy_configs() if s.endswith(f"/{policy}.yaml"))
@@ -238,11 +238,7 @@ def test_invariants_hold_on_generated_fork_scenarios(policy):
     @settings(deadline=None, max_examples=15, suppress_health_check=[HealthCheck.too_slow])
     @given(scenario=fork_scenarios(max_requests=12))
     def check(scenario):
-        try:
-            check_policy(spec, scenario, determinism=False)
-        except Exception as e:
-            e.add_note(reproduction(spec, scenario))
-            raise
+        checked(spec, scenario, determinism=False)
     check()
 
 
@@ -283,6 +279,7 @@ def test_cli_cluster_refuses_forks_in_one_line(tmp_path, capsys):
     assert "cluster runs do not serve parallel samples or beams" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_vllm_refuses_forks_before_loading_vllm(tmp_path):
     from vllm_cli import run_on_vllm
     proc = run_on_vllm("run", ["trace=bursty", "trace.max_requests=2", "engine.parallel_samples=2"],

@@ -158,8 +158,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManager = BlockManagerMachine.TestCase
 # The machine is cheap per example and finds planted accounting bugs only after many runs: it gets
-# far more examples than the suite's default (a profile that asks for more still gets more).
-TestBlockManager.settings = settings(max_examples=max(200, settings.default.max_examples))
+# more examples than the suite's default in the first tier, and far more in the second (a profile
+# that asks for more still gets more).
+TestBlockManager.settings = settings(max_examples=max(40, settings.default.max_examples))
+
+
+@pytest.mark.slow
+class TestBlockManagerDeep(BlockManagerMachine.TestCase):
+    settings = settings(max_examples=max(300, settings.default.max_examples))
 
 
 def test_freed_blocks_are_reused_least_recently_freed_first():

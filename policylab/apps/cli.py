@@ -64,9 +64,10 @@ def run_main(cfg: DictConfig) -> float:
 def calibrate_main(cfg: DictConfig) -> None:
     from policylab.apps.calibrate import calibrate
     from policylab.apps.jobs import build_engine, dataplane_of, measuring
+    from policylab.apps.offered_load import resolve_load
 
     def body(run_dir: Path):
-        run = typed_config(cfg)
+        run = resolve_load(typed_config(cfg))[0]
         if run.dataplane.kind == "vllm":
             from policylab.apps.fidelity_vllm import calibrate_vllm
             return calibrate_vllm(run, run_dir)
