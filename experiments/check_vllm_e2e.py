@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from policylab.apps.e2e_replay import compare, mape, predicted_stages, replay_benchmark  # noqa: E402
+from policylab.apps.e2e_replay import client_latency, compare, mape, predicted_stages, replay_benchmark  # noqa: E402
 from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerKnobs  # noqa: E402
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
 
@@ -74,8 +74,8 @@ def main(argv=None) -> int:
           "per-token meas / pred (ms) | err | sim |\n|---|---|---|---|---|---|---|---|---|---|")
     started = time.perf_counter()
     for bench in benchmarks(args.file, args.duration):
-        result, _ = replay_benchmark(bench, args.overrides)
-        for c in compare(bench, predicted_stages(bench, result)):
+        result, cfg = replay_benchmark(bench, args.overrides)
+        for c in compare(bench, predicted_stages(bench, result, client_latency(cfg))):
             m, p, e = c.measured, c.predicted, c.errors
             rows.append(c)
             print(f"| {bench.name} | {m.stage} | {m.rate:g} | {m.ttft_mean * 1e3:.1f} / {p.ttft_mean * 1e3:.1f} | "

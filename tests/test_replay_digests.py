@@ -4,9 +4,9 @@ column of requests.parquet exactly and every summary number at 12 significant di
 config echo, the input's trace_report, or wall-clock fields).
 
 A change that moves these on purpose (a new cost model, a policy fix) updates the table here
-and says why in its commit. The table is that of the default cost model (`cost_model=shaped`);
-ROOFLINE_DIGESTS are results recorded with the former default, which `cost_model=roofline`
-still reproduces. `python tests/test_replay_digests.py` prints the current table.
+and says why in its commit. The table is that of the default cost model (`cost_model=shaped`)
+in the default serving engine (`serving_engine=vllm`); ROOFLINE_DIGESTS are results recorded with
+the former default, which `cost_model=roofline serving_engine=none` still reproduces. `python tests/test_replay_digests.py` prints the current table.
 """
 from __future__ import annotations
 
@@ -16,37 +16,47 @@ from policylab.apps.cli import main
 from run_digest import replay_digest
 
 DIGESTS = {
-    "chunked/bursty": "cc10a0975f3cc576",
-    "chunked/multitenant": "ac541ab9c4bf1d96",
-    "chunked/poisson": "9f584601aa609c9b",
-    "decode_first/bursty": "4a9cbd4c7fa2ebed",
-    "decode_first/multitenant": "e34179b6f755aebe",
-    "decode_first/poisson": "b38ada3c7db22a25",
-    "fairness/bursty": "a6e644b2e47b2689",
-    "fairness/multitenant": "791a4ffbe1ac351e",
-    "fairness/poisson": "a65aa471f81bc09d",
-    "prefill_first/bursty": "b03a52bffecf78f2",
-    "prefill_first/multitenant": "c648b4ef6ace06f9",
-    "prefill_first/poisson": "1636f905271c3500",
-    "priority/bursty": "7dce88df243a0693",
-    "priority/multitenant": "a34379bf4f4f802b",
-    "priority/poisson": "4dfae1c7e2f68173",
-    "sjf/bursty": "063500b252dc073b",
-    "sjf/multitenant": "eaf569a7f8b3dc5e",
-    "sjf/poisson": "7f83658d37f05259",
-    "slo_aware/bursty": "0ec38106cca5eb4b",
-    "slo_aware/multitenant": "80f4154a2089ad85",
-    "slo_aware/poisson": "b70ae9389f94458c"
+    "chunked/bursty": "b96650aba176353c",
+    "chunked/multitenant": "4ead66b824f58272",
+    "chunked/poisson": "402b24286f34adfd",
+    "decode_first/bursty": "0857eaa9dc340e5c",
+    "decode_first/multitenant": "58d87330d1c95aa6",
+    "decode_first/poisson": "e827bd6800afcf77",
+    "fairness/bursty": "b924dfde7ce42a77",
+    "fairness/multitenant": "0b391086298ce5ca",
+    "fairness/poisson": "781d88dd0e2bc834",
+    "prefill_first/bursty": "729a4157b54ecd84",
+    "prefill_first/multitenant": "f864a11588da417c",
+    "prefill_first/poisson": "961a7e86cc1c9a4d",
+    "priority/bursty": "188a997218ec4900",
+    "priority/multitenant": "5458a43eee372e30",
+    "priority/poisson": "aa76fe2606982d04",
+    "sjf/bursty": "3a04bbabc772a216",
+    "sjf/multitenant": "eb1dad6d66581057",
+    "sjf/poisson": "888d5623dc87c66a",
+    "slo_aware/bursty": "f882563e0bfdf065",
+    "slo_aware/multitenant": "1435dbe7432e4755",
+    "slo_aware/poisson": "06cc13078ea76586"
 }
 
 
 PINNED = {"prefill_first": ["policy.watermark=0"]}   # the digests predate prefill_first's watermark
 
-# recorded with the former default cost model: `dataplane.cost_model=roofline` reproduces them
+# recorded with the former default cost model and no serving engine: `dataplane.cost_model=roofline
+# serving_engine=none` reproduces them
 ROOFLINE_DIGESTS = {
     "chunked/poisson": "81f99ee902ee7403",
     "prefill_first/bursty": "b7eaaa31420e01de",
     "sjf/multitenant": "e15ef9691d0cd840",
+}
+
+
+# recorded with the shaped model before serving engines: `serving_engine=none` (kernel time only) is that
+# model number for number
+SHAPED_WITHOUT_ENGINE_DIGESTS = {
+    "chunked/poisson": "9f584601aa609c9b",
+    "prefill_first/bursty": "b03a52bffecf78f2",
+    "sjf/multitenant": "eaf569a7f8b3dc5e",
 }
 
 
@@ -62,8 +72,17 @@ def test_replay_is_identical(case, tmp_path):
 def test_the_roofline_reproduces_results_recorded_before_the_shaped_default(case, tmp_path):
     policy, trace = case.split("/")
     main(["run", f"policy={policy}", *PINNED.get(policy, []), f"trace={trace}", "dataplane=sim",
-          "dataplane.cost_model=roofline", "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
+          "dataplane.cost_model=roofline", "serving_engine=none", "logger=none", "plots=false", "progress=false",
+          f"hydra.run.dir={tmp_path}"])
     assert replay_digest(tmp_path) == ROOFLINE_DIGESTS[case]
+
+
+@pytest.mark.parametrize("case", sorted(SHAPED_WITHOUT_ENGINE_DIGESTS))
+def test_the_none_engine_reproduces_results_recorded_before_serving_engines(case, tmp_path):
+    policy, trace = case.split("/")
+    main(["run", f"policy={policy}", *PINNED.get(policy, []), f"trace={trace}", "dataplane=sim", "serving_engine=none",
+          "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
+    assert replay_digest(tmp_path) == SHAPED_WITHOUT_ENGINE_DIGESTS[case]
 
 
 if __name__ == "__main__":

@@ -76,9 +76,17 @@ def replay_benchmark(bench: Benchmark, extra: list = (), cfg=None):
     return result, run
 
 
-def predicted_stages(bench: Benchmark, result) -> dict:
+def client_latency(cfg) -> float:
+    """Seconds a load generator's TTFT and E2E hold beyond the engine's: the serving engine's
+    `client_latency` (simulated planes; 0 for a measured or calibrated one)."""
+    if getattr(cfg.dataplane, "kind", "") != "sim" or cfg.dataplane.calibration or cfg.dataplane.profile:
+        return 0.0
+    return cfg.serving_engine.client_latency
+
+
+def predicted_stages(bench: Benchmark, result, client: float = 0.0) -> dict:
     """Per stage, the sim's TTFT, E2E and per-token interval of its finished requests, as the load
-    generator measures them (from each request's send time)."""
+    generator measures them (from each request's send time, `client` seconds added to TTFT and E2E)."""
     out = {}
     stage_of = np.asarray(bench.stage_of)
     for k in sorted(set(bench.stage_of)):
@@ -94,7 +102,7 @@ def predicted_stages(bench: Benchmark, result) -> dict:
             queued.append((r.first_scheduled_time or r.finish_time) - t.arrival_time)
         if not ttft:
             continue
-        ttft_mean, e2e_mean = float(np.mean(ttft)), float(np.mean(e2e))
+        ttft_mean, e2e_mean = float(np.mean(ttft)) + client, float(np.mean(e2e)) + client
         tokens = float(np.mean(outs))
         out[k] = PredictedStage(k, len(ttft), ttft_mean, e2e_mean,
                                 (e2e_mean - ttft_mean) / (tokens - 1) if tokens > 1 else math.nan,

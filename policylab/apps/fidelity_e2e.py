@@ -110,15 +110,11 @@ def load_benchmark(args):
 
 
 def run(args) -> list:
-    from policylab.apps.e2e_replay import compare, predicted_stages, replay_benchmark
+    from policylab.apps.e2e_replay import client_latency, compare, predicted_stages, replay_benchmark
     bench = load_benchmark(args)
     result, cfg = replay_benchmark(bench, [f"serving_engine={args.serving_engine}", *args.overrides])
-    client = cfg.serving_engine.client_latency if cfg.dataplane.kind == "sim" else 0.0
-    predicted = predicted_stages(bench, result)
-    for p in predicted.values():              # the load generator measures from its side of the API
-        p.ttft_mean += client
-        p.e2e_mean += client
-    rows = compare(bench, predicted)
+    client = client_latency(cfg)              # the load generator measures from its side of the API
+    rows = compare(bench, predicted_stages(bench, result, client))
     report(bench, cfg, rows, client)
     if args.out:
         write_outputs(args.out, bench, rows)

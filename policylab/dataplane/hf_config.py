@@ -16,13 +16,13 @@ differ by family; this module maps the families a serving researcher meets to `M
 - `phi` (phi-2: the GELU MLP, one LayerNorm feeding attention and MLP).
 
 Weights count 2 bytes (vLLM serves float32 checkpoints in 16 bits); a checkpoint quantized to
-FP8 (`quantization_config.quant_method: fp8`) counts 1, as DeepSeek-V3's release. A key the
-simulator cannot price (sliding windows, vision towers) is left out, named in `ignored`.
+FP8 (`quantization_config.quant_method: fp8`) counts 1, as DeepSeek-V3's release. What the
+simulator does not price (sliding windows, vision towers, multi-token-prediction layers) is left out.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from policylab.core.config import ModelConfig
@@ -124,11 +124,3 @@ def shape_from_hf_dict(data: dict, where: str = "config.json") -> dict:
 def _fp8(data: dict) -> bool:
     q = data.get("quantization_config")
     return isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "fp8"
-
-
-def ignored_keys(data: dict) -> list:
-    """Keys of a config.json that change a model's cost but that the simulator does not price."""
-    return [k for k in ("sliding_window", "vision_config", "num_nextn_predict_layers") if data.get(k)]
-
-
-MODEL_FIELDS = {f.name for f in fields(ModelConfig)}

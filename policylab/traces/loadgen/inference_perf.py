@@ -174,10 +174,8 @@ def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[l
         hashes = (g,) + tuple((1 << 40) + p * (1 << 16) + j for j in range(own))
         requests.append(TraceRequest(arrival_time=float(row["start_time"]) - t0, prompt_tokens=int(prompt_len),
                                      output_tokens=int(out_len), max_tokens=int(out_len), prefix_hashes=hashes))
-    k = 0
     for stage, count in zip(stages, counts):
         stage_of += [stage.stage] * count
-        k += count
     return requests, stage_of, prefix_tokens
 
 
