@@ -48,8 +48,8 @@ DIGESTS = {
     "2+2/least_loaded/chunked/roofline": "c006aa5d9047135a",
     "1+3/power_of_two/prefill_first/fixed": "22d13694d3348036",
     "4/round_robin/prefill_first/bench": "8585a689341bf3d4",
-    "cli/1+2/round_robin/bursty": "09e112ba2ebca9a8",
-    "cli/3/prefix_affinity/multitenant": "bf42d68590d15b35",
+    "cli/1+2/round_robin/bursty": "27c944ff435e5a49",
+    "cli/3/prefix_affinity/multitenant": "e5540cda9a0569ef",
 }
 
 

@@ -208,8 +208,9 @@ def test_the_cli_keeps_dataplane_overrides_and_names_a_bad_one(tmp_path, capsys)
           f"hydra.run.dir={tmp_path}"])
     import json
     info = json.loads((tmp_path / "summary.json").read_text())["cost_model"]
-    assert info["tensor_parallel"] == 2 and info["serving_engine"]["name"] == "eager_nccl"
-    assert info["serving_engine"]["collective_overhead"] == 100e-6
+    assert info["tensor_parallel"] == 2 and info["serving_engine"] == "eager_nccl"
+    config = json.loads((tmp_path / "summary.json").read_text())["config"]["serving_engine"]
+    assert config["collective_overhead"] == 100e-6 and not config["async_scheduling"]
     assert info["link"]["name"] == "pcie4" and info["link"]["bandwidth"] == 20e9
     with pytest.raises(SystemExit):
         main(["run", "trace=bursty", "dataplane=sim", "+dataplane.device=cuda", "logger=none", "plots=false",

@@ -16,27 +16,27 @@ from policylab.apps.cli import main
 from run_digest import replay_digest
 
 DIGESTS = {
-    "chunked/bursty": "b96650aba176353c",
-    "chunked/multitenant": "4ead66b824f58272",
-    "chunked/poisson": "402b24286f34adfd",
-    "decode_first/bursty": "0857eaa9dc340e5c",
-    "decode_first/multitenant": "58d87330d1c95aa6",
-    "decode_first/poisson": "e827bd6800afcf77",
-    "fairness/bursty": "b924dfde7ce42a77",
-    "fairness/multitenant": "0b391086298ce5ca",
-    "fairness/poisson": "781d88dd0e2bc834",
-    "prefill_first/bursty": "729a4157b54ecd84",
-    "prefill_first/multitenant": "f864a11588da417c",
-    "prefill_first/poisson": "961a7e86cc1c9a4d",
-    "priority/bursty": "188a997218ec4900",
-    "priority/multitenant": "5458a43eee372e30",
-    "priority/poisson": "aa76fe2606982d04",
-    "sjf/bursty": "3a04bbabc772a216",
-    "sjf/multitenant": "eb1dad6d66581057",
-    "sjf/poisson": "888d5623dc87c66a",
-    "slo_aware/bursty": "f882563e0bfdf065",
-    "slo_aware/multitenant": "1435dbe7432e4755",
-    "slo_aware/poisson": "06cc13078ea76586"
+    "chunked/bursty": "b0dad8b586864871",
+    "chunked/multitenant": "cfd727677c1ceaf3",
+    "chunked/poisson": "4f6a332c36471f91",
+    "decode_first/bursty": "fd2d328a6fe6034e",
+    "decode_first/multitenant": "c897aa9f037a4005",
+    "decode_first/poisson": "b2209212d8f3f9fb",
+    "fairness/bursty": "72f7e8feab5b0f77",
+    "fairness/multitenant": "ffa65c3bde6017ae",
+    "fairness/poisson": "e1b63f68f14d3f1b",
+    "prefill_first/bursty": "e011e0351073901a",
+    "prefill_first/multitenant": "1db4712c70ab5386",
+    "prefill_first/poisson": "958f5b84db610d0a",
+    "priority/bursty": "fa64b158e80310ad",
+    "priority/multitenant": "c9a7ae2bb3b2923f",
+    "priority/poisson": "f4fa49d79010e1d8",
+    "sjf/bursty": "a62b729351dc6a39",
+    "sjf/multitenant": "b59b488d16622596",
+    "sjf/poisson": "4ce8bea8801d774f",
+    "slo_aware/bursty": "05a7b071e0d44ffa",
+    "slo_aware/multitenant": "d5570b608f72a96c",
+    "slo_aware/poisson": "e64056a8a87cf18b"
 }
 
 

@@ -223,6 +223,6 @@ class Roofline:
             out.update(tensor_parallel=self.tp, pipeline_parallel=self.pp, link=self.link.describe())
         if self.host.named or self.host.per_request or self.host.per_token:
             out["host_time"] = self.host.describe()
-        if not self.engine.is_none:
-            out["serving_engine"] = self.engine.cfg.describe()
+        if not self.engine.is_none:        # (its every constant is in the run's config echo)
+            out["serving_engine"] = self.engine.describe()
         return out

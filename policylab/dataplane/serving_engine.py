@@ -133,6 +133,11 @@ class ServingEngine:
         self.launch = cfg.kernel_launch
         self.is_none = cfg == ServingEngineConfig(name=cfg.name)   # kernel time only: the engine-less model
 
+    def describe(self) -> str:
+        """What a run's summary records of its engine: the preset's name (the config echo beside it
+        has every constant)."""
+        return self.cfg.name
+
     @property
     def has_host_time(self) -> bool:
         return bool(self.host_per_step or self.host_per_request or self.host_per_token or self.launch)
