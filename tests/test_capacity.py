@@ -81,7 +81,7 @@ def test_shorthands_and_run_dir_of_the_cli():
 
 def test_capacity_job_end_to_end(tmp_path, monkeypatch, capsys):
     overrides = ["policy=prefill_first", "trace=poisson", "dataplane=sim", "trace.max_requests=40",
-                 "hardware.step_overhead=0.004",     # the step cost this bracket was chosen for
+                 "hardware.step_overhead=0.004", "serving_engine=none",   # the step cost this bracket was chosen for
                  "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=2", f"hydra.run.dir={tmp_path}", "logger=none",
                  "capacity.sustain=false"]      # replays as short as the trace: warned about
     monkeypatch.setattr(sys, "argv", ["policylab"])

@@ -107,8 +107,9 @@ def test_the_default_replay_is_the_sim_of_one_cpu_core_with_the_real_models_toke
     hardware (with the same KV blocks): so the full default trace's load can be checked on the sim."""
     cfg = config("trace.max_requests=30")
     run(cfg, tmp_path / "real")
-    run(config("trace.max_requests=30", "dataplane=sim", "model=tiny", "hardware=cpu",
-               f"engine.num_blocks={torch_plane_blocks(cfg)}"), tmp_path / "sim")
+    run(config("trace.max_requests=30", "dataplane=sim", "model=tiny", "hardware=cpu", "serving_engine=none",
+               f"engine.num_blocks={torch_plane_blocks(cfg)}"), tmp_path / "sim")     # (the torch plane's
+    # modeled step time is a CPU core's kernel time: no serving engine)
     real, sim = (pd.read_parquet(tmp_path / d / "requests.parquet") for d in ("real", "sim"))
     timing = ["arrival_time", "first_token_time", "finish_time", "ttft", "e2e", "queueing_delay", "preemptions"]
     pd.testing.assert_frame_equal(real[timing], sim[timing])
@@ -116,7 +117,7 @@ def test_the_default_replay_is_the_sim_of_one_cpu_core_with_the_real_models_toke
 
 def test_at_the_default_load_policies_differ_and_the_replay_is_not_light(tmp_path):
     blocks = torch_plane_blocks(config())
-    summaries = {p: run(config(f"policy={p}", "dataplane=sim", "model=tiny", "hardware=cpu",
+    summaries = {p: run(config(f"policy={p}", "dataplane=sim", "model=tiny", "hardware=cpu", "serving_engine=none",
                                f"engine.num_blocks={blocks}"), tmp_path / p)
                  for p in ("prefill_first", "chunked")}
     for s in summaries.values():

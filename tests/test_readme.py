@@ -25,7 +25,7 @@ from policylab.apps.run import run
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 QUIET = ["logger=none", "plots=false", "progress=false"]   # (nothing they change enters a number)
-SIM_TWIN = ["dataplane=sim", "model=tiny", "hardware=cpu"]  # the default job's steps, without the model
+SIM_TWIN = ["dataplane=sim", "model=tiny", "hardware=cpu", "serving_engine=none"]  # the default job's steps, without the model (a CPU core runs in no serving engine)
 RESULTS_METRIC = "SLO attainment (%)"
 RESULTS_LOAD = 1.1                                          # the load whose findings the README quotes
 FINDINGS_ON = ("SLO attainment (%)", "TPOT p99 (ms)")

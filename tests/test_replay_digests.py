@@ -4,10 +4,9 @@ column of requests.parquet exactly and every summary number at 12 significant di
 config echo, the input's trace_report, or wall-clock fields).
 
 A change that moves these on purpose (a new cost model, a policy fix) updates the table here
-and says why in its commit (goodput over the makespan, the denominator of throughput, moved every
-summary's goodput and nothing else). The table is that of the default cost model (`cost_model=shaped`);
-ROOFLINE_DIGESTS are results recorded with the former default, which `cost_model=roofline`
-still reproduces. `python tests/test_replay_digests.py` prints the current table.
+and says why in its commit. The table is that of the default cost model (`cost_model=shaped`)
+in the default serving engine (`serving_engine=vllm`); ROOFLINE_DIGESTS are results recorded with
+the former default, which `cost_model=roofline serving_engine=none` still reproduces. `python tests/test_replay_digests.py` prints the current table.
 """
 from __future__ import annotations
 
@@ -17,37 +16,47 @@ from policylab.apps.cli import main
 from run_digest import replay_digest
 
 DIGESTS = {
-    "chunked/bursty": "241274c1356bf43b",
-    "chunked/multitenant": "bc52f17f61f4c568",
-    "chunked/poisson": "747f6600ac7d36c0",
-    "decode_first/bursty": "f0dff0bd84c18925",
-    "decode_first/multitenant": "26d3c844cafd8ee7",
-    "decode_first/poisson": "3b78433d97bcaf96",
-    "fairness/bursty": "8a19b64930917e65",
-    "fairness/multitenant": "f4a2668e0c9a0171",
-    "fairness/poisson": "12830c3eb8a2297a",
-    "prefill_first/bursty": "bb24bcc879a5dae5",
-    "prefill_first/multitenant": "890880e87f754d51",
-    "prefill_first/poisson": "9468de63a295f6da",
-    "priority/bursty": "21d0625925664881",
-    "priority/multitenant": "fa77370b8e972416",
-    "priority/poisson": "cebfccbf7d76f0cc",
-    "sjf/bursty": "930230b2b49de80c",
-    "sjf/multitenant": "d02233eb73e9d090",
-    "sjf/poisson": "84961645ab231748",
-    "slo_aware/bursty": "e308653f4bebb190",
-    "slo_aware/multitenant": "f50ca2731315e39c",
-    "slo_aware/poisson": "0237fb43950fd202"
+    "chunked/bursty": "83e640290856095a",
+    "chunked/multitenant": "484e8f7c42d5048d",
+    "chunked/poisson": "7e350e982ad6bc30",
+    "decode_first/bursty": "57247186b21e6305",
+    "decode_first/multitenant": "ad15711a7384c2f4",
+    "decode_first/poisson": "677f0858550fb2ce",
+    "fairness/bursty": "760d80b714b73530",
+    "fairness/multitenant": "48b3406a6a1c2657",
+    "fairness/poisson": "76ea20f5020736ef",
+    "prefill_first/bursty": "3401c9b74b33c9f1",
+    "prefill_first/multitenant": "4a6b718d3faa77c0",
+    "prefill_first/poisson": "ece685dcdd8cc459",
+    "priority/bursty": "e6f98dcbe67d3be7",
+    "priority/multitenant": "46644883d9fb1a5f",
+    "priority/poisson": "66a1622d8888341a",
+    "sjf/bursty": "a5fd4a27311b2665",
+    "sjf/multitenant": "35a3564758872a5c",
+    "sjf/poisson": "f38a8597bcfb7041",
+    "slo_aware/bursty": "eb302818267b7020",
+    "slo_aware/multitenant": "a10598d7e8bbac1b",
+    "slo_aware/poisson": "c3122cdefe2dc9da"
 }
 
 
 PINNED = {"prefill_first": ["policy.watermark=0"]}   # the digests predate prefill_first's watermark
 
-# recorded with the former default cost model: `dataplane.cost_model=roofline` reproduces them
+# recorded with the former default cost model and no serving engine: `dataplane.cost_model=roofline
+# serving_engine=none` reproduces them
 ROOFLINE_DIGESTS = {
     "chunked/poisson": "2d698d147c825aa2",
     "prefill_first/bursty": "d043f0f9f8041dde",
     "sjf/multitenant": "3088325d7f4d6103",
+}
+
+
+# recorded with the shaped model before serving engines: `serving_engine=none` (kernel time only) is that
+# model number for number
+SHAPED_WITHOUT_ENGINE_DIGESTS = {
+    "chunked/poisson": "747f6600ac7d36c0",
+    "prefill_first/bursty": "bb24bcc879a5dae5",
+    "sjf/multitenant": "d02233eb73e9d090",
 }
 
 
@@ -63,8 +72,17 @@ def test_replay_is_identical(case, tmp_path):
 def test_the_roofline_reproduces_results_recorded_before_the_shaped_default(case, tmp_path):
     policy, trace = case.split("/")
     main(["run", f"policy={policy}", *PINNED.get(policy, []), f"trace={trace}", "dataplane=sim",
-          "dataplane.cost_model=roofline", "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
+          "dataplane.cost_model=roofline", "serving_engine=none", "logger=none", "plots=false", "progress=false",
+          f"hydra.run.dir={tmp_path}"])
     assert replay_digest(tmp_path) == ROOFLINE_DIGESTS[case]
+
+
+@pytest.mark.parametrize("case", sorted(SHAPED_WITHOUT_ENGINE_DIGESTS))
+def test_the_none_engine_reproduces_results_recorded_before_serving_engines(case, tmp_path):
+    policy, trace = case.split("/")
+    main(["run", f"policy={policy}", *PINNED.get(policy, []), f"trace={trace}", "dataplane=sim", "serving_engine=none",
+          "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
+    assert replay_digest(tmp_path) == SHAPED_WITHOUT_ENGINE_DIGESTS[case]
 
 
 if __name__ == "__main__":

@@ -107,6 +107,7 @@ TOOLS = {
     "profile": "policylab.apps.data_cli",
     "compare": "policylab.analysis.compare",
     "sim-check": "policylab.apps.sim_check",
+    "fidelity-e2e": "policylab.apps.fidelity_e2e",
 }
 HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main,
               "capacity": capacity_main, "generate": generate_main}
@@ -121,6 +122,7 @@ USAGE = """usage: python -m policylab COMMAND ...
   generate   complete a real prompt through the full engine (model=smollm2-135m prompt="...")
   compare    table, CDFs, markdown and HTML of run or multirun directories (compare --help)
   sim-check  your step-time measurements (CSV) against the sim's cost model: MAPE, bias, worst (sim-check --help)
+  fidelity-e2e  your serving benchmark (vllm bench serve JSON, inference-perf report) replayed on the sim, per stage
 """
 
 

@@ -79,6 +79,9 @@ class Engine:
         self.before_release: Optional[Callable[[Request], None]] = None   # a finished request, its KV
                                          # still in its blocks (a P/D prefill replica copies it)
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
+        # a plane whose engine schedules one step ahead (vLLM's async scheduling): while requests run,
+        # an arrival is first seen by the step after the next (admitted up to the last step's start)
+        self._schedules_ahead, self._last_step_start = bool(getattr(dataplane, "schedules_ahead", False)), 0.0
         self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
         self.speculation = Speculation(self)    # steps that verify draft tokens (StepPlan.spec_tokens)
         self.forks = Forks(self, cfg.parallel_samples, cfg.beam_width) \
@@ -193,7 +196,8 @@ class Engine:
         if self.arrivals is not None:      # closed loop: the client's due turns arrive
             return self.arrivals.admit(self)
         now = self.clock.now
-        while self.next_arrival < len(self.trace) and self.trace[self.next_arrival].arrival_time <= now:
+        seen = self._last_step_start if self._schedules_ahead and self._running else now
+        while self.next_arrival < len(self.trace) and self.trace[self.next_arrival].arrival_time <= seen:
             self._arrive(self.next_arrival)
             self.next_arrival += 1
         if self.tools is not None:
@@ -339,7 +343,7 @@ class Engine:
 
     # ------------------------------------------------------- postprocess
     def _postprocess(self, step: CommittedStep, result: StepResult) -> None:
-        start = self.clock.now
+        start = self._last_step_start = self.clock.now
         self.clock.advance(result.duration)
         batch, n, now, sampled = step.batch, step.decodes, self.clock.now, result.sampled
         finished = self._decoding.postprocess(sampled[:n] if step.requests else sampled, now, self._eos) \
