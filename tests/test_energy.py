@@ -3,6 +3,7 @@ energy metrics (summary, printout, compare), the clock knob, and determinism."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from dataclasses import replace
 
 import numpy as np
@@ -141,3 +142,32 @@ def test_bad_power_constants_are_refused_naming_the_field():
         SimDataPlane(LLAMA, replace(H100, max_power=50.0), DataplaneConfig(kind="sim"))
     with pytest.raises(ValueError, match="hardware.active_power must be a finite number >= 0"):
         SimDataPlane(LLAMA, replace(H100, active_power=float("nan")), DataplaneConfig(kind="sim"))
+
+
+def test_energy_metrics_reach_wandb(tmp_path):
+    from policylab.analysis.tracking import RUN_INFO_FILE, open_tracker
+    from tests.test_tracking import logged, run_cfg
+    summary = replay_energy(tmp_path / "run")
+    tracker = open_tracker(run_cfg({}), tmp_path / "run")
+    tracker.log_run(tmp_path / "run", summary)
+    tracker.finish()
+    (wandb_file,) = Path(json.loads((tmp_path / "run" / RUN_INFO_FILE).read_text())["dir"]).glob("run-*.wandb")
+    log = logged(wandb_file)["summary"]
+    for key in ("per_output_token_j", "per_good_request_j", "total_j", "mean_power_w"):
+        assert log[f"energy/{key}"] == pytest.approx(summary["energy"][key]), key
+    assert log["energy/per_request_j/p99"] == pytest.approx(summary["energy"]["per_request_j"]["p99"])
+
+
+def test_compare_shows_the_joules_of_each_configuration(tmp_path):
+    from policylab.analysis.compare import main as compare_main
+    for name, keys in (("0_bf16", {}), ("1_fp8", dict(weight_dtype="fp8", compute_dtype="fp8"))):
+        run_dir = tmp_path / "sweep" / name
+        replay_energy(run_dir, **keys)
+        (run_dir / ".hydra").mkdir()
+        (run_dir / ".hydra" / "overrides.yaml").write_text(f"- quant={name[2:]}\n")
+    assert compare_main([str(tmp_path / "sweep"), "-o", str(tmp_path / "cmp")]) == 0
+    table = pd.read_csv(tmp_path / "cmp" / "compare.csv")
+    column = "energy/token (J/token)"
+    assert column in table.columns
+    bf16, fp8 = (table.loc[table["label"].str.contains(q), column].item() for q in ("bf16", "fp8"))
+    assert fp8 < bf16                                            # FP8 weights stream half the bytes: fewer joules

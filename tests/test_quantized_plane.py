@@ -38,7 +38,7 @@ def test_quantised_weights_are_stored_small_and_dequantise_close(dtype, storage,
     error = (q.dequantized() - linear.weight).norm() / linear.weight.norm()
     assert 0 < error < tolerance
     x = torch.randn(5, 256)
-    assert torch.allclose(q(x), torch.nn.functional.linear(x, q.dequantized()), atol=1e-4)   # (the INT8 kernel too)
+    assert torch.allclose(q(x), torch.nn.functional.linear(x, q.dequantized()), atol=1e-4)
 
 
 def test_w8a8_rounds_each_token_s_activations_at_its_own_scale():

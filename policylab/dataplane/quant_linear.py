@@ -4,11 +4,16 @@ The decoder layers' four linear layers (fused QKV, O, fused gate/up, down) keep 
 quantised in memory, as a serving engine's checkpoint holds them; the embedding, the LM head and
 the norms stay at the plane's dtype (vLLM quantises every Linear but `lm_head`):
 
-- `int8`: one symmetric scale per output channel (amax / 127); on CPU the step runs torch's
-  INT8-weight kernel (`aten._weight_int8pack_mm`, which reads the INT8 weights directly);
-- `fp8`: E4M3 with one scale per output channel (amax / 448), dequantised for the matmul;
-- `int4`: symmetric, one scale per group of `INT4_GROUP` input weights (amax / 7), two weights
-  a byte, unpacked for the matmul (GPTQ/AWQ's layout without their error-correcting rounding).
+- `int8`: one symmetric scale per output channel (amax / 127);
+- `fp8`: E4M3 with one scale per output channel (amax / 448);
+- `int4`: symmetric, one scale per group of 128 input weights (amax / 7; 64, 32 or 16 where 128
+  does not divide the width), two weights a byte (GPTQ/AWQ's layout without their error-correcting
+  rounding).
+
+Each step dequantises the weight for the matmul (torch's CPU INT8-weight kernel,
+`aten._weight_int8pack_mm`, is a GEMV: 30x slower than this at 128 rows). The numbers are the
+quantised ones; the plane's step *time* is the cost model's (`dataplane.step_time=model`), which
+prices the precision as a GPU's kernels run it.
 
 `compute_dtype=int8|fp8` (W8A8) also quantises each token's activations before the matmul with
 one dynamic scale per token (amax / 127 or / 448), exactly what an INT8 GEMM with INT32
@@ -92,11 +97,6 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.compute_dtype in ("int8", "fp8"):
             x = quantize_tokens(x, self.compute_dtype)
-        if self.weight_dtype == "int8" and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16):
-            flat = x.reshape(-1, self.in_features).contiguous()
-            y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scale.to(x.dtype))
-            y = y.view(*x.shape[:-1], self.out_features)
-            return y if self.bias is None else y + self.bias
         return F.linear(x, self.dequantized(), self.bias)
 
 
