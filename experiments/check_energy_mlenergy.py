@@ -6,8 +6,8 @@ max_num_seqs of them running (vLLM v1's chunked scheduling: decodes first, 8,192
 output lengths exponential around the published mean, prompt lengths log-normal around
 `--prompt-mean` tokens (the LMArena prompts' lengths are not published; 250 tokens is what
 makes the KV-bound batch of the one KV-bound Llama-3.1-8B configuration, 691 of max_num_seqs
-768, come out on the sim), engine host time per step from the `vllm_cuda_graphs` preset
-(configs/host/: 1 ms + 20 us per request; vLLM 0.11 runs CUDA graphs). Over the steady state (requests still waiting, after the first
+768, come out on the sim), in the `vllm` serving engine (configs/serving_engine/vllm.yaml: async
+scheduling, CUDA graphs, vLLM's kernels and memory, as vLLM 0.11.1 ran them). Over the steady state (requests still waiting, after the first
 wave's prefill) the sim's energy per output token, power and throughput are compared with the
 measured ones: error = predicted / measured - 1.
 
@@ -51,9 +51,21 @@ def workload(batch: int, out_mean: float, prompt_mean: float, seed: int = 0) -> 
     return [TraceRequest(0.0, int(p), int(o)) for p, o in zip(prompts, outputs)]
 
 
-def replay(model: str, gpu: str, tp: int, batch: int, out_mean: float, prompt_mean: float, hw: HardwareConfig):
-    """Steady-state arrays of the replay: per step (duration, u_compute, u_memory, sampled tokens), and the running count."""
-    plane = SimDataPlane(SHAPES[model], hw, DataplaneConfig(kind="sim", tensor_parallel=tp), seed=0)
+def serving_engine(name: str):
+    """configs/serving_engine/NAME.yaml as the config the sim plane takes (`serving_engine=NAME`)."""
+    from omegaconf import OmegaConf
+    from policylab.apps.config import CONFIG_DIR
+    from policylab.dataplane.serving_engine import ServingEngineConfig
+    return ServingEngineConfig(**OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "serving_engine" / f"{name}.yaml")))
+
+
+def replay(model: str, gpu: str, tp: int, batch: int, out_mean: float, prompt_mean: float, hw: HardwareConfig,
+           engine: str = "vllm", power_limit: str = "cap"):
+    """Steady-state arrays of the replay: per step (duration, u_compute, u_memory, sampled tokens, busy share),
+    and the running count."""
+    power_limit = power_limit if hw.max_clock_mhz else "cap"   # (throttling needs the GPU's clock: not the B200's)
+    plane = SimDataPlane(SHAPES[model], hw, DataplaneConfig(kind="sim", tensor_parallel=tp, power_limit=power_limit,
+                                                            serving_engine=serving_engine(engine)), seed=0)
     plane.meter.record = []
     engine = Engine(workload(batch, out_mean, prompt_mean), Chunked(chunk_size=8192), plane,
                     EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(8192, batch),
@@ -70,16 +82,19 @@ def replay(model: str, gpu: str, tp: int, batch: int, out_mean: float, prompt_me
     return steps[window], running[window]
 
 
-def predicted(steps: np.ndarray, pm: PowerModel, gpus: int, measured_tput: float | None = None) -> tuple:
-    """(J per output token, mean power over the GPUs W, output tokens/s) of the steady state. With
-    `measured_tput`, every step stretched or shrunk so the throughput is the measured one (its work,
-    hence its utilisations, unchanged in total): the power model alone, without the time model's error."""
-    t, uc, um, sampled, busy = steps.T
+def predicted(steps: np.ndarray, pm: PowerModel, gpus: int, measured_tput: float | None = None,
+              exponent: float = 1.0) -> tuple:
+    """(J per output token, mean power over the GPUs W, output tokens/s) of the steady state, each step
+    at the clock it ran at (power_limit=throttle lowers it at the board limit). With `measured_tput`,
+    every step stretched or shrunk so the throughput is the measured one (its work, hence its
+    utilisations, unchanged in total): the power model alone, without the time model's error."""
+    t, uc, um, sampled, busy, ratio = steps.T
     if measured_tput is not None:
         stretch = (sampled.sum() / t.sum()) / measured_tput
         t, uc, um = t * stretch, uc / stretch, um / stretch
         busy = 1 - (1 - busy) / stretch                 # the waiting seconds stay as they were
-    power = np.minimum(pm.max_power, pm.idle + pm.sm_share * (pm.active * np.clip(busy, 0, 1) + pm.compute * uc)
+    sm = ratio ** exponent
+    power = np.minimum(pm.max_power, pm.idle + sm * (pm.active * np.clip(busy, 0, 1) + pm.compute * uc)
                        + pm.memory * um) * gpus
     energy = (power * t).sum()
     return energy / sampled.sum(), energy / t.sum(), sampled.sum() / t.sum()
@@ -117,14 +132,17 @@ def main(argv=None) -> None:
     ap.add_argument("--models", nargs="*", help="only these models (mlenergy_data.SHAPES)")
     ap.add_argument("--gpus", nargs="*", help="only these GPUs (h100, b200)")
     ap.add_argument("--prompt-mean", type=float, default=250.0, help="mean prompt tokens (assumed; see the doc)")
-    ap.add_argument("--host", default="vllm_cuda_graphs", help="host-time preset (configs/host/; none: kernel time)")
+    ap.add_argument("--serving-engine", default="vllm", help="a configs/serving_engine/ preset (none: kernel time)")
+    ap.add_argument("--power-limit", default="cap", choices=("cap", "throttle"),
+                    help="at the board limit: the clock drops (throttle, as GPUs do) or only the power is held (cap)")
     ap.add_argument("--v2-a100", action="store_true", help="the A100 rows of benchmark v2.0 (vLLM 0.5.4) instead")
     args = ap.parse_args(argv)
     if args.v2_a100:
         return check_v2_a100(args)
-    hardware = {g: with_host(load_group("hardware", g, HardwareConfig), args.host) for g in ("h100", "b200")}
-    runs = [(row, replay(row[0], row[1], row[2], row[3], row[5], args.prompt_mean, hardware[row[1]])[0])
-            for row in rows_of(args)]
+    hardware = {g: load_group("hardware", g, HardwareConfig) for g in ("h100", "b200")}
+    limit = "cap" if args.fit else args.power_limit      # (a fit reads utilisations at the measured time)
+    runs = [(row, replay(row[0], row[1], row[2], row[3], row[5], args.prompt_mean, hardware[row[1]],
+                         args.serving_engine, limit)[0]) for row in rows_of(args)]
     if args.fit:
         hardware[args.fit] = fit(args.fit, runs, hardware[args.fit])
     print(f"{'model':15} {'GPU':5} {'TP':>2} {'batch':>5} | {'J/tok meas':>10} {'sim':>7} {'error':>7} | "
@@ -132,9 +150,9 @@ def main(argv=None) -> None:
     pairs: dict = {}
     for row, steps in runs:
         model, gpu, tp, batch, _, _, power, jpt, tput, _ = row
-        pm = PowerModel.of(hardware[gpu])
-        pj, pw, pt = predicted(steps, pm, tp)
-        alone = predicted(steps, pm, tp, tput)[0] / jpt - 1
+        pm, exponent = PowerModel.of(hardware[gpu]), hardware[gpu].clock_power_exponent
+        pj, pw, pt = predicted(steps, pm, tp, exponent=exponent)
+        alone = predicted(steps, pm, tp, tput, exponent)[0] / jpt - 1
         e = pj / jpt - 1
         pairs.setdefault((model, gpu), []).append((e, alone, pt / tput - 1))
         print(f"{model:15} {gpu:5} {tp:>2} {batch:>5} | {jpt:>10.4f} {pj:>7.4f} {e:>+7.1%} | {power:>7.0f} {pw:>7.0f} "
@@ -151,27 +169,13 @@ def main(argv=None) -> None:
               f"{'yes' if np.mean(np.abs(b)) <= 0.25 else 'no':>5}")
 
 
-def with_host(hw: HardwareConfig, host: str) -> HardwareConfig:
-    """`hw` with the host-time preset `host` (configs/host/NAME.yaml), as `host=NAME` composes it."""
-    if host == "none":
-        return hw
-    return replace(hw, host=host, **_host_values(host))
-
-
-def _host_values(host: str) -> dict:
-    from omegaconf import OmegaConf
-    from policylab.apps.config import CONFIG_DIR
-    node = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "host" / f"{host}.yaml"))
-    return {k: node[k] for k in ("step_overhead", "host_per_request", "host_per_token")}
-
-
 def check_v2_a100(args) -> None:
-    hw = with_host(load_group("hardware", "a100", HardwareConfig), args.host)
+    hw = load_group("hardware", "a100", HardwareConfig)
     print(f"{'model':15} {'TP':>2} {'batch':>5} | {'J/tok meas':>10} {'sim':>7} {'error':>7} | {'tok/s meas':>10} "
           f"{'sim':>7} {'error':>7}")
     for model, gpu, tp, batch, _, out, jpt, tput in MLENERGY_V2_A100:
-        steps, _ = replay(model, gpu, tp, batch, out, args.prompt_mean, hw)
-        pj, _, pt = predicted(steps, PowerModel.of(hw), tp)
+        steps, _ = replay(model, gpu, tp, batch, out, args.prompt_mean, hw, args.serving_engine, args.power_limit)
+        pj, _, pt = predicted(steps, PowerModel.of(hw), tp, exponent=hw.clock_power_exponent)
         print(f"{model:15} {tp:>2} {batch:>5} | {jpt:>10.4f} {pj:>7.4f} {pj / jpt - 1:>+7.1%} | {tput:>10.0f} {pt:>7.0f} "
               f"{pt / tput - 1:>+7.1%}")
 

@@ -1,6 +1,6 @@
 """Output throughput and energy per token of each precision against BF16 on the sim, all requests sent
 at once with max_num_seqs = batch (as the ML.ENERGY benchmark and vLLM's throughput benchmark run),
-Llama-3-8B, host=vllm_cuda_graphs, 390-token outputs and 250-token prompts on average
+Llama-3-8B, in the `vllm` serving engine, 390-token outputs and 250-token prompts on average
 (experiments/check_energy_mlenergy.py's workload). A precision a GPU cannot run is shown as refused.
 
     python experiments/precision_check.py [--gpus h100 a100] [--batches 16 64 256]
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from check_energy_mlenergy import with_host, workload  # noqa: E402
+from check_energy_mlenergy import serving_engine, workload  # noqa: E402
 from policies.chunked import Chunked  # noqa: E402
 from policylab.apps.sim_check import load_group  # noqa: E402
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig  # noqa: E402
@@ -30,7 +30,7 @@ PRECISIONS = {"bf16": {}, "quant=fp8": dict(weight_dtype="fp8", compute_dtype="f
 def measure(model, hw, batch: int, keys: dict):
     """(output tokens/s, J per output token) of the replay, or None where the GPU refuses the precision."""
     try:
-        plane = SimDataPlane(model, hw, DataplaneConfig(kind="sim", **keys))
+        plane = SimDataPlane(model, hw, DataplaneConfig(kind="sim", serving_engine=serving_engine("vllm"), **keys))
     except ValueError:
         return None
     trace = workload(batch, 390, 250)
@@ -49,7 +49,7 @@ def main(argv=None) -> None:
     model = load_group("model", "llama3-8b", ModelConfig)
     print(f"{'GPU':5} {'batch':>5} {'precision':24} {'tok/s':>8} {'x BF16':>7} {'J/token':>8} {'x BF16':>7}")
     for gpu in args.gpus:
-        hw = with_host(load_group("hardware", gpu, HardwareConfig), "vllm_cuda_graphs")
+        hw = load_group("hardware", gpu, HardwareConfig)
         for batch in args.batches:
             base = measure(model, hw, batch, {})
             for name, keys in PRECISIONS.items():

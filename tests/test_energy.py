@@ -72,7 +72,8 @@ def test_the_meter_charges_power_times_duration_and_shares_it_by_tokens():
     assert per[1] == pytest.approx((e1 + e2) / 4)
     assert per[4] == pytest.approx(e3 * 100 / 101) and per[0] == pytest.approx((e1 + e2) / 4 + e3 / 101)
     u_m = StepWork(ModelShape(LLAMA)).of([1] * 4, [500] * 4, 4, 4)[2] / (H100.mem_bandwidth * 0.01)
-    assert 70 + 372 < e1 / (0.01 * 2) < 70 + 372 + 106 * u_m + 50           # idle + SMs + memory, a little compute
+    idle, active = H100.idle_power, H100.active_power
+    assert idle + active < e1 / (0.01 * 2) < idle + active + H100.memory_power * u_m + 50   # + a little compute
 
 
 def test_energy_metrics_add_the_idle_gaps_and_divide_by_tokens_and_good_requests():
@@ -171,3 +172,22 @@ def test_compare_shows_the_joules_of_each_configuration(tmp_path):
     assert column in table.columns
     bf16, fp8 = (table.loc[table["label"].str.contains(q), column].item() for q in ("bf16", "fp8"))
     assert fp8 < bf16                                            # FP8 weights stream half the bytes: fewer joules
+
+
+def test_throttling_at_the_board_limit_slows_a_compute_bound_step_until_it_fits():
+    capped = SimDataPlane(LLAMA, H100, DataplaneConfig(kind="sim"))
+    throttled = SimDataPlane(LLAMA, H100, DataplaneConfig(kind="sim", power_limit="throttle"))
+    prefill = batch([8192], [0])
+    t_cap = capped.step_time(prefill)
+    assert capped.meter.demand(prefill, 8192, 1, t_cap, 1.0)[0] > H100.max_power       # over the TDP at full clock
+    t_thr = throttled.step_time(prefill)
+    assert t_thr > t_cap and throttled.meter.report()["throttled_time_s"] == t_thr
+    power = throttled.meter.report()["busy_energy_j"] / t_thr
+    assert power <= H100.max_power + 1e-9
+    decode = batch([1] * 8, [500] * 8)                            # far below the limit: untouched
+    assert throttled.step_time(decode) == capped.step_time(decode)
+    with pytest.raises(ValueError, match="dataplane.power_limit must be one of cap, throttle"):
+        SimDataPlane(LLAMA, H100, DataplaneConfig(kind="sim", power_limit="melt"))
+    with pytest.raises(ValueError, match="power_limit=throttle lowers the SM clock: hardware b200"):
+        SimDataPlane(LLAMA, load_group("hardware", "b200", HardwareConfig),
+                     DataplaneConfig(kind="sim", power_limit="throttle"))

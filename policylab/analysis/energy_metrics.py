@@ -34,4 +34,6 @@ def energy_section(report: dict, requests: pd.DataFrame, summary: dict) -> dict:
             "per_output_token_j": total / generated if generated else None,
             "per_request_j": distribution(per_request),
             "per_good_request_j": total / good if good else None,
+            "throttled_share": (report.get("throttled_time_s", 0.0) / report["busy_time_s"]
+                                if report["busy_time_s"] else None),
             "gpus": gpus, "gpu_clock_mhz": report.get("gpu_clock_mhz")}

@@ -41,6 +41,7 @@ class SimPlaneConfig:
     kv_cache_dtype: str = "auto"    # auto | bf16 | fp16 | fp8 (kv_dtype=fp8): bytes per KV element, KV capacity
     compute_dtype: str = "auto"     # auto | bf16 | fp16 | fp8 | int8: the GEMMs' tensor-core peak (W8A8)
     gpu_clock_mhz: Optional[float] = None   # SM clock (None: the GPU's max_clock_mhz): slower compute, less power
+    power_limit: str = "cap"        # cap: power held at the TDP | throttle: the clock drops until a step fits it
 
 
 @dataclass
@@ -66,6 +67,7 @@ class TorchPlaneConfig:
     kv_cache_dtype: str = "auto"    # auto (dtype) | fp8: the KV cache stored in FP8 with per-token, per-head scales
     compute_dtype: str = "auto"     # auto | int8 | fp8: activations quantised per token too (W8A8)
     gpu_clock_mhz: Optional[float] = None   # step_time=model: the modelled GPU's SM clock
+    power_limit: str = "cap"        # step_time=model: cap | throttle (policylab.dataplane.energy)
     quality_reference: str = "auto"  # auto (when any dtype is quantised) | always | never: a full-precision
                                      # copy of the model scores every step (quality.* in summary.json)
 
@@ -74,7 +76,7 @@ class TorchPlaneConfig:
         return SimPlaneConfig(cost_model=self.cost_model, calibration=self.calibration,
                               gpu_memory_utilization=self.gpu_memory_utilization, weight_dtype=self.weight_dtype,
                               kv_cache_dtype=self.kv_cache_dtype, compute_dtype=self.compute_dtype,
-                              gpu_clock_mhz=self.gpu_clock_mhz)
+                              gpu_clock_mhz=self.gpu_clock_mhz, power_limit=self.power_limit)
 
 
 @dataclass

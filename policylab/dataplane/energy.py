@@ -11,12 +11,13 @@ memory utilisation u_m (bytes / (t x peak bandwidth)). A GPU then draws
 
 idle_power is what the board draws doing nothing; active_power what its clocked SMs add while
 they run the step's kernels (with the SMs stalled on memory, as in a decode, this is most of what
-a decode adds over idle), for the share b of the step that is kernels: the engine's host time
-(`hardware.step_overhead` and the host presets) and the tensor-parallel collectives are spent
-waiting; compute_power and memory_power the rise to full tensor-core and full HBM use; the board
-limit (TDP) caps the sum. Every constant is per GPU preset in configs/hardware/*.yaml with
-its source; `experiments/check_energy_mlenergy.py` fits active, compute and memory power on the
-ML.ENERGY benchmark's measured vLLM power on one model per GPU and checks the others.
+a decode adds over idle), for the share b of the step that is kernels: a synchronous engine's host
+time (`hardware.step_overhead`, the serving engine's host work; under async scheduling it hides
+behind the GPU) and the tensor-parallel collectives are spent waiting; compute_power and
+memory_power the rise to full tensor-core and full HBM use; the board limit (TDP) caps the sum.
+Every constant is per GPU preset in configs/hardware/*.yaml with its source;
+`experiments/check_energy_mlenergy.py` fits active and compute power on the ML.ENERGY benchmark's
+measured vLLM power on one model per GPU and checks the others.
 
 A step's energy is P x t x GPUs (tensor x pipeline parallel, each at the same utilisation).
 Between steps the GPUs idle at idle_power (`energy_summary` charges the makespan's idle time).
@@ -25,7 +26,11 @@ decode step splits evenly; a prefill chunk of 512 tokens beside 64 decodes takes
 
 The clock knob (`dataplane.gpu_clock_mhz`) scales every compute peak by clock / max_clock (the
 tensor cores run at the SM clock; the HBM does not) and the SM-side power by s(f): a memory-bound
-decode slows little and draws less, a compute-bound prefill slows in proportion.
+decode slows little and draws less, a compute-bound prefill slows in proportion. With
+`dataplane.power_limit=throttle` a step whose power would exceed the board limit runs at the
+highest clock (in `THROTTLE_STEP`s of the maximum) at which it fits, as a GPU's power management
+lowers its clock: compute-bound steps at the limit take longer. The default, `cap`, holds the
+power at the limit and leaves the step's time as the cost model gives it.
 """
 from __future__ import annotations
 
@@ -37,6 +42,9 @@ from policylab.core.config import HardwareConfig
 from policylab.dataplane.host_time import HostTime
 from policylab.dataplane.moe import experts_touched
 from policylab.dataplane.parallel import Link
+
+POWER_LIMITS = ("cap", "throttle")
+THROTTLE_STEP = 0.05            # power_limit=throttle: clock levels tried, as shares of the maximum
 
 
 def clock_ratio(hw: HardwareConfig, mhz) -> float:
@@ -98,10 +106,13 @@ class PowerModel:
 class StepWork:
     """FLOPs (GEMM, other) and bytes of one step on one GPU, from the shape at its precision."""
 
-    def __init__(self, shape, pp: int = 1, hw: HardwareConfig | None = None):
+    def __init__(self, shape, pp: int = 1, hw: HardwareConfig | None = None, engine=None):
         s = shape
-        self.host = HostTime(hw) if hw is not None else None
-        self.link = Link(hw, s.tp) if hw is not None and s.tp > 1 else None
+        # host work the GPUs wait for: none under an engine's async scheduling (it hides behind the GPU)
+        serial = hw is not None and not (engine is not None and engine.async_scheduling)
+        self.host = HostTime(hw) if serial else None
+        self.engine_host = engine if serial and engine is not None and engine.has_host_time else None
+        self.link = Link(hw, s.tp, engine) if hw is not None and s.tp > 1 else None
         self.hidden_bytes, self.layers, self.vocab_bytes = s.hidden * s.dtype_bytes, s.layers, s.vocab * s.dtype_bytes
         w, a = s.weight_elem_bytes, s.dtype_bytes
         dense_mac = sum(k * n for k, n in s.gemms)
@@ -118,8 +129,11 @@ class StepWork:
         self.token_bytes = (s.layers * s.elementwise_elems + 2 * s.hidden) * a / pp      # elementwise + embedding
 
     def waiting(self, requests: int, tokens: int, sampled: int) -> float:
-        """Seconds of a step its GPUs spend waiting: host time and tensor-parallel collectives."""
+        """Seconds of a step its GPUs spend waiting: serial host time and tensor-parallel collectives."""
         t = self.host(requests, tokens) if self.host is not None else 0.0
+        e = self.engine_host
+        if e is not None:
+            t += e.host_per_step + e.host_per_request * requests + e.host_per_token * tokens
         if self.link is not None:
             t += ((2 * self.layers + 1) * self.link.all_reduce(tokens * self.hidden_bytes)
                   + (self.link.all_gather(sampled * self.vocab_bytes) if sampled else 0.0))
@@ -142,37 +156,50 @@ class StepWork:
 class EnergyMeter:
     """Energy of every step a plane times, per run and per request (module doc)."""
 
-    def __init__(self, shape, hw: HardwareConfig, gpus: int, pp: int = 1, gemm_speedup: float = 1.0, mhz=None):
+    def __init__(self, shape, hw: HardwareConfig, gpus: int, pp: int = 1, gemm_speedup: float = 1.0, mhz=None,
+                 engine=None):
         check_power(hw)
-        self.hw, self.gpus, self.work = hw, gpus, StepWork(shape, pp, hw)
+        self.hw, self.gpus, self.work = hw, gpus, StepWork(shape, pp, hw, engine)
         self.gemm_speedup = gemm_speedup
-        self.busy_j = self.busy_s = 0.0
+        self.busy_j = self.busy_s = self.throttled_s = 0.0
         self.per_request: dict = {}
-        self.record: list | None = None   # a list: every step's (duration, u_compute, u_memory, sampled, busy) appended
+        self.record: list | None = None   # a list: each step's (duration, u_compute, u_memory, sampled, busy, clock ratio)
         self._run_ids = None          # decode-only steps on the same request list: their shares pending
         self._run_share = 0.0
         self.set_clock(mhz)
 
     def set_clock(self, mhz) -> None:
         r = clock_ratio(self.hw, mhz)
-        self.mhz, self.power_model = mhz, PowerModel.of(self.hw, r)
+        self.mhz, self.ratio, self.power_model = mhz, r, PowerModel.of(self.hw, r)
         self._peak = self.hw.peak_flops * r
         self._gemm_peak = self._peak * self.gemm_speedup
         self._bw = self.hw.mem_bandwidth
 
-    def step(self, batch, tokens: int, sampled: int, duration: float) -> float:
-        """Charge one step of `duration` seconds; its energy over all GPUs (J)."""
-        if duration <= 0:
-            return 0.0
-        gemm, other, memory = self.work.of(batch.query_lens, batch.context_lens, tokens, sampled)
-        u_c = (gemm / self._gemm_peak + other / self._peak) / duration
+    def demand(self, batch, tokens: int, sampled: int, duration: float, ratio: float, work=None) -> tuple:
+        """(watts per GPU the step would draw without the board limit, its (u_c, u_m, busy)) at clock
+        ratio `ratio`; `work` is the step's StepWork.of, when the caller has it."""
+        gemm, other, memory = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled)
+        peak = self.hw.peak_flops * ratio
+        u_c = (gemm / (peak * self.gemm_speedup) + other / peak) / duration
         u_m = memory / (self._bw * duration)
         u_c, u_m = (u_c if u_c < 1 else 1.0), (u_m if u_m < 1 else 1.0)
         busy = 1.0 - self.work.waiting(len(batch.query_lens), tokens, sampled) / duration
         busy = busy if busy > 0 else 0.0
-        energy = self.power_model.power(u_c, u_m, busy) * duration * self.gpus
+        pm = self.power_model if ratio == self.ratio else PowerModel.of(self.hw, ratio)
+        return pm.idle + pm.sm_share * (pm.active * busy + pm.compute * u_c) + pm.memory * u_m, (u_c, u_m, busy)
+
+    def step(self, batch, tokens: int, sampled: int, duration: float, ratio: float | None = None, work=None) -> float:
+        """Charge one step of `duration` seconds (at clock ratio `ratio`: a power-limited step ran
+        below the set clock); its energy over all GPUs (J)."""
+        if duration <= 0:
+            return 0.0
+        ratio = self.ratio if ratio is None else ratio
+        power, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work)
+        energy = min(power, self.hw.max_power) * duration * self.gpus
         if self.record is not None:
-            self.record.append((duration, u_c, u_m, sampled, busy))
+            self.record.append((duration, u_c, u_m, sampled, busy, ratio))
+        if ratio != self.ratio:
+            self.throttled_s += duration
         self.busy_j += energy
         self.busy_s += duration
         self._attribute(batch, energy, tokens)
@@ -202,7 +229,7 @@ class EnergyMeter:
         """What `energy_summary` turns into the run's energy metrics (plain values; summary.json's `energy_meter`)."""
         self._flush()
         return {"busy_energy_j": self.busy_j, "busy_time_s": self.busy_s, "busy_gpu_s": self.busy_s * self.gpus,
-                "gpus": self.gpus,
+                "throttled_time_s": self.throttled_s, "gpus": self.gpus,
                 "idle_power_w": self.hw.idle_power, "max_power_w": self.hw.max_power,
                 "gpu_clock_mhz": self.mhz, "per_request_j": dict(self.per_request)}
 
@@ -226,11 +253,12 @@ class GpuClock:
         self.mhz = float(mhz)
 
 
-def meter_for(shape, hw: HardwareConfig, gpus: int, pp: int, precision, mhz):
-    """An EnergyMeter when the GPU preset has a power model (`idle_power` set), else None."""
+def meter_for(shape, hw: HardwareConfig, gpus: int, pp: int, precision, mhz, engine=None):
+    """An EnergyMeter when the GPU preset has a power model (`idle_power` set), else None; `engine`
+    (policylab.dataplane.serving_engine.ServingEngine) says which host work the GPUs wait for."""
     if hw.idle_power is None:
         return None
-    return EnergyMeter(shape, hw, gpus, pp, precision.gemm_speedup if precision is not None else 1.0, mhz)
+    return EnergyMeter(shape, hw, gpus, pp, precision.gemm_speedup if precision is not None else 1.0, mhz, engine)
 
 
 def merge_reports(reports: list) -> dict | None:
@@ -240,6 +268,7 @@ def merge_reports(reports: list) -> dict | None:
         return None
     out = {"busy_energy_j": sum(r["busy_energy_j"] for r in reports), "busy_time_s": sum(r["busy_time_s"] for r in reports),
            "busy_gpu_s": sum(r["busy_gpu_s"] for r in reports), "gpus": sum(r["gpus"] for r in reports),
+           "throttled_time_s": sum(r.get("throttled_time_s", 0.0) for r in reports),
            "idle_power_w": sum(r["idle_power_w"] * r["gpus"] for r in reports) / sum(r["gpus"] for r in reports),
            "max_power_w": max(r["max_power_w"] for r in reports), "gpu_clock_mhz": reports[0]["gpu_clock_mhz"],
            "per_request_j": {}}

@@ -17,7 +17,7 @@ from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.config import SimPlaneConfig
 from policylab.core.batch import Batch, StepResult
 from policylab.core.rng import splitmix64
-from policylab.dataplane.energy import clocked, meter_for
+from policylab.dataplane.energy import POWER_LIMITS, THROTTLE_STEP, clocked, meter_for
 from policylab.dataplane.precision import plane_precision
 from policylab.dataplane.roofline import ModelShape, Roofline
 from policylab.dataplane.serving_engine import ServingEngine
@@ -116,9 +116,17 @@ class SimDataPlane:
         # seconds a load generator's TTFT and E2E include beyond the engine's (fidelity-e2e adds them)
         self.client_latency = engine.cfg.client_latency if engine is not None else 0.0
         # GPU energy of every step (policylab.dataplane.energy; None where the hardware gives no power model)
-        self.meter = meter_for(self.shape, hardware, self.gpus, dp.pipeline_parallel, self.precision, dp.gpu_clock_mhz)
+        self.meter = meter_for(self.shape, hardware, self.gpus, dp.pipeline_parallel, self.precision, dp.gpu_clock_mhz,
+                               getattr(self.cost_model, "engine", None))
         self.gpu_clock = None                # a settable clock (attach_clock): the cost model follows it
         self._mhz, self._clock_models = dp.gpu_clock_mhz, {}
+        if dp.power_limit not in POWER_LIMITS:
+            raise ValueError(f"dataplane.power_limit must be one of {', '.join(POWER_LIMITS)}, got '{dp.power_limit}'")
+        self._throttle = dp.power_limit == "throttle" and self.meter is not None and bool(hardware.max_clock_mhz)
+        if dp.power_limit == "throttle" and not self._throttle:
+            raise ValueError(f"dataplane.power_limit=throttle lowers the SM clock: hardware {hardware.name} needs a "
+                             "power model and a max_clock_mhz (configs/hardware/)")
+        self._ratio_models: dict = {}        # power_limit=throttle: clock ratio -> cost model
         self._next_token: list = []          # position -> id sampled after it (see execute)
         self.speculation = None              # verifies draft tokens (policylab.dataplane.speculative)
         if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
@@ -152,9 +160,34 @@ class SimDataPlane:
         if self.gpu_clock is not None and self.gpu_clock.mhz != self._mhz:
             self._follow_clock()
         duration = self._step_time(batch, tokens, sampled)
-        if self.meter is not None:
-            self.meter.step(batch, tokens, sampled, duration)
+        return duration if self.meter is None else self._metered(batch, tokens, sampled, duration)
+
+    def _metered(self, batch: Batch, tokens: int, sampled: int, duration: float) -> float:
+        """Charge the step's energy; with power_limit=throttle a step that would draw more than the
+        board limit runs at the highest clock level where it fits, and takes that clock's time."""
+        meter = self.meter
+        if not self._throttle or duration <= 0:
+            meter.step(batch, tokens, sampled, duration)
+            return duration
+        work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled)
+        ratio = meter.ratio
+        if meter.demand(batch, tokens, sampled, duration, ratio, work)[0] > self.hw.max_power:
+            low = (self.hw.min_clock_mhz or self.hw.max_clock_mhz) / self.hw.max_clock_mhz
+            while ratio - THROTTLE_STEP >= low - 1e-9:
+                ratio = round(ratio - THROTTLE_STEP, 6)
+                duration = self._model_at(ratio).step_time(batch.query_lens, batch.context_lens, tokens, sampled)
+                if meter.demand(batch, tokens, sampled, duration, ratio, work)[0] <= self.hw.max_power:
+                    break
+        meter.step(batch, tokens, sampled, duration, ratio, work)
         return duration
+
+    def _model_at(self, ratio: float):
+        """The cost model at SM clock `ratio` x max (power_limit=throttle's levels, cached)."""
+        model = self._ratio_models.get(ratio)
+        if model is None:
+            model = self._ratio_models[ratio] = build_cost_model(
+                self.model, clocked(self.hw, ratio * self.hw.max_clock_mhz), self.dp, self.precision)
+        return model
 
     def attach_clock(self, clock) -> None:
         """Let `clock` (policylab.dataplane.energy.GpuClock, set between steps by an energy-aware
@@ -189,6 +222,8 @@ class SimDataPlane:
         noise = {"time_noise": self.dp.time_noise, "time_noise_seed": self.dp.time_noise_seed} \
             if self.dp.time_noise else {}
         clock = {"gpu_clock_mhz": self.dp.gpu_clock_mhz} if self.dp.gpu_clock_mhz is not None else {}
+        if self._throttle:
+            clock["power_limit"] = "throttle"
         return {**self.cost_model.describe(), **noise, **clock}
 
     def execute(self, batch: Batch) -> StepResult:
@@ -218,7 +253,7 @@ class SimDataPlane:
             ids = list(map(self._next_token.__getitem__, positions))
         duration = self._step_time(batch, tokens, len(ids))
         if self.meter is not None:
-            self.meter.step(batch, tokens, len(ids), duration)
+            duration = self._metered(batch, tokens, len(ids), duration)
         return StepResult(ids, duration)
 
     def token_at(self, position: int) -> int:
