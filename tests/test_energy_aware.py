@@ -82,3 +82,10 @@ def test_the_run_job_refuses_a_clock_policy_on_a_plane_without_a_gpu_power_model
     with pytest.raises(RunError, match="policy energy_aware sets the GPU clock: it needs a plane timed by a GPU "
                                        "cost model"):
         build_engine(typed_config(config("policy=energy_aware")))   # the CPU plane timed as one CPU core
+
+
+def test_a_clock_policy_in_a_cluster_is_refused_not_run_without_its_clock():
+    from policylab.apps.config import typed_config
+    from policylab.apps.jobs import RunError, build_engine
+    with pytest.raises(RunError, match="sets the GPU clock .* runs on a single engine"):
+        build_engine(typed_config(config("policy=energy_aware", "dataplane=sim", "cluster.replicas=2")))

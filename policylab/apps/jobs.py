@@ -143,6 +143,9 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
                            "(policy=spec_adaptive) runs with the sim's default n-gram acceptance model")
         from policylab.apps.cluster_build import build_cluster
         engine = build_cluster(cfg, build_policy, trace)
+        if any(hasattr(r.engine.policy, "attach_clock") for r in engine.replicas):
+            raise RunError("a policy that sets the GPU clock (energy_aware) runs on a single engine: "
+                           "cluster.* has several; use chunked in the cluster, or run one replica")
     else:
         from policylab.apps.speculative_build import speculative_parts
         policy, plane = speculative_parts(cfg, build_policy(cfg.policy), dataplane or dataplane_of(cfg))
