@@ -143,15 +143,36 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
                            "(policy=spec_adaptive) runs with the sim's default n-gram acceptance model")
         from policylab.apps.cluster_build import build_cluster
         engine = build_cluster(cfg, build_policy, trace)
+        if any(hasattr(r.engine.policy, "attach_clock") for r in engine.replicas):
+            raise RunError("a policy that sets the GPU clock (energy_aware) runs on a single engine: "
+                           "cluster.* has several; use chunked in the cluster, or run one replica")
     else:
         from policylab.apps.speculative_build import speculative_parts
         policy, plane = speculative_parts(cfg, build_policy(cfg.policy), dataplane or dataplane_of(cfg))
+        attach_gpu_clock(cfg, policy, plane)
         engine = Engine(trace, policy, plane, cfg.engine, seed=cfg.seed,
                         prefix_block_tokens=cfg.trace.prefix_block_tokens)
     if getattr(trace, "sessions", None) is not None:      # a closed-loop workload (docs/sessions.md)
         from policylab.core.closed_loop import attach
         attach(engine, trace.sessions)
     return engine
+
+
+def attach_gpu_clock(cfg: RunConfig, policy, plane) -> None:
+    """A policy that sets the GPU clock (`attach_clock`, e.g. energy_aware) gets one the plane follows."""
+    if not hasattr(policy, "attach_clock"):
+        return
+    if not hasattr(plane, "attach_clock") or getattr(plane, "energy_report", lambda: None)() is None:
+        raise RunError(f"policy {getattr(policy, 'name', type(policy).__name__)} sets the GPU clock: it needs a "
+                       f"plane timed by a GPU cost model with a power model (dataplane=sim, or dataplane.step_time="
+                       f"model with a GPU hardware=...), not hardware '{cfg.hardware.name}' here")
+    from policylab.dataplane.energy import GpuClock
+    try:
+        clock = GpuClock(cfg.hardware, getattr(cfg.dataplane, "gpu_clock_mhz", None))
+        policy.attach_clock(clock)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    plane.attach_clock(clock)
 
 
 def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals | None = None,
