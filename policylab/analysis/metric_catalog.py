@@ -74,6 +74,11 @@ METRICS = {m.key: m for m in (
            "the run used", "runs given trace.load"),
     Metric("slo.ttft", "TTFT SLO", "s", "the global TTFT SLO (a request's own SLO wins)", "configuration"),
     Metric("slo.tpot", "TPOT SLO", "s", "the global TPOT SLO (a request's own SLO wins)", "configuration"),
+    Metric("qoe", "QoE", "fraction", "area under the tokens-read curve (capped by the expected one) / area under "
+           "the expected curve (Andes; policylab/analysis/qoe.py)", "finished requests; a rejected one counts 0",
+           True),
+    Metric("qoe_expected.ttft", "expected TTFT", "s", "the first token a user expects by (qoe.ttft)", "configuration"),
+    Metric("qoe_expected.tds", "reading pace", "tok/s", "tokens per second a user reads (qoe.tds)", "configuration"),
     Metric("fairness.num_clients", "clients", "count", "distinct client names", "the trace"),
     Metric("fairness.jain_index", "Jain (whole run)", "index",
            "Jain's index of each client's received / requested service", "clients, over the whole run", better=HIGHER),

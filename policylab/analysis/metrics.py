@@ -20,6 +20,8 @@ from policylab.core.result import STEP_FIELDS, RunResult
 from policylab.analysis import counted as counted_values
 from policylab.analysis.client_fairness import client_fairness
 from policylab.analysis.kv_hierarchy import kv_hierarchy_section
+from policylab.analysis.qoe import request_qoe
+from policylab.core.config import QoeConfig
 from policylab.analysis.cluster_metrics import add_placement, cluster_summary, replica_blocks_per_step
 from policylab.analysis.session_metrics import add_sessions, session_summary
 from policylab.cluster.result import ClusterResult
@@ -78,6 +80,11 @@ def request_table(result: RunResult, slo: SloConfig, start: int = 0, stop: int |
     if getattr(result, "programs", None) is not None:      # tool calls: tool time is not serving time
         add_program_columns(table, result, start, stop)
     return table
+
+
+def add_qoe(table: pd.DataFrame, flat: tuple, qoe: QoeConfig) -> None:
+    """Give a request table its `qoe` column (in place; `flat`: its `flat_token_times`)."""
+    table["qoe"] = request_qoe(flat[0], flat[1], table["arrival_time"].to_numpy(), table["status"].to_numpy(), qoe)
 
 
 def _request_row(t, r) -> tuple:
@@ -184,7 +191,8 @@ def token_facts(table: pd.DataFrame, flat: tuple | None = None, services: bool |
 
 
 def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResult,
-              slo: SloConfig, fairness_cfg: FairnessConfig, facts: TokenFacts | None = None) -> dict:
+              slo: SloConfig, fairness_cfg: FairnessConfig, facts: TokenFacts | None = None,
+              qoe: QoeConfig | None = None) -> dict:
     """Aggregate metrics of one replay, JSON-ready.
 
     Latency distributions (TTFT, TPOT, ITL, E2E, …) are over *finished* requests, as in vLLM's
@@ -194,6 +202,8 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
     The makespan runs from the first arrival to the last completion, rejection or step end
     (whichever is last).
     `facts` are the table's TokenFacts (taken from its `token_times` column when not given).
+    QoE (`policylab.analysis.qoe`) is summarized when the table has its `qoe` column (`add_qoe`):
+    over finished requests, a rejected one counting 0.
     """
     df = requests_df
     facts = token_facts(df) if facts is None else facts
@@ -235,6 +245,10 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         "rejections": [{"req_id": int(i), "client": c, "reason": why} for i, c, why in
                        zip(rejected["req_id"], rejected["client"], rejected["reason"])],
     }
+    if "qoe" in df.columns:
+        qoe = qoe or QoeConfig()
+        summary["qoe"] = distribution(df["qoe"].to_numpy())
+        summary["qoe_expected"] = {"ttft": qoe.ttft, "tds": qoe.tds}
     hierarchy = kv_hierarchy_section(result, df["prompt_tokens"].to_numpy()[scheduled].sum(),
                                      summary["prefix_cache_hit_rate"])
     if hierarchy:                               # a host tier is configured (swap, prefix tiers)

@@ -30,8 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from policylab.analysis.counted import merge
-from policylab.analysis.metrics import TokenFacts, flat_token_times, json_safe, request_table, step_frame, summarize, \
-    token_facts
+from policylab.analysis.metrics import TokenFacts, add_qoe, flat_token_times, json_safe, request_table, step_frame, \
+    summarize, token_facts
+from policylab.core.config import QoeConfig
 from policylab.analysis.result_files import ResultsWriteError, atomic_write, plain_config, requests_arrow, section
 from policylab.cluster import Cluster, ClusterResult
 from policylab.core.config import FairnessConfig, SloConfig
@@ -135,6 +136,7 @@ class ResultStream:
         except OSError as e:
             raise ResultsWriteError(f"cannot create results directory {self.run_dir}: {e}") from e
         self.slo, self.fairness = section(cfg, "slo", SloConfig), section(cfg, "fairness", FairnessConfig)
+        self.qoe = section(cfg, "qoe", QoeConfig)
         self._requests = _ParquetFile(self.run_dir / "requests.parquet")
         self._steps = _ParquetFile(self.run_dir / "steps.parquet")
         self._done = np.zeros(len(trace), dtype=bool)
@@ -196,7 +198,7 @@ class ResultStream:
         self._steps.close()
         table = pd.concat(self._tables, ignore_index=True)
         all_steps = step_frame(result.steps, 0, result)
-        summary = summarize(table, all_steps, result, self.slo, self.fairness, self._facts())
+        summary = summarize(table, all_steps, result, self.slo, self.fairness, self._facts(), self.qoe)
         if energy:                                   # a plane with a GPU power model timed the steps
             from policylab.analysis.energy_metrics import energy_section
             summary["energy"] = energy_section(energy, table, summary)
@@ -218,6 +220,7 @@ class ResultStream:
     def _write_requests(self, source: RunResult, stop: int) -> None:
         table = request_table(source, self.slo, self._rows, stop)
         flat = flat_token_times(table["token_times"].tolist())
+        add_qoe(table, flat, self.qoe)
         self._facts_parts.append(token_facts(table, flat, services=self._clients > 1))
         if "tool_gaps" in table.columns:         # (for ITL only: the calls are in the trace)
             table = table.drop(columns="tool_gaps")

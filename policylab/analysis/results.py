@@ -14,16 +14,21 @@ from rich.table import Table
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import RunResult
 from policylab.analysis.metric_catalog import METRICS
-from policylab.analysis.metrics import MAX_LISTED_REJECTIONS, request_table, step_table, summarize
+from policylab.analysis.metrics import MAX_LISTED_REJECTIONS, add_qoe, flat_token_times, request_table, step_table, \
+    summarize, token_facts
+from policylab.core.config import QoeConfig
 from policylab.analysis.result_files import ResultsWriteError, plain_config, section  # noqa: F401 (re-exported)
 from policylab.analysis.result_stream import ResultStream
 
 
 def summarize_run(result: RunResult, cfg=None) -> tuple:
-    """(requests table, steps table, summary) of a replay, with cfg's `slo` and `fairness`."""
+    """(requests table, steps table, summary) of a replay, with cfg's `slo`, `fairness` and `qoe`."""
     slo, fairness = section(cfg, "slo", SloConfig), section(cfg, "fairness", FairnessConfig)
+    qoe = section(cfg, "qoe", QoeConfig)
     requests, steps = request_table(result, slo), step_table(result)
-    return requests, steps, summarize(requests, steps, result, slo, fairness)
+    flat = flat_token_times(requests["token_times"].tolist())
+    add_qoe(requests, flat, qoe)
+    return requests, steps, summarize(requests, steps, result, slo, fairness, token_facts(requests, flat), qoe)
 
 
 def write_results(run_dir, result: RunResult, cfg=None, extra: dict | None = None, energy: dict | None = None) -> dict:

@@ -40,6 +40,7 @@ OBJECTIVES = {
                          "prefix_cache_hit_rate")},
     **{k: STATS for k in ("ttft", "tpot", "e2e", "normalized_latency", "queueing_delay", "itl")},
     "slo": {"ttft", "tpot"},
+    "qoe": STATS, "qoe_expected": {"ttft", "tds"},
     "throughput": {"input_tokens_per_s", "output_tokens_per_s", "requests_per_s"},
     "kv_utilization": {"max", "mean"},
     "fairness": None, "fairness_windows": None, "kv_hierarchy": None, "programs": None, "cluster": None,

@@ -54,6 +54,14 @@ class SloConfig:
 
 
 @dataclass
+class QoeConfig:
+    """What a streaming user expects (Andes' QoE, policylab/analysis/qoe.py): the first token
+    within `ttft` s, then `tds` tokens/s (a reading pace: ~240 words a minute, ~1.3 tokens a word)."""
+    ttft: float = 1.0      # seconds
+    tds: float = 5.0       # tokens per second
+
+
+@dataclass
 class FairnessConfig:
     w_in: float = 1.0
     w_out: float = 2.0
