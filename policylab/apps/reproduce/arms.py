@@ -19,7 +19,7 @@ from policylab.apps.reproduce.stats import Measure, ratio
 @dataclass
 class ArmResults:
     """Per arm: one capacity (req/s) per replicate, and replicate 1's search rows for a curve."""
-    capacity: dict = field(default_factory=dict)     # arm -> [req/s per replicate]
+    capacity: dict = field(default_factory=dict)     # arm -> [req/s per replicate; None: below the searched range]
     curves: dict = field(default_factory=dict)       # arm -> [(rate req/s, summary, meets)] of replicate 1
     status: dict = field(default_factory=dict)       # arm -> [search status per replicate]
 
@@ -47,8 +47,7 @@ def capacities(ctx: Context, tag: str, base: list, arms: dict, workload: Callabl
             own = [o for o in own if not isinstance(o, type)]
             found = ctx.capacity([*base, "trace=file", f"trace.path={path}", *own], f"{tag}: {arm}", k, meets,
                                  lo, hi, iters, partial_misses=partial_misses, policy_class=cls)
-            scale = found.rate_scale if found.rate_scale is not None else lo / (hi / lo)
-            out.capacity.setdefault(arm, []).append(scale * rate)
+            out.capacity.setdefault(arm, []).append(None if found.rate_scale is None else found.rate_scale * rate)
             out.status.setdefault(arm, []).append(found.status)
             if k == 1:
                 out.curves[arm] = [(s * rate, summary, ok) for s, summary, ok in found.rows]

@@ -109,17 +109,15 @@ def write_gallery(page: Path, out: Path, catalog: dict, results: dict) -> None:
     figures.mkdir(parents=True, exist_ok=True)
     rows, sections = [], []
     for name, entry in catalog.items():
-        link = entry.title.lower()
-        anchor = "".join(ch for ch in link.replace(" ", "-") if ch.isalnum() or ch in "-_")
         if name in results:
             r = results[name]
             shutil.copyfile(out / name / "figure.png", figures / f"{name}.png")
             claim = "; ".join(c["paper_text"] for c in r["comparisons"])
-            rows.append(f"| [{name}](#{anchor}) | {entry.paper.venue} | {claim} | {r['verdict']['direction']} | "
+            rows.append(f"| `{name}` | {entry.paper.venue} | {claim} | {r['verdict']['direction']} | "
                         f"{r['verdict']['magnitude']} |")
             sections.append(section(entry, r, f"figures/reproduce/{name}.png"))
         elif entry.missing_levers() or entry.measure is None:
-            rows.append(f"| [{name}](#{anchor}) | {entry.paper.venue} | — | waits for the "
+            rows.append(f"| `{name}` | {entry.paper.venue} | — | waits for the "
                         f"{', '.join(entry.requires)} lever | — |")
             sections.append(waiting_section(entry))
     page.write_text(GALLERY_HEAD + "\n".join(rows) + "\n\n" + "\n".join(sections))

@@ -70,7 +70,6 @@ class Entry:
     measure: Optional[Callable] = None      # measure(ctx) -> Outcome
     requires: tuple = ()            # levers the engine must have (e.g. "migration")
     planned: str = ""               # for an entry waiting on a lever: the setting it will replay
-    matched: bool = True            # the setting is close enough that the magnitude is a test
 
     def missing_levers(self) -> tuple:
         from policylab.apps.reproduce.levers import available

@@ -75,5 +75,4 @@ ENTRY = Entry(
         "0.6's prefill-first (both FCFS).",
     ),
     measure=measure,
-    matched=False,
 )

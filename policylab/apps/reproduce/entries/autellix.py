@@ -82,5 +82,4 @@ ENTRY = Entry(
         "(`chunked`, which puts a resumed call in front) is a different, program-aware baseline.",
     ),
     measure=measure,
-    matched=False,
 )

@@ -21,9 +21,10 @@ def measure(ctx) -> Outcome:
     n = 200 if ctx.quick else 600
     found = capacities(ctx, "chat", BASE, ARMS, lambda k: sharegpt(k, n, 1.0, max_len=2048), 1.0,
                        lambda s: s["slo_attainment"] >= TARGET, lo=0.25, hi=4.0, iters=5, partial_misses=True)
-    per_gpu = {arm: [c / GPUS[arm] for c in found.capacity[arm]] for arm in ARMS}
+    per_gpu = {arm: [None if c is None else c / GPUS[arm] for c in found.capacity[arm]] for arm in ARMS}
     colocated, *placements = ARMS
-    best = [max(vals) for vals in zip(*(per_gpu[p] for p in placements))]      # the better placement, per replicate
+    best = [max((v for v in vals if v is not None), default=None)           # the better placement, per replicate
+            for vals in zip(*(per_gpu[p] for p in placements))]
     gain = ratio("per-GPU goodput, P/D (better placement) / colocated", best, per_gpu[colocated])
     measures = [Measure(f"requests/s per GPU at {TARGET:.0%} attainment, {arm}", "req/s/GPU", per_gpu[arm])
                 for arm in ARMS]
@@ -79,5 +80,4 @@ ENTRY = Entry(
         "notes.",
     ),
     measure=measure,
-    matched=False,
 )

@@ -26,7 +26,7 @@ def measure(ctx) -> Outcome:
         for arm, own in ARMS.items():
             found = ctx.capacity([*BASE, *window, *own], arm, k, lambda s: s["slo_attainment"] >= TARGET,
                                  lo=0.5, hi=4.0, iters=4, partial_misses=True)
-            capacity[arm].append((found.rate_scale or 0.25) * TRACE_RATE)
+            capacity[arm].append(None if found.rate_scale is None else found.rate_scale * TRACE_RATE)
             at = max(found.rows, key=lambda r: (r[2], r[0]))[1]          # the capacity's own replay
             hits[arm].append(at["prefix_cache_hit_rate"] or 0.0)
             if k == 1:
@@ -84,5 +84,4 @@ ENTRY = Entry(
         "within minutes.",
     ),
     measure=measure,
-    matched=False,
 )

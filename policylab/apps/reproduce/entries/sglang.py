@@ -74,5 +74,4 @@ ENTRY = Entry(
         "only the KV reuse and the ordering.",
     ),
     measure=measure,
-    matched=False,
 )
