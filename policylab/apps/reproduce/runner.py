@@ -28,7 +28,14 @@ RUN_COLUMNS = ("entry", "arm", "replicate", "rate_scale", "requests", "finished"
 @dataclass
 class Replay:
     summary: dict
-    requests: object           # the request table (pandas), for measures the summary does not hold
+
+
+class PartialReplay(RunError):
+    """A replay that ended partial (a broken contract, a stall): `error` is the engine's reason."""
+
+    def __init__(self, message: str, error: str):
+        super().__init__(message)
+        self.error = error
 
 
 @dataclass
@@ -57,42 +64,26 @@ class Context:
         """A file of this reproduction (a generated workload, ...), absolute."""
         return (self.out_dir / name).resolve()
 
-    def replay(self, overrides: list, arm: str, replicate: int, keep_requests: bool = False,
-               policy_class: type | None = None) -> Replay:
+    def replay(self, overrides: list, arm: str, replicate: int, policy_class: type | None = None) -> Replay:
         """One replay of `python -m policylab run OVERRIDES` (with `policy_class` as the policy, its
-        parameters `policy.*` overrides, as `policylab.replay` takes a class); a partial replay
-        is an error."""
-        from omegaconf import open_dict
+        parameters `policy.*` overrides, as `policylab.replay` takes a class); a replay that ends
+        partial raises PartialReplay."""
         from policylab.analysis.results import summarize_run
-        from policylab.apps.config import typed_config
         from policylab.apps.jobs import build_engine, replay
-        from policylab.apps.python_api import compose
         started = time.process_time()
-        params = {o.split("=", 1)[0][len("policy."):]: yaml_value(o.split("=", 1)[1]) for o in overrides
-                  if policy_class is not None and o.startswith("policy.")}
-        strings = [o for o in overrides if policy_class is None or not o.startswith("policy.")]
-        cfg = compose([*strings, *QUIET], policy_class, params)
-        with open_dict(cfg):
-            del cfg["hydra"]
-        run = typed_config(cfg)
+        run = run_config(overrides, policy_class)
         result = replay(build_engine(run), progress=False)
         if result.partial:
-            raise RunError(f"reproduce {self.entry}: the replay of arm '{arm}' (replicate {replicate}) ended "
-                           f"partial: {result.error}; overrides: {' '.join(overrides)}")
-        requests, _, summary = summarize_run(result, run)
+            raise PartialReplay(f"reproduce {self.entry}: the replay of arm '{arm}' (replicate {replicate}) ended "
+                                f"partial: {result.error}; overrides: {' '.join(map(str, overrides))}", result.error)
+        _, _, summary = summarize_run(result, run)
         self._keep(arm, replicate, run.trace.rate_scale, summary, None, time.process_time() - started)
-        return Replay(summary, requests if keep_requests else None)
+        return Replay(summary)
 
     def kv_tokens(self, overrides: list) -> int:
         """Tokens the KV cache of this configuration holds (a single engine's), without replaying."""
-        from omegaconf import open_dict
-        from policylab.apps.config import typed_config
         from policylab.apps.jobs import build_engine
-        from policylab.apps.python_api import compose
-        cfg = compose([*overrides, *QUIET])
-        with open_dict(cfg):
-            del cfg["hydra"]
-        engine = build_engine(typed_config(cfg))
+        engine = build_engine(run_config(overrides))
         return engine.kv.num_blocks * engine.kv.block_size
 
     def capacity(self, overrides: list, arm: str, replicate: int, meets: Callable[[dict], bool],
@@ -107,13 +98,11 @@ class Context:
 
         def evaluate(scale: float) -> dict:
             try:
-                out = self.replay([*overrides, f"trace.rate_scale={scale!r}"], arm, replicate,
-                                  policy_class=policy_class)
-            except RunError as e:
-                if not partial_misses or "ended partial" not in str(e):
+                out = self.replay([*overrides, f"trace.rate_scale={scale!r}"], arm, replicate, policy_class)
+            except PartialReplay as e:
+                if not partial_misses:
                     raise
-                error = str(e).split(" ended partial: ", 1)[-1].split("; overrides:", 1)[0]
-                self.partials.append((arm, replicate, scale, error))
+                self.partials.append((arm, replicate, scale, e.error))
                 return {"slo_attainment": 0.0}
             ok = bool(meets(out.summary))
             self.rows[-1]["meets"] = ok
@@ -154,6 +143,21 @@ class Context:
             writer.writeheader()
             writer.writerows(self.rows)
         return path
+
+
+def run_config(overrides: list, policy_class: type | None = None):
+    """The typed run config `python -m policylab run OVERRIDES` composes (quiet: no W&B, no plots);
+    with `policy_class` as the policy, `policy.*` overrides its constructor arguments."""
+    from omegaconf import open_dict
+    from policylab.apps.config import typed_config
+    from policylab.apps.python_api import compose
+    params = {o.split("=", 1)[0][len("policy."):]: yaml_value(o.split("=", 1)[1]) for o in overrides
+              if policy_class is not None and o.startswith("policy.")}
+    strings = [o for o in overrides if policy_class is None or not o.startswith("policy.")]
+    cfg = compose([*strings, *QUIET], policy_class, params)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return typed_config(cfg)
 
 
 def yaml_value(text: str):
