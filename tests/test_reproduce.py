@@ -148,3 +148,6 @@ def test_the_gallery_page_has_each_replayed_entry_and_the_waiting_one(tmp_path, 
     assert (tmp_path / "docs" / "figures" / "reproduce" / "sglang.png").is_file()
     out = capsys.readouterr().out
     assert "llumnix: not replayed: waits for the migration lever" in out and "wall time" in out
+    again = tmp_path / "again" / "reproductions.md"              # the page again from the results, no replay
+    assert main(["--out", str(tmp_path / "out"), "--gallery", str(again), "--gallery-only"]) == 0
+    assert again.read_text() == text

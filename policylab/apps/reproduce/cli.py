@@ -1,8 +1,9 @@
 """`python -m policylab reproduce --list | NAME [NAME ...] | all [--replicates N] [--out DIR] [--quick]
-[--gallery PAGE]`."""
+[--gallery PAGE [--gallery-only]]`."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -55,8 +56,19 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="reproductions", help="folder for the results (one subfolder per entry)")
     parser.add_argument("--quick", action="store_true", help="each entry's small version (its test's): minutes, not tens")
     parser.add_argument("--gallery", help="also write the gallery page (markdown) here, its figures beside it")
+    parser.add_argument("--gallery-only", action="store_true",
+                        help="replay nothing: write --gallery from the results already under --out")
     args = parser.parse_args(argv)
     catalog = entry_catalog()
+    if args.gallery_only:
+        if not args.gallery:
+            print("error: reproduce: --gallery-only needs --gallery PAGE", file=sys.stderr)
+            return 2
+        results = {name: json.loads((Path(args.out) / name / "result.json").read_text()) for name in catalog
+                   if (Path(args.out) / name / "result.json").is_file()}
+        write_gallery(Path(args.gallery), Path(args.out), catalog, results)
+        print(f"gallery: {args.gallery} ({len(results)} results from {args.out})")
+        return 0
     if args.list or not args.names:
         print(list_entries())
         return 0

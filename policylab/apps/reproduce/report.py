@@ -70,7 +70,7 @@ def draw(panels: list, title: str, path: Path) -> None:
     from matplotlib.figure import Figure
     if not panels:
         return
-    fig = Figure(figsize=(5.2 * len(panels), 4.2), layout="constrained")
+    fig = Figure(figsize=(max(7.5, 5.2 * len(panels)), 4.2), layout="constrained")
     fig.suptitle(title, fontsize=11)
     for ax, panel in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
         if panel.bars:

@@ -74,10 +74,12 @@ ENTRY = Entry(
         "Placement is searched over instance counts only (1 or 2 prefill replicas, 1 decode replica, one GPU "
         "each); DistServe's search also picks tensor and pipeline parallelism per phase.",
         "Step times are the simulator's A100 cost model (no host overheads of the paper's vLLM version).",
-        "The decode replica runs `chunked` (continuous batching of decodes). Far above capacity a P/D replay can "
-        "stall with the decode replica's KV cache full of handed-off requests that each wait for one more block "
-        "(an engine limitation of the hand-off); such a load counts as missing the SLO and is listed in the "
-        "notes.",
+        "The decode replica runs `chunked` (continuous batching of decodes). Above capacity a P/D replay can "
+        "stall: the decode replica preempts (recomputes) running requests while handed-off ones keep taking its "
+        "KV on arrival, and the recomputed request at the head of its queue then needs more blocks than are free "
+        "while the waiting handed-off requests hold the rest (a limit of this engine's hand-off, not of "
+        "DistServe). Such a load counts as missing the SLO and is listed in the notes; where it happens close to "
+        "the capacity found, P/D's capacity is understated.",
     ),
     measure=measure,
 )
