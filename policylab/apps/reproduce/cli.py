@@ -30,8 +30,8 @@ generated workloads and `runs.csv`, one row per replay); `reproduce all` replays
 each section; the simulator is deterministic, so the same command on that commit gives the same
 numbers.
 
-| entry | paper | claim | direction | magnitude |
-|---|---|---|---|---|
+| entry | paper | the paper's number | the replay's | direction | magnitude |
+|---|---|---|---|---|---|
 """
 
 
@@ -116,7 +116,7 @@ def summary_table(results: dict, catalog: dict) -> str:
 def write_gallery(page: Path, out: Path, catalog: dict, results: dict) -> None:
     """The gallery page: one section per entry (replayed now, or waiting for a lever), figures
     copied to `figures/reproduce/` beside the page."""
-    from policylab.apps.reproduce.report import section, waiting_section
+    from policylab.apps.reproduce.report import measure_text, section, waiting_section
     figures = page.parent / "figures" / "reproduce"
     figures.mkdir(parents=True, exist_ok=True)
     rows, sections = [], []
@@ -124,12 +124,13 @@ def write_gallery(page: Path, out: Path, catalog: dict, results: dict) -> None:
         if name in results:
             r = results[name]
             shutil.copyfile(out / name / "figure.png", figures / f"{name}.png")
-            claim = "; ".join(c["paper_text"] for c in r["comparisons"])
-            rows.append(f"| `{name}` | {entry.paper.venue} | {claim} | {r['verdict']['direction']} | "
+            claim = "; ".join(dict.fromkeys(c["paper_text"] for c in r["comparisons"] if c["paper_text"] != "—"))
+            ours = "; ".join(measure_text(c["ours"]) for c in r["comparisons"])
+            rows.append(f"| `{name}` | {entry.paper.venue} | {claim} | {ours} | {r['verdict']['direction']} | "
                         f"{r['verdict']['magnitude']} |")
             sections.append(section(entry, r, f"figures/reproduce/{name}.png"))
         elif entry.missing_levers() or entry.measure is None:
-            rows.append(f"| `{name}` | {entry.paper.venue} | — | waits for the "
+            rows.append(f"| `{name}` | {entry.paper.venue} | {entry.claim.value:g}× | — | waits for the "
                         f"{', '.join(entry.requires)} lever | — |")
             sections.append(waiting_section(entry))
     page.write_text(GALLERY_HEAD + "\n".join(rows) + "\n\n" + "\n".join(sections))

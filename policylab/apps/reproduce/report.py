@@ -110,7 +110,7 @@ def _wrap(label: str, width: int = 18) -> str:
 
 def section(entry: Entry, result: dict, figure: str) -> str:
     """The gallery section of one reproduction (markdown)."""
-    rows = "\n".join(f"| {c['label']} | {c['paper_text']} | {_text(c['ours'])} |" for c in result["comparisons"])
+    rows = "\n".join(f"| {c['label']} | {c['paper_text']} | {measure_text(c['ours'])} |" for c in result["comparisons"])
     subs = "\n".join(f"- {s}" for s in entry.substitutions)
     notes = "".join(f"\n{n}\n" for n in result.get("notes", []))
     v = result["verdict"]
@@ -161,5 +161,6 @@ def waiting_section(entry: Entry) -> str:
 """
 
 
-def _text(m: dict) -> str:
+def measure_text(m: dict) -> str:
+    """A result.json measure as `mean [low, high]`."""
     return Measure(m["label"], m["unit"], m["values"], m["geometric"]).text()
