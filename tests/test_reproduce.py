@@ -111,9 +111,10 @@ def test_sarathi_chunked_prefill_raises_capacity_on_both_models(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_distserve_loses_per_gpu_at_its_chatbot_slo_as_the_gallery_says(tmp_path):
-    c, got = run("distserve", tmp_path)
-    assert mean(c, "per-GPU goodput") < 1.0 and got.verdict["direction"] == "does not hold"
+def test_distserve_wins_per_gpu_at_its_tight_slo_and_loses_at_a_relaxed_one(tmp_path):
+    c, _ = run("distserve", tmp_path)
+    assert mean(c, "per-GPU goodput, P/D / colocated, 13B chatbot, the paper's SLO") > 1.0
+    assert mean(c, "per-GPU goodput, P/D / colocated, 13B chatbot, a relaxed SLO") < 1.0
 
 
 @pytest.mark.slow
