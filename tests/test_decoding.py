@@ -47,7 +47,7 @@ def test_prefilling_is_the_running_requests_outside_decoding_in_running_order(pr
     trace = [T(0.0, 10, 5) for _ in range(40)]
     engine = Engine(trace, Chunked(), SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim")),
                     EngineConfig(block_size=4, num_blocks=400))
-    engine._admit()
+    engine.admit()
     views = list(engine.views.values())[::-1]             # running order unlike req_id order
     stride = len(views) // prefilling if prefilling else 0
     outside = {v.req_id for v in views[::stride][:prefilling]} if prefilling else set()

@@ -10,7 +10,7 @@ import pytest
 from policies.chunked import Chunked
 from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest
-from policylab.core.tool_calls import ToolCall
+from policylab.core.extensions.tool_calls import ToolCall
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,7 +33,7 @@ def test_torch_plane_keep_free_and_offload_give_identical_greedy_tokens():
         plane = TorchDataPlane.from_config(dataplane(), SMALL, seed=0)
         result = Engine(trace, Chunked(chunk_size=32), plane, cfg, seed=0).run()
         assert result.status == "complete", result.error
-        outputs[mode], stats[mode] = [list(r.output_ids) for r in result.requests], result.programs.stats
+        outputs[mode], stats[mode] = [list(r.output_ids) for r in result.requests], result.sections.get("tool_calls").stats
     assert outputs["keep"] == outputs["free"] == outputs["offload"]
     assert stats["keep"]["kept"] == stats["free"]["freed"] == stats["offload"]["offloaded"] == 3
     assert stats["free"]["recomputed_tokens"] > 0 == stats["keep"]["recomputed_tokens"]

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from policylab.core.speculative import spec_summary
+from policylab.core.extensions.speculation import spec_summary
 from policylab.analysis.program_metrics import add_program_columns, less_tool_time, program_summary
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import STEP_FIELDS, RunResult
@@ -23,7 +23,7 @@ from policylab.analysis.kv_hierarchy import kv_hierarchy_section
 from policylab.analysis.cluster_metrics import add_placement, cluster_summary, replica_blocks_per_step
 from policylab.analysis.session_metrics import add_sessions, session_summary
 from policylab.cluster.result import ClusterResult
-from policylab.core.forks import forks_summary
+from policylab.core.extensions.forks import forks_summary
 from policylab.core.request import Status
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
@@ -62,7 +62,7 @@ def request_table(result: RunResult, slo: SloConfig, start: int = 0, stop: int |
     ttft = df["first_token_time"].to_numpy() - arrival
     e2e = np.where(finished, df["finish_time"].to_numpy() - arrival, NAN)
     with np.errstate(divide="ignore", invalid="ignore"):
-        decode_end = e2e if not getattr(result, "forks", None) else \
+        decode_end = e2e if not result.sections.get("forks") else \
             np.where(finished, _last_token_times(df["token_times"]) - arrival, NAN)   # its own stream's end
         tpot = np.where(generated > 1, (decode_end - ttft) / (generated - 1), NAN)
         normalized = e2e / generated
@@ -75,7 +75,7 @@ def request_table(result: RunResult, slo: SloConfig, start: int = 0, stop: int |
                                            "first_token_time", "finish_time", *LATENCIES, "preemptions", "cached_tokens",
                                            "ttft_slo", "tpot_slo", "slo_met", "token_times"]], result, start, stop),
                          result, start, stop)
-    if getattr(result, "programs", None) is not None:      # tool calls: tool time is not serving time
+    if result.sections.get("tool_calls") is not None:      # tool calls: tool time is not serving time
         add_program_columns(table, result, start, stop)
     return table
 
@@ -238,13 +238,13 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
                                      summary["prefix_cache_hit_rate"])
     if hierarchy:                               # a host tier is configured (swap, prefix tiers)
         summary["kv_hierarchy"] = hierarchy
-    if getattr(result, "sessions", None) is not None and "session" in df:     # a closed-loop replay
-        summary["sessions"] = session_summary(df, result.sessions, distribution)
-    speculative = spec_summary(getattr(result, "speculative", None))
+    if result.sections.get("sessions") is not None and "session" in df:     # a closed-loop replay
+        summary["sessions"] = session_summary(df, result.sections["sessions"], distribution)
+    speculative = spec_summary(result.sections.get("speculation"))
     if speculative:                             # some step verified draft tokens
         summary["speculative"] = speculative
-    if getattr(result, "forks", None) is not None:   # parallel samples (copy-on-write forks)
-        summary["forks"] = forks_summary(result.forks, result.requests, len(result.trace), makespan)
+    if result.sections.get("forks") is not None:   # parallel samples (copy-on-write forks)
+        summary["forks"] = forks_summary(result.sections["forks"], result.requests, len(result.trace), makespan)
     if "jct" in df.columns:                    # the trace has tool calls
         summary["programs"] = program_summary(df, result, distribution)
     if isinstance(result, ClusterResult):

@@ -33,7 +33,6 @@ from policylab.analysis.counted import merge
 from policylab.analysis.metrics import TokenFacts, flat_token_times, json_safe, request_table, step_frame, summarize, \
     token_facts
 from policylab.analysis.result_files import ResultsWriteError, atomic_write, plain_config, requests_arrow, section
-from policylab.cluster import Cluster, ClusterResult
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import RunResult
 
@@ -150,16 +149,7 @@ class ResultStream:
         """Stream `engine`'s results as it runs; returns its `on_request_done(req_id)` callback.
         A cluster (policylab.cluster) streams its requests (with where they ran) and forgets them
         the same way; its steps, merged over the replicas in clock order, are written at the end."""
-        self._engine = engine
-        if isinstance(engine, Cluster):
-            self._source = ClusterResult(engine.trace, engine.requests, {}, 0, 0, engine.policy_name,
-                                         router=engine.router_name, placement=engine.placement)
-        else:
-            self._source = RunResult(engine.trace, engine.requests, {}, engine.kv.num_blocks,
-                                     engine.kv.block_size, engine.policy_name)
-            if getattr(engine, "forks", None) is not None:   # rows of requests with samples: their own stream
-                self._source.forks = engine.forks.stats
-        self._source.sessions = getattr(engine.arrivals, "plan", None)
+        self._engine, self._source = engine, engine.result     # (the run's result, filled as it goes)
         return self.request_done
 
     def request_done(self, rid: int) -> None:
@@ -184,8 +174,8 @@ class ResultStream:
     def finish(self, result: RunResult, extra: dict | None = None) -> dict:
         """Write every request and step not written yet, then summary.json (with `extra`);
         return the summary. Every file is attempted; a failure names them all at the end."""
-        if result.sessions is None and self._source is not None:
-            result.sessions = self._source.sessions
+        if not result.sections and self._source is not None:    # (a result salvaged outside the engine)
+            result.sections = self._source.sections
         while True:                    # the rest, in row groups (at least one: the schema)
             self._write_requests(result, min(self._rows + ROWS_PER_GROUP, self._done.size))
             if self._rows >= self._done.size:

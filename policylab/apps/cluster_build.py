@@ -15,7 +15,7 @@ from policylab.cluster.config import check_cluster_config
 from policylab.cluster.disagg import Disaggregation, prefill_trace
 from policylab.cluster.link import LinkModel
 from policylab.core.config import HardwareConfig
-from policylab.core.forks import uses_forks
+from policylab.core.extensions.forks import uses_forks
 from policylab.core.engine import Engine
 from policylab.dataplane import build_dataplane
 from policylab.dataplane.sim import ModelShape
@@ -34,6 +34,7 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
     if cfg.engine.clock != "virtual":
         raise ClusterConfigError(f"cluster runs need engine.clock=virtual (got {cfg.engine.clock})")
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
+    sessions = getattr(trace, "sessions", None)
     trace = sorted(trace, key=lambda t: t.arrival_time)
     if uses_forks(trace, cfg.engine.parallel_samples, cfg.engine.beam_width):
         raise ClusterConfigError("cluster runs do not serve parallel samples or beams (a trace's `n` or "
@@ -52,7 +53,7 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
         replicas.append(Replica(k, role, hw.name, engine))
     pd = Disaggregation(build_router(cfg.decode_router, "decode_router"), LinkModel(c.link),
                         ModelShape(cfg.model).kv_bytes_per_token, cfg.seed) if c.disaggregated else None
-    return Cluster(trace, replicas, build_router(cfg.router, "router"), pd)
+    return Cluster(trace, replicas, build_router(cfg.router, "router"), pd, sessions=sessions)
 
 
 def role_policy(make_policy: Callable[[dict], object], spec: dict, role: str):

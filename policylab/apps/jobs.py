@@ -143,12 +143,13 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
         engine = build_cluster(cfg, build_policy, trace)
     else:
         from policylab.apps.speculative_build import speculative_parts
+        from policylab.core.extensions import extensions_for
         policy, plane = speculative_parts(cfg, build_policy(cfg.policy), dataplane or dataplane_of(cfg))
+        extensions = extensions_for(trace, cfg.engine, plane.capabilities, speculative=cfg.speculative,
+                                    sessions=getattr(trace, "sessions", None),
+                                    prefix_block_tokens=cfg.trace.prefix_block_tokens)
         engine = Engine(trace, policy, plane, cfg.engine, seed=cfg.seed,
-                        prefix_block_tokens=cfg.trace.prefix_block_tokens)
-    if getattr(trace, "sessions", None) is not None:      # a closed-loop workload (docs/sessions.md)
-        from policylab.core.closed_loop import attach
-        attach(engine, trace.sessions)
+                        prefix_block_tokens=cfg.trace.prefix_block_tokens, extensions=extensions)
     return engine
 
 

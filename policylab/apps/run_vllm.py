@@ -6,7 +6,7 @@ from pathlib import Path
 
 from policylab.apps.config import RunConfig
 from policylab.apps.jobs import RunError, run_name, sweep_group
-from policylab.core.forks import vllm_refusal
+from policylab.core.extensions.forks import vllm_refusal
 from policylab.traces import load_trace
 
 
@@ -18,7 +18,7 @@ def vllm_setup(cfg: RunConfig):
     if cfg.trace.sessions or cfg.trace.concurrency is not None or cfg.trace.format == "sessions":
         raise RunError(CLOSED_LOOP_REFUSED)
     if cfg.speculative.k:
-        from policylab.core.speculative import VLLM_REFUSAL
+        from policylab.core.extensions.speculation import VLLM_REFUSAL
         raise RunError(f"speculative.k={cfg.speculative.k}: {VLLM_REFUSAL}")
     try:
         import vllm  # noqa: F401

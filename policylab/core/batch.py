@@ -59,7 +59,7 @@ class CommittedStep(NamedTuple):
 class DataPlane(Protocol):
     vocab_size: int
     eos_token_id: int | None
-    needs_token_ids: bool     # False lets the engine skip building Batch.token_ids (simulation)
+    capabilities: frozenset   # policylab.core.capabilities.Capability: what it can do beyond `execute`
 
     def execute(self, batch: Batch) -> StepResult: ...
 
@@ -71,10 +71,14 @@ class DataPlane(Protocol):
         """Called once by the engine with the block count it will manage, before the first step."""
         ...
 
-    # Optional, for a plane that holds KV contents (the torch plane; the sim holds none):
-    # `export_kv(block_table) -> payload` copies those blocks' K/V out, `import_kv(block_table,
-    # payload)` writes a payload into other blocks. P/D (`policylab.cluster.disagg`) moves a
-    # request's prompt KV with them when the plane has them.
+    # What each capability adds (policylab.core.capabilities):
+    #   KV_BYTES           kv_block_bytes(block_size) -> bytes one block holds on one device's link
+    #   KV_CONTENTS        export_kv(table) -> payload, import_kv(table, payload, first=0),
+    #                      copy_kv_blocks(src, dst): the K/V the KV manager moves
+    #   LOGPROBS           sampled_logprobs(rows, tokens) -> log-probabilities of the last step's tokens
+    #   DRAFTS             executes batches with `spec_lens`, returning `StepResult.accepted`
+    #   POSITIONAL_TOKENS  token_at(position) -> the id sampled after that position
+    #   TOKEN_IDS          reads `Batch.token_ids` (without it the engine builds none)
 
 
 def bad_duration(dataplane, batch: Batch, duration) -> ValueError:

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from policylab.core.prefix_tiers import check_tier_config
-from policylab.core.swap import make_link
+from policylab.core.kv.tiers import check_tier_config
+from policylab.core.kv.host import make_link
 
 
 

@@ -6,7 +6,7 @@ blocks or mutates requests. The engine validates the plan, then carries it out.
 from __future__ import annotations
 
 from policylab.core.contract import SchedulerView, StepPlan
-from policylab.core.tool_calls import default_tool_kv
+from policylab.core.extensions.tool_calls import default_tool_kv
 
 
 class Policy:
@@ -24,6 +24,6 @@ class Policy:
     def on_tool_call(self, view: SchedulerView, request, call) -> str:
         """A running request pauses for a tool call (`call`: after_tokens, duration_s,
         result_tokens): what becomes of its KV while the tool runs, "keep" | "free" | "offload"
-        (engine.tool_kv=policy; policylab.core.tool_calls). The default: offload when the host
+        (engine.tool_kv=policy; policylab.core.extensions.tool_calls). The default: offload when the host
         tier has room, else keep while nobody waits, else free (`default_tool_kv`)."""
         return default_tool_kv(view, request, call)

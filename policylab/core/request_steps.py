@@ -9,17 +9,6 @@ from policylab.core.batch import Batch
 from policylab.core.request import Status
 
 
-def evict(engine, r, to_host: bool) -> int:
-    """Free a request's device KV: copied to the host tier, its computed tokens kept (`to_host`),
-    or dropped, to be recomputed. Its computed tokens before (a preemption, a tool call's pause)."""
-    computed = r.num_computed_tokens
-    if to_host:
-        engine.swap.swap_out(r, engine.kv.block_size)
-    engine._release(r)
-    r.num_computed_tokens = computed if to_host else 0
-    return computed
-
-
 def commit_requests(engine, sched: dict, preempt: list, reject: dict, swap: list = ()) -> tuple:
     """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
     (the batch of `sched`'s entries, their Requests)."""
@@ -31,15 +20,15 @@ def commit_requests(engine, sched: dict, preempt: list, reject: dict, swap: list
     starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
     starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
     hits = [kv.hits(r) for r in starting]      # as validated: before a release changes the cache
-    kv_hits = {r.req_id: h for r, h in zip(starting, hits) if r.swapped_blocks} if engine.host.num_used else {}
+    kv_hits = {r.req_id: h for r, h in zip(starting, hits) if r.swapped_blocks} if kv.host_used else {}
     for rid, reason in reject.items():
         engine._reject(reqs[rid], f"rejected by policy: {reason}")
     preempted = [reqs[rid] for rid in preempt]
     swapping = set(swap)
     for r in preempted:
-        computed = evict(engine, r, r.req_id in swapping)
+        computed = engine.ops.evict(r, r.req_id in swapping)
         if r.req_id not in swapping:
-            engine.kv_stats["recomputed_tokens"] += computed
+            kv.stats["recomputed_tokens"] += computed
         r.status = Status.WAITING
         r.num_preemptions += 1
     for r, blocks in zip(starting, hits):    # take every cache hit before any allocation can evict one
@@ -47,25 +36,25 @@ def commit_requests(engine, sched: dict, preempt: list, reject: dict, swap: list
         if r.first_scheduled_time is None:
             r.first_scheduled_time = now
         if blocks:
-            kv.acquire(r.block_table, blocks)
+            kv.start(r, blocks)
             if not r.swapped_blocks:       # (a swapped request's hits are computed tokens it has)
                 r.num_computed_tokens = len(blocks) * bs
                 r.num_cached_tokens_total += r.num_computed_tokens
-    if kv.tiers is not None:                 # lower-tier hits come back to the device
-        kv.tiers.promote_pending(kv)
-    if engine.tools is not None and starting:
-        engine.tools.started(starting)
+    if starting:
+        kv.promote_pending()                 # lower-tier hits come back to the device
+        for hook in engine._on_start:
+            hook(starting)
     ns = list(sched.values())
     ctxs = [r.num_computed_tokens for r in rs]
     for r, n, c in zip(rs, ns, ctxs):
         if c + n > len(r.block_table) * bs:
             kv.grow(r.block_table, c + n)
         if r.swapped_blocks:
-            engine.swap.swap_in(r, len(kv_hits[r.req_id]))
+            kv.swap_in(r, len(kv_hits[r.req_id]))
     batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
                   [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                   [r.sampling for r in rs])
-    if engine.dataplane.needs_token_ids:
+    if engine._token_ids:
         batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
     if preempted:
         engine.running = [r for r in engine.running if r.status is Status.RUNNING] + starting

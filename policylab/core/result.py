@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policylab.core.contract import ContractViolation
 
@@ -22,12 +22,9 @@ class RunResult:
     status: str = "complete"         # complete | partial
     error: str = ""
     traceback: str = ""              # of the exception that ended a partial run (none for Ctrl-C)
-    kv_tiers: dict | None = None     # swap and KV-tier counters, when a host tier is configured
-    sessions: object | None = None   # the SessionPlan of a closed-loop replay (core.closed_loop)
-    speculative: dict | None = None  # speculative-decoding counters (core.speculative), filled as the run goes
-    forks: dict | None = None        # parallel samples' counters, when a request asks for them
-    programs: object = None          # the run's ToolCalls (per-request and run counters), when
-                                     # the trace has tool calls
+    sections: dict = field(default_factory=dict)   # feature -> what its extension reports (filled
+                                     # as the run goes): `forks`, `tool_calls`, `sessions`, `speculation`,
+                                     # `kv_tiers`; summary.json's sections are made from them
 
     @property
     def partial(self) -> bool:

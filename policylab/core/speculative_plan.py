@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from policylab.core.contract import SchedulerView, StepPlan
-from policylab.core.speculative import check_spec_tokens
+from policylab.core.extensions.speculation import check_spec_tokens
 
 
 def fill_speculation(view: SchedulerView, plan: StepPlan, k_for: Callable) -> StepPlan:

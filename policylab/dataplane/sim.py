@@ -16,9 +16,11 @@ import numpy as np
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.config import SimPlaneConfig
 from policylab.core.batch import Batch, StepResult
+from policylab.core.capabilities import Capability
 from policylab.core.rng import splitmix64
 from policylab.dataplane.roofline import ModelShape, Roofline
 
+SIM_CAPABILITIES = frozenset({Capability.KV_BYTES, Capability.DRAFTS, Capability.POSITIONAL_TOKENS})
 MIN_VOCAB = 32    # ids 0..15 and the top 16 are left out of sampled ids (special tokens)
 COST_MODELS = ("shaped", "roofline", "kernel")
 MAX_TIME_NOISE = 0.3   # relative: beyond it a step duration would often clip at 0
@@ -99,7 +101,7 @@ class SimDataPlane:
         self.shape = ModelShape(model, dp.tensor_parallel)
         self.gpus = dp.tensor_parallel * dp.pipeline_parallel
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
-        self.needs_token_ids = False
+        self.capabilities = SIM_CAPABILITIES
         self.cost_model = build_cost_model(model, hardware, dp)
         self._next_token: list = []          # position -> id sampled after it (see execute)
         self.speculation = None              # verifies draft tokens (policylab.dataplane.speculative)
@@ -171,7 +173,7 @@ class SimDataPlane:
     def _speculation(self):
         if self.speculation is None:           # (no speculative config given: n-gram at its defaults)
             from policylab.dataplane.speculative import SimSpeculation
-            from policylab.core.speculative import SpeculativeConfig
+            from policylab.core.extensions.speculation import SpeculativeConfig
             self.speculation = SimSpeculation(SpeculativeConfig(), self.seed)
         return self.speculation
 

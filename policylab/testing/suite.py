@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest
-from policylab.core.tool_calls import ToolCall
+from policylab.core.extensions.tool_calls import ToolCall
 from policylab.testing.harness import Scenario, check_policy, reproduction
 from policylab.testing.loader import policy_factory, shipped_policy_configs, spec_id
 from policylab.testing.strategies import scenarios

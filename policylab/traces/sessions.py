@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 import policylab.traces.fields as F
-from policylab.core.closed_loop import SessionPlan
+from policylab.core.extensions.sessions import SessionPlan
 from policylab.core.request import TraceRequest
 from policylab.traces.errors import TraceError
 

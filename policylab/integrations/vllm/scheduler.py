@@ -163,7 +163,7 @@ class PolicyScheduler(Scheduler):
         plan = self.policylab_policy.schedule(view)
         self._sampled, self._arrived = [], []
         if any((getattr(plan, "spec_tokens", None) or {}).values()):
-            from policylab.core.speculative import VLLM_REFUSAL
+            from policylab.core.extensions.speculation import VLLM_REFUSAL
             raise ContractViolation(self.policy_name, "spec_unsupported", VLLM_REFUSAL)
         validate_plan(view, plan, self.policy_name)
         return self._apply(view, plan, now)

@@ -1,4 +1,4 @@
-"""Paged KV-cache accounting: blocks as pages, block tables as page tables (DESIGN §4).
+"""The block pool under the KV manager: blocks as pages, block tables as page tables (DESIGN §4).
 
 Full blocks carry a prefix hash (of every token up to the block's end, DESIGN §4's chained
 hash) so identical prefixes share physical blocks. Freed blocks keep their hash and sit in an
@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from types import MappingProxyType
 
-from policylab.core.block_hashes import chain_hashes, own_block_keys  # noqa: F401  (importable from here)
-from policylab.core.prefix_tiers import TierRefs
-from policylab.core.radix import RadixTree
+from policylab.core.kv.radix import RadixTree
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -53,7 +51,10 @@ def plan_cost(ref, num_free: int, block_size: int, hits, preempted: list, chunks
     return needed + len(reclaimed), available
 
 
-class BlockManager:
+class BlockPool:
+    """Reference counts, the free lists, the prefix index and the LRU of free cached blocks. Request-level
+    operations and the strategies above the pool (swap, tiers, copy-on-write) are `KVManager`'s."""
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  index: str = "hash"):
         if num_blocks < 1 or block_size < 1:
@@ -74,8 +75,7 @@ class BlockManager:
         self._stale = [0] * num_blocks           # per block: its older entries in free_cached
         self._num_free_cached = 0
         self._hits: dict = {}                    # req_id -> its cache hits, until the cache changes
-        self.tiers = None                        # host/disk tiers below the cache (core.prefix_tiers)
-        self.cow = None                          # forks' SharedWrites (policylab.core.forks): None, no forks
+        self._tiers = None                       # host/disk tiers below the cache (KVManager's strategy)
 
     @property
     def num_free(self) -> int:
@@ -102,44 +102,8 @@ class BlockManager:
 
     def reclaim_cost(self, blocks) -> int:
         """How many free blocks taking `blocks` (cache hits) consumes: those nobody holds."""
-        ref = self._ref if self.tiers is None else TierRefs(self._ref)   # (a lower-tier hit: held by nobody)
-        return sum(1 for b in blocks if ref[b] == 0)
-
-    # ---------------------------------------------- cost questions (the view and the validator ask)
-    def hits(self, r) -> tuple:
-        """Prefix-cache blocks request `r` would reuse if it started now (none once it holds KV or
-        has computed tokens, unless swapped out: then its computed blocks still on the device need
-        no copy back; its last known token is always left to compute). Remembered until the
-        cache changes."""
-        if r.block_table or r.num_computed_tokens and not r.swapped_blocks:
-            return ()
-        blocks = self._hits.get(r.req_id)
-        if blocks is None:
-            most = r.num_computed_tokens // self.block_size if r.swapped_blocks else \
-                (r.num_tokens - 1) // self.block_size
-            blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, most)
-            if self.tiers is not None and not r.swapped_blocks:     # continued on the host/disk tiers
-                blocks = self._hits[r.req_id] = self.tiers.extend(self._cached, r.block_hashes, blocks, most)
-        return blocks
-
-    def blocks_needed(self, r, n: int) -> int:
-        """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included)."""
-        if r.block_table:        # running: no cache lookup, just the tail of its table, and the
-            copies = self.cow.blocks_for_write(r, n) if self.cow is not None else 0   # copies of blocks
-            return new_blocks(r, n, (), self.block_size) + copies                      # its forks share
-        hits = self.hits(r)
-        return new_blocks(r, n, hits, self.block_size) + (self.reclaim_cost(hits) if hits else 0)
-
-    def freed_by(self, r) -> int:
-        """Blocks that releasing request `r`'s table frees: those no other request holds."""
         ref = self._ref
-        return sum(1 for b in r.block_table if ref[b] == 1)
-
-    def plan_cost(self, preempted: list, chunks) -> tuple:
-        """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
-        once the `preempted` requests have released their tables (the module-level `plan_cost`)."""
-        ref = self._ref if self.tiers is None else TierRefs(self._ref)
-        return plan_cost(ref, self.num_free, self.block_size, self.hits, preempted, chunks)
+        return sum(1 for b in blocks if ref[b] == 0)
 
     # ------------------------------------------------------------------ read-only state for checks
     @property
@@ -158,8 +122,8 @@ class BlockManager:
 
     def acquire(self, table: list, blocks) -> None:
         """Append cache-hit blocks to a block table, taking a reference on each."""
-        if self.tiers is not None:               # lower-tier hits wait for tiers.promote_pending
-            blocks = self.tiers.defer(table, blocks)
+        if self._tiers is not None:               # lower-tier hits wait for tiers.promote_pending
+            blocks = self._tiers.defer(table, blocks)
         ref = self._ref
         for b in blocks:
             if ref[b] == 0:                      # free: its entry in free_cached goes stale
@@ -224,8 +188,8 @@ class BlockManager:
                     b = self._oldest_leaf()
                 h = block_hash[b]
                 if h is not UNHITTABLE:
-                    if self.tiers is not None:   # offloaded to the host tier, not lost
-                        self.tiers.offload(b, h)
+                    if self._tiers is not None:   # offloaded to the host tier, not lost
+                        self._tiers.offload(b, h)
                     del cached[h]
                     if self._tree is not None:
                         self._tree.remove(h)
@@ -273,8 +237,8 @@ class BlockManager:
                     block_hash[b] = h
                     if self._hits:
                         self._hits.clear()
-        if self.tiers is not None:               # a copy on a lower tier is superseded
-            self.tiers.discard(hashes[start:full])
+        if self._tiers is not None:               # a copy on a lower tier is superseded
+            self._tiers.discard(hashes[start:full])
         return max(full, start)
 
     def release(self, table: list, unhittable: int = 0) -> int:
@@ -304,27 +268,6 @@ class BlockManager:
         table.clear()
         return freed
 
-    def release_request(self, r, seed: int, finished_own_prompt: bool = False) -> int:
-        """Publish request `r`'s computed full blocks in the prefix cache, then free its table.
-
-        Prompt blocks are published as they fill; blocks holding output tokens are hashed here,
-        once, instead of on every decode step (no other request can hit them while it runs).
-        A prompt of its own (`own_block_keys`) can only ever hit its own blocks, after a
-        preemption: its blocks are keyed and published when it is preempted, and when it has
-        finished (`finished_own_prompt`) they are freed unpublished, in the same LRU order.
-        """
-        bs = self.block_size
-        if finished_own_prompt:
-            return self.release(r.block_table, r.num_computed_tokens // bs)
-        have, full = len(r.block_hashes), r.num_tokens // bs
-        if self.prefix_caching and (full > have or r.own_prompt):    # (its prompt blocks too: unpublished)
-            if full > have:
-                r.block_hashes.extend(own_block_keys(seed, r.req_id, have, full) if r.own_prompt else
-                                      chain_hashes(r.token_ids(have * bs, full * bs), bs,
-                                                   r.block_hashes[-1] if have else None, have * bs))
-            self.register(r.block_table, r.block_hashes, r.num_computed_tokens, 0 if r.own_prompt else have)
-        return self.release(r.block_table)
-
     def free_cached_blocks(self) -> list:
         """The free, hashed blocks, least recently freed first (free_cached without stale entries)."""
         stale, live = list(self._stale), []
@@ -350,5 +293,5 @@ class BlockManager:
             assert self._block_hash[b] == h, "hash map out of sync"
         if self._tree is not None:
             self._tree.check(self._cached)
-        if self.tiers is not None:
-            self.tiers.check(self)
+        if self._tiers is not None:
+            self._tiers.check(self)
