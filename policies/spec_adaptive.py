@@ -38,6 +38,7 @@ def expected_tokens(k: int, alpha: float) -> float:
 
 
 class SpecAdaptive(VllmV1):
+    features = ("speculation",)
     def __init__(self, name: str | None = None, k_max: int = 4, knee_tokens: int = 224, draft_cost: float = 0.0,
                  prior_acceptance: float = 0.6, prior_trials: int = 8, **vllm_v1):
         super().__init__(name or "spec_adaptive", **vllm_v1)

@@ -5,13 +5,14 @@ differently while sample 0 draws exactly what it draws alone."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from policies.chunked import Chunked
 from policylab.core.config import EngineConfig, check_engine_config
 from policylab.core.engine import Engine
-from policylab.core.extensions.forks import vllm_refusal
+from policylab.core.features import CombinationError, check_combination, features_of
 from policylab.core.request import SamplingParams, Status, TraceRequest
 from policylab.testing.harness import Scenario, _dataplane, run_checked
 from policylab.testing.suite import (pytest_generate_tests, test_invariants_with_beams,  # noqa: F401
@@ -84,7 +85,7 @@ def test_the_override_forks_every_request_and_one_sample_changes_nothing():
     base = sim_engine(trace).run()
     one = sim_engine(trace, dataclasses.replace(CFG, parallel_samples=1)).run()
     assert [r.output_ids for r in one.requests] == [r.output_ids for r in base.requests]
-    assert [r.token_times for r in one.requests] == [r.token_times for r in base.requests] and one.forks is None
+    assert [r.token_times for r in one.requests] == [r.token_times for r in base.requests] and "forks" not in one.sections
     three = sim_engine(trace, dataclasses.replace(CFG, parallel_samples=3)).run()
     assert three.sections["forks"]["fork_sequences"] == 12
     assert all(len(f.output_ids) == t.output_tokens for r, t in zip(three.requests, trace) for f in r.forks)
@@ -115,10 +116,13 @@ def test_native_trace_fields_and_their_errors():
 
 def test_vllm_refuses_forks_in_one_line():
     trace = [TraceRequest(0.0, 9, 3), TraceRequest(0.0, 9, 3, n=2)]
-    assert vllm_refusal(trace[:1], 0) == "" and vllm_refusal(trace[:1], 1) == ""
-    for args in ((trace, 0), (trace[:1], 2)):
-        message = vllm_refusal(*args)
-        assert message.startswith("dataplane=vllm does not run parallel samples") and "\n" not in message
+    for samples in (0, 1):
+        assert "forks" not in features_of(trace[:1], dataclasses.replace(CFG, parallel_samples=samples))
+    for t, samples in ((trace, 0), (trace[:1], 2)):
+        features = features_of(t, dataclasses.replace(CFG, parallel_samples=samples))
+        with pytest.raises(CombinationError) as e:
+            check_combination(features, frozenset(), "vllm")
+        assert str(e.value).startswith("forks and dataplane=vllm do not compose") and "\n" not in str(e.value)
 
 
 def test_torch_plane_samples_differ_and_sample_zero_draws_as_it_does_alone():
@@ -192,7 +196,9 @@ def test_beam_trace_field_and_override():
                             "t.jsonl", 2)
     result = sim_engine([TraceRequest(0.0, 20, 8)], dataclasses.replace(CFG, beam_width=4)).run()
     assert result.sections["forks"]["beam_requests"] == 1 and len(result.requests[0].forks) == 3
-    assert vllm_refusal([TraceRequest(0.0, 9, 3)], 0, 2).startswith("dataplane=vllm does not run")
+    with pytest.raises(CombinationError, match="^beams and dataplane=vllm do not compose"):
+        check_combination(features_of([TraceRequest(0.0, 9, 3)], dataclasses.replace(CFG, beam_width=2)),
+                          frozenset(), "vllm")
     with pytest.raises(ValueError, match="engine.beam_width"):
         check_engine_config(dataclasses.replace(CFG, beam_width=-2))
 
@@ -274,13 +280,21 @@ def test_cli_run_serves_the_trace_fields_and_writes_the_forks_section(tmp_path, 
     assert (own_end < rows["finish_time"] - 1e-9).all()    # the longest sample (9 + i tokens) ends later
 
 
-def test_cli_cluster_refuses_forks_in_one_line(tmp_path, capsys):
+def test_cli_replicas_serve_forks_and_pd_refuses_them_in_one_line(tmp_path, capsys):
+    """Colocated replicas fork requests as one engine does (each sample on its request's replica),
+    and the summary counts every replica's forks; under P/D the prefill replicas stop at the first
+    token, so forks are refused before the run."""
     from policylab.apps.cli import main
     trace = _trace_file(tmp_path / "forks.jsonl")
+    common = ["run", "trace=file", f"trace.path={trace}", "dataplane=sim", "logger=none", "plots=false", "progress=false"]
+    main([*common, "cluster.replicas=2", f"hydra.run.dir={tmp_path / 'run'}"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["counts"]["finished"] == 8
+    assert summary["forks"]["forked_requests"] == 8 and summary["forks"]["finished_forks"] == 16
     with pytest.raises(SystemExit):
-        main(["run", "trace=file", f"trace.path={trace}", "dataplane=sim", "logger=none", "plots=false",
-              "progress=false", "cluster.replicas=2", f"hydra.run.dir={tmp_path / 'run'}"])
-    assert "cluster runs do not serve parallel samples or beams" in capsys.readouterr().err
+        main([*common, "cluster.prefill_replicas=1", "cluster.decode_replicas=1", f"hydra.run.dir={tmp_path / 'pd'}"])
+    err = capsys.readouterr().err
+    assert "forks and P/D disaggregation" in err and "do not compose" in err and "Traceback" not in err
 
 
 def test_cli_vllm_refuses_forks_before_loading_vllm(tmp_path):
@@ -288,7 +302,7 @@ def test_cli_vllm_refuses_forks_before_loading_vllm(tmp_path):
     proc = run_on_vllm("run", ["trace=bursty", "trace.max_requests=2", "engine.parallel_samples=2"],
                        tmp_path, tmp_path / "run", timeout=240)
     assert proc.returncode != 0
-    assert "dataplane=vllm does not run parallel samples or beam search" in proc.stderr
+    assert "forks and dataplane=vllm do not compose" in proc.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
 
 

@@ -47,11 +47,12 @@ def test_a_small_host_tier_swaps_what_fits_and_recomputes_the_rest():
     assert stats["swap_outs"] > 0 and stats["recomputed_tokens"] > 0
 
 
-def test_without_a_host_tier_swap_mode_recomputes_and_reports_nothing_new():
+def test_without_a_host_tier_swap_mode_is_refused_before_the_run():
+    """preempt_mode=swap with nowhere to swap to would silently recompute: refused, naming both."""
     off = dataclasses.replace(PRESSURE, host_kv_blocks=0)
-    assert replay("swap", off).kv_tiers is None
-    plain = replay("recompute", off)
-    assert [r.output_ids for r in plain.requests] == [r.output_ids for r in replay("swap", off).requests]
+    with pytest.raises(ValueError, match="^swap and engine.host_kv_blocks: swap preemption needs a host tier"):
+        replay("swap", off)
+    assert "kv_tiers" not in replay("recompute", off).sections
 
 
 class _SwapsEverything(Chunked):

@@ -103,11 +103,11 @@ def test_the_policy_hook_decides_unless_the_config_forces_a_choice():
 
 def test_the_default_hook_offloads_if_it_can_else_keeps_when_nobody_waits_else_frees():
     alone = (TraceRequest(0.0, 40, 30, tool_calls=(ToolCall(10, 0.5, 5),)),)
-    assert replay("policy", trace=alone).programs.stats["offloaded"] == 1
+    assert replay("policy", trace=alone).sections["tool_calls"].stats["offloaded"] == 1
     no_host = dataclasses.replace(CFG, host_kv_blocks=0)
-    assert replay("policy", no_host, trace=alone).programs.stats["kept"] == 1
+    assert replay("policy", no_host, trace=alone).sections["tool_calls"].stats["kept"] == 1
     crowd = alone + tuple(TraceRequest(0.001, 300, 30) for _ in range(12))   # they wait behind it
-    stats = replay("policy", dataclasses.replace(no_host, max_num_seqs=1), trace=crowd).programs.stats
+    stats = replay("policy", dataclasses.replace(no_host, max_num_seqs=1), trace=crowd).sections["tool_calls"].stats
     assert stats["freed"] == 1
 
 

@@ -244,7 +244,9 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
     if speculative:                             # some step verified draft tokens
         summary["speculative"] = speculative
     if result.sections.get("forks") is not None:   # parallel samples (copy-on-write forks)
-        summary["forks"] = forks_summary(result.sections["forks"], result.requests, len(result.trace), makespan)
+        results = [p.result for p in result.replicas] if isinstance(result, ClusterResult) else [result]
+        forks = [c for r in results for c in r.requests[len(r.trace):] if c is not None]
+        summary["forks"] = forks_summary(result.sections["forks"], result.requests[:len(result.trace)], forks, makespan)
     if "jct" in df.columns:                    # the trace has tool calls
         summary["programs"] = program_summary(df, result, distribution)
     if isinstance(result, ClusterResult):

@@ -136,21 +136,22 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     """The run's engine, or its cluster of engines (`cluster.*`: same run/trace interface)."""
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     if is_cluster(cfg.cluster):
-        if cfg.speculative != type(cfg.speculative)():
-            raise RunError("speculative.* applies to single-engine runs; in a cluster a spec-aware policy "
-                           "(policy=spec_adaptive) runs with the sim's default n-gram acceptance model")
         from policylab.apps.cluster_build import build_cluster
-        engine = build_cluster(cfg, build_policy, trace)
-    else:
-        from policylab.apps.speculative_build import speculative_parts
-        from policylab.core.extensions import extensions_for
-        policy, plane = speculative_parts(cfg, build_policy(cfg.policy), dataplane or dataplane_of(cfg))
-        extensions = extensions_for(trace, cfg.engine, plane.capabilities, speculative=cfg.speculative,
-                                    sessions=getattr(trace, "sessions", None),
-                                    prefix_block_tokens=cfg.trace.prefix_block_tokens)
-        engine = Engine(trace, policy, plane, cfg.engine, seed=cfg.seed,
-                        prefix_block_tokens=cfg.trace.prefix_block_tokens, extensions=extensions)
-    return engine
+        return build_cluster(cfg, build_policy, trace)
+    return engine_of(cfg, trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg),
+                     getattr(trace, "sessions", None))
+
+
+def engine_of(cfg: RunConfig, trace, policy, plane, sessions=None) -> Engine:
+    """One engine of the run (alone, or a cluster's replica: `sessions` then None, the cluster's):
+    the policy and plane with the run's speculative settings, the extensions the run asks for."""
+    from policylab.apps.speculative_build import speculative_parts
+    from policylab.core.extensions import extensions_for
+    policy, plane = speculative_parts(cfg, policy, plane)
+    extensions = extensions_for(trace, cfg.engine, plane.capabilities, speculative=cfg.speculative,
+                                sessions=sessions, prefix_block_tokens=cfg.trace.prefix_block_tokens)
+    return Engine(trace, policy, plane, cfg.engine, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens,
+                  extensions=extensions, sessions=sessions)
 
 
 def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals | None = None,

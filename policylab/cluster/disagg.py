@@ -58,8 +58,7 @@ class Disaggregation:
         self.cluster = cluster
         self.payloads: dict = {}          # req_id -> its prompt's K/V, from a plane that holds KV
         for replica in cluster.replicas:
-            if replica.role == "prefill":
-                replica.engine.extend(PrefillHandoff(self))
+            replica.engine.extend(PrefillHandoff(self) if replica.role == "prefill" else DecodeHandoff())
         self.pool = [v for v in cluster.views if v.role == "decode"]
         self.pending = {v.index: deque() for v in self.pool}     # decode replica -> (req_id, since)
         self.holding = {v.index: set() for v in self.pool}       # handoffs with its blocks, not run there yet
@@ -168,3 +167,25 @@ class PrefillHandoff(Extension):
 
     def on_finish(self, r: Request) -> None:
         self.pd.export(self.ops.kv, r)
+
+
+class DecodeHandoff(Extension):
+    """The P/D hand-off's side on a decode replica. Handed-off requests wait holding their prompt's
+    blocks, so a policy can find every free block held by requests it would start later (a swapped
+    request at the head of its queue, say, whose blocks do not fit): when its plan is then empty
+    and nothing else can happen, the waiting hand-offs' KV goes to swap space where it has room,
+    else it is freed (they recompute their prompt here), and the policy is asked again."""
+
+    name = "pd_decode"
+
+    def on_stuck(self) -> str:
+        ops, freed = self.ops, False
+        for rid in ops.waiting_ids():
+            r = ops.request(rid)
+            if r.block_table:
+                fits = ops.kv.host_free >= -(-r.num_computed_tokens // ops.kv.block_size)
+                computed = ops.evict(r, fits)
+                if not fits:
+                    ops.kv.stats["recomputed_tokens"] += computed
+                freed = True
+        return "retry" if freed else ""

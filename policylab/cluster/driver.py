@@ -20,13 +20,14 @@ import numpy as np
 
 from policylab.cluster.config import policy_label
 from policylab.cluster.disagg import front_of
-from policylab.cluster.result import ClusterResult, ReplicaResult
+from policylab.cluster.result import ClusterResult, ReplicaResult, merged_sections
 from policylab.core.contract import ContractViolation
 from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, prompt_hash_cache, \
     validate_route
 from policylab.core.engine import Engine
 from policylab.core.events import ARRIVAL, EVENT, INF, STEP, ArrivalSource, EventQueue
 from policylab.core.extensions.sessions import ClosedLoop
+from policylab.core.features import check_combination
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import chain_hashes
 from policylab.core.request import Request, Status, forget_done
@@ -72,6 +73,10 @@ class Cluster:
         self.views = [ReplicaView(r.index, r.role, r.hardware, r.engine, hashes) for r in replicas]
         self._front = [v for v in self.views if v.role != "decode"]      # who admits arrivals
         self._engines = [r.engine for r in replicas]
+        features = set().union(*(e.features for e in self._engines)) | ({"sessions"} if sessions is not None else set())
+        for e in self._engines:           # refused here, in one line, if they do not compose in this topology
+            check_combination(features, e.capabilities, e.dataplane.kind,
+                              "replicas" if disaggregation is None else "pd", e.cfg)
         self._times = [INF] * len(replicas)      # each replica's step on the queue (INF: none)
         for r in replicas:
             r.engine.become_replica(self.events, partial(self._next_event_time, r.engine),
@@ -84,6 +89,7 @@ class Cluster:
                                     replicas=[ReplicaResult(r.index, r.role, r.hardware, r.engine.result,
                                                             r.engine.policy_name) for r in replicas],
                                     placement=self.placement)
+        self.result.sections.update(merged_sections([r.engine.result.sections for r in replicas]))
         self.client = None
         if sessions is not None:         # a closed-loop client: its turns are this cluster's arrivals
             self.client = ClosedLoop(sessions, replicas[0].engine.prefix_block_tokens)

@@ -2,6 +2,8 @@
 single replay applies unchanged), plus where each request ran and each replica's own result."""
 from __future__ import annotations
 
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from policylab.core.result import RunResult
@@ -32,3 +34,39 @@ class ClusterResult(RunResult):
     @property
     def replica_blocks(self) -> list:
         return [r.result.num_blocks for r in self.replicas]
+
+
+class SummedStats(Mapping):
+    """Several replicas' counters of one section, summed when read (live: they keep counting)."""
+
+    def __init__(self, parts: list):
+        self._parts = parts
+
+    def __getitem__(self, key):
+        return sum(p[key] for p in self._parts)
+
+    def __iter__(self):
+        return iter(self._parts[0])
+
+    def __len__(self) -> int:
+        return len(self._parts[0])
+
+
+class MergedPrograms:
+    """The replicas' tool-call records as one run's: per request (each ran on one replica), and the
+    run's counters summed."""
+
+    def __init__(self, parts: list):
+        self.per_request = ChainMap(*[p.per_request for p in parts])
+        self.tool_tokens = ChainMap(*[p.tool_tokens for p in parts])
+        self.stats = SummedStats([p.stats for p in parts])
+
+
+def merged_sections(parts: list) -> dict:
+    """The sections of the replicas' results (`parts`: their `sections` dicts) as one run's: counters
+    summed, per-request records joined. Live views: read them when the run is done."""
+    out = {}
+    for name in dict.fromkeys(k for p in parts for k in p):
+        values = [p[name] for p in parts if name in p]
+        out[name] = SummedStats(values) if isinstance(values[0], Mapping) else MergedPrograms(values)
+    return out

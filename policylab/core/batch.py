@@ -57,6 +57,7 @@ class CommittedStep(NamedTuple):
 
 
 class DataPlane(Protocol):
+    kind: str                 # its name in messages and in `dataplane=` (sim, torch, ...)
     vocab_size: int
     eos_token_id: int | None
     capabilities: frozenset   # policylab.core.capabilities.Capability: what it can do beyond `execute`

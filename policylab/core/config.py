@@ -170,6 +170,9 @@ def check_engine_config(cfg: EngineConfig) -> None:
     if cfg.beam_width < 0:
         raise ValueError(f"engine.beam_width must be >= 0 (0: each request's trace `beam_width`), "
                          f"got {cfg.beam_width}")
+    if cfg.parallel_samples > 1 and cfg.beam_width > 1:
+        raise ValueError(f"engine.parallel_samples={cfg.parallel_samples} and engine.beam_width={cfg.beam_width}: "
+                         "every request would fork into samples and into beams; set one of them")
     if cfg.host_kv_blocks < 0:
         raise ValueError(f"engine.host_kv_blocks must be >= 0, got {cfg.host_kv_blocks}")
     make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)

@@ -35,9 +35,7 @@ class Feature:
 FEATURES = {f.name: f for f in (
     Feature("forks", "parallel samples: a trace's `n`, or engine.parallel_samples", "forks",
             topologies=("engine", "replicas"),
-            refuses={"beams": "a request forks into parallel samples or into beams, not both (set one of "
-                              "engine.parallel_samples, engine.beam_width)",
-                     "tool_calls": "a sample's tool calls are not modelled: forks pause with no tool"}),
+            refuses={"tool_calls": "a sample's tool calls are not modelled: forks pause with no tool"}),
     Feature("beams", "beam search over forks: a trace's `beam_width`, or engine.beam_width", "forks",
             topologies=("engine", "replicas"),
             refuses={"tool_calls": "a beam's tool calls are not modelled: beams pause with no tool"}),
@@ -60,10 +58,34 @@ TOPOLOGY_NAMES = {"engine": "one engine", "replicas": "replicas (cluster.replica
                   "pd": "P/D disaggregation (cluster.prefill_replicas, cluster.decode_replicas)"}
 
 
-def check_combination(features, capabilities: frozenset, plane: str, topology: str = "engine",
+def features_of(trace: list, cfg, policy=None, sessions=None, fixed_drafts: int = 0) -> set:
+    """The features a run uses: asked for by its trace (samples, beams, tool calls), its engine
+    config `cfg` (prefix tiers, the radix index, overrides of samples and beams), its policy
+    (`Policy.features`: swap preemption, drafts), a session plan, or a fixed number of drafts
+    for every decode (`speculative.k`)."""
+    out = set(getattr(policy, "features", ()))
+    if cfg.parallel_samples > 1 or any(t.n > 1 for t in trace) and not cfg.beam_width > 1:
+        out.add("forks")
+    if cfg.beam_width > 1 or any(t.beam_width > 1 for t in trace) and not cfg.parallel_samples > 1:
+        out.add("beams")
+    if any(t.tool_calls for t in trace):
+        out.add("tool_calls")
+    if sessions is not None:
+        out.add("sessions")
+    if fixed_drafts:
+        out.add("speculation")
+    if cfg.prefix_host_blocks:
+        out.add("prefix_tiers")
+    if cfg.prefix_cache == "radix":
+        out.add("radix")
+    return out
+
+
+def check_combination(features, capabilities: frozenset | None, plane: str | None, topology: str = "engine",
                       engine_cfg=None) -> None:
     """Refuse, in one line naming both, a feature the plane cannot serve, a feature that does not
-    run in this topology, a pair of features that do not compose, or a feature missing a setting."""
+    run in this topology, a pair of features that do not compose, or a feature missing a setting
+    (a plane of None: before the planes are built, what does not depend on them)."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r} (one of {', '.join(TOPOLOGIES)})")
     names = sorted(set(features))
@@ -73,10 +95,10 @@ def check_combination(features, capabilities: frozenset, plane: str, topology: s
     for name in names:
         f = FEATURES[name]
         if plane == "vllm" and not f.on_vllm:
-            raise CombinationError(f"{name} and dataplane=vllm do not compose: vLLM's own engine runs the steps, "
-                                   f"and {f.what.split(':')[0]} is policylab's engine's; replay on dataplane=sim "
-                                   "or dataplane=torch")
-        missing = sorted(c.value for c in f.needs - capabilities)
+            raise CombinationError(f"{name} and dataplane=vllm do not compose: vLLM's own engine runs every step "
+                                   f"there, and {name} ({f.what.split(':')[0]}) is a feature of policylab's engine; "
+                                   "replay on dataplane=sim or dataplane=torch")
+        missing = sorted(c.value for c in f.needs - capabilities) if capabilities is not None else ()
         if plane != "vllm" and missing:
             raise CombinationError(f"{name} and dataplane={plane} do not compose: it needs the plane's "
                                    f"{', '.join(missing)}")

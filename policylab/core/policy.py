@@ -10,7 +10,13 @@ from policylab.core.extensions.tool_calls import default_tool_kv
 
 
 class Policy:
-    """Subclass and implement `schedule`. Constructor keywords come from the policy YAML."""
+    """Subclass and implement `schedule`. Constructor keywords come from the policy YAML.
+
+    `features`: the engine features its plans use beyond the core contract (`"swap"`: it preempts
+    by swap; `"speculation"`: it gives decodes draft tokens), so that a run that cannot serve them
+    is refused before it starts (policylab.core.features)."""
+
+    features: tuple = ()
 
     def __init__(self, name: str | None = None):
         self.name = name or type(self).__name__

@@ -95,6 +95,7 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneCo
 
 
 class SimDataPlane:
+    kind = "sim"
     def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneConfig, seed: int = 0):
         check_cost_parameters(model, hardware, dp)
         self.hw, self.dp, self.seed = hardware, dp, seed

@@ -87,6 +87,7 @@ TORCH_CAPABILITIES = frozenset({Capability.TOKEN_IDS, Capability.KV_BYTES, Capab
 
 
 class TorchDataPlane:
+    kind = "torch"
     def __init__(self, model: CausalLM, cfg: ModelConfig, dp: TorchPlaneConfig, device: torch.device,
                  dtype: torch.dtype, seed: int, checkpoint: str | None = None):
         self.model, self.cfg, self.dp, self.seed = model, cfg, dp, seed

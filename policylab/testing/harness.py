@@ -38,6 +38,7 @@ class _RecordingPolicy:
     def __init__(self, inner, checker: "StepChecker"):
         self._inner, self._checker = inner, checker
         self.name = getattr(inner, "name", type(inner).__name__)
+        self.features = tuple(getattr(inner, "features", ()))
 
     def schedule(self, view):
         self._checker.before_schedule(view)

@@ -149,6 +149,6 @@ def test_invariants_with_swap_preemption_forced(policy_spec):
             scenario = pressure_scenario(seed)
             engine = dataclasses.replace(scenario.engine, host_kv_blocks=48, prefix_cache=index)
             result = check_policy(swap_every_victim(policy_spec), dataclasses.replace(scenario, engine=engine))
-            swaps += result.kv_tiers["swap_outs"]
+            swaps += result.sections["kv_tiers"]["swap_outs"]
             preemptions += sum(r.num_preemptions for r in result.requests)
         assert swaps > 0 or preemptions == 0, f"{index}: {preemptions} preemptions, none swapped"

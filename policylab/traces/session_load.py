@@ -12,14 +12,17 @@ import inspect
 from collections import Counter
 from dataclasses import replace
 
+import numpy as np
+
 from policylab.traces.config import TraceConfig
 from policylab.traces.errors import TraceError
 from policylab.traces.loaded import LoadedTrace
 from policylab.traces.session_sources import read_burstgpt_sessions, read_mooncake_sessions
 from policylab.traces.sessions import FORMAT, clip_sessions, one_turn_sessions, plan_of, read_sessions
+from policylab.traces.tool_calls import add_tool_calls
 from policylab.traces.transforms import TraceReport
 
-SESSION_TRANSFORMS = ("rate_scale", "max_requests", "max_prompt_tokens", "max_output_tokens")
+SESSION_TRANSFORMS = ("rate_scale", "max_requests", "max_prompt_tokens", "max_output_tokens", "tool_calls")
 NOT_FOR_SESSIONS = ("start_time", "end_time", "sample_fraction", "repeat", "replicate", "client_assignment",
                     "slo_by_client", "slo_ratio")
 READERS = {FORMAT: lambda path, name, skipped: read_sessions(path, name),
@@ -48,7 +51,7 @@ def check_session_config(cfg: TraceConfig, fmt: str) -> None:
                              f"is kept whole); session traces take {', '.join(SESSION_TRANSFORMS)}")
 
 
-def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict, open_loop=None):
+def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict, open_loop=None, seed: int = 0):
     """(the engines' trace, its report): sessions read from `path`, or `open_loop()` (the trace as
     `load_trace` reads it) as one-turn sessions for `trace.concurrency` users."""
     check_session_config(cfg, fmt)
@@ -62,7 +65,7 @@ def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict,
                                  f"(it takes: {', '.join(accepted) or 'none'})")
         sessions = reader(path, name, report.skipped, **options)
         report.read = sum(len(s.turns) for s in sessions)
-        sessions = _transformed(sessions, cfg, report)
+        sessions = _transformed(sessions, cfg, report, seed)
     else:
         trace = open_loop()
         report = trace.report
@@ -76,7 +79,7 @@ def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict,
     return out
 
 
-def _transformed(sessions: list, cfg: TraceConfig, report: TraceReport) -> list:
+def _transformed(sessions: list, cfg: TraceConfig, report: TraceReport, seed: int) -> list:
     origin = min(s.start for s in sessions) if sessions else 0.0
     sessions = [replace(s, start=(s.start - origin) / cfg.rate_scale) for s in sorted(sessions, key=lambda s: s.start)]
     if cfg.max_requests is not None:
@@ -90,5 +93,11 @@ def _transformed(sessions: list, cfg: TraceConfig, report: TraceReport) -> list:
         sessions = kept
     sessions, (report.clipped_prompts, report.clipped_outputs) = clip_sessions(
         sessions, cfg.max_prompt_tokens, cfg.max_output_tokens)
+    if cfg.tool_calls:               # a turn pauses for tools as any request does (seeded per turn)
+        turns = [t for s in sessions for t in s.turns]
+        calls = iter(add_tool_calls([t.output_tokens for t in turns], dict(cfg.tool_calls),
+                                    np.random.default_rng([seed, 5])))
+        sessions = [replace(s, turns=tuple(t if t.tool_calls else replace(t, tool_calls=next(calls))
+                                           for t in s.turns)) for s in sessions]
     return sessions
 

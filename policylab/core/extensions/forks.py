@@ -54,15 +54,6 @@ def uses_forks(trace, parallel_samples: int, beam_width: int = 0) -> bool:
     return parallel_samples > 1 or beam_width > 1 or any(t.n > 1 or t.beam_width > 1 for t in trace)
 
 
-def vllm_refusal(trace, parallel_samples: int, beam_width: int = 0) -> str:
-    """The one line `dataplane=vllm` refuses forks with ('' when the run asks for none)."""
-    if not uses_forks(trace, parallel_samples, beam_width):
-        return ""
-    return ("dataplane=vllm does not run parallel samples or beam search (a trace's `n` or `beam_width` > 1, "
-            "or engine.parallel_samples / engine.beam_width > 1): replay them on dataplane=sim or "
-            "dataplane=torch, or set engine.parallel_samples=1 engine.beam_width=1")
-
-
 class Forks(Extension):
     """Parallel samples and beams: forks spawned once a prompt has its first token, and a request
     reported done only with its last sample (the copies of shared blocks are the KV manager's)."""
@@ -157,11 +148,10 @@ class Forks(Extension):
         return parent
 
 
-def forks_summary(stats: dict, requests: list, trace_len: int, makespan: float) -> dict:
-    """The `forks` section of summary.json: the engine's counters, the output tokens of the samples
-    beyond each request's first (`requests[trace_len:]`, the forks) and of all samples per second."""
-    forks = [c for c in requests[trace_len:] if c is not None]
-    own = sum(len(r.output_ids) for r in requests[:trace_len] if r is not None)
+def forks_summary(stats, requests: list, forks: list, makespan: float) -> dict:
+    """The `forks` section of summary.json: the counters, the output tokens of the samples beyond
+    each trace request's first (`forks`) and of all samples (`requests`' too) per second."""
+    own = sum(len(r.output_ids) for r in requests if r is not None)
     tokens = sum(len(c.output_ids) for c in forks)
     return {**stats, "fork_output_tokens": tokens,
             "finished_forks": sum(1 for c in forks if c.status is Status.FINISHED),
