@@ -10,7 +10,7 @@ from typing import Callable
 from omegaconf import OmegaConf
 
 from policylab.apps.config import CONFIG_DIR, RunConfig, pool_policy, typed_dataplane
-from policylab.apps.jobs import engine_of
+from policylab.apps.engine_build import engine_of
 from policylab.core.features import check_combination, features_of
 from policylab.cluster import Cluster, Replica
 from policylab.cluster.config import check_cluster_config

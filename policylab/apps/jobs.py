@@ -138,20 +138,9 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     if is_cluster(cfg.cluster):
         from policylab.apps.cluster_build import build_cluster
         return build_cluster(cfg, build_policy, trace)
+    from policylab.apps.engine_build import engine_of
     return engine_of(cfg, trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg),
                      getattr(trace, "sessions", None))
-
-
-def engine_of(cfg: RunConfig, trace, policy, plane, sessions=None) -> Engine:
-    """One engine of the run (alone, or a cluster's replica: `sessions` then None, the cluster's):
-    the policy and plane with the run's speculative settings, the extensions the run asks for."""
-    from policylab.apps.speculative_build import speculative_parts
-    from policylab.core.extensions import extensions_for
-    policy, plane = speculative_parts(cfg, policy, plane)
-    extensions = extensions_for(trace, cfg.engine, plane.capabilities, speculative=cfg.speculative,
-                                sessions=sessions, prefix_block_tokens=cfg.trace.prefix_block_tokens)
-    return Engine(trace, policy, plane, cfg.engine, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens,
-                  extensions=extensions, sessions=sessions)
 
 
 def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals | None = None,
