@@ -103,6 +103,7 @@ def capacity_main(cfg: DictConfig) -> float:
 
 TOOLS = {
     "trace": "policylab.apps.trace_cli",
+    "features": "policylab.apps.features_cli",
     "profile": "policylab.apps.data_cli",
     "compare": "policylab.analysis.compare",
     "sim-check": "policylab.apps.sim_check",
@@ -120,6 +121,7 @@ USAGE = """usage: python -m policylab COMMAND ...
   generate   complete a real prompt through the full engine (model=smollm2-135m prompt="...")
   compare    table, CDFs, markdown and HTML of run or multirun directories (compare --help)
   sim-check  your step-time measurements (CSV) against the sim's cost model: MAPE, bias, worst (sim-check --help)
+  features   which features compose on which data plane and topology (one engine, replicas, P/D)
 """
 
 

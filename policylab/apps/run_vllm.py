@@ -19,8 +19,10 @@ def refuse_on_vllm(cfg: RunConfig, trace=None) -> None:
         or getattr(trace, "sessions", None) is not None
     features = features_of(trace or [], cfg.engine, build_policy(cfg.policy), object() if closed_loop else None,
                            cfg.speculative.k)
+    from policylab.cluster.config import is_cluster
+    topology = ("pd" if cfg.cluster.disaggregated else "replicas") if is_cluster(cfg.cluster) else "engine"
     try:
-        check_combination(features, frozenset(), "vllm")
+        check_combination(features, frozenset(), "vllm", topology)
     except CombinationError as e:
         raise RunError(str(e)) from None
 

@@ -92,6 +92,9 @@ def check_combination(features, capabilities: frozenset | None, plane: str | Non
     unknown = [n for n in names if n not in FEATURES]
     if unknown:
         raise ValueError(f"unknown features {unknown} (known: {', '.join(FEATURES)})")
+    if plane == "vllm" and topology != "engine":
+        raise CombinationError(f"{TOPOLOGY_NAMES[topology]} and dataplane=vllm do not compose: dataplane=vllm "
+                               "replays on one vLLM engine; clusters run on dataplane=sim or dataplane=torch")
     for name in names:
         f = FEATURES[name]
         if plane == "vllm" and not f.on_vllm:
