@@ -8,6 +8,8 @@ Invariant: free + used == total, and at drain every reference count is 0.
 from __future__ import annotations
 
 from collections import Counter, deque
+from itertools import repeat
+from operator import is_not
 from types import MappingProxyType
 
 from policylab.core.kv.radix import RadixTree
@@ -18,7 +20,7 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-UNHITTABLE = object()   # block_hash of a free block in the LRU that no request can ever hit
+consume = deque(maxlen=0).extend   # runs an iterator to its end at C level (a bulk store: map(setitem))
 
 
 def new_blocks(r, n: int, hits: tuple, block_size: int) -> int:
@@ -53,7 +55,13 @@ def plan_cost(ref, num_free: int, block_size: int, hits, preempted: list, chunks
 
 class BlockPool:
     """Reference counts, the free lists, the prefix index and the LRU of free cached blocks. Request-level
-    operations and the strategies above the pool (swap, tiers, copy-on-write) are `KVManager`'s."""
+    operations and the strategies above the pool (swap, tiers, copy-on-write) are `KVManager`'s.
+
+    Blocks move in bulk: a request takes and frees tens of blocks at once, so the free lists are
+    sliced and extended, and the reference counts set by C-level passes, not block by block. A
+    finished prompt of its own frees blocks nobody can ever hit (`release(..., unhittable)`): they
+    enter the LRU as one entry, a run taken from the front as blocks are needed, where hashed
+    blocks enter one by one (a hit takes a hashed block out of the middle of the LRU)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  index: str = "hash"):
@@ -67,10 +75,11 @@ class BlockPool:
         self._ref = [0] * num_blocks
         self._block_hash: list = [None] * num_blocks
         self._cached: dict = {}                  # hash -> block id
-        self._free_plain = deque(range(num_blocks))   # free, no reusable content
-        # Free, hashed blocks, least recently freed first. A cache hit takes a block out of the
-        # middle: its entry stays and is skipped later (`_stale`), so freeing and reusing a block
-        # touch only the ends of a deque, not an ordered hash table (a cache miss per block).
+        self._plain = list(range(num_blocks))    # free, no reusable content: a FIFO from _plain_head on
+        self._plain_head = 0
+        # Free cached blocks, least recently freed first: a hashed block's id, or a list (a run of
+        # blocks nobody can hit). A cache hit takes a hashed block out of the middle: its entry
+        # stays and is skipped later (`_stale`), so freeing and reusing touch only the deque's ends.
         self._free_cached: deque = deque()
         self._stale = [0] * num_blocks           # per block: its older entries in free_cached
         self._num_free_cached = 0
@@ -79,11 +88,11 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free_plain) + self._num_free_cached
+        return len(self._plain) - self._plain_head + self._num_free_cached
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free_plain) - self._num_free_cached   # (every step)
+        return self.num_blocks - self.num_free    # (every step)
 
     def lookup(self, hashes: list, max_blocks: int) -> tuple:
         """Longest run of cached blocks matching the chain `hashes` (at most max_blocks)."""
@@ -132,7 +141,7 @@ class BlockPool:
             ref[b] += 1
             table.append(b)
         if len(self._free_cached) > 2 * self.num_blocks:     # mostly stale entries: drop them
-            self._free_cached = deque(self.free_cached_blocks())
+            self._free_cached = deque(self._live_entries())
             self._stale = [0] * self.num_blocks
 
     def grow(self, table: list, num_tokens: int) -> None:
@@ -144,10 +153,15 @@ class BlockPool:
 
     def grow_one(self, table: list) -> None:
         """One more block for a table whose last block is full (a decode crossing a block boundary)."""
-        if self._free_plain:
-            b = self._free_plain.popleft()
+        head = self._plain_head
+        if head < len(self._plain):
+            b = self._plain[head]
+            self._plain_head = head + 1
             self._ref[b] = 1
             table.append(b)
+            if head > 4096 and 2 * head > len(self._plain):   # (the consumed front, dropped now and then)
+                del self._plain[:head + 1]
+                self._plain_head = 0
         elif self._num_free_cached:
             self._take(table, 1)
         else:
@@ -167,55 +181,72 @@ class BlockPool:
 
     def _take(self, table: list, need: int) -> None:
         """Plain free blocks first, then the least recently freed cached ones (evicting their
-        hashes). Every block a request ever holds passes here and through release(): locals."""
-        plain, ref = self._free_plain, self._ref
-        from_plain = min(need, len(plain))
-        for _ in range(from_plain):
-            b = plain.popleft()
-            ref[b] = 1
-            table.append(b)
-        if need > from_plain:
-            oldest, stale = self._free_cached.popleft, self._stale
-            cached, block_hash = self._cached, self._block_hash
-            self._num_free_cached -= need - from_plain
-            for _ in range(need - from_plain):
-                if self._tree is None:
-                    b = oldest()
-                    while stale[b]:              # an entry older than the block's reuse: skip it
-                        stale[b] -= 1
-                        b = oldest()
-                else:
-                    b = self._oldest_leaf()
-                h = block_hash[b]
-                if h is not UNHITTABLE:
-                    if self._tiers is not None:   # offloaded to the host tier, not lost
-                        self._tiers.offload(b, h)
-                    del cached[h]
-                    if self._tree is not None:
-                        self._tree.remove(h)
-                    self._hits.clear()
-                block_hash[b] = None
-                ref[b] = 1
-                table.append(b)
+        hashes). Every block a request ever holds passes here and through release()."""
+        plain, head, ref = self._plain, self._plain_head, self._ref
+        k = min(need, len(plain) - head)
+        if k:
+            taken = plain[head:head + k]
+            head += k
+            if head > 4096 and 2 * head > len(plain):          # (the consumed front, dropped now and then)
+                del plain[:head]
+                head = 0
+            self._plain_head = head
+            consume(map(ref.__setitem__, taken, repeat(1, k)))
+            table += taken
+        if need > k:
+            self._num_free_cached -= need - k
+            self._take_cached(table, need - k)
 
-    def _oldest_leaf(self) -> int:
-        """Take the least recently freed cached block that no cached block continues (radix
-        leaf-LRU); the least recently freed one when every free cached block has a continuation."""
-        lru, stale, block_hash, tree = self._free_cached, self._stale, self._block_hash, self._tree
-        passed = []
-        while lru:
-            b = lru.popleft()
-            if stale[b]:
+    def _take_cached(self, table: list, need: int) -> None:
+        """`need` blocks off the front of the LRU: runs of unhittable blocks by the slice, hashed
+        blocks one by one (their hashes evicted; the tiers below take their K/V)."""
+        lru, stale, ref = self._free_cached, self._stale, self._ref
+        cached, block_hash, tree = self._cached, self._block_hash, self._tree
+        while need:
+            entry = lru.popleft() if tree is None else self._oldest_leaf()
+            if type(entry) is list:
+                if len(entry) > need:
+                    lru.appendleft(entry[need:])
+                    entry = entry[:need]
+                consume(map(ref.__setitem__, entry, repeat(1, len(entry))))
+                table += entry
+                need -= len(entry)
+                continue
+            b = entry
+            if stale[b]:                         # an entry older than the block's reuse: skip it
                 stale[b] -= 1
                 continue
             h = block_hash[b]
-            if h is UNHITTABLE or tree.is_leaf(h):
-                lru.extendleft(reversed(passed))
-                return b
-            passed.append(b)
-        b = passed.pop(0)
+            if self._tiers is not None:          # offloaded to the host tier, not lost
+                self._tiers.offload(b, h)
+            del cached[h]
+            if tree is not None:
+                tree.remove(h)
+            self._hits.clear()
+            block_hash[b] = None
+            ref[b] = 1
+            table.append(b)
+            need -= 1
+
+    def _oldest_leaf(self):
+        """The least recently freed LRU entry that no cached block continues (radix leaf-LRU: a run
+        of unhittable blocks, or a hashed block that is a leaf), else the least recently freed one."""
+        lru, stale, block_hash, tree = self._free_cached, self._stale, self._block_hash, self._tree
+        passed = []
+        while lru:
+            entry = lru.popleft()
+            if type(entry) is not list:
+                if stale[entry]:
+                    stale[entry] -= 1
+                    continue
+                if not tree.is_leaf(block_hash[entry]):
+                    passed.append(entry)
+                    continue
+            lru.extendleft(reversed(passed))
+            return entry
+        entry = passed.pop(0)
         lru.extendleft(reversed(passed))
-        return b
+        return entry
 
     def register(self, table: list, hashes: list, num_computed: int, start: int = 0) -> int:
         """Publish full, computed blocks of a table in the prefix cache; returns blocks done."""
@@ -245,50 +276,99 @@ class BlockPool:
         """Drop a table's references (tail first, so tails are evicted before shared heads).
 
         `unhittable`: its first blocks that no request can ever hit (a finished prompt of its own,
-        `own_block_keys`): unless already published, they go to the LRU exactly where hashed
-        ones would, marked UNHITTABLE: the same eviction order, with no hash map entry."""
-        ref, block_hash, plain, lru = self._ref, self._block_hash, self._free_plain, self._free_cached
-        if unhittable and self.prefix_caching:
-            for b in table[:unhittable]:
-                if block_hash[b] is None:
-                    block_hash[b] = UNHITTABLE
+        `own_block_keys`): unless already published, they go to the LRU exactly where hashed ones
+        would, as one run: the same eviction order, with no hash map entry."""
         if self._hits:
             self._hits.clear()
-        freed, plain_before = 0, len(plain)
+        ref, block_hash = self._ref, self._block_hash
+        unhittable = unhittable if self.prefix_caching else 0
+        hashed = self.prefix_caching and any(map(is_not, map(block_hash.__getitem__, table), repeat(None)))
+        if not all(map((1).__eq__, map(ref.__getitem__, table))) or hashed and unhittable:
+            return self._release_shared(table, unhittable)     # (shared blocks, or a mixed head: one by one)
+        n = len(table)                                           # every block is freed, in bulk
+        consume(map(ref.__setitem__, table, repeat(0, n)))
+        if hashed:                                               # hashed to the LRU, the others plain
+            tail_first = table[::-1]
+            cached = [b for b in tail_first if block_hash[b] is not None]
+            self._free_cached += cached
+            self._num_free_cached += len(cached)
+            if len(cached) < n:
+                self._plain += [b for b in tail_first if block_hash[b] is None]
+        elif unhittable:                                         # the tail plain, the head one run
+            self._plain += table[:unhittable - 1:-1]
+            run = table[:unhittable]
+            run.reverse()
+            self._free_cached.append(run)
+            self._num_free_cached += len(run)
+        else:
+            self._plain += table[::-1]
+        table.clear()
+        return n
+
+    def _release_shared(self, table: list, unhittable: int) -> int:
+        """`release` block by block: some of the table's blocks are held by other tables too."""
+        ref, block_hash, lru = self._ref, self._block_hash, self._free_cached
+        head = set(table[:unhittable]) if unhittable else ()
+        freed, run = 0, []
         for b in reversed(table):
             left = ref[b] - 1
             ref[b] = left
-            if not left:
-                freed += 1
-                if block_hash[b] is None:
-                    plain.append(b)
-                else:
-                    lru.append(b)
-        self._num_free_cached += freed - (len(plain) - plain_before)
+            if left:
+                continue
+            freed += 1
+            if b in head and block_hash[b] is None:
+                run.append(b)
+                continue
+            if run:
+                lru.append(run)
+                self._num_free_cached += len(run)
+                run = []
+            if block_hash[b] is None:
+                self._plain.append(b)
+            else:
+                lru.append(b)
+                self._num_free_cached += 1
+        if run:
+            lru.append(run)
+            self._num_free_cached += len(run)
         table.clear()
         return freed
 
-    def free_cached_blocks(self) -> list:
-        """The free, hashed blocks, least recently freed first (free_cached without stale entries)."""
+    def _live_entries(self) -> list:
+        """The LRU's entries without stale ones (runs kept whole), least recently freed first."""
         stale, live = list(self._stale), []
-        for b in self._free_cached:
-            if stale[b]:
-                stale[b] -= 1
+        for entry in self._free_cached:
+            if type(entry) is not list and stale[entry]:
+                stale[entry] -= 1
             else:
-                live.append(b)
+                live.append(entry)
         return live
+
+    def free_cached_blocks(self) -> list:
+        """The free cached blocks, least recently freed first (runs of unhittable ones expanded)."""
+        out = []
+        for entry in self._live_entries():
+            if type(entry) is list:
+                out += entry
+            else:
+                out.append(entry)
+        return out
 
     def check(self) -> None:
         """Assert the accounting invariants; used by tests and at drain."""
         used = sum(1 for r in self._ref if r > 0)
         assert min(self._ref) >= 0, "negative reference count"
         assert used + self.num_free == self.num_blocks, (used, self.num_free, self.num_blocks)
-        assert all(self._ref[b] == 0 for b in self._free_plain), "held block in free list"
+        plain = self._plain[self._plain_head:]
+        assert all(self._ref[b] == 0 and self._block_hash[b] is None for b in plain), "held block in free list"
+        entries = self._live_entries()
         lru = self.free_cached_blocks()
         assert len(lru) == self._num_free_cached, "free cached count out of sync"
-        assert all(self._ref[b] == 0 and self._block_hash[b] is not None for b in lru), "held block in LRU"
-        assert len(set(self._free_plain)) == len(self._free_plain), "block freed twice"
-        assert len(set(lru)) == len(lru), "block in the LRU twice"
+        assert all(self._ref[b] == 0 for b in lru), "held block in LRU"
+        assert all(type(e) is list and e and all(self._block_hash[b] is None for b in e) or
+                   type(e) is not list and self._block_hash[e] is not None for e in entries), "LRU entry of a wrong kind"
+        assert len(set(plain)) == len(plain), "block freed twice"
+        assert len(set(lru)) == len(lru) and not set(lru) & set(plain), "block in the LRU twice"
         for h, b in self._cached.items():
             assert self._block_hash[b] == h, "hash map out of sync"
         if self._tree is not None:
