@@ -176,7 +176,7 @@ def test_sim_check_prices_whole_steps_and_names_bad_cells(tmp_path, capsys):
     bad.write_text("model,gpu,tp,dtype,phase,batch,tokens_per_request,context,measured_ms\n"
                    "llama3-8b,h100,1,bf16,decode,eight,1,1000,6.0\n")
     assert sim_check.main([str(bad)]) == 2
-    assert "bad.csv:2: batch='eight' is not an integer" in capsys.readouterr().err
+    assert "bad.csv:2: column 'batch': expected an integer from 1 to 65,536, got \"eight\"" in capsys.readouterr().err
     unknown = tmp_path / "unknown.csv"
     unknown.write_text("model,gpu,tp,dtype,phase,batch,tokens_per_request,context,measured_ms\n"
                        "llama3-8b,h1000,1,bf16,decode,1,1,1000,6.0\n")

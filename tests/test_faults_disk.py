@@ -51,23 +51,6 @@ def cli(run_dir: Path, *overrides) -> tuple:
     return done.returncode, done.stderr
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    mounted = []
-
-    def mount(size: str) -> Path:
-        folder = tmp_path / size
-        folder.mkdir()
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                          capture_output=True).returncode != 0:
-            pytest.skip("cannot mount a small tmpfs here (needs root); the injected ENOSPC test covers it")
-        mounted.append(folder)
-        return folder
-    yield mount
-    for folder in mounted:
-        subprocess.run(["umount", str(folder)], check=True)
-
-
 # tmpfs counts whole 4 KB pages: 24k holds Hydra's three files, the log and a summary, never a parquet file
 @pytest.mark.parametrize("size", ["24k", "100k"])
 def test_a_tiny_filesystem_keeps_the_summary_marked_with_what_is_missing(tmpfs, size):

@@ -89,7 +89,7 @@ def _request_row(t, r) -> tuple:
     if r.status is Status.FINISHED or r.status is Status.REJECTED:
         status, reason = r.status.value, r.reject_reason
     else:
-        status, reason = "unfinished", f"{r.status.value} when the run stopped"
+        status, reason = "unfinished", r.reject_reason or f"{r.status.value} when the run stopped"
     times = r.token_times
     return (*static, len(r.output_ids), status, reason, _or_nan(r.first_scheduled_time),
             times[0] if times else NAN, _or_nan(r.finish_time), r.num_preemptions,

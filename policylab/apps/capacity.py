@@ -14,6 +14,10 @@ the search runs again (`capacity.steady_rounds` times at most). The result says 
 span the capacity held (`steady_span_s`) and the bisection interval it lies in.
 The job writes capacity.json, the curve as capacity.csv, and capacity.png into its
 Hydra output directory, and returns the capacity in req/s (an objective for sweepers).
+
+A closed-loop workload (sessions, `trace.concurrency`) has no arrival rate to scale: its
+capacity is a number of concurrent users, searched by `capacity_users`. A target missed even at
+the lowest load says so, with the best attainment seen, instead of asking for a lower bracket.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
+from policylab.apps.capacity_users import advice, closed_loop_sessions, replay_users, search_users, users_headline
 from policylab.apps.config import CapacityConfig, run_policy_label, typed_config
 from policylab.apps.jobs import RunError, build_engine, expand_shorthands, guarded_job, replay
 from policylab.apps.jobs import write_traceback
@@ -45,11 +50,16 @@ class CapacityResult:
     target: float
     curve: pd.DataFrame             # one row per evaluated scale, sorted by rate
     steady_span_s: Optional[float] = None   # arrivals span over which the capacity held (and over 2x)
+    users: Optional[int] = None     # closed loop: most concurrent users meeting the target
+    most_users: Optional[int] = None   # closed loop: the trace's sessions (all of them at once)
 
     @property
     def interval(self) -> tuple:
-        """(highest passing, lowest failing above it) rate in req/s: where the capacity lies."""
+        """(highest passing, lowest failing above it): rates in req/s, or users in closed loop."""
         c = self.curve
+        if self.most_users is not None:
+            above = c[(c["users"] > (self.users or 0)) & ~c["meets"]]["users"]
+            return self.users, (int(above.min()) if len(above) else None)
         passed = None if self.rate_scale is None else self.rate
         above = c[(c["rate_scale"] > (self.rate_scale or 0)) & ~c["meets"]]["rate"]
         return passed, (above.min() if len(above) else None)
@@ -136,11 +146,19 @@ def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
     from policylab.analysis.plots import save
     rows_so_far = []
     span = cap.min_replay_s if cap.sustain else 0.0
+    sessions = closed_loop_sessions(cfg)
+    if sessions is not None:
+        print(f"  closed loop: requests follow completions, not arrival times; searching the concurrent users "
+              f"(trace.concurrency, 1 to {sessions}) instead of trace.rate_scale", file=sys.stderr)
 
     def logged(scale: float) -> dict:
-        row = (evaluate or (lambda s, m: replay_at(cfg, s, m)))(scale, span)
+        if sessions is not None:
+            row = (evaluate or (lambda u, m: replay_users(cfg, u)))(scale, 0.0)
+        else:
+            row = (evaluate or (lambda s, m: replay_at(cfg, s, m)))(scale, span)
         trace_text = row.pop("traceback", "")
-        print(f"  rate_scale {scale:8.4f}: {_fmt(row['rate'], '.3f')} req/s, SLO attainment "
+        where = f"users {scale:6d}" if sessions is not None else f"rate_scale {scale:8.4f}"
+        print(f"  {where}: {_fmt(row['rate'], '.3f')} req/s, SLO attainment "
               f"{_fmt(row['slo_attainment'], '.1%')}, p99 TTFT {_fmt(row['ttft_p99'], '.3f')} s"
               + (f"  [{row['status']}: {row['error']}]" if row.get("status", "complete") != "complete" else ""),
               file=sys.stderr)
@@ -148,12 +166,16 @@ def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
         if row.get("status", "complete") != "complete":   # a crash is not "attainment too low": stop and say so
             where = f" (traceback: {write_traceback(out_dir, trace_text)})" if trace_text else ""
             what = "interrupted" if row["error"].startswith("interrupted") else f"policy {run_policy_label(cfg)} failed"
-            raise PolicyFailed(f"capacity: {what} at rate_scale {scale:g}: {row['error']}{where}")
+            at = f"{scale} users" if sessions is not None else f"rate_scale {scale:g}"
+            raise PolicyFailed(f"capacity: {what} at {at}: {row['error']}{where}")
         return row
 
     out_dir.mkdir(parents=True, exist_ok=True)
     steady = None
     try:
+        if sessions is not None:
+            status, users, rows = search_users(logged, cap.target, sessions)
+            return _users_result(cfg, cap, out_dir, status, users, rows, sessions)
         for round_ in range(max(1, cap.steady_rounds) if cap.sustain else 1):
             status, scale, rows = search(logged, cap)
             if not cap.sustain or scale is None:
@@ -177,9 +199,41 @@ def find_capacity(cfg, cap: CapacityConfig, out_dir: Path,
     curve.to_csv(out_dir / "capacity.csv", index=False)
     result.steady_span_s = steady
     _write_json(out_dir, cfg, cap, {"status": status, "partial": False, "error": "", "rate_scale": scale,
-                                    "rate": rate, "interval": result.interval, "steady_span_s": steady})
+                                    "rate": rate, "interval": result.interval, "steady_span_s": steady,
+                                    **_unreachable(result)})
     save(curve_figure(result, cfg), out_dir / "capacity.png")
     return result
+
+
+def _users_result(cfg, cap: CapacityConfig, out_dir: Path, status: str, users, rows: list,
+                  sessions: int) -> CapacityResult:
+    """A closed-loop search's result, written as a rate search's is (capacity.json, .csv, .png)."""
+    import pandas as pd
+    from policylab.analysis.plots import save
+    curve = pd.DataFrame(rows).sort_values("users").reset_index(drop=True)
+    rate = None if users is None else float(curve.loc[curve["users"] == users, "rate"].iloc[0])
+    result = CapacityResult(status, None, rate, cap.target, curve, users=users, most_users=sessions)
+    curve.to_csv(out_dir / "capacity.csv", index=False)
+    _write_json(out_dir, cfg, cap, {"status": status, "partial": False, "error": "", "rate_scale": None,
+                                    "rate": rate, "users": users, "interval_users": result.interval,
+                                    **_unreachable(result)})
+    save(curve_figure(result, cfg), out_dir / "capacity.png")
+    return result
+
+
+def _unreachable(result: CapacityResult) -> dict:
+    """For a search that missed the target at its lowest load: whether a lower load could still
+    help, and the best attainment seen (capacity.json's `slo_unreachable`, `best_attainment`)."""
+    if result.status != "below_range":
+        return {}
+    c = result.curve
+    key = "users" if result.most_users is not None else "rate_scale"
+    lowest = c.sort_values(key)["slo_attainment"].fillna(0.0).tolist()
+    best = float(c["slo_attainment"].fillna(0.0).max())
+    # one user is no load at all; on rates, a 16-fold lower load that raised nothing will not either
+    flat = result.most_users is not None or len(lowest) >= 2 and lowest[0] <= lowest[1]
+    return {"slo_unreachable": bool(flat), "best_attainment": best,
+            "lowest_load": float(c[key].min()), "lowest_load_attainment": lowest[0]}
 
 
 class PolicyFailed(RunError):
@@ -203,22 +257,23 @@ def curve_figure(result: CapacityResult, cfg):
     fig = Figure(figsize=(9, 7), layout="constrained")
     fig.suptitle(f"capacity of {run_policy_label(cfg)} on {cfg.trace.name}: {headline(result)}")
     attain, latency = fig.subplots(2, 1, sharex=True)
-    attain.plot(c["rate"], c["slo_attainment"] * 100, "o-", label="SLO attainment")
+    users = result.most_users is not None         # closed loop: against the users, not a rate
+    x, at = (c["users"], result.users) if users else (c["rate"], result.rate)
+    attain.plot(x, c["slo_attainment"] * 100, "o-", label="SLO attainment")
     attain.axhline(result.target * 100, color="black", linestyle="--", linewidth=1,
                    label=f"target {result.target:.0%}")
     attain.set(ylabel="SLO attainment (%)", ylim=(0, 105),
                title=f"SLO: TTFT ≤ {cfg.slo.ttft:g} s and TPOT ≤ {cfg.slo.tpot * 1e3:g} ms")
-    latency.plot(c["rate"], c["ttft_p99"], "o-", color="tab:orange", label="p99 TTFT (s)")
+    latency.plot(x, c["ttft_p99"], "o-", color="tab:orange", label="p99 TTFT (s)")
     latency.axhline(cfg.slo.ttft, color="tab:orange", linestyle=":", label="TTFT SLO")
-    latency.set(ylabel="p99 TTFT (s)", xlabel="arrival rate (req/s)")
+    latency.set(ylabel="p99 TTFT (s)", xlabel="concurrent users (closed loop)" if users else "arrival rate (req/s)")
     tpot = latency.twinx()
-    tpot.plot(c["rate"], c["tpot_p99"] * 1e3, "s-", color="tab:purple", label="p99 TPOT (ms)")
+    tpot.plot(x, c["tpot_p99"] * 1e3, "s-", color="tab:purple", label="p99 TPOT (ms)")
     tpot.axhline(cfg.slo.tpot * 1e3, color="tab:purple", linestyle=":", label="TPOT SLO")
     tpot.set_ylabel("p99 TPOT (ms)")
-    if result.rate is not None:
+    if at is not None:
         for ax in (attain, latency):
-            ax.axvline(result.rate, color="tab:green", linewidth=1.5,
-                       label="capacity" if ax is attain else None)
+            ax.axvline(at, color="tab:green", linewidth=1.5, label="capacity" if ax is attain else None)
     attain.legend(fontsize="small", loc="lower left")
     lines = latency.get_legend_handles_labels()[0] + tpot.get_legend_handles_labels()[0]
     latency.legend(lines, [l.get_label() for l in lines], fontsize="small", loc="upper left")
@@ -229,7 +284,11 @@ def curve_figure(result: CapacityResult, cfg):
 
 
 def headline(result: CapacityResult) -> str:
+    if result.most_users is not None:
+        return users_headline(result.status, result.users, result.rate, result.target, result.most_users)
     if result.status == "below_range":
+        if _unreachable(result)["slo_unreachable"]:
+            return f"the SLO is unreachable even at the lowest load (target {result.target:.0%})"
         return f"below the search range (target {result.target:.0%} missed at the lowest rate)"
     bound = "≥ " if result.status == "above_range" else ""
     return (f"{bound}{result.rate:.3f} req/s (rate_scale {bound}{result.rate_scale:.4g}) "
@@ -246,9 +305,19 @@ def capacity_job(cfg) -> float:
         return cap, find_capacity(cfg, cap, out_dir), out_dir
     cap, result, out_dir = guarded_job(search)
     print(f"capacity of {run_policy_label(cfg)} on {cfg.trace.name}: {headline(result)}")
+    if result.most_users is not None:
+        low, high = result.interval
+        if result.status == "found":
+            print(f"  between {low} users (passes) and {high} (fails)")
+        _log(cfg, out_dir, result)
+        if result.status != "found":
+            print(advice(result.status, result.curve.to_dict("records"), cap, result.most_users), file=sys.stderr)
+        print(f"results: {out_dir}")
+        return float(result.rate or 0.0)
     low, high = result.interval
-    print(f"  bisection interval: [{_fmt(low, '.3f')}, {_fmt(high, '.3f')}] req/s "
-          f"(passes at the first, fails at the second)")
+    if low is not None:
+        print(f"  bisection interval: [{_fmt(low, '.3f')}, {_fmt(high, '.3f')}] req/s "
+              f"(passes at the first, fails at the second)")
     if result.steady_span_s is not None:
         print(f"  steady state: each replay spanned >= {result.steady_span_s:g} s of arrivals, and the capacity "
               f"held over {2 * result.steady_span_s:g} s")
@@ -259,11 +328,23 @@ def capacity_job(cfg) -> float:
     _warn_short_replay(result, cap, cfg)
     _log(cfg, out_dir, result)
     if result.status == "below_range":
-        print(f"  lower capacity.lo (now {cap.lo}) or raise capacity.widen to find it", file=sys.stderr)
+        print(_below_range_advice(result, cap), file=sys.stderr)
     elif result.status == "above_range":
         print(f"  raise capacity.hi (now {cap.hi}) or capacity.widen to find it", file=sys.stderr)
     print(f"results: {out_dir}")
     return float(result.rate or 0.0)
+
+
+def _below_range_advice(result: CapacityResult, cap: CapacityConfig) -> str:
+    """Missed at the lowest load: unreachable (a lower load no longer helped), else a lower bracket."""
+    facts = _unreachable(result)
+    best = f"best SLO attainment seen {facts['best_attainment']:.1%} (target {cap.target:.0%})"
+    if facts["slo_unreachable"]:
+        scales = sorted(result.curve["rate_scale"])
+        return (f"  the SLO is unreachable even at the lowest load: at rate_scale {scales[0]:.3g} ({scales[1] / scales[0]:.3g}"
+                f" times lower than the next tried, and no better) the target is missed; {best}; a lower load "
+                "cannot help: relax slo.ttft / slo.tpot or capacity.target")
+    return f"  {best}; lower capacity.lo (now {cap.lo}) or raise capacity.widen to find it"
 
 
 def _warn_short_replay(result: CapacityResult, cap: CapacityConfig, cfg) -> None:
@@ -285,7 +366,8 @@ def _log(cfg, out_dir: Path, result: CapacityResult) -> None:
     tracker = open_tracker(cfg, out_dir, sweep_group(), run_name(out_dir))
     low, high = result.interval
     tracker.log_result({"capacity": {"rate": result.rate, "rate_scale": result.rate_scale, "status": result.status,
-                                      "interval_low": low, "interval_high": high, "target": result.target}},
+                                      "interval_low": low, "interval_high": high, "target": result.target,
+                                      **({"users": result.users} if result.most_users is not None else {})}},
                        {"capacity_curve": result.curve}, [out_dir / "capacity.png"])
     tracker.finish()
 

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from policylab.apps.config import CONFIG_DIR, RunConfig, pool_policy, typed_dataplane
 from policylab.apps.engine_build import engine_of
 from policylab.core.features import check_combination, features_of
+from policylab.apps.config_checks import check_replicas
 from policylab.cluster import Cluster, Replica
 from policylab.cluster.config import check_cluster_config
 from policylab.cluster.disagg import Disaggregation, prefill_trace
@@ -42,6 +43,10 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
     roles = ["prefill"] * c.prefill_replicas + ["decode"] * c.decode_replicas if c.disaggregated \
         else ["colocated"] * c.size
     hardware = [hardware_config(name) for name in c.hardware] or [cfg.hardware] * c.size
+    plane = typed_dataplane(cfg.dataplane)       # (a sim plane is cheap to build: its KV size, before N of them)
+    check_replicas(cfg, None if plane.kind != "sim" else lambda: max(
+        build_dataplane(plane, cfg.model, hw, cfg.seed).num_kv_blocks(cfg.engine.block_size)
+        for hw in {h.name: h for h in hardware}.values()))
     front = prefill_trace(trace) if c.disaggregated else trace
     specs = {role: cfg.policy if role == "colocated" else pool_policy(cfg, role) for role in set(roles)}
     replicas = []

@@ -46,7 +46,8 @@ def cmd_list(a, kind: str) -> int:
     print(f"cache: {root}")
     for name, ds in sorted(CATALOGS[kind].items()):
         states = {s for _, s in verify(kind, name, a.cache_dir)}
-        state = "cached" if states == {"ok"} else "missing" if states == {"missing"} else "incomplete"
+        state = "cached" if states == {"ok"} else "missing" if states == {"missing"} else \
+            "unverified" if states <= {"ok", "unverified"} else "incomplete"
         pinned = " (checksum pinned on first download)" if any(f.verified == FIRST_DOWNLOAD
                                                                for f in ds.files) else ""
         print(f"  {name:<42} {state:<10} {ds.description}{pinned}")

@@ -12,11 +12,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
 from policylab.apps.config import RunConfig, typed_dataplane
+from policylab.apps.config_checks import check_workload
 from policylab.cluster.config import is_cluster
 from policylab.apps.signals import ReplaySignals
 from policylab.core.engine import Engine
 from policylab.core.policy import Policy
-from policylab.core.result import RunResult
+from policylab.core.result import RunResult, mark_partial
 from policylab.dataplane import build_dataplane
 from policylab.traces import TraceError, load_trace
 
@@ -135,6 +136,7 @@ def measuring(cfg: RunConfig, command: str) -> RunConfig:
 def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     """The run's engine, or its cluster of engines (`cluster.*`: same run/trace interface)."""
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
+    check_workload(cfg, trace)
     if is_cluster(cfg.cluster):
         from policylab.apps.cluster_build import build_cluster
         return build_cluster(cfg, build_policy, trace)
@@ -195,10 +197,12 @@ class ProgressLines:
 
 
 def salvage(engine: Engine, e: BaseException) -> RunResult:
-    """The engine's requests and steps so far, as a partial result."""
-    error = f"interrupted ({str(e) or 'Ctrl-C'})" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
-    return RunResult(engine.trace, engine.requests, engine.steps, engine.kv.num_blocks, engine.kv.block_size,
-                     engine.policy_name, "partial", error)
+    """The engine's (or cluster's) result so far, marked partial (call it inside the `except`)."""
+    result = engine.result
+    mark_partial(result, e)
+    engine.stopped()
+    result.steps = engine.steps
+    return result
 
 
 def sweep_group() -> str | None:

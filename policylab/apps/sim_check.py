@@ -13,6 +13,9 @@ FILE.csv is tidy, one measurement a row (lines starting with # are comments):
   `attention` (one layer's attention kernel for that batch);
 - measured_ms: the measured time in milliseconds.
 
+Read by the one CSV reader (policylab.traces.csv_table): a bad cell is refused naming its line
+and column and the range it must be in (`INTEGER_RANGES`, `MAX_MS`).
+
 Printed: per phase the points, MAPE, bias (mean signed error) and the worst point, error being
 predicted / measured - 1; `--plot PATH` writes predicted against measured. `--sample` checks the
 shipped public sample (Vidur's A100 Llama-3-8B kernel times).
@@ -20,7 +23,6 @@ shipped public sample (Vidur's A100 Llama-3-8B kernel times).
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from dataclasses import replace
 from difflib import get_close_matches
@@ -31,11 +33,21 @@ from omegaconf import OmegaConf
 
 from policylab.apps.config import CONFIG_DIR
 from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.core.request import MAX_ARRIVAL_S
 from policylab.dataplane.config import DataplaneConfig
+from policylab.traces.csv_table import cell_value, csv_rows
+from policylab.traces.errors import TraceError, shown
 
 COLUMNS = ("model", "gpu", "tp", "dtype", "phase", "batch", "tokens_per_request", "context", "measured_ms")
 PHASES = ("decode", "prefill", "dense", "attention")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp8": 1}
+
+
+# (column, least, most): past these a row is a unit slip, not a measurement (a batch of 1e12 would
+# build its sequence lists for minutes; the longest published context windows hold 10M tokens)
+INTEGER_RANGES = (("tp", 1, 1024), ("batch", 1, 1 << 16), ("tokens_per_request", 0, 1 << 24),
+                  ("context", 0, 1 << 24))
+MAX_MS = MAX_ARRIVAL_S * 1e3     # a step time, as every time field, within what an arrival may be
 
 
 class CheckError(ValueError):
@@ -48,37 +60,27 @@ def sample_path() -> Path:
 
 
 def read_rows(path: Path) -> list:
-    """The CSV's rows as dicts of typed values; a bad cell names its line and column."""
-    if not path.is_file():
-        raise CheckError(f"{path}: no such file")
-    lines = [(i, line) for i, line in enumerate(path.read_text().splitlines(), 1)
-             if line.strip() and not line.lstrip().startswith("#")]
-    if not lines:
-        raise CheckError(f"{path}: no rows")
-    reader = csv.DictReader([line for _, line in lines])
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-        raise CheckError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
+    """The CSV's rows as dicts of typed values (the one CSV reader: policylab.traces.csv_table);
+    a bad cell names its line and column and the range expected."""
+    name = str(path)
     rows = []
-    for (number, _), raw in zip(lines[1:], reader):
-        row = {}
-        for name, kind in (("tp", int), ("batch", int), ("tokens_per_request", int), ("context", int),
-                           ("measured_ms", float)):
-            try:
-                row[name] = kind(raw[name])
-            except (TypeError, ValueError):
-                raise CheckError(f"{path}:{number}: {name}={raw[name]!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if row["measured_ms"] <= 0 or row["batch"] < 1 or row["tp"] < 1 or row["context"] < 0:
-            raise CheckError(f"{path}:{number}: measured_ms must be > 0, batch and tp >= 1, context >= 0")
-        phase, dtype = raw["phase"].strip().lower(), raw["dtype"].strip().lower()
+    for line, raw in csv_rows(path, name, COLUMNS, comments=True, exact=True, expected="a CSV of measurements"):
+        row = {key: int(cell_value(raw[key], name, line, key, low, high, integer=True))
+               for key, low, high in INTEGER_RANGES}
+        row["measured_ms"] = cell_value(raw["measured_ms"], name, line, "measured_ms", 0, MAX_MS, above=True,
+                                        unit="ms")
+        phase, dtype = raw["phase"].lower(), raw["dtype"].lower()
         if phase not in PHASES:
-            raise CheckError(f"{path}:{number}: phase={raw['phase']!r}; expected one of {', '.join(PHASES)}")
+            raise TraceError(name, line, "phase", f"expected one of {', '.join(PHASES)}, got {shown(raw['phase'])}",
+                             kind="column")
         if dtype not in DTYPE_BYTES:
-            raise CheckError(f"{path}:{number}: dtype={raw['dtype']!r}; expected one of {', '.join(DTYPE_BYTES)}")
+            raise TraceError(name, line, "dtype", f"expected one of {', '.join(DTYPE_BYTES)}, got "
+                             f"{shown(raw['dtype'])}", kind="column")
         if phase != "decode" and row["tokens_per_request"] < 1:
-            raise CheckError(f"{path}:{number}: tokens_per_request must be >= 1")
-        rows.append({**row, "model": raw["model"].strip(), "gpu": raw["gpu"].strip(), "phase": phase,
-                     "dtype_bytes": DTYPE_BYTES[dtype], "line": number})
+            raise TraceError(name, line, "tokens_per_request", f"expected >= 1 for phase {phase}, got 0",
+                             kind="column")
+        rows.append({**row, "model": raw["model"], "gpu": raw["gpu"], "phase": phase,
+                     "dtype_bytes": DTYPE_BYTES[dtype], "line": line})
     return rows
 
 

@@ -142,10 +142,16 @@ class Cluster:
                     e.kv.check()
             except (KeyboardInterrupt, Exception) as e:
                 mark_partial(result, e)
-            for p, e in zip(result.replicas, self._engines):
-                p.result.steps = e.steps
-            result.steps = merged_steps(result.replicas)
+                self.stopped()
+            result.steps = self.steps
         return result
+
+    @property
+    def steps(self) -> dict:
+        """Every replica's steps (each replica's result holds its own), merged in clock order."""
+        for p, e in zip(self.result.replicas, self._engines):
+            p.result.steps = e.steps
+        return merged_steps(self.result.replicas)
 
     def _loop(self, freeze_if_due: Callable[[int], None]) -> None:
         """Turns until every request is done: the one loop (`_advance`), the observer called after
@@ -277,6 +283,11 @@ class Cluster:
         return RuntimeError(f"cluster stalled with {len(self.trace) - self.num_done} requests unfinished: "
                             "no replica has work and nothing is due to arrive")
 
+    def stopped(self) -> None:
+        """The run stopped early: every replica settles what its extensions left in flight."""
+        for e in self._engines:
+            e.stopped()
+
     def forget(self, stop: int) -> None:
         """Drop the finished and rejected requests with req_id < `stop`, here and on every replica,
         once a results writer has taken them (as `Engine.forget`: memory then grows with the
@@ -301,12 +312,12 @@ class Cluster:
 
     def _next_event_time(self, engine: Engine) -> Optional[float]:
         """For a replica whose policy waits for something to arrive: INF while anything can still
-        reach it (it sleeps until a delivery wakes it, in either loop), None when nothing can (the
-        replica broke work conservation)."""
-        if self.events or (self.client is not None and self.client.pending()):
+        reach it (it sleeps until a delivery wakes it, in either loop): an event on the queue, or
+        another replica's step (it may hand a request over, or finish a session's turn). None when
+        nothing can: every other replica waits too, so this one must run what it holds (or it breaks
+        work conservation)."""
+        if self.events or any(t < INF for t, e in zip(self._times, self._engines) if e is not engine):
             return INF
-        if self.pd is not None and any(t < INF for t, e in zip(self._times, self._engines) if e is not engine):
-            return INF                   # a prefill replica may still hand a request over
         return None
 
     # --------------------------------------------------------------- routing

@@ -123,7 +123,7 @@ class Engine:
     def _collect_hooks(self) -> None:
         exts = self.extensions
         self._admission, self._on_arrival, self._on_start, self._on_tokens, self._on_finish, self._on_done_hooks, \
-            self._on_request_done, self._after_step, self._on_stuck = (hooks_of(exts, h) for h in HOOKS)
+            self._on_request_done, self._after_step, self._on_stuck, self._on_stopped = (hooks_of(exts, h) for h in HOOKS)
         self._plan_fields = tuple((e.plan_field, e) for e in exts if e.plan_field)
 
     def extend(self, ext) -> None:
@@ -155,6 +155,7 @@ class Engine:
                 self.kv.check()
             except BaseException as e:  # Ctrl-C or a stop signal, a broken contract, a policy or data
                 mark_partial(result, e)  # plane that raises (even sys.exit): results so far kept
+                self.stopped()
             result.steps = self.steps
         return result
 
@@ -205,6 +206,11 @@ class Engine:
     def schedules_events(self) -> bool:
         """Some extension puts events of its own on the queue (a tool's return)."""
         return any(e.schedules_events for e in self.extensions)
+
+    def stopped(self) -> None:
+        """The run stopped early: the extensions settle what they left in flight."""
+        for hook in self._on_stopped:
+            hook()
 
     def wake(self) -> None:
         if self.asleep:

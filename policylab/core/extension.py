@@ -25,6 +25,8 @@ Hooks (a class overrides what it needs; the engine collects only the overridden 
   on_stuck() -> str             the plan is empty and the replay cannot go on as it is: "retry"
                                 (memory was freed: ask the policy again), "wait" (something
                                 this extension scheduled will come), or "" (nothing to offer)
+  on_stopped()                  the run stopped early (a broken contract, a signal): settle what is
+                                in flight (forks: a request with samples to go is unfinished)
   section() -> value            what `RunResult.sections[name]` holds for this run
 
 An extension that carries out a `StepPlan` field (`plan_field`: speculation's `spec_tokens`)
@@ -35,7 +37,7 @@ committed entry by entry through them.
 from __future__ import annotations
 
 HOOKS = ("admission", "on_arrival", "on_start", "on_tokens", "on_finish", "on_done", "on_request_done",
-         "after_step", "on_stuck")
+         "after_step", "on_stuck", "on_stopped")
 
 
 class Extension:

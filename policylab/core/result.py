@@ -34,7 +34,8 @@ class RunResult:
 def mark_partial(result: RunResult, error: BaseException) -> None:
     """A run that ended early keeps its results, with what stopped it in one line: Ctrl-C or a
     stop signal the app turned into one, a broken contract, or anything a policy or data plane
-    raised (even sys.exit; its traceback kept). Call it inside the `except` block."""
+    raised (even sys.exit; its traceback kept). Call it inside the `except` block (the engine then
+    settles what its extensions left in flight: `Engine.stopped`)."""
     result.status = "partial"
     if isinstance(error, KeyboardInterrupt):
         result.error = f"interrupted ({str(error) or 'Ctrl-C'})"

@@ -3,7 +3,8 @@
 The cache root is, first that applies: the explicit `cache_dir` (config or `--cache-dir`),
 `$POLICYLAB_CACHE`, `$XDG_CACHE_HOME/policylab`, `~/.cache/policylab`. A file whose publisher
 gives no checksum gets a `<file>.sha256` record on its first download; a name resolves only when
-every file is present and matches its checksum record, so a half-copied cache is never read."""
+every file is present and matches its checksum (published or recorded), so a half-copied cache, or
+a file put there by hand with no record to check it by, is never read."""
 from __future__ import annotations
 
 import hashlib
@@ -71,7 +72,11 @@ def resolve(kind: str, name: str, cache_dir: Optional[str] = None) -> Path:
                            f"run `{COMMAND[kind]} {name}` (cache: --cache-dir or $POLICYLAB_CACHE)")
     for f in ds.files:
         want = expected_sha256(root, f)
-        if want is not None and _cached_digest(root / f.path) != want:
+        if want is None:                 # placed by hand: nothing to check it against
+            raise DatasetError(f"{root / f.path}: no checksum to verify it by (no {Path(f.path).name}.sha256 "
+                               f"record: the file was not fetched by the download command): run "
+                               f"`{COMMAND[kind]} {name}` to fetch it and record its checksum")
+        if _cached_digest(root / f.path) != want:
             raise DatasetError(f"{root / f.path}: sha256 does not match the {kind} '{name}' registry "
                                f"(file changed since download): run `{COMMAND[kind]} {name} --force`")
     return root / ds.local

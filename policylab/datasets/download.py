@@ -76,13 +76,15 @@ def _fetch(url: str, target: Path, sha256: Optional[str], timeout: float) -> tup
 
 
 def verify(kind: str, name: str, cache_dir: Optional[str] = None) -> list:
-    """(path, status) of each file of `name` in the cache: ok, missing, or mismatch."""
+    """(path, status) of each file of `name` in the cache: ok, missing, unverified (no checksum
+    to check it by: not fetched by `download`), or mismatch."""
     ds = lookup(kind, name)
     root = cache_root(cache_dir)
     out = []
     for f in ds.files:
         path = root / f.path
-        status = "missing" if not path.is_file() else "ok" if file_ok(root, f) else "mismatch"
+        status = "missing" if not path.is_file() else "unverified" if expected_sha256(root, f) is None else \
+            "ok" if file_ok(root, f) else "mismatch"
         out.append((path, status))
     return out
 

@@ -29,7 +29,7 @@ class Scenario:
     engine: EngineConfig
     seed: int = 0
     prefix_block_tokens: int = 32
-    sessions: object = None          # a SessionPlan over `trace`: replayed in closed loop (core.closed_loop)
+    sessions: object = None          # a SessionPlan over `trace`: replayed in closed loop (core.extensions.sessions)
 
 
 class _RecordingPolicy:

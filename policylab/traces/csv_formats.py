@@ -7,37 +7,23 @@ file, line and column.
 """
 from __future__ import annotations
 
-import csv
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
 import policylab.traces.fields as F
+from policylab.traces.csv_table import csv_rows
 from policylab.traces.errors import TraceError, shown
 from policylab.traces.raw import RawRequest
 
 
 def _rows(path: Path, name: str, columns: Sequence[str], client_column: Optional[str]):
     """Yield (line number, cells of `columns` in that order, client or None) per data row."""
-    reader = csv.reader(line for _, line in F.trace_lines(path, name))
-    try:
-        header = [h.strip() for h in next(reader, [])]
-        wanted = list(columns) + ([client_column] if client_column else [])
-        for col in wanted:
-            if col not in header:
-                raise TraceError(name, 1, col, f"missing from the header {header}", kind="column")
-        index = [header.index(c) for c in wanted]
-        for cells in reader:
-            if not cells or (len(cells) == 1 and not cells[0].strip()):
-                continue
-            if len(cells) < len(header):
-                raise TraceError(name, reader.line_num, None,
-                                 f"expected {len(header)} cells like the header, got {len(cells)}")
-            picked = [cells[i].strip() for i in index]
-            yield reader.line_num, picked[:len(columns)], (picked[-1] if client_column else None)
-    except csv.Error as e:          # (a cell past csv's field size limit, a NUL byte, ...)
-        raise TraceError(name, reader.line_num, None, f"not a readable CSV row ({e})") from None
+    wanted = list(columns) + ([client_column] if client_column else [])
+    for line, cells in csv_rows(path, name, wanted, need_rows=False, expected="a CSV trace"):
+        picked = [cells[c] for c in wanted]
+        yield line, picked[:len(columns)], (picked[-1] if client_column else None)
 
 
 def _request(t, prompt, output, client, skipped: Counter, prompt_col, output_col):

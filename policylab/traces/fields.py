@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from policylab.core.request import MAX_TOKENS
+from policylab.core.request import MAX_ARRIVAL_S, MAX_TOKENS
 from policylab.traces.errors import TraceError, shown
 
 
@@ -15,7 +15,10 @@ MAX_BLANK_LINES = 1_000_000     # blank lines in one file: past it the file is n
 GZIP_MAX_RATIO = 200            # text traces compress 5-50x; a bomb expands thousands of times
 GZIP_ALLOWANCE = 64 << 20       # characters any .gz may expand to whatever its ratio
 MAX_ARRIVAL_VALUE = 1e15        # s, or ms (Mooncake): 31 million years, past any clock's epoch
-MAX_SLO_S = 1e9
+MAX_SECONDS = MAX_ARRIVAL_S    # every time field (SLOs, think times, tool calls): as far as an arrival may be
+MAX_SLO_S = MAX_SECONDS
+MAX_SAMPLES = 10_000           # samples or beams of one request: the most per problem in published
+                               # repeated-sampling studies (Brown et al. 2024, "Large Language Monkeys")
 
 
 def open_text(path: Path):
@@ -90,6 +93,23 @@ def arrival(value, file, line, field, kind="field") -> float:
         raise TraceError(file, line, field, f"expected a finite number of seconds >= 0 (at most "
                                             f"{MAX_ARRIVAL_VALUE:.0e}), got {shown(value)}", kind=kind)
     return float(value)
+
+
+def seconds(value, file, line, field) -> float:
+    """A duration in seconds: a finite number >= 0, at most MAX_SECONDS (as an arrival)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS:
+        raise TraceError(file, line, field, f"expected a finite number of seconds >= 0 (at most "
+                                            f"{MAX_SECONDS:.0e}), got {shown(value)}")
+    return float(value)
+
+
+def samples(value, file, line, field) -> int:
+    """Samples or beams of one request: a positive integer up to MAX_SAMPLES."""
+    value = positive_int(value, file, line, field)
+    if value > MAX_SAMPLES:
+        raise TraceError(file, line, field, f"expected at most {MAX_SAMPLES:,} (samples or beams of one request), "
+                                            f"got {value:,}")
+    return value
 
 
 def optional_seconds(value, file, line, field):

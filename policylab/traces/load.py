@@ -1,12 +1,9 @@
 """`load_trace`: the one entry point the engine uses (read any format, then transform)."""
 from __future__ import annotations
 
-import gzip
 import logging
-import zlib
 from collections import Counter
 from collections.abc import Mapping
-from contextlib import contextmanager
 from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
@@ -16,6 +13,7 @@ from policylab.core.request import MAX_ARRIVAL_S
 from policylab.datasets.cache import DatasetError
 from policylab.datasets.cache import resolve as resolve_dataset
 from policylab.datasets.catalog import TRACES
+from policylab.traces.csv_table import unreadable_as_trace_error
 from policylab.traces.errors import TraceError
 from policylab.traces.formats import detect_format, read_requests
 from policylab.traces.loaded import LoadedTrace  # noqa: F401  (load_trace's result type)
@@ -67,32 +65,6 @@ def _plain(value):
     if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
         return [_plain(v) for v in value]
     return value
-
-
-@contextmanager
-def unreadable_as_trace_error(path: Path, name: str):
-    """A binary file, bad UTF-8 or a broken `.gz` becomes one TraceError naming the file."""
-    try:
-        yield
-    except UnicodeDecodeError as e:
-        line, column, byte = _first_non_utf8(path, e)
-        raise TraceError(name, line, None, f"not UTF-8 text (byte 0x{byte:02x} at column {column}): "
-                         "expected a CSV or JSON-lines trace") from None
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise TraceError(name, None, None, f"not a valid, complete gzip file ({e})") from None
-    except OSError as e:
-        raise TraceError(name, None, None, f"cannot read the file ({e.strerror or e})") from None
-
-
-def _first_non_utf8(path: Path, error: UnicodeDecodeError) -> tuple:
-    """(line, column, byte) of the first byte that is not UTF-8 (the decoder only knows its chunk)."""
-    with (gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")) as f:
-        for line_no, raw in enumerate(f, 1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return line_no, e.start + 1, raw[e.start]
-    return None, error.start + 1, error.object[error.start]
 
 
 def load_trace(cfg, seed: int = 0) -> LoadedTrace:

@@ -42,8 +42,8 @@ def request_from_record(rec: dict, file, line, client_column: Optional[str] = No
             raise TraceError(file, line, client_column, "missing (trace.client_column names it)")
         client = str(rec[client_column])
     max_tokens = rec.get("max_tokens")
-    n = F.positive_int(rec.get("n", 1), file, line, "n")
-    beam_width = F.positive_int(rec.get("beam_width", 1), file, line, "beam_width")
+    n = F.samples(rec.get("n", 1), file, line, "n")
+    beam_width = F.samples(rec.get("beam_width", 1), file, line, "beam_width")
     if n > 1 and beam_width > 1:
         raise TraceError(file, line, "beam_width", f"a request has parallel samples (n={n}) or a beam, not both")
     output_tokens = F.positive_int(rec["output_tokens"], file, line, "output_tokens")

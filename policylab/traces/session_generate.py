@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 
 from policylab.traces.arrivals import ArrivalProcess
+from policylab.traces.fields import MAX_SECONDS
 from policylab.traces.generate import TIME_DECIMALS, PrefixPool
 from policylab.traces.lengths import LengthDist
 from policylab.traces.sessions import Session, Turn
@@ -31,8 +32,8 @@ class SessionSpec:
     def __post_init__(self):
         if not 1 <= self.mean_turns <= self.max_turns:
             raise ValueError(f"sessions need 1 <= mean_turns <= max_turns, got {self.mean_turns}, {self.max_turns}")
-        if not 0 <= self.think_time < float("inf"):
-            raise ValueError(f"think_time must be a finite mean >= 0 s, got {self.think_time}")
+        if not 0 <= self.think_time <= MAX_SECONDS:
+            raise ValueError(f"think_time must be a finite mean >= 0 s (at most {MAX_SECONDS:.0e}), got {self.think_time}")
 
 
 def generate_sessions(spec: SessionSpec, num_sessions: int, seed: int = 0) -> list:

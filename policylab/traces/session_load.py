@@ -1,7 +1,7 @@
 """Loading a closed-loop workload: a session trace, the sessions of a public trace
 (`trace.sessions=true`), or any trace run by `trace.concurrency` users (docs/sessions.md).
 
-The result is the engines' trace (one placeholder request per turn, see core.closed_loop)
+The result is the engines' trace (one placeholder request per turn, see core.extensions.sessions)
 carrying its `SessionPlan` as `.sessions`; only the transforms that mean something for a
 conversation apply to sessions (`rate_scale` on session starts, `max_requests` as whole
 sessions, length clipping per turn); the others are refused with a message.
@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from policylab.core.request import MAX_ARRIVAL_S
 from policylab.traces.config import TraceConfig
 from policylab.traces.errors import TraceError
 from policylab.traces.loaded import LoadedTrace
@@ -82,6 +83,10 @@ def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict,
 def _transformed(sessions: list, cfg: TraceConfig, report: TraceReport, seed: int) -> list:
     origin = min(s.start for s in sessions) if sessions else 0.0
     sessions = [replace(s, start=(s.start - origin) / cfg.rate_scale) for s in sorted(sessions, key=lambda s: s.start)]
+    if sessions and sessions[-1].start > MAX_ARRIVAL_S:
+        raise TraceError(report.file, None, "arrival_time", f"sessions start over {sessions[-1].start:.3g} s (at "
+                         f"trace.rate_scale={cfg.rate_scale:g}); at most {MAX_ARRIVAL_S:g} s keeps latencies exact "
+                         "in float64 seconds")
     if cfg.max_requests is not None:
         kept, turns = [], 0
         for s in sessions:

@@ -104,7 +104,7 @@ def _session(sid: str, turns: dict, name: str) -> Session:
     if "think_time" in first:
         raise TraceError(name, line0, "think_time", "turn 0 has no previous turn to think after; "
                          "give its arrival_time")
-    out = []
+    out, thought = [], 0.0
     for k in range(len(turns)):
         line, rec = turns[k]
         if k and "arrival_time" in rec:
@@ -113,9 +113,11 @@ def _session(sid: str, turns: dict, name: str) -> Session:
         if k and "prefix_hashes" in rec:
             raise TraceError(name, line, "prefix_hashes", "only turn 0 has them: later turns extend the "
                              "conversation, whose prefix is the earlier turns")
-        think = rec.get("think_time", 0.0)
-        if isinstance(think, bool) or not isinstance(think, (int, float)) or not 0 <= think < float("inf"):
-            raise TraceError(name, line, "think_time", f"expected a finite number of seconds >= 0, got {think!r}")
+        think = F.seconds(rec.get("think_time", 0.0), name, line, "think_time")
+        thought += think
+        if thought > F.MAX_SECONDS:      # (each turn arrives at least the sum of the think times after the start)
+            raise TraceError(name, line, "think_time", f"session {sid}'s think times add up to {thought:.3g} s by "
+                             f"turn {k}: its turns would arrive more than {F.MAX_SECONDS:.0e} s after its start")
         max_tokens = rec.get("max_tokens")
         out.append(Turn(F.positive_int(rec["new_tokens"], name, line, "new_tokens"),
                         F.positive_int(rec["output_tokens"], name, line, "output_tokens"), float(think),

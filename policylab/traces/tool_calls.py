@@ -15,12 +15,13 @@ import math
 
 import numpy as np
 
+from policylab.core.request import MAX_ARRIVAL_S
 from policylab.core.extensions.tool_calls import ToolCall
 from policylab.traces.errors import TraceError, shown
 
 KEYS = ("after_tokens", "duration_s", "result_tokens")
 TRANSFORM_KEYS = {"calls": 1, "duration_s": 1.0, "result_tokens": 64, "fraction": 1.0, "fixed_duration": False}
-MAX_DURATION_S = 1e9
+MAX_DURATION_S = MAX_ARRIVAL_S   # s: as far as an arrival may be (DESIGN §5)
 
 
 def parse_tool_calls(value, output_tokens: int, file, line) -> tuple:

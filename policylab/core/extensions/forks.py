@@ -17,7 +17,8 @@ admits it like any other, its prompt then mostly prefix-cache hits.
 
 A request with forks is done when all its samples are: its `finish_time` is the last
 sample's, its row in the results is sample 0's stream (TTFT, TPOT, ITL), and the
-`forks` section of the summary counts every sample's tokens.
+`forks` section of the summary counts every sample's tokens. In a run that stops first, a
+request with samples still to go is unfinished (`settle_stopped`), its reason the samples done.
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class Forks(Extension):
         self.parallel_samples, self.beam_width = parallel_samples, beam_width
         self.stats = {"forked_requests": 0, "fork_sequences": 0, "queued_forks": 0, "cow_copies": 0,
                       "beam_requests": 0, "beam_replacements": 0}
+        self._left: dict = {}         # req_id of a request with forks -> its samples not yet done
 
     def bind(self, ops) -> None:
         super().bind(ops)
@@ -140,12 +142,33 @@ class Forks(Extension):
         parent = self.ops.request(r.trace_id)
         if parent.forks is None:
             return parent
-        members = (parent, *parent.forks)
-        if any(m.status not in (Status.FINISHED, Status.REJECTED) for m in members):
+        left = self._left.get(parent.req_id, len(parent.forks) + 1) - 1     # (counted: a scan of every
+        if left:                                                            # sample per sample is n^2)
+            self._left[parent.req_id] = left
             return None
+        self._left.pop(parent.req_id, None)
         if parent.status is Status.FINISHED:
-            parent.finish_time = max(m.finish_time for m in members if m.status is Status.FINISHED)
+            parent.finish_time = max(m.finish_time for m in (parent, *parent.forks) if m.status is Status.FINISHED)
         return parent
+
+    def on_stopped(self) -> None:
+        """The run stopped early: requests with samples still to go are unfinished."""
+        settle_stopped(self.ops.request(i) for i in range(self.ops.num_requests))
+
+
+def settle_stopped(requests) -> None:
+    """A run that stopped early: a request whose samples are not all done is unfinished, however
+    far its own stream got (its status back to running, no finish time), with the reason
+    `K of N samples finished when the run stopped`. Requests without forks are left as they are."""
+    done = (Status.FINISHED, Status.REJECTED)
+    for r in requests:
+        if r is None or not r.forks:
+            continue
+        finished = (r.status in done) + sum(1 for m in r.forks if m.status in done)
+        if finished <= len(r.forks):
+            if r.status in done:
+                r.status, r.finish_time = Status.RUNNING, None
+            r.reject_reason = f"{finished:,} of {len(r.forks) + 1:,} samples finished when the run stopped"
 
 
 def forks_summary(stats, requests: list, forks: list, makespan: float) -> dict:

@@ -19,6 +19,7 @@ import os
 import tempfile
 from collections import OrderedDict
 
+from policylab.core.kv.disk_space import check_free, reserve
 from policylab.core.kv.host import make_link
 
 # (read bytes/s, write bytes/s, latency s per step that touches the disk): sustained sequential rates.
@@ -146,6 +147,12 @@ class DiskStore(TierStore):
         super().__init__("disk", capacity)
         self._dir, self._file, self._empty = directory, None, set()
 
+    def check_space(self, block_bytes: float) -> None:
+        """Its file's size against the free space, when the run starts (a mapped file the disk
+        cannot back ends the process with SIGBUS at a write)."""
+        check_free(self._dir, self.capacity * block_bytes, f"engine.prefix_disk_blocks={self.capacity:,} "
+                   f"(engine.prefix_disk_path={self._dir})")
+
     def _store(self, slot: int, payload) -> None:
         if payload is None:
             self._empty.add(slot)
@@ -164,10 +171,15 @@ class DiskStore(TierStore):
 def _mapped_file(directory: str | None, capacity: int, like):
     import torch
     fd, path = tempfile.mkstemp(prefix="policylab_kv_disk_", dir=directory)
-    os.close(fd)
     try:
+        reserve(fd, capacity * like.numel() * like.element_size(), path,
+                f"engine.prefix_disk_blocks={capacity:,} (engine.prefix_disk_path={directory})")
+        os.close(fd)
+        fd = -1
         flat = torch.from_file(path, shared=True, size=capacity * like.numel(), dtype=like.dtype)
     finally:
+        if fd >= 0:
+            os.close(fd)
         os.unlink(path)
     return flat.view(capacity, *like.shape)
 
@@ -184,6 +196,8 @@ class PrefixTiers:
         self.link = make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
         self.disk_read, self.disk_write, self.disk_latency = DISK_PRESETS[cfg.prefix_disk]
         self.plane, self.block_bytes = plane, plane.block_bytes
+        if plane.holds_contents and self.disk.capacity:      # (payloads: the disk tier has a file)
+            self.disk.check_space(self.block_bytes)
         self.verify = cfg.check_invariants
         self._pending: list = []         # (table, its lower-tier hits) deferred by acquire
         self._link_blocks = self._disk_reads = self._disk_writes = 0   # since the last executed step
