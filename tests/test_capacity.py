@@ -81,7 +81,7 @@ def test_shorthands_and_run_dir_of_the_cli():
 
 def test_capacity_job_end_to_end(tmp_path, monkeypatch, capsys):
     overrides = ["policy=prefill_first", "trace=poisson", "dataplane=sim", "trace.max_requests=40",
-                 "hardware.step_overhead=0.004",     # the step cost this bracket was chosen for
+                 "hardware.step_overhead=0.004", "serving_engine=none",   # the step cost this bracket was chosen for
                  "slo.ttft=0.2", "target=0.8", "lo=1", "hi=64", "iters=2", f"hydra.run.dir={tmp_path}", "logger=none",
                  "capacity.sustain=false"]      # replays as short as the trace: warned about
     monkeypatch.setattr(sys, "argv", ["policylab"])
@@ -107,6 +107,7 @@ def fake_curve(threshold: float):
     return evaluate
 
 
+@pytest.mark.slow
 def test_compare_overlays_the_capacity_curves_of_several_searches(tmp_path, capsys):
     from policylab.analysis.compare import main as compare_main
     for name, threshold in (("prefill_first", 1.5), ("chunked", 3.0)):
@@ -148,6 +149,7 @@ def test_the_search_repeats_until_the_capacity_holds_over_twice_its_span(tmp_pat
     assert unsustained.rate_scale > 2.9 and unsustained.steady_span_s is None   # the transient's answer
 
 
+@pytest.mark.slow
 def test_sustained_replays_on_the_sim_span_the_minimum(tmp_path):
     cfg = sim_config()
     result = find_capacity(cfg, CapacityConfig(target=0.9, lo=8.0, hi=128.0, iters=2, min_replay_s=5.0), tmp_path)

@@ -159,6 +159,7 @@ def test_closed_loop_replays_are_deterministic_and_open_loop_unchanged():
     assert fingerprint(plain) == fingerprint(engine_on(trace).run()) and "sessions" not in plain.sections
 
 
+@pytest.mark.slow
 def test_on_the_torch_plane_each_turn_extends_what_the_model_really_generated():
     """The real model's greedy output is in the next turn's prompt, and a turn decodes exactly what
     the same prompt decodes as a lone request (the cache hit on the conversation changes nothing)."""

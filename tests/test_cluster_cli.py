@@ -20,6 +20,7 @@ def config(*overrides):
                                             "plots=false", "trace.max_requests=80", *overrides])
 
 
+@pytest.mark.slow
 def test_router_sweep_and_compare_show_the_cluster_figures(tmp_path, capsys):
     main(["run", "-m", "router=round_robin,prefix_affinity", "cluster.replicas=3", "trace=multitenant",
           "trace.max_requests=80", "dataplane=sim", "logger=none", "progress=false", "plots=true",
@@ -111,6 +112,7 @@ def test_bad_cluster_configs_fail_in_one_line(overrides, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_capacity_search_over_cluster_configurations(tmp_path, monkeypatch, capsys):
     import sys
     monkeypatch.setattr(sys, "argv", ["policylab"])

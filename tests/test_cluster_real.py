@@ -3,6 +3,8 @@ disaggregation with the K/V really moved between the replicas' caches, change wh
 request runs, never what it generates (greedy tokens equal the single engine's)."""
 from __future__ import annotations
 
+import pytest
+
 from policies.routers.least_loaded import LeastLoaded
 from policies.routers.round_robin import RoundRobin
 from policylab.cluster import Cluster, LinkConfig, Replica
@@ -23,6 +25,7 @@ def engine(trace: list = TRACE) -> Engine:
     return Engine(trace, load_policy("chunked"), make_plane(SMALL, num_blocks=64), CFG, prefix_block_tokens=32)
 
 
+@pytest.mark.slow
 def test_routing_never_changes_the_generated_tokens():
     alone = engine().run()
     assert alone.status == "complete"

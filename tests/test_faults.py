@@ -92,7 +92,9 @@ def test_a_stop_signal_keeps_every_request_marked_partial(tmp_path, signals):
         deadline = time.monotonic() + 120
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert marker.exists(), proc.communicate()[1][-2000:]
+        if not marker.exists():
+            proc.kill()
+            assert False, proc.communicate(timeout=60)[1][-2000:]
         for sig in signals:                 # a second Ctrl-C lands while the results are written
             proc.send_signal(sig)
             time.sleep(0.02)
@@ -138,6 +140,7 @@ def test_a_basic_sweep_runs_every_job_and_reports_the_failed_ones(tmp_path, caps
     assert_every_request_kept(sweep / "2_x_poisson", 40, "complete")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_joblib_sweep_runs_every_job_and_reports_the_failed_ones(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="needs hydra-joblib-launcher")
@@ -171,6 +174,7 @@ def test_a_full_disk_still_writes_the_summary_and_leaves_no_temporary_file(tmp_p
     assert (tmp_path / "steps.parquet").is_file() and not list(tmp_path.glob(".*tmp"))
 
 
+@pytest.mark.slow
 def test_a_really_full_filesystem_keeps_the_summary(tmpfs):
     """The same on a 64 KiB tmpfs, where the machine lets the test mount one (root, Linux)."""
     tiny = tmpfs("64k")

@@ -52,6 +52,7 @@ def cli(run_dir: Path, *overrides) -> tuple:
 
 
 # tmpfs counts whole 4 KB pages: 24k holds Hydra's three files, the log and a summary, never a parquet file
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["24k", "100k"])
 def test_a_tiny_filesystem_keeps_the_summary_marked_with_what_is_missing(tmpfs, size):
     run_dir = tmpfs(size)
@@ -64,6 +65,7 @@ def test_a_tiny_filesystem_keeps_the_summary_marked_with_what_is_missing(tmpfs, 
     assert not error.exists() or "requests.parquet" in error.read_text()     # never an empty one
 
 
+@pytest.mark.slow
 def test_results_that_fit_when_plots_do_not_are_a_complete_run_with_a_warning(tmpfs):
     run_dir = tmpfs("420k")
     code, err = cli(run_dir, "plots=true")

@@ -93,6 +93,7 @@ def alive(pid: int) -> bool:
 
 
 # ---------------------------------------------------------------- joblib sweeps
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("how", ["SIGTERM to the parent", "Ctrl-C to the group", "SIGTERM to the group"])
 def test_a_stop_signal_reaches_every_job_of_a_joblib_sweep(tmp_path, how):
@@ -128,6 +129,7 @@ def test_a_stop_signal_reaches_every_job_of_a_joblib_sweep(tmp_path, how):
     assert not [p for p in workers if alive(p)]              # no worker outlives the parent
 
 
+@pytest.mark.slow
 def test_a_stop_signal_to_a_basic_sweep_ends_its_job_and_starts_no_other(tmp_path):
     marker, sweep = tmp_path / "started", tmp_path / "sweep"
     proc = start(tmp_path, "-m", "plots=false", f"policy._target_={__name__}.Slow", "policy.name=slow",
@@ -145,6 +147,7 @@ def test_a_stop_signal_to_a_basic_sweep_ends_its_job_and_starts_no_other(tmp_pat
         assert "not run: the sweep was stopped (SIGTERM)" in (sweep / job / "error.txt").read_text()
 
 
+@pytest.mark.slow
 def test_a_joblib_sweep_that_completes_leaves_no_worker_behind(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="needs hydra-joblib-launcher")
     marker = tmp_path / "started"
@@ -160,6 +163,7 @@ def test_a_joblib_sweep_that_completes_leaves_no_worker_behind(tmp_path):
     assert not [p for p in workers if alive(p)]
 
 
+@pytest.mark.slow
 def test_two_sweeps_into_one_directory_refuse_the_second(tmp_path):
     marker, sweep = tmp_path / "started", tmp_path / "sweep"
     first = start(tmp_path, "-m", "plots=false", f"policy._target_={__name__}.Slow", "policy.name=slow",
@@ -200,6 +204,7 @@ tracking.WandbTracker.finish = recorded_finish
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["plots", "W&B"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_after_the_replay_says_the_results_are_complete(tmp_path, sig, phase):
@@ -264,6 +269,7 @@ def test_ctrl_c_while_the_program_starts_is_one_line(tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("signals", [("SIGINT", "SIGINT"), ("SIGTERM", "SIGHUP"), ("SIGTERM",)],
                          ids=["INT-INT", "TERM-HUP", "TERM then the deadline"])
+@pytest.mark.slow
 def test_a_policy_that_swallows_the_stop_still_gets_its_results_written(tmp_path, signals):
     marker, run_dir = tmp_path / "stuck", tmp_path / "run"
     proc = start(tmp_path, "plots=false", f"policy._target_={__name__}.Swallowing", "policy.name=swallow",

@@ -15,6 +15,7 @@ SMALL_MODEL = ["model.hidden_size=64", "model.intermediate_size=128", "model.num
                "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=512"]
 
 
+@pytest.mark.slow
 def test_calibration_and_fidelity_report_end_to_end(tmp_path):
     cfg_overrides = [
         "policy=chunked", "policy.chunk_size=128", "trace=bursty", "trace.max_requests=12",

@@ -236,7 +236,7 @@ def test_torch_plane_beams_score_real_log_probabilities_and_copy_kv():
 @pytest.mark.parametrize("policy", ["chunked", "prefill_first", "vllm_v1"])
 def test_invariants_hold_on_generated_fork_scenarios(policy):
     from hypothesis import HealthCheck, given, settings
-    from policylab.testing.harness import check_policy, reproduction
+    from policylab.testing.suite import checked
     from policylab.testing.loader import shipped_policy_configs
     from policylab.testing.strategies import fork_scenarios
     spec = next(s for s in shipped_policy_configs() if s.endswith(f"/{policy}.yaml"))
@@ -244,11 +244,7 @@ def test_invariants_hold_on_generated_fork_scenarios(policy):
     @settings(deadline=None, max_examples=15, suppress_health_check=[HealthCheck.too_slow])
     @given(scenario=fork_scenarios(max_requests=12))
     def check(scenario):
-        try:
-            check_policy(spec, scenario, determinism=False)
-        except Exception as e:
-            e.add_note(reproduction(spec, scenario))
-            raise
+        checked(spec, scenario, determinism=False)
     check()
 
 
@@ -297,6 +293,7 @@ def test_cli_replicas_serve_forks_and_pd_refuses_them_in_one_line(tmp_path, caps
     assert "forks and P/D disaggregation" in err and "do not compose" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_cli_vllm_refuses_forks_before_loading_vllm(tmp_path):
     from vllm_cli import run_on_vllm
     proc = run_on_vllm("run", ["trace=bursty", "trace.max_requests=2", "engine.parallel_samples=2"],

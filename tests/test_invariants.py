@@ -45,12 +45,14 @@ SWAP_VARIANTS = {   # policies that swap, on engines with and without a host tie
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @given(scenario=scenarios())
 def test_invariants_of_parameter_variants(variant, scenario):
     check_policy(VARIANTS[variant], scenario)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(SWAP_VARIANTS))
 @given(scenario=lever_scenarios(host_blocks=(4, 64)))     # (swap with no host tier is refused before the run)
 def test_invariants_of_swapping_policies_with_kv_levers(variant, scenario):

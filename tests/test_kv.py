@@ -159,8 +159,14 @@ class BlockPoolMachine(RuleBasedStateMachine):
 
 TestBlockPool = BlockPoolMachine.TestCase
 # The machine is cheap per example and finds planted accounting bugs only after many runs: it gets
-# far more examples than the suite's default (a profile that asks for more still gets more).
-TestBlockPool.settings = settings(max_examples=max(200, settings.default.max_examples))
+# more examples than the suite's default in the first tier, and far more in the second (a profile
+# that asks for more still gets more).
+TestBlockPool.settings = settings(max_examples=max(40, settings.default.max_examples))
+
+
+@pytest.mark.slow
+class TestBlockPoolDeep(BlockPoolMachine.TestCase):
+    settings = settings(max_examples=max(300, settings.default.max_examples))
 
 
 def test_freed_blocks_are_reused_least_recently_freed_first():

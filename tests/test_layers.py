@@ -102,5 +102,6 @@ def test_layer_rule_catches_a_planted_upward_import(tmp_path, monkeypatch):
 def test_the_engine_imports_without_hydra_pandas_torch_or_matplotlib():
     code = ("import sys, json; import policylab.core.engine, policylab.dataplane.sim, policylab.traces; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r)))" % (HEAVY,))
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         timeout=120)
     assert json.loads(out.stdout) == [], "the core pulled in heavy modules"

@@ -98,10 +98,11 @@ def test_summary_aggregates_by_hand():
     assert s["itl"]["p50"] == pytest.approx(0.3)
     assert s["itl"]["max"] == pytest.approx(0.75)
     assert s["slo_attainment"] == pytest.approx(2 / 4)        # rejected counts as a miss
-    assert s["goodput"] == pytest.approx(2 / 3.0)             # 2 met / 3 s of trace
+    assert s["goodput"] == pytest.approx(2 / 4.0)             # 2 met / 4 s of makespan (as throughput)
     assert s["throughput"]["output_tokens_per_s"] == pytest.approx(6 / 4.0)
     assert s["throughput"]["input_tokens_per_s"] == pytest.approx((4 + 2 + 3) / 4.0)
     assert s["throughput"]["requests_per_s"] == pytest.approx(3 / 4.0)
+    assert s["goodput"] <= s["throughput"]["requests_per_s"]
     assert s["preemptions"] == 1
     assert s["prefix_cache_hit_rate"] == pytest.approx(2 / 9)
     assert s["kv_utilization"]["max"] == pytest.approx(4 / 8)
@@ -141,7 +142,7 @@ def test_empty_distributions_are_none_and_flatten():
     result.steps = make_steps([])
     s = summary_of(result)
     assert s["ttft"]["p99"] is None and s["itl"]["mean"] is None and s["makespan"] is None
-    assert s["goodput"] == 0.0 and s["throughput"]["output_tokens_per_s"] is None
+    assert s["goodput"] is None and s["throughput"]["output_tokens_per_s"] is None   # no makespan: no rate
     flat = flatten(s)
     assert flat["ttft/p99.9"] is None and flat["counts/requests"] == 4
     assert "rejections" not in flat and not any(isinstance(v, (dict, list)) for v in flat.values())
@@ -210,3 +211,18 @@ def test_itl_leaves_out_the_gaps_of_unfinished_requests():
     s = summary_of(result)
     assert s["itl"]["mean"] == pytest.approx((0.2 + 0.3) / 2)
     assert s["itl"]["max"] == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("rate, blocks, ttft_slo", [(5.0, 400, 2.0), (60.0, 96, 0.5), (400.0, 40, 0.05)],
+                         ids=["light", "preempting", "overloaded"])
+def test_goodput_never_exceeds_request_throughput(tmp_path, rate, blocks, ttft_slo):
+    """One denominator (the makespan) for goodput and every throughput: goodput ≤ requests/s on
+    real replays, light or overloaded, with arrivals that end long before the last completion."""
+    import json
+    from tests.test_plots_compare import make_run_dir
+    s = json.loads((make_run_dir(tmp_path / "run", n=60, rate=rate, num_blocks=blocks, ttft_slo=ttft_slo)
+                    / "summary.json").read_text())
+    assert s["makespan"] >= s["trace_duration"] > 0
+    met = round(s["slo_attainment"] * s["counts"]["requests"])
+    assert s["goodput"] == pytest.approx(met / s["makespan"])
+    assert s["goodput"] <= s["throughput"]["requests_per_s"] + 1e-12

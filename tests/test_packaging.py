@@ -7,6 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 REPLAY = """
@@ -30,9 +32,10 @@ print(json.dumps({"package": policylab.__file__, "summary": json.load(open("out/
 """
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_configs_and_traces_and_replays_outside_the_repo(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True)
+                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=240)
     wheel = next((tmp_path / "dist").glob("policylab-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {f"policylab/configs/{p.relative_to(ROOT / 'configs')}" for p in (ROOT / "configs").rglob("*.yaml")}
@@ -47,7 +50,7 @@ def test_the_wheel_ships_configs_and_traces_and_replays_outside_the_repo(tmp_pat
     zipfile.ZipFile(wheel).extractall(site)         # a pure-Python wheel installs by unpacking
     work.mkdir()
     out = subprocess.run([sys.executable, "-c", REPLAY], cwd=work, env={"PYTHONPATH": str(site), "PATH": ""},
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["package"].startswith(str(site))

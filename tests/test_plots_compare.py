@@ -106,7 +106,7 @@ def test_collect_runs_reads_summaries_and_varying_overrides(multirun):
 def test_compare_writes_table_cdfs_markdown_html(multirun, tmp_path, capsys):
     out = tmp_path / "cmp"
     assert compare_main([str(multirun), "-o", str(out)]) == 0
-    assert {p.name for p in out.iterdir()} == {"compare.md", "compare.html", "compare.csv", "runs.csv",
+    assert {p.name for p in out.iterdir()} == {"compare.md", "compare.html", "compare.csv", "runs.csv", "findings.txt",
                                                "cdf_compare.png", "cdf_compare.csv", "per_slo_class.csv",
                                                "per_client.csv"}
     df = pd.read_csv(out / "compare.csv")

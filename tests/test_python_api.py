@@ -87,13 +87,31 @@ def test_override_values_survive_hydras_grammar():
     assert _hydra_value("it's") == "'it\\'s'" and _hydra_value("sim") == "sim"
 
 
-def test_compare_returns_the_table_with_intervals_and_writes_the_report(tmp_path):
+def test_replay_is_quiet_unless_asked(tmp_path, capsys):
+    """A notebook replaying five policies gets five transient progress bars, not five summaries."""
+    quiet = dict(SIM, progress=True)
+    policylab.replay(policy="chunked", trace="bursty", trace__max_requests=20, dir=tmp_path / "quiet", **quiet)
+    out, err = capsys.readouterr()
+    assert out == "" and "latency" not in err and "results:" not in err
+    policylab.replay(policy="chunked", trace="bursty", trace__max_requests=20, dir=tmp_path / "told", verbose=True,
+                     **quiet)
+    out, _ = capsys.readouterr()
+    assert "policy chunked: latency (ms)" in out and f"results: {tmp_path / 'told'}" in out
+
+
+def test_compare_returns_the_table_with_intervals_and_writes_the_report(tmp_path, capsys):
     runs = [policylab.replay(p, "multitenant", dir=tmp_path / f"{p}_{k}", trace__rate_scale=24,
                              trace__replicate=k, **SIM)
             for p in ("prefill_first", "slo_aware") for k in (1, 2)]
+    capsys.readouterr()
     table = policylab.compare(runs, out=tmp_path / "cmp")
+    printed = capsys.readouterr().out
+    assert "configuration" not in printed and "wrote " not in printed          # the table is returned, not printed
+    assert table.attrs["findings"] and all(line in printed for line in table.attrs["findings"]
+                                           if "SLO attainment (%) (higher" in line)
     assert sorted(table["label"]) == ["prefill_first", "slo_aware"] and set(table["n"]) == {2}
     assert "SLO attainment (%) ±" in table and table["SLO attainment (%) ±"].notna().all()
+    assert (table["SLO attainment (%) low"] >= 0).all() and (table["SLO attainment (%) high"] <= 100).all()
     assert table.attrs["report"] == tmp_path / "cmp" / "compare.md" and table.attrs["report"].is_file()
     mean = table.set_index("label")["SLO attainment (%)"]
     pooled = [r.summary["slo_attainment"] * 100 for r in runs[:2]]
@@ -114,7 +132,8 @@ def test_run_cdf_draws_the_finished_requests(tmp_path):
 
 def test_import_policylab_loads_neither_hydra_nor_torch_nor_pandas():
     code = "import sys, policylab; print(sorted(m for m in ('hydra', 'torch', 'pandas') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         timeout=120)
     assert out.stdout.strip() == "[]"
     assert callable(policylab.replay) and callable(policylab.compare)
 

@@ -32,6 +32,7 @@ def config(*overrides):
                                             *overrides])
 
 
+@pytest.mark.slow
 def test_plots_in_every_requested_format(tmp_path):
     settings = plot_settings(config("plots.format='png,svg,pdf'", "trace.max_requests=30").plots)
     assert settings.formats == ("png", "svg", "pdf") and settings.log_latency
@@ -98,15 +99,42 @@ class LeaksBlocks(PrefillFirst):
 
     def schedule(self, view):
         plan = super().schedule(view)
-        return StepPlan({**plan.num_scheduled_tokens, **{r.req_id: r.num_prompt_tokens for r in view.waiting}})
+        return StepPlan({**plan.num_scheduled_tokens, **{r.req_id: r.prompt_len for r in view.waiting}})
 
 
-def test_a_failing_pressure_scenario_prints_code_that_reproduces_it():
-    with pytest.raises(Exception) as failure:
+def test_a_failing_harness_check_says_its_cause_first_and_names_a_file_that_reproduces_it(tmp_path, monkeypatch):
+    """The cause on the first line, then the command that reproduces the failure and the scenario in
+    one line: the scenario in full (hundreds of lines) is in the file, not in front of the cause."""
+    failing_harness_check(tmp_path, monkeypatch)
+
+
+def failing_harness_check(tmp_path, monkeypatch) -> tuple:
+    """(the cause, the reproduction file) of LeaksBlocks under the pressure scenario, checked."""
+    from pathlib import Path
+    monkeypatch.setenv("POLICYLAB_FAILURES", str(tmp_path))
+    with pytest.raises(pytest.fail.Exception) as failure:
         suite.test_invariants_under_kv_pressure(f"{__name__}:LeaksBlocks")
-    note = "\n".join(getattr(failure.value, "__notes__", []))
-    assert note.startswith("reproduce with:") and f"check_policy('{__name__}:LeaksBlocks', Scenario(" in note
-    call = note.split("check_policy(", 1)[1]
+    cause, command, scenario = str(failure.value).splitlines()
+    assert "broke rule" in cause or cause.startswith("[")
+    assert command.startswith(f"reproduce: python {tmp_path}") and scenario.startswith("scenario: 30 requests over ")
+    assert "num_blocks=40" in scenario and failure.value.pytrace is False       # no engine traceback in front
+    code = Path(command.split("python ", 1)[1]).read_text()
+    call = code.split("check_policy(", 1)[1].rstrip()
     rebuilt = eval(call[call.index("Scenario("):-1],
                    {"Scenario": Scenario, "EngineConfig": EngineConfig, "TraceRequest": TraceRequest})
     assert rebuilt == pressure_scenario(0)
+    return cause, Path(command.split("python ", 1)[1])
+
+
+@pytest.mark.slow
+def test_the_file_a_harness_failure_names_reproduces_it_alone(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    cause, script = failing_harness_check(tmp_path, monkeypatch)
+    here = Path(__file__).resolve().parent              # (the policy's module, as pytest imported it)
+    again = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                           cwd=here if "." not in __name__ else here.parent,
+                           env={**os.environ, "PYTHONPATH": str(here.parent)})
+    assert again.returncode != 0 and cause.split(" (at step")[0] in again.stderr

@@ -41,6 +41,7 @@ def test_fixed_k_and_adaptive_runs_report_their_drafts(tmp_path, capsys):
     assert table["tokens/step (tokens)"].isna().tolist() == [True, False]
 
 
+@pytest.mark.slow
 def test_a_draft_model_makes_the_steps_slower_than_free_ngram_drafts(tmp_path):
     ngram = summary_of(tmp_path / "ngram", "policy=chunked", "speculative.k=2")
     draft = summary_of(tmp_path / "draft", "policy=chunked", "speculative.k=2", "speculative.method=draft",
@@ -62,6 +63,7 @@ def test_bad_speculative_settings_are_one_clear_error(tmp_path, capsys, override
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_the_vllm_plane_refuses_draft_tokens(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["run", "trace=poisson", "dataplane=vllm", "logger=none", "plots=false", "progress=false",

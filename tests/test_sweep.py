@@ -17,6 +17,7 @@ from policylab.analysis.run_table import collect_runs, find_run_dirs
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_joblib_multirun_writes_every_run_then_compares(tmp_path, capsys):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="needs hydra-joblib-launcher")

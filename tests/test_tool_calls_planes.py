@@ -71,6 +71,7 @@ def test_cli_adds_tool_calls_to_any_trace(tmp_path):
     assert s["programs"]["programs_with_calls"] == 30 and s["programs"]["tool_calls"] == 60
 
 
+@pytest.mark.slow
 def test_cli_torch_plane_runs_tool_calls(tmp_path):
     pytest.importorskip("torch")
     from policylab.apps.cli import main

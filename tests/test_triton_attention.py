@@ -133,6 +133,7 @@ def mixed_steps() -> list:
             entry(entry(entry(Batch(), 0, [5], 40, ta), 1, [9], 31, tb), 2, [4], 18, tc)]
 
 
+@pytest.mark.slow
 def test_mixed_batches_match_torch_backend_and_hf():
     ours, ref, hf = triton_plane(), torch_plane(), hf_model(SMALL)
     steps = mixed_steps()
@@ -145,6 +146,7 @@ def test_mixed_batches_match_torch_backend_and_hf():
     want = torch.cat([hf_logits(hf, a)[40:], hf_logits(hf, b)[31:], hf_logits(hf, c)[18:]])
     torch.testing.assert_close(ours.forward(steps[2], all_logits=True), want, atol=ATOL, rtol=0)
 
+@pytest.mark.slow
 def test_engine_run_matches_torch_backend_step_by_step():
     """Chunked prefill, decodes, preemption and recompute: every step's logits (all rows) equal
     the torch backend's on the same batch, so the greedy outputs are the same too."""
@@ -195,6 +197,7 @@ def _broken(monkeypatch, name: str) -> None:
 
 @pytest.mark.parametrize("variant", ["decode context one short", "prefill context one long",
                                      "wrong block-table row", "missing causal mask"])
+@pytest.mark.slow
 def test_broken_kernels_are_caught(monkeypatch, variant):
     ours, ref = triton_plane(), torch_plane()
     _broken(monkeypatch, variant)
@@ -208,6 +211,7 @@ def test_broken_kernels_are_caught(monkeypatch, variant):
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the kernels compile when the other tests run them")
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None,
                     reason="this triton wheel has no NVIDIA backend")
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_launched_kernels_compile_for_hopper():
     """What the backend launches compiles, through ptxas, for an H100/H200 (sm_90): no GPU is
@@ -246,6 +250,7 @@ def graph_scenario() -> list:
     return [first, decodes([0, 2, 4]), decodes(range(5)), decodes([1, 2, 3, 4], [True, False, True, True])]
 
 
+@pytest.mark.slow
 def test_graph_runner_replays_decodes_like_eager_steps():
     """The runner over static buffers, with a capture that only calls the step (what a CUDA graph
     replays), gives the torch backend's logits and KV cache: padding rows write nothing."""

@@ -42,6 +42,7 @@ def test_the_integration_imports_without_vllm_and_names_what_needs_it():
     assert "PolicyScheduler" in integration.__all__
 
 
+@pytest.mark.slow
 def test_run_on_vllm_without_vllm_says_how_to_get_it(tmp_path):
     import importlib.util
     import os

@@ -64,6 +64,7 @@ def sweep(tmp_path):
     return root
 
 
+@pytest.mark.slow
 def test_wandb_online_uploads_offline_runs_and_reports_figures_and_tables(tmp_path, monkeypatch, capsys):
     saved, logged = stub_with_runs(monkeypatch, tmp_path)
     uploads = []
@@ -92,6 +93,7 @@ def test_wandb_online_uploads_offline_runs_and_reports_figures_and_tables(tmp_pa
     assert uploads == [] and "uploaded first" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_failed_upload_is_one_sentence_and_no_report(tmp_path, monkeypatch, capsys):
     saved, _ = stub_with_runs(monkeypatch, tmp_path)
     done = types.SimpleNamespace(returncode=1, stdout="", stderr="wandb: ERROR network unreachable\n")

@@ -60,7 +60,7 @@ def breakdowns(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
         if tables:
             pooled = pd.concat(tables, ignore_index=True)
             pooled["label"] = pooled["label"] + " | " + pooled["group"].astype(str)
-            agg = aggregate(pooled, BREAKDOWN_METRICS).drop(columns=["requests ±"])
+            agg = aggregate(pooled, BREAKDOWN_METRICS).drop(columns=["requests ±", "requests low", "requests high"])
             agg[["label", "group"]] = agg["label"].str.rsplit(" | ", n=1, expand=True)
             out[kind] = agg[[*CELL, "group", "n", *(c for c in agg.columns if c not in (*CELL, "group", "n"))]]
     return out

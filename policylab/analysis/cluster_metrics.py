@@ -38,7 +38,7 @@ def replica_blocks_per_step(steps: dict, result) -> np.ndarray | None:
 
 
 def cluster_summary(requests: pd.DataFrame, steps: pd.DataFrame, result: ClusterResult, makespan: float,
-                    trace_duration: float, goodput: float, distribution: Callable) -> dict:
+                    goodput: float, distribution: Callable) -> dict:
     """The `cluster` section of summary.json; `distribution` is metrics.distribution (DESIGN §6)."""
     per_replica, busy = {}, []
     for part in result.replicas:
@@ -56,7 +56,7 @@ def cluster_summary(requests: pd.DataFrame, steps: pd.DataFrame, result: Cluster
             "prefix_cache_hit_rate": (front["cached_tokens"].to_numpy()[scheduled].sum() / prompts)
             if part.role != "decode" and prompts > 0 else None,
             "preemptions": int(mine["preempted"].sum()),
-            "goodput": admitted["slo_met"].sum() / trace_duration if trace_duration > 0 else None,
+            "goodput": admitted["slo_met"].sum() / makespan if makespan > 0 else None,
             "steps": int(len(mine)), **replica_kv_hierarchy(part)}
     busy = np.asarray(busy)
     out = {"replicas": per_replica, "num_replicas": len(result.replicas),

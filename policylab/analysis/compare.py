@@ -2,11 +2,13 @@
 
 Finds every run directory (one with a summary.json) and every capacity search (one with a
 capacity.json) under the given paths. Runs are grouped by trace and load; runs differing
-only in `seed` / `trace.replicate` are pooled into mean ± 95% CI (`compare_stats`). It
-writes into the output folder: compare.md / compare.html (grouped table, per-SLO-class and
+only in `seed` / `trace.replicate` are pooled into their mean and 95 % interval, and the
+configurations are ranked per metric by pairwise tests (`compare_stats`). It writes into the
+output folder: compare.md / compare.html (grouped table, findings, per-SLO-class and
 per-client tables, figures), compare.csv (the grouped table), runs.csv (one row per run),
-per_slo_class.csv, per_client.csv, and each figure as PNG + CSV (`compare_figures`);
-it prints the table and every warning that makes the comparison uninformative.
+per_slo_class.csv, per_client.csv, and each figure as PNG + CSV (`compare_figures`); it
+prints the table, the findings (which configurations the tests separate, by how much) and
+every warning that makes the comparison uninformative (`compare_findings`).
 With `--wandb-online` the runs also become a W&B report.
 """
 from __future__ import annotations
@@ -17,8 +19,9 @@ from pathlib import Path
 
 from policylab.analysis.breakdown import breakdowns
 from policylab.analysis.compare_figures import capacity_compare, cdf_compare, metric_vs_load, read_capacity
-from policylab.analysis.compare_stats import CI_NOTE, GROUP, aggregate, best_marks, findings
-from policylab.analysis.report import display_table, group_title, write_html, write_markdown
+from policylab.analysis.compare_findings import findings, methods_note, tests_used, warnings
+from policylab.analysis.compare_stats import CI_NOTE, GROUP, aggregate, best_marks, rankings
+from policylab.analysis.report import display_table, title_of, write_html, write_markdown
 from policylab.analysis.run_table import PARTIAL, COLUMNS, CompareError, collect_runs, find_dirs, mixed_cost_models
 
 PRINTED = ("SLO attainment (%)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)", "ITL p99 (ms)",
@@ -45,7 +48,8 @@ def short_header(label: str) -> str:
 def _visible(text: str) -> int:
     """Width of a cell's longest line, markup left out."""
     import re
-    return max(len(re.sub(r"\[/?[^\]]*\]", "", line)) for line in text.split("\n"))
+    tags = r"(?<!\\)\[(/?[a-zA-Z#@][^\[\]]*|/)\]"          # rich's markup (an interval `[1.0–2.0]` is text)
+    return max(len(re.sub(tags, "", line).replace("\\[", "[")) for line in text.split("\n"))
 
 
 def _width(headers, cells) -> int:
@@ -54,8 +58,11 @@ def _width(headers, cells) -> int:
 
 
 def _two_lines(cell: str) -> str:
-    return cell.replace(" ± ", "\n± ").replace(" ≈", "\n≈", 1) if " ± " not in cell else \
-        cell.replace(" ± ", "\n± ")
+    """`x ± ci ≈*` or `x [low–high] ≈*` over two lines."""
+    for sep in (" ± ", " \\[", " ["):
+        if sep in cell:
+            return cell.replace(sep, "\n" + sep[1:], 1)
+    return cell.replace(" ≈", "\n≈", 1)
 
 
 def printed_columns(agg) -> tuple:
@@ -77,15 +84,17 @@ def print_table(agg, marks, common) -> None:
     from rich.table import Table
     console = Console()
     console = Console(width=min(console.width, WIDTH) if console.is_terminal else WIDTH)
-    legend = f"{int(agg['n'].sum())} runs, {CI_NOTE}; * = best in its trace and load, ≈ = within noise"
+    legend = (f"{int(agg['n'].sum())} runs, {CI_NOTE} ([low–high] where a limit makes it asymmetric); * = best "
+              "in its trace and load, ≈ = not separated from another by the pairwise test")
     if "partial" in agg and agg["partial"].any():
         legend += f";{PARTIAL} = stopped early, never ranked"
     console.print(legend + (f"\ncommon overrides: {' '.join(common)}" if common else ""), markup=False)
     columns = printed_columns(agg)
     for (trace, load), group in agg.groupby(GROUP, sort=False):
-        shown = display_table(group, columns, marks, lambda t: f"[bold green]{escape(t)}*[/]")
+        shown = display_table(group, columns, marks, lambda t: f"[bold green]{escape(t)}*[/]", plain=escape,
+                              compact=True)
         shown = shown.drop(columns=["rate (req/s)"] + ([] if agg["n"].max() > 1 else ["n"]), errors="ignore")
-        table = Table(title=group_title(trace, load, group["rate"].mean()), title_justify="left",
+        table = Table(title=title_of(group), title_justify="left",
                       title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
         headers = [short_header(h) for h in shown.columns[1:]]
         cells = [[str(v) for v in shown.loc[i].iloc[1:]] for i in group.index]
@@ -95,28 +104,43 @@ def print_table(agg, marks, common) -> None:
         table.add_column(shown.columns[0], overflow="fold",
                          width=max(14, min(max(map(len, labels)), console.width - _width(headers, cells) - 2)))
         for h in headers:
-            table.add_column(h, justify="right")
+            table.add_column(h, justify="right", overflow="fold")
         for label, row in zip(labels, cells):
             table.add_row(escape(label), *row)
         console.print(table)
 
 
-def compare_runs(run_dirs, out: Path) -> tuple:
-    """Tables, figures and warnings of the runs: (grouped table, marks, common, notes, breakdowns, files)."""
+def print_findings(lines: list[str], tests: str) -> None:
+    """The findings on the printed columns (compare.md has every column's)."""
+    if lines:
+        print(f"findings, by pairwise tests at 95% ({tests}):")
+        for line in lines:
+            print(f"  {line}")
+
+
+def compare_runs(run_dirs, out: Path, verbose: bool = True) -> tuple:
+    """Tables, figures and warnings of the runs:
+    (grouped table, marks, common, notes, breakdowns, files, findings, methods note)."""
     df, common = collect_runs(run_dirs)
     agg = aggregate(df)
-    marks = best_marks(agg)
-    notes = mixed_cost_models(df) + findings(df, agg, marks)
+    ranked = rankings(df, agg)
+    marks = best_marks(agg, ranked)
+    notes = mixed_cost_models(df) + warnings(df, agg, ranked)
+    found, methods = findings(agg, ranked), methods_note(ranked)
     tables = breakdowns(df)
-    print_table(agg, marks, common)
+    if verbose:
+        print_table(agg, marks, common)
+    print_findings(findings(agg, ranked, printed_columns(agg)), tests_used(ranked))
+    (out / "findings.txt").write_text("".join(f"{line}\n" for line in found))
     df.to_csv(out / "runs.csv", index=False)
     agg.to_csv(out / "compare.csv", index=False)
-    files = [out / "compare.csv", out / "runs.csv", *cdf_compare(df, out), *metric_vs_load(agg, out)]
+    files = [out / "compare.csv", out / "runs.csv", out / "findings.txt", *cdf_compare(df, out),
+             *metric_vs_load(agg, out)]
     for kind, table in tables.items():
         path = out / f"per_{kind.replace(' ', '_').lower()}.csv"
         table.to_csv(path, index=False)
         files.append(path)
-    return agg, marks, common, notes, tables, files
+    return agg, marks, common, notes, tables, files, found, methods
 
 
 def print_capacities(curves) -> None:
@@ -150,7 +174,8 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def main(argv=None, verbose: bool = True) -> int:
+    """The command; `verbose=False` (the Python API) prints only the findings and the warnings."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         capacity_dirs = find_dirs(args.paths, "capacity.json")
@@ -164,10 +189,10 @@ def main(argv=None) -> int:
     out = args.out or Path(args.paths[0]) / "compare"
     out.mkdir(parents=True, exist_ok=True)
     agg = marks = None
-    common, notes, tables, files = [], [], {}, []
+    common, notes, tables, files, found, methods = [], [], {}, [], [], ""
     if run_dirs:
         try:
-            agg, marks, common, notes, tables, files = compare_runs(run_dirs, out)
+            agg, marks, common, notes, tables, files, found, methods = compare_runs(run_dirs, out, verbose)
         except CompareError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -179,16 +204,18 @@ def main(argv=None) -> int:
         print(f"warning: {note}", file=sys.stderr)
     figures = [f for f in files if f.suffix == ".png"]
     if agg is not None:
-        files += [write_markdown(out, agg, marks, common, notes, tables, figures),
-                  write_html(out, agg, marks, common, notes, tables, figures)]
-    print("wrote " + ", ".join(str(p) for p in files))
+        files += [write_markdown(out, agg, marks, common, notes, tables, figures, found, methods),
+                  write_html(out, agg, marks, common, notes, tables, figures, found, methods)]
+    if verbose:
+        print("wrote " + ", ".join(str(p) for p in files))
     if args.log_wandb and not args.wandb_online:     # (--wandb-online logs the comparison run itself)
         from policylab.analysis.tracking import log_comparison
         named = {"compare": agg, **{f"per_{k.replace(' ', '_').lower()}": t for k, t in tables.items()}} \
             if agg is not None else {}
         print(log_comparison(out, named, figures, sweep_group(run_dirs or capacity_dirs), args.wandb_online))
     if not args.wandb_online:
-        print("W&B report: skipped (offline; pass --wandb-online with a logged-in W&B API to create one)")
+        if verbose:
+            print("W&B report: skipped (offline; pass --wandb-online with a logged-in W&B API to create one)")
         return 0
     from policylab.analysis.tracking import ReportError
     from policylab.analysis.wandb_report import publish

@@ -4,7 +4,9 @@
   configuration (its replicates' samples pooled), SLO lines at the SLOs the requests carry;
   the CSV holds each line's quantiles at 0, 0.5, ..., 100 %.
 - `metric_vs_load`: SLO attainment, goodput, TTFT p99 and TPOT p99 against the offered rate,
-  one line per configuration with its 95% interval as a band, one row per trace.
+  one line per configuration with its 95% interval as a band, one row per trace; the bands are
+  `compare_stats`' intervals (inside each metric's limits) and every axis stays inside the
+  metric's feasible range (no share above 100 %, nothing below 0).
 - `capacity_compare`: every capacity search's attainment-vs-rate curve in one figure
   (capacity as DESIGN §6 defines it).
 """
@@ -19,7 +21,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from policylab.analysis.compare_stats import GROUP
+from policylab.analysis.compare_stats import GROUP, interval_of
 from policylab.analysis.run_table import read_requests_file
 from policylab.analysis.plots import CDF_METRICS, cdf_row, latency_samples, line_styles, read_requests, save, slo_lines
 
@@ -70,25 +72,45 @@ def metric_vs_load(agg: pd.DataFrame, out: Path) -> list[Path]:
     swept = agg.groupby("trace", sort=False).filter(lambda g: g["load"].nunique() > 1)
     if swept.empty:
         return []
+    columns = ["trace", "load", "rate", "label", "n",
+               *(c for m in LOAD_METRICS for c in (m, f"{m} low", f"{m} high"))]
+    swept[columns].rename(columns={"label": "configuration"}).to_csv(out / "metric_vs_load.csv", index=False)
+    return [save(load_figure(swept), out / "metric_vs_load.png"), out / "metric_vs_load.csv"]
+
+
+def load_figure(swept: pd.DataFrame) -> Figure:
+    """LOAD_METRICS against the offered rate, one row of panels per trace of `swept`."""
     traces = list(dict.fromkeys(swept["trace"]))
     styles = line_styles(swept["label"])
     fig = Figure(figsize=(16, 1.2 + 3.8 * len(traces)), layout="constrained")
-    fig.suptitle("metrics against load: mean of the replicates, band = 95% CI (Student t)")
+    fig.suptitle("metrics against load: mean of the replicates, band = its 95% interval")
     axes = fig.subplots(len(traces), len(LOAD_METRICS), squeeze=False)
     for row, trace in zip(axes, traces):
         of_trace = swept[swept["trace"] == trace]
         for ax, metric in zip(row, LOAD_METRICS):
             for label, line in of_trace.groupby("label", sort=False):
                 line = line.sort_values("rate")
-                mean, half = line[metric].to_numpy(float), line[f"{metric} ±"].fillna(0).to_numpy(float)
-                ax.plot(line["rate"], mean, marker="o", **styles[label])
-                ax.fill_between(line["rate"], mean - half, mean + half, color=styles[label]["color"], alpha=0.18)
+                mean = line[metric].to_numpy(float)
+                low = line[f"{metric} low"].fillna(line[metric]).to_numpy(float)
+                high = line[f"{metric} high"].fillna(line[metric]).to_numpy(float)
+                ax.plot(line["rate"], mean, marker="o", clip_on=False, **styles[label])   # (a point at 100 % shows)
+                ax.fill_between(line["rate"], low, high, color=styles[label]["color"], alpha=0.18)
             ax.set(title=f"{trace}: {metric}", xlabel="offered load (req/s)", ylabel=metric)
+            ax.set_ylim(*feasible_ylim(ax.get_ylim(), interval_of(metric)[0]))
             ax.grid(alpha=0.3)
     _legend(fig, styles)
-    columns = ["trace", "load", "rate", "label", "n", *(c for m in LOAD_METRICS for c in (m, f"{m} ±"))]
-    swept[columns].rename(columns={"label": "configuration"}).to_csv(out / "metric_vs_load.csv", index=False)
-    return [save(fig, out / "metric_vs_load.png"), out / "metric_vs_load.csv"]
+    return fig
+
+
+def feasible_ylim(ylim: tuple, limits: tuple) -> tuple:
+    """Matplotlib's y range cut to a metric's feasible range; a flat line at a limit (every
+    configuration at 100 %) keeps a visible span below it instead of one across it."""
+    low, high = max(ylim[0], limits[0]), min(ylim[1], limits[1])
+    if high - low < 1e-9 * max(1.0, abs(high)):
+        span = 0.05 * (abs(high) or 1.0)
+        low, high = (high - span, high) if high >= limits[1] else (low, low + span)
+        low = max(low, limits[0])
+    return low, high
 
 
 def read_capacity(capacity_dirs) -> pd.DataFrame:

@@ -1,13 +1,17 @@
-"""Replicates pooled into means with 95% confidence intervals, and honest "best" marks.
+"""Replicates pooled into means with 95 % intervals inside each metric's limits, and rankings
+decided by pairwise tests.
 
 Runs that share trace, load and configuration are replicates (`run_table`). Each metric is
-reported as the replicates' mean with a two-sided 95% Student-t interval
-(mean ± t(0.975, n−1) · s / √n; none with one replicate). A configuration is marked best
-only against the others at the same trace and load, and the mark says whether its interval
-overlaps another configuration's: then the ranking is within noise. The metrics pooled are
-a run's DESIGN §6 aggregates; pooling replicates is the "same seed → same result" of
-DESIGN §8 turned around: only a replicate that changes the input (`trace.replicate`) adds
-information.
+reported as the replicates' mean with its 95 % interval (`intervals`: Wilson's for proportions,
+Student's t cut at the metric's limits otherwise). Within each trace and load the complete
+configurations are ranked on every metric the catalog gives a direction, into tiers: walking
+down from the best mean, a configuration starts a new tier only when the pairwise test
+(`intervals.difference`: paired differences where the replicates share their seeds, a bootstrap
+otherwise) separates it from the best of the tier above, by at least the shown precision. A
+tie at the top therefore never hides a configuration that is clearly worse. Partial runs are
+never ranked: a run that stopped early measured only the requests that ended, which look fast.
+Pooling replicates is the "same seed → same result" of DESIGN §8 turned around: only a
+replicate that changes the input (`trace.replicate`) adds information.
 """
 from __future__ import annotations
 
@@ -17,122 +21,169 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from policylab.analysis.intervals import Difference, difference, mean_interval
 from policylab.analysis.run_table import COLUMNS, METRICS
 
 GROUP = ["trace", "load"]                 # runs comparable with each other
 CELL = [*GROUP, "label"]                  # one configuration at one trace and load
-CONFIDENCE = 0.95
-CI_NOTE = "mean ± 95% CI (Student t over replicates)"
-LIGHT_KV = 50.0                           # KV peak (%) below which the cache is never a constraint
-LIGHT_QUEUE = 0.1                         # p99 queueing below this share of the TTFT SLO: no queueing
+CI_NOTE = "mean ± 95% interval over replicates"
+INTERVAL_NOTE = ("95% intervals of the replicates' mean: Student t, cut at the metric's limits (nothing "
+                 "below 0, no share above 100%); shares (%) get Wilson's score interval with the replicates' "
+                 "effective size, shown as [low–high]. With 3 replicates t(0.975, 2) = 4.30: intervals are wide.")
+SHOWN = {c.label: c for c in COLUMNS}
 
 
-def ci_half_width(values) -> float:
-    """Half-width of the 95% Student-t interval of the mean (NaN below two finite values)."""
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if v.size < 2:
-        return math.nan
-    from scipy import stats        # (slow to import: only a comparison with replicates needs it)
-    return float(stats.t.ppf(0.5 + CONFIDENCE / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
+def interval_of(metric: str) -> tuple:
+    """(limits in the shown unit, whether it is a proportion) of a compare column."""
+    c = SHOWN.get(metric)
+    return (c.limits, c.proportion) if c is not None else ((0.0, math.inf), False)
 
 
 def aggregate(df: pd.DataFrame, metrics=METRICS) -> pd.DataFrame:
-    """One row per (trace, load, label): `n`, `rate` and per metric `<m>` (mean) and `<m> ±` (CI)."""
+    """One row per (trace, load, label): `n`, `rate` and per metric `<m>` (the replicates' mean),
+    `<m> low` and `<m> high` (its 95 % interval) and `<m> ±` (half the interval's width)."""
     grouped = df.groupby(CELL, sort=False)
-    out = grouped[list(metrics)].mean()
+    means = grouped[list(metrics)].mean()
+    columns = {}
     for m in metrics:
-        out[f"{m} ±"] = grouped[m].agg(ci_half_width)
+        limits, proportion = interval_of(m)
+        bounds = grouped[m].agg(lambda v: mean_interval(v, limits, proportion))
+        low = np.array([b[0] for b in bounds], dtype=float)
+        high = np.array([b[1] for b in bounds], dtype=float)
+        columns.update({m: means[m], f"{m} ±": (high - low) / 2, f"{m} low": low, f"{m} high": high})
+    out = pd.DataFrame(columns, index=means.index)
     out.insert(0, "n", grouped.size())
     if "partial" in df:
         out["partial"] = grouped["partial"].any()
     if "rate" in df:
         out.insert(1, "rate", grouped["rate"].mean())
+    if "capacity_load" in df:
+        out["capacity_load"] = grouped["capacity_load"].mean()
     out = out.reset_index()
     return out.sort_values(GROUP, kind="stable").reset_index(drop=True)
 
 
 @dataclass(frozen=True)
+class Ranking:
+    """One metric at one trace and load: tiers of configurations, the best tier first (each in
+    order of its mean), and the difference that separates each tier's best from the best of
+    the tier above."""
+    trace: str
+    load: float
+    metric: str
+    better: str
+    tiers: tuple
+    steps: tuple            # Difference per tier boundary
+
+    @property
+    def separated(self) -> bool:
+        return len(self.tiers) > 1
+
+
+@dataclass(frozen=True)
 class Mark:
-    """A best cell: `overlaps` names the configurations whose interval reaches the best's."""
-    overlaps: tuple = ()
+    """A best cell: `ties` names the configurations the pairwise test does not separate from it."""
+    ties: tuple = ()
     has_ci: bool = True
 
     @property
     def within_noise(self) -> bool:
-        return bool(self.overlaps) or not self.has_ci
+        return bool(self.ties) or not self.has_ci
 
 
-def _interval(row, m: str) -> tuple[float, float]:
-    half = row[f"{m} ±"]
-    return (row[m] - half, row[m] + half) if np.isfinite(half) else (row[m], row[m])
+def replicate_values(runs: pd.DataFrame, metric: str) -> dict:
+    """{replicate key: value} of one configuration's runs (a key seen twice keeps both, apart)."""
+    keys = runs["replicate"].astype(str).tolist() if "replicate" in runs else [str(i) for i in range(len(runs))]
+    seen: dict = {}
+    out = {}
+    for key, value in zip(keys, runs[metric].to_numpy(dtype=float)):
+        seen[key] = seen.get(key, 0) + 1
+        out[key if seen[key] == 1 else f"{key}#{seen[key]}"] = value
+    return out
 
 
-def best_marks(agg: pd.DataFrame) -> dict:
-    """(row index, metric) → Mark, for each metric's best mean within each trace-and-load group
-    (rounded to the shown digits, so ties are all marked); groups of one configuration and
-    metrics equal across the group get no mark. Partial runs are never ranked: a run that
-    stopped early measured only the requests that ended, which look fast."""
-    marks = {}
-    for _, group in agg.groupby(GROUP, sort=False):
+def repeated(runs: pd.DataFrame) -> bool:
+    """Replicates that gave identical results on every metric: one measurement, not several."""
+    return len(runs) > 1 and bool((runs[METRICS].nunique(dropna=False) <= 1).all())
+
+
+def rankings(df: pd.DataFrame, agg: pd.DataFrame) -> list[Ranking]:
+    """Every ranked metric of every trace and load with at least two complete configurations."""
+    out = []
+    complete_runs = df[~df["partial"].astype(bool)] if "partial" in df else df
+    for (trace, load), group in agg.groupby(GROUP, sort=False):
         if "partial" in group:
             group = group[~group["partial"].astype(bool)]
-        if len(group) < 2:
-            continue
-        for c in (c for c in COLUMNS if c.better):
-            values = group[c.label].round(c.digits)
-            if values.nunique(dropna=True) < 2:
+        runs = complete_runs[(complete_runs["trace"] == trace) & (complete_runs["load"] == load)]
+        by_label = {label: cell for label, cell in runs.groupby("label", sort=False)}
+        testable = {label for label, cell in by_label.items() if not repeated(cell)}
+        for c in COLUMNS:
+            if not c.better or c.label not in group:
                 continue
-            target = values.min() if c.better == "min" else values.max()
-            for i in group.index[values == target]:
-                lo, hi = _interval(group.loc[i], c.label)
-                overlaps = tuple(group.loc[j, "label"] for j in group.index if j != i
-                                 and values[j] != target and _overlap((lo, hi), _interval(group.loc[j], c.label)))
-                marks[(i, c.label)] = Mark(overlaps, bool(np.isfinite(group.loc[i, f"{c.label} ±"])))
+            cells = group[np.isfinite(group[c.label].to_numpy(dtype=float))]
+            if len(cells) < 2:
+                continue
+            order = cells.sort_values(c.label, ascending=c.better == "min", kind="stable")["label"].tolist()
+            out.append(_ranking(trace, load, c, order, by_label, testable))
+    return out
+
+
+def _ranking(trace, load, column, order: list, by_label: dict, testable: set) -> Ranking:
+    tiers, steps = [[order[0]]], []
+    for label in order[1:]:
+        head = tiers[-1][0]
+        d = None
+        if head in testable and label in testable:
+            d = difference(replicate_values(by_label[head], column.label),
+                           replicate_values(by_label[label], column.label), head, label)
+        if d is not None and d.separated and round(abs(d.mean), column.digits) > 0:
+            tiers.append([label])
+            steps.append(d)
+        else:
+            tiers[-1].append(label)
+    return Ranking(trace, load, column.label, column.better, tuple(map(tuple, tiers)), tuple(steps))
+
+
+def best_marks(agg: pd.DataFrame, ranked: list[Ranking]) -> dict:
+    """(row index, metric) → Mark for each metric's best configuration within each trace and
+    load (ties at the shown digits all marked); a configuration the pairwise test does not
+    separate from it is a tie within noise. Groups of one configuration and metrics equal
+    across the group get no mark."""
+    marks = {}
+    rows = {(t, l, lab): i for i, t, l, lab in zip(agg.index, agg["trace"], agg["load"], agg["label"])}
+    for r in ranked:
+        column = SHOWN[r.metric]
+        means = {lab: round(float(agg.at[rows[(r.trace, r.load, lab)], r.metric]), column.digits)
+                 for tier in r.tiers for lab in tier}
+        if len(set(means.values())) < 2:
+            continue
+        best = means[r.tiers[0][0]]
+        top = [lab for lab in r.tiers[0] if means[lab] == best]
+        for lab in top:
+            i = rows[(r.trace, r.load, lab)]
+            ties = tuple(other for other in r.tiers[0] if other not in top)
+            marks[(i, r.metric)] = Mark(ties, bool(np.isfinite(agg.at[i, f"{r.metric} low"])))
     return marks
 
 
-def _overlap(a: tuple, b: tuple) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1]
+def steps_text(r: Ranking) -> str:
+    """`a ≈ b, ahead of c by 562.33 ms (95% CI 104.12 to 1,020.54; paired over 3 replicates)`; each
+    further tier `in turn ahead of` the next (its difference is from the tier above it)."""
+    column = SHOWN[r.metric]
+    unit = column.unit or ""
+    unit = " points" if unit == "%" else f" {unit}" if unit else ""
+    text = " ≈ ".join(r.tiers[0])
+    for k, (tier, d) in enumerate(zip(r.tiers[1:], r.steps)):
+        text += f", {'in turn ' if k else ''}ahead of {' ≈ '.join(tier)} by {_number(abs(d.mean), column.digits)}" \
+                f"{unit} ({_ci(d, column.digits)})"
+    return text
 
 
-def findings(df: pd.DataFrame, agg: pd.DataFrame, marks: dict) -> list[str]:
-    """Warnings that make a comparison uninformative, one sentence each."""
-    notes = []
-    if "partial" in df:
-        for run in df[df["partial"].astype(bool)].itertuples(index=False):
-            why = f"; {run.error}" if run.error else ""
-            notes.append(f"{run.label} on {run.trace} at load ×{run.load:g} ({run.run_dir}) is a partial run "
-                         f"({run.finished} requests finished{why}): shown, never ranked against complete runs")
-    for (trace, load, label), cell in df.groupby(CELL, sort=False):
-        if len(cell) > 1 and (cell[METRICS].nunique(dropna=False) <= 1).all():
-            notes.append(f"{label} on {trace} at load ×{load:g}: its {len(cell)} replicates gave identical "
-                         "results: the seed does not vary a sim replay of a trace file; use "
-                         "trace.replicate=1,2,3 for replicates")
-    for (trace, load), group in agg.groupby(GROUP, sort=False):
-        where = f"{trace} at load ×{load:g}"
-        if len(group) > 1 and group["n"].min() > 1:
-            decided = [k for k, mark in marks.items() if k[0] in group.index and not mark.within_noise]
-            if not decided:
-                notes.append(f"{where}: every configuration is within noise of the best on every metric "
-                             "(95% intervals overlap): this comparison does not rank them")
-        runs = df[(df["trace"] == trace) & (df["load"] == load)]
-        light = light_load(runs["KV peak (%)"].max(), runs["queueing p99 (s)"].max(), runs["ttft_slo"].max())
-        if light:
-            notes.append(f"{where}: {light}")
-    return notes
+def _number(x: float, digits: int) -> str:
+    return f"{x:,.{digits}f}"
 
 
-def light_load(kv_peak_pct, queueing_p99, ttft_slo) -> str | None:
-    """Why a replay was too light for policies to differ (None when it was not)."""
-    try:
-        kv_peak_pct, queueing_p99 = float(kv_peak_pct), float(queueing_p99)
-    except (TypeError, ValueError):           # no step ran, no request scheduled
-        return None
-    if not (np.isfinite(kv_peak_pct) and np.isfinite(queueing_p99)) or not ttft_slo:
-        return None
-    if kv_peak_pct < LIGHT_KV and queueing_p99 < LIGHT_QUEUE * ttft_slo:
-        return (f"light load: KV peaked at {kv_peak_pct:.0f}% and p99 queueing was {queueing_p99 * 1e3:.0f} ms "
-                f"(< {LIGHT_QUEUE:.0%} of the {ttft_slo:g} s TTFT SLO): scheduling policies barely differ "
-                "here; raise trace.rate_scale (or lower engine.num_blocks)")
-    return None
+def _ci(d: Difference, digits: int) -> str:
+    low, high = sorted((abs(d.low), abs(d.high))) if d.low * d.high > 0 else (d.low, d.high)
+    test = f"paired over {d.n} replicates" if d.method == "paired" else f"bootstrap, {d.n}+ replicates each"
+    return f"95% CI {_number(low, digits)} to {_number(high, digits)}; {test}"

@@ -20,31 +20,41 @@ class Metric:
     formula: str          # what is computed, in one sentence
     over: str             # which requests, steps or windows it aggregates
     distribution: bool = False
+    better: str = ""      # min | max: the direction `compare` ranks it in ("" : context, never ranked)
+
+    @property
+    def limits(self) -> tuple:
+        """The feasible range of the summary value: a confidence interval never leaves it."""
+        return LIMITS.get(self.unit, (0.0, float("inf")))
 
 
 FINISHED = "finished requests"
+LIMITS = {"fraction": (0.0, 1.0), "index": (0.0, 1.0)}      # shares and indexes; everything else: ≥ 0
+LOWER, HIGHER = "min", "max"
 METRICS = {m.key: m for m in (
-    Metric("ttft", "TTFT", "s", "first output token time − arrival", FINISHED, True),
+    Metric("ttft", "TTFT", "s", "first output token time − arrival", FINISHED, True, better=LOWER),
     Metric("tpot", "TPOT", "s", "(finish − first token) / (output tokens − 1)",
-           "finished requests with ≥ 2 output tokens", True),
+           "finished requests with ≥ 2 output tokens", True, better=LOWER),
     Metric("itl", "ITL", "s", "gap between consecutive output tokens of one request",
-           "every gap of every finished request, pooled", True),
-    Metric("e2e", "E2E", "s", "finish − arrival", FINISHED, True),
-    Metric("normalized_latency", "normalized latency", "s/token", "E2E / output tokens", FINISHED, True),
-    Metric("queueing_delay", "queueing", "s", "first scheduled − arrival", FINISHED, True),
+           "every gap of every finished request, pooled", True, better=LOWER),
+    Metric("e2e", "E2E", "s", "finish − arrival", FINISHED, True, better=LOWER),
+    Metric("normalized_latency", "normalized latency", "s/token", "E2E / output tokens", FINISHED, True, better=LOWER),
+    Metric("queueing_delay", "queueing", "s", "first scheduled − arrival", FINISHED, True, better=LOWER),
     Metric("slo_attainment", "SLO attainment", "fraction",
            "requests meeting both their TTFT and TPOT SLO / all requests",
-           "all trace requests: rejected and unfinished ones miss"),
-    Metric("goodput", "goodput", "req/s", "requests meeting their SLOs / trace duration", "all trace requests"),
+           "all trace requests: rejected and unfinished ones miss", better=HIGHER),
+    Metric("goodput", "goodput", "req/s", "requests meeting their SLOs / makespan (throughput's denominator: "
+           "goodput ≤ request throughput)", "all trace requests", better=HIGHER),
     Metric("throughput.output_tokens_per_s", "throughput", "out tok/s", "generated tokens / makespan",
-           "all requests"),
+           "all requests", better=HIGHER),
     Metric("throughput.input_tokens_per_s", "input throughput", "in tok/s", "prompt tokens prefilled / makespan",
-           "requests that got their first token"),
+           "requests that got their first token", better=HIGHER),
     Metric("throughput.requests_per_s", "request throughput", "req/s", "finished requests / makespan",
-           FINISHED),
-    Metric("preemptions", "preemptions", "count", "times a running request lost its KV blocks", "all requests"),
+           FINISHED, better=HIGHER),
+    Metric("preemptions", "preemptions", "count", "times a running request lost its KV blocks", "all requests",
+           better=LOWER),
     Metric("prefix_cache_hit_rate", "prefix hit", "fraction",
-           "prompt tokens served from cached blocks / prompt tokens", "requests that were scheduled"),
+           "prompt tokens served from cached blocks / prompt tokens", "requests that were scheduled", better=HIGHER),
     Metric("kv_utilization.mean", "KV mean", "fraction", "used KV blocks / KV blocks", "steps (unweighted)"),
     Metric("kv_utilization.max", "KV peak", "fraction", "used KV blocks / KV blocks, highest", "steps"),
     Metric("counts.requests", "requests", "count", "trace requests", "the trace"),
@@ -54,16 +64,24 @@ METRICS = {m.key: m for m in (
            "the trace"),
     Metric("trace_duration", "trace duration", "s", "last − first arrival (the makespan if 0)", "the trace"),
     Metric("makespan", "makespan", "s", "first arrival to the last completion, rejection or step end", "the run"),
+    Metric("load.fraction", "offered load", "ratio", "trace.load: the arrival rate / the estimated capacity",
+           "runs given trace.load"),
+    Metric("load.capacity_rate", "estimated capacity", "req/s", "steady completions per second of chunked with "
+           "every request queued, on the sim of the run's model and hardware", "runs given trace.load"),
+    Metric("load.trace_rate", "trace rate", "req/s", "requests / arrival span of the trace as read",
+           "runs given trace.load"),
+    Metric("load.rate_scale", "rate scale", "ratio", "fraction × capacity / trace rate: the trace.rate_scale "
+           "the run used", "runs given trace.load"),
     Metric("slo.ttft", "TTFT SLO", "s", "the global TTFT SLO (a request's own SLO wins)", "configuration"),
     Metric("slo.tpot", "TPOT SLO", "s", "the global TPOT SLO (a request's own SLO wins)", "configuration"),
     Metric("fairness.num_clients", "clients", "count", "distinct client names", "the trace"),
     Metric("fairness.jain_index", "Jain (whole run)", "index",
-           "Jain's index of each client's received / requested service", "clients, over the whole run"),
+           "Jain's index of each client's received / requested service", "clients, over the whole run", better=HIGHER),
     Metric("fairness.service_difference_max", "service diff max", "service",
            "max − min cumulative service (w_in·prompt + w_out·output tokens) of the backlogged clients",
-           "every event with ≥ 2 clients backlogged; the worst"),
+           "every event with ≥ 2 clients backlogged; the worst", better=LOWER),
     Metric("fairness.service_difference_mean", "service diff mean", "service",
-           "as service_difference_max", "time-weighted mean over the same events"),
+           "as service_difference_max", "time-weighted mean over the same events", better=LOWER),
     Metric("fairness_windows.window_s", "fairness window", "s", "window length (fairness.window, "
            "default 1/20 of the run)", "configuration"),
     Metric("fairness_windows.windows", "windows", "count", "windows the run is cut into", "the run"),
@@ -71,14 +89,14 @@ METRICS = {m.key: m for m in (
            "windows with ≥ 2 clients backlogged throughout", "windows"),
     Metric("fairness_windows.service_difference_mean", "service diff (windowed)", "service",
            "max − min service received in the window by the clients backlogged throughout it (VTC's measure)",
-           "contended windows, mean"),
+           "contended windows, mean", better=LOWER),
     Metric("fairness_windows.service_difference_max", "service diff (windowed, worst)", "service",
-           "as service_difference_mean", "contended windows, the worst"),
+           "as service_difference_mean", "contended windows, the worst", better=LOWER),
     Metric("fairness_windows.jain_mean", "Jain (windowed)", "index",
            "Jain's index of the window service of the clients backlogged throughout it",
-           "contended windows, mean"),
+           "contended windows, mean", better=HIGHER),
     Metric("fairness_windows.jain_min", "Jain (windowed, worst)", "index", "as jain_mean",
-           "contended windows, the lowest"),
+           "contended windows, the lowest", better=HIGHER),
     Metric("kv_hierarchy.swap_outs", "swap-outs", "count", "preemptions that moved KV to the host tier",
            "runs with a host KV tier"),
     Metric("kv_hierarchy.swap_ins", "swap-ins", "count", "swapped requests whose KV came back", "runs with a host KV tier"),
@@ -90,14 +108,14 @@ METRICS = {m.key: m for m in (
            "blocks of a swapped request found in the device prefix cache instead of copied back",
            "runs with a host KV tier"),
     Metric("kv_hierarchy.transfer_time", "swap transfer", "s", "time the KV transfers took (overlapped or not)",
-           "runs with a host KV tier"),
+           "runs with a host KV tier", better=LOWER),
     Metric("kv_hierarchy.recomputed_tokens", "recomputed tokens", "count",
-           "computed tokens lost to recompute preemptions", "runs with a host KV tier"),
+           "computed tokens lost to recompute preemptions", "runs with a host KV tier", better=LOWER),
     Metric("sessions.count", "sessions", "count", "sessions of a closed-loop replay", "the workload"),
     Metric("sessions.completed", "sessions completed", "count", "sessions whose every turn finished", "sessions"),
     Metric("sessions.turns_mean", "turns per session", "count", "turns / sessions", "sessions"),
     Metric("sessions.completion_time", "session time", "s", "last turn's finish − first turn's arrival",
-           "completed sessions", True),
+           "completed sessions", True, better=LOWER),
     Metric("sessions.ttft_by_turn", "TTFT by turn", "s", "TTFT of the turns with this index (key: the index)",
            "finished turns, per turn index (the first 16)"),
     Metric("speculative.proposed_tokens", "drafts proposed", "count", "draft tokens verified (k per "
@@ -117,11 +135,14 @@ METRICS = {m.key: m for m in (
     Metric("speculative.tokens_per_step", "tokens/step", "tokens", "emitted tokens / verifications: "
            "what a speculating decode gains per step", "runs whose policy gave drafts"),
     Metric("kv_hierarchy.device_hit_rate", "device hit", "fraction",
-           "prompt tokens served from the device prefix cache / prompt tokens of started requests", "runs with prefix tiers"),
+           "prompt tokens served from the device prefix cache / prompt tokens of started requests", "runs with prefix tiers",
+           better=HIGHER),
     Metric("kv_hierarchy.host_hit_rate", "host hit", "fraction",
-           "prompt tokens served from the prefix cache's host tier / prompt tokens of started requests", "runs with prefix tiers"),
+           "prompt tokens served from the prefix cache's host tier / prompt tokens of started requests", "runs with prefix tiers",
+           better=HIGHER),
     Metric("kv_hierarchy.disk_hit_rate", "disk hit", "fraction",
-           "prompt tokens served from the prefix cache's disk tier / prompt tokens of started requests", "runs with prefix tiers"),
+           "prompt tokens served from the prefix cache's disk tier / prompt tokens of started requests", "runs with prefix tiers",
+           better=HIGHER),
     Metric("kv_hierarchy.host_hit_blocks", "host-tier hits", "count",
            "cached blocks promoted from the host tier to the device", "runs with prefix tiers"),
     Metric("kv_hierarchy.disk_hit_blocks", "disk-tier hits", "count",
@@ -143,11 +164,12 @@ METRICS = {m.key: m for m in (
     Metric("kv_hierarchy.disk_bytes", "disk bytes", "bytes",
            "prefix-tier bytes read from and written to the disk tier", "runs with prefix tiers"),
     Metric("kv_hierarchy.host_transfer_time", "host-tier transfer", "s",
-           "time the prefix tiers' device-host copies took (overlapped or not)", "runs with prefix tiers"),
+           "time the prefix tiers' device-host copies took (overlapped or not)", "runs with prefix tiers",
+           better=LOWER),
     Metric("kv_hierarchy.disk_transfer_time", "disk-tier transfer", "s",
-           "time the disk tier's reads and writes took (overlapped or not)", "runs with prefix tiers"),
+           "time the disk tier's reads and writes took (overlapped or not)", "runs with prefix tiers", better=LOWER),
     Metric("programs.jct", "JCT", "s", "finish − arrival, the tools' time included (job completion time)",
-           "finished requests (runs with tool calls)", True),
+           "finished requests (runs with tool calls)", True, better=LOWER),
     Metric("programs.tool_time", "time paused", "s", "seconds a request waited for its tools (sum of its calls' "
            "durations)", "finished requests with ≥ 1 tool call", True),
     Metric("programs.programs_with_calls", "programs with calls", "count", "finished requests that made a tool call",
@@ -164,14 +186,15 @@ METRICS = {m.key: m for m in (
            "kept KV freed because the policy left the resumed request idle with nothing else to run",
            "runs with tool calls"),
     Metric("programs.recomputed_tokens", "tool recomputed tokens", "count",
-           "computed tokens lost at tool calls that the prefix cache did not give back", "runs with tool calls"),
+           "computed tokens lost at tool calls that the prefix cache did not give back", "runs with tool calls",
+           better=LOWER),
     Metric("programs.offloaded_blocks", "tool offloaded blocks", "count", "KV blocks copied to the host tier at tool calls",
            "runs with tool calls"),
     Metric("programs.paused_time", "total time paused", "s", "sum of every tool call's duration", "runs with tool calls"),
     Metric("cluster.num_replicas", "replicas", "count", "engine replicas", "cluster runs"),
     Metric("cluster.load_imbalance", "load imbalance", "ratio", "busiest replica's busy time / mean busy time",
-           "replicas"),
-    Metric("cluster.goodput_per_gpu", "goodput/GPU", "req/s", "goodput / replicas", "cluster runs"),
+           "replicas", better=LOWER),
+    Metric("cluster.goodput_per_gpu", "goodput/GPU", "req/s", "goodput / replicas", "cluster runs", better=HIGHER),
 )}
 # per replica, under cluster.replicas.<name>
 REPLICA_METRICS = {m.key: m for m in (
@@ -181,11 +204,11 @@ REPLICA_METRICS = {m.key: m for m in (
     Metric("prefix_cache_hit_rate", "prefix hit", "fraction", "as the run's, on this replica",
            "requests scheduled there"),
     Metric("preemptions", "preemptions", "count", "as the run's, on this replica", "the replica"),
-    Metric("goodput", "goodput", "req/s", "its requests meeting their SLOs / trace duration", "the replica"),
+    Metric("goodput", "goodput", "req/s", "its requests meeting their SLOs / the run's makespan", "the replica"),
     Metric("steps", "steps", "count", "engine steps run", "the replica"),
 )}
 # summary entries that are not metrics: the run's identity, its inputs and its bookkeeping
-NOT_METRICS = ("status", "partial", "error", "policy", "router", "rejections", "config", "trace_report",
+NOT_METRICS = ("status", "partial", "error", "policy", "router", "rejections", "config", "trace_report", "load.estimate",
                "cost_model", "missing_files", "files", "wall", "cluster.replicas", "sessions.mode", "sessions.users")
 
 SCALE = {("s", "ms"): 1e3, ("fraction", "%"): 100.0}
@@ -193,12 +216,29 @@ SCALE = {("s", "ms"): 1e3, ("fraction", "%"): 100.0}
 
 @dataclass(frozen=True)
 class Shown:
-    """A compare column: a metric (one field of a distribution), in the unit it is shown in."""
+    """A compare column: a metric (one field of a distribution), in the unit it is shown in,
+    ranked in the catalog's direction unless `rank` is off (a column shown for context)."""
     metric: str
     field: str = ""
     unit: str = ""               # shown unit ("" = the metric's own)
-    better: str = ""             # min | max | "" (context, never marked best)
     digits: int = 2
+    rank: bool = True
+
+    @property
+    def better(self) -> str:
+        """min | max (the metric's declared direction), or "" when this column is never ranked."""
+        return METRICS[self.metric].better if self.rank else ""
+
+    @property
+    def proportion(self) -> bool:
+        """A share of requests, tokens or steps: its interval is Wilson's, inside [0, 100] %."""
+        return METRICS[self.metric].unit == "fraction"
+
+    @property
+    def limits(self) -> tuple:
+        """The feasible range in the shown unit."""
+        lo, hi = METRICS[self.metric].limits
+        return lo * self.scale, hi * self.scale
 
     @property
     def path(self) -> tuple:

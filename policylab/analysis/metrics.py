@@ -190,8 +190,9 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
     Latency distributions (TTFT, TPOT, ITL, E2E, …) are over *finished* requests, as in vLLM's
     benchmark. SLO attainment is over *all* trace requests: rejected and unfinished ones count
     as missing their SLO, so shedding load never raises it. Goodput = requests meeting their
-    SLOs / trace duration (last − first arrival; the makespan if that is 0). The makespan runs
-    from the first arrival to the last completion, rejection or step end (whichever is last).
+    SLOs / makespan, the denominator of every throughput (DESIGN §6), so goodput ≤ requests/s.
+    The makespan runs from the first arrival to the last completion, rejection or step end
+    (whichever is last).
     `facts` are the table's TokenFacts (taken from its `token_times` column when not given).
     """
     df = requests_df
@@ -221,7 +222,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         "itl": distribution(facts.itl),
         "slo": {"ttft": slo.ttft, "tpot": slo.tpot},
         "slo_attainment": df["slo_met"].mean() if len(df) else NAN,
-        "goodput": _rate(df["slo_met"].sum(), trace_duration),
+        "goodput": _rate(df["slo_met"].sum(), makespan),
         "throughput": {
             "output_tokens_per_s": _rate(df["generated_tokens"].sum(), makespan),
             "input_tokens_per_s": _rate(df["prompt_tokens"].to_numpy()[prefilled].sum(), makespan),
@@ -251,8 +252,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         summary["programs"] = program_summary(df, result, distribution)
     if isinstance(result, ClusterResult):
         summary["router"] = result.router
-        summary["cluster"] = cluster_summary(df, steps_df, result, makespan, trace_duration, summary["goodput"],
-                                             distribution)
+        summary["cluster"] = cluster_summary(df, steps_df, result, makespan, summary["goodput"], distribution)
     return json_safe(summary)
 
 

@@ -100,6 +100,11 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     overview.add_row("throughput", f"{_num(tput['output_tokens_per_s'], ',.1f')} out tok/s, "
                      f"{_num(tput['input_tokens_per_s'], ',.1f')} in tok/s, "
                      f"{_num(tput['requests_per_s'], ',.3f')} req/s")
+    load = summary.get("load")
+    if load:
+        overview.add_row("offered load", f"{_num(load.get('fraction'), '.2f')} of an estimated capacity of "
+                         f"{_num(load.get('capacity_rate'), ',.3f')} req/s (trace.rate_scale "
+                         f"{_num(load.get('rate_scale'), '.4g')})")
     overview.add_row("preemptions", str(summary.get("preemptions", 0)))
     overview.add_row("prefix cache", f"{_num(100 * (summary.get('prefix_cache_hit_rate') or 0), '.1f')} % "
                      "of prompt tokens served from cached blocks")

@@ -2,8 +2,9 @@
 
 Every run is placed on three axes read from its summary's resolved config and its Hydra
 overrides: the **trace** (name plus any trace override but the load and the replicate), the
-**load** (`trace.rate_scale`) and the **configuration** (policy plus every other varying
-override). Runs that share all three and differ only in `seed` / `trace.replicate` are
+**load** (`trace.rate_scale`, as resolved from `trace.load` where a run was given one; the
+fraction of capacity is kept beside it) and the **configuration** (policy plus every other
+varying override). Runs that share all three and differ only in `seed` / `trace.replicate` are
 replicates of one measurement (`policylab.analysis.compare_stats` pools them).
 """
 from __future__ import annotations
@@ -18,40 +19,41 @@ import yaml
 from policylab.analysis.metric_catalog import Shown
 
 REPLICATE_KEYS = ("seed", "trace.replicate")
-LOAD_KEY = "trace.rate_scale"
+LOAD_KEYS = ("trace.rate_scale", "trace.load")
 
 
 # compare's columns: metrics declared in `metric_catalog`, each in the unit and precision shown
+# (ranked in the catalog's direction; queueing and KV peak are shown for context, never ranked)
 COLUMNS = (
-    Shown("ttft", "p50", "ms", "min", 1),
-    Shown("ttft", "p99", "ms", "min", 1),
-    Shown("tpot", "p50", "ms", "min", 2),
-    Shown("tpot", "p99", "ms", "min", 2),
-    Shown("itl", "p99", "ms", "min", 2),
-    Shown("e2e", "p99", "s", "min", 3),
-    Shown("goodput", better="max", digits=3),
-    Shown("slo_attainment", unit="%", better="max", digits=1),
-    Shown("throughput.output_tokens_per_s", better="max", digits=1),
-    Shown("preemptions", better="min", digits=0),
-    Shown("queueing_delay", "p99", "s", "", 3),
+    Shown("ttft", "p50", "ms", 1),
+    Shown("ttft", "p99", "ms", 1),
+    Shown("tpot", "p50", "ms", 2),
+    Shown("tpot", "p99", "ms", 2),
+    Shown("itl", "p99", "ms", 2),
+    Shown("e2e", "p99", "s", 3),
+    Shown("goodput", digits=3),
+    Shown("slo_attainment", unit="%", digits=1),
+    Shown("throughput.output_tokens_per_s", digits=1),
+    Shown("preemptions", digits=0),
+    Shown("queueing_delay", "p99", "s", 3, rank=False),
     Shown("kv_utilization.max", unit="%", digits=1),
-    Shown("prefix_cache_hit_rate", unit="%", better="max", digits=1),
-    Shown("fairness_windows.jain_mean", better="max", digits=3),              # runs of several clients
-    Shown("fairness_windows.service_difference_mean", better="min", digits=0),
-    Shown("cluster.load_imbalance", better="min", digits=3),                  # cluster runs only
-    Shown("cluster.goodput_per_gpu", better="max", digits=3),
-    Shown("kv_hierarchy.recomputed_tokens", better="min", digits=0),         # runs with a host KV tier
-    Shown("kv_hierarchy.transfer_time", better="min", digits=3),
-    Shown("sessions.completion_time", "p50", "s", "min", 2),                 # closed-loop sessions
-    Shown("sessions.completion_time", "p99", "s", "min", 2),
-    Shown("speculative.acceptance_rate", unit="%", digits=1),                  # runs with draft tokens
+    Shown("prefix_cache_hit_rate", unit="%", digits=1),
+    Shown("fairness_windows.jain_mean", digits=3),              # runs of several clients
+    Shown("fairness_windows.service_difference_mean", digits=0),
+    Shown("cluster.load_imbalance", digits=3),                  # cluster runs only
+    Shown("cluster.goodput_per_gpu", digits=3),
+    Shown("kv_hierarchy.recomputed_tokens", digits=0),          # runs with a host KV tier
+    Shown("kv_hierarchy.transfer_time", digits=3),
+    Shown("sessions.completion_time", "p50", "s", 2),           # closed-loop sessions
+    Shown("sessions.completion_time", "p99", "s", 2),
+    Shown("speculative.acceptance_rate", unit="%", digits=1),   # runs with draft tokens
     Shown("speculative.tokens_per_step", digits=2),
-    Shown("kv_hierarchy.host_hit_rate", unit="%", better="max", digits=1),   # runs with prefix tiers
-    Shown("kv_hierarchy.disk_hit_rate", unit="%", better="max", digits=1),
-    Shown("kv_hierarchy.host_transfer_time", better="min", digits=3),
-    Shown("kv_hierarchy.disk_transfer_time", better="min", digits=3),
-    Shown("programs.jct", "p99", "s", "min", 3),                               # runs with tool calls
-    Shown("programs.recomputed_tokens", better="min", digits=0),
+    Shown("kv_hierarchy.host_hit_rate", unit="%", digits=1),    # runs with prefix tiers
+    Shown("kv_hierarchy.disk_hit_rate", unit="%", digits=1),
+    Shown("kv_hierarchy.host_transfer_time", digits=3),
+    Shown("kv_hierarchy.disk_transfer_time", digits=3),
+    Shown("programs.jct", "p99", "s", 3),                       # runs with tool calls
+    Shown("programs.recomputed_tokens", digits=0),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]
@@ -165,10 +167,10 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
         trace = config.get("trace") if isinstance(config.get("trace"), dict) else {}
         policy = summary.get("policy", "?")
         varying = [o for o in own if o not in common]
-        params = [o for o in varying if _key(o) not in (*REPLICATE_KEYS, LOAD_KEY, "policy", "trace")
+        params = [o for o in varying if _key(o) not in (*REPLICATE_KEYS, *LOAD_KEYS, "policy", "trace")
                   and not _key(o).startswith("trace.") and not _names_a_pool_policy(o)]
         trace_params = [o for o in varying if _key(o).startswith("trace.")
-                        and _key(o) not in (*REPLICATE_KEYS, LOAD_KEY)]
+                        and _key(o) not in (*REPLICATE_KEYS, *LOAD_KEYS)]
         counts = summary.get("counts") or {}
         duration = summary.get("trace_duration")
         partial = is_partial(summary)
@@ -182,12 +184,13 @@ def collect_runs(run_dirs) -> tuple[pd.DataFrame, list[str]]:
                "status": summary.get("status", "?"), "run_dir": str(run_dir),
                "cost_model": cost_model_label(summary),
                "rate": counts.get("requests", 0) / duration if duration else None,
+               "capacity_load": (summary.get("load") or {}).get("fraction"),
                "ttft_slo": (summary.get("slo") or {}).get("ttft")}
         for c in COLUMNS:
             value = summary_value(summary, c.path)
             row[c.label] = None if value is None else value * c.scale
         rows.append(row)
-    df = pd.DataFrame(rows, columns=[*IDENTITY, "partial", "finished", "error", "cost_model", "rate", "ttft_slo",
-                                     *METRICS])
-    df[METRICS + ["rate", "ttft_slo"]] = df[METRICS + ["rate", "ttft_slo"]].apply(pd.to_numeric, errors="coerce")
+    numeric = [*METRICS, "rate", "capacity_load", "ttft_slo"]
+    df = pd.DataFrame(rows, columns=[*IDENTITY, "partial", "finished", "error", "cost_model", *numeric])
+    df[numeric] = df[numeric].apply(pd.to_numeric, errors="coerce")
     return df, common

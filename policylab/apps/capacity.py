@@ -298,7 +298,11 @@ def headline(result: CapacityResult) -> str:
 def capacity_job(cfg) -> float:
     """The Hydra job body: search, print the capacity, return it in req/s."""
     cfg = typed_config(cfg)
+
     def search(out_dir: Path):
+        if cfg.trace.load is not None:
+            raise RunError(f"trace.load={cfg.trace.load}: capacity searches over the arrival rate itself "
+                           "(trace.rate_scale); leave trace.load out")
         cap = cfg.capacity
         print(f"capacity search: {run_policy_label(cfg)} on {cfg.trace.name}, target {cap.target:.0%}, "
               f"rate_scale in [{cap.lo}, {cap.hi}], {cap.iters} bisection steps", file=sys.stderr)

@@ -64,9 +64,10 @@ def run_main(cfg: DictConfig) -> float:
 def calibrate_main(cfg: DictConfig) -> None:
     from policylab.apps.calibrate import calibrate
     from policylab.apps.jobs import build_engine, dataplane_of, measuring
+    from policylab.apps.offered_load import resolve_load
 
     def body(run_dir: Path):
-        run = typed_config(cfg)
+        run = resolve_load(typed_config(cfg))[0]
         if run.dataplane.kind == "vllm":
             from policylab.apps.fidelity_vllm import calibrate_vllm
             return calibrate_vllm(run, run_dir)
@@ -107,6 +108,7 @@ TOOLS = {
     "profile": "policylab.apps.data_cli",
     "compare": "policylab.analysis.compare",
     "sim-check": "policylab.apps.sim_check",
+    "fidelity-e2e": "policylab.apps.fidelity_e2e",
 }
 HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main,
               "capacity": capacity_main, "generate": generate_main}
@@ -121,6 +123,7 @@ USAGE = """usage: python -m policylab COMMAND ...
   generate   complete a real prompt through the full engine (model=smollm2-135m prompt="...")
   compare    table, CDFs, markdown and HTML of run or multirun directories (compare --help)
   sim-check  your step-time measurements (CSV) against the sim's cost model: MAPE, bias, worst (sim-check --help)
+  fidelity-e2e  your serving benchmark (vllm bench serve JSON, inference-perf report) replayed on the sim, per stage
   features   which features compose on which data plane and topology (one engine, replicas, P/D)
 """
 

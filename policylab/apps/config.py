@@ -24,6 +24,7 @@ from policylab.core.config import (EngineConfig, FairnessConfig, HardwareConfig,
                                    SloConfig, check_engine_config, check_slo_config)
 from policylab.core.extensions.speculation import SpeculativeConfig, check_speculative_config
 from policylab.dataplane.config import SimPlaneConfig, TorchPlaneConfig, plane_config
+from policylab.dataplane.serving_engine import ServingEngineConfig
 from policylab.traces.config import TraceConfig
 
 
@@ -83,6 +84,7 @@ class RunConfig:
     dataplane: Any = None           # {_target_: a data plane class, ...}: policylab.dataplane.config
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    serving_engine: ServingEngineConfig = field(default_factory=ServingEngineConfig)   # the sim's engine costs
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)   # `policylab capacity` search
     generate: GenerateConfig = field(default_factory=GenerateConfig)   # `policylab generate`
@@ -163,6 +165,13 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
         raise ConfigError(f"config: {e}".splitlines()[0]) from None
     if cfg.get("dataplane") is not None:
         run.dataplane = _dataplane_node(cfg.dataplane)
+    if isinstance(run.dataplane, SimPlaneConfig):      # the engine the simulated steps run in
+        run.dataplane.serving_engine = run.serving_engine
+    if run.model.config or run.model.name == "hf":      # model=hf model.config=PATH: the shape from config.json
+        if not run.model.config:
+            raise ConfigError("config: model=hf reads the model's shape from its Hugging Face config.json: "
+                              "add model.config=PATH (the file, or the folder holding it)")
+        run.model = _hf_model(run.model)
     run.policy = PolicySpec(OmegaConf.to_container(cfg.policy, resolve=True))
     for key in ("router", "decode_router"):
         if cfg.get(key) is not None:
@@ -177,6 +186,21 @@ def typed_config(cfg: DictConfig | RunConfig) -> RunConfig:
             if getattr(run.cluster, f"{pool}_policy") is None:
                 setattr(run.cluster, f"{pool}_policy", PolicySpec(run.policy))
     return run
+
+
+def _hf_model(model: ModelConfig) -> ModelConfig:
+    """The run's model with the shape its Hugging Face config.json states; a key set on the command
+    line (any value but the schema's default) wins over the file's."""
+    from dataclasses import replace
+    from policylab.dataplane.hf_config import HfConfigError, model_from_hf_config
+    try:
+        shape = model_from_hf_config(model.config, replace(ModelConfig(), name=model.name))
+    except HfConfigError as e:
+        raise ConfigError(f"config: {e}") from None
+    default = ModelConfig()
+    given = {f.name: getattr(model, f.name) for f in fields(ModelConfig)
+             if getattr(model, f.name) != getattr(default, f.name) and f.name not in ("name", "source", "path")}
+    return replace(shape, **given)
 
 
 def typed_dataplane(node):

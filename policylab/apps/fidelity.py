@@ -19,12 +19,13 @@ import pandas as pd
 from policylab.analysis.results import plain_config, write_results
 from policylab.apps.calibrate import calibrate
 from policylab.apps.config import RunConfig, typed_config
+from policylab.apps.offered_load import resolve_load
 from policylab.apps.jobs import build_engine, dataplane_of, measuring, replay
 from policylab.dataplane.fitted import load_calibration
 from policylab.apps.fidelity_report import _get, sim_and_report
 
 def fidelity(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
-    cfg = typed_config(cfg)
+    cfg = resolve_load(typed_config(cfg))[0]
     if cfg.dataplane.kind == "vllm":
         from policylab.apps.fidelity_vllm import fidelity_vllm
         return fidelity_vllm(cfg, run_dir)

@@ -151,6 +151,7 @@ def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals |
     (e.g. a results stream's) is called with each request's id as well. `progress="lines"`
     (jobs running side by side) prints whole lines instead, `label: 25% (50/200 requests)` at
     each quarter: bars redrawn by several processes on one terminal interleave.
+    `progress="transient"` (the Python API): one bar that is cleared when the replay ends.
 
     With `signals`, a stop signal ends the replay like Ctrl-C, and from the moment the engine
     returns, signals only get noted (`shield`): the caller writes the results undisturbed.
@@ -166,7 +167,7 @@ def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals |
             else:
                 from tqdm import tqdm
                 with tqdm(total=len(engine.trace), unit="req", desc=engine.policy_name, file=sys.stderr,
-                          dynamic_ncols=True, mininterval=0.5) as bar:
+                          dynamic_ncols=True, mininterval=0.5, leave=progress != "transient") as bar:
                     done = on_request_done or (lambda _: None)
                     result = engine.run(on_request_done=lambda rid: (done(rid), bar.update()))
         finally:

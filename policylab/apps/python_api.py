@@ -27,14 +27,16 @@ SIMPLE_VALUE = re.compile(r"^[\w.:/+\-@~]+$")
 POLICY_CLASSES: dict = {}        # "module.qualname" -> class, for classes no import can reach (a notebook cell's)
 
 
-def replay(policy=None, trace=None, *args: str, dir=None, **overrides) -> Run:
+def replay(policy=None, trace=None, *args: str, dir=None, verbose: bool = False, **overrides) -> Run:
     """Replay `trace` under `policy` as `python -m policylab run` does, and return the `Run`.
 
     policy: a name of configs/policy/ (`"chunked"`) or a `Policy` subclass (its constructor
     arguments: `policy__chunk_size=256` or `**{"policy.chunk_size": 256}`); None for the
     default. trace: a name of configs/trace/ (None: the default). args: Hydra override
     strings. dir: the run directory (default: outputs/<date>/<time>-<pid>_<policy>_<trace>,
-    as the CLI's). Any other keyword is a config key or group: `dataplane="sim"`,
+    as the CLI's). verbose: print the CLI's end-of-run summary; by default a replay shows
+    only a progress bar that goes away when it ends (and any warning). Any other keyword is a
+    config key or group: `dataplane="sim"`,
     `trace__rate_scale=3`, `engine={"max_num_seqs": 64}`. Raises `ConfigError` (a key or
     value the config does not have) or `RunError`; a replay that ends partial (a broken
     contract) returns its Run with `status == "partial"` and `error` set.
@@ -65,16 +67,19 @@ def replay(policy=None, trace=None, *args: str, dir=None, **overrides) -> Run:
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_results(run_dir)
     _write_hydra_files(run_dir, cfg, recorded)
-    summary = run(typed, run_dir)
+    summary = run(typed, run_dir, verbose=verbose)
     return Run(run_dir, summary)
 
 
-def compare(runs_or_dirs, out=None):
+def compare(runs_or_dirs, out=None, verbose: bool = False):
     """The `compare` command over runs (`Run` objects) or directories (runs or sweeps): writes
     its report (compare.md, compare.html, CSVs, figures) into `out` (default: the first
-    directory's `compare/`) and returns the grouped table as a DataFrame, one row per
-    configuration and load, each metric's mean and the half-width of its 95 % interval (the `... ±` columns).
-    The report's path is in the DataFrame's `attrs["report"]`."""
+    directory's `compare/`), prints its findings and warnings (`verbose`: the whole printout,
+    the table included) and returns the grouped table as a DataFrame, one row per
+    configuration and load: each metric's mean over the replicates and its 95 % interval (the
+    `... low` and `... high` columns, inside the metric's limits; `... ±` is half its width).
+    The report's path is in the DataFrame's `attrs["report"]`, the findings (one sentence per
+    metric on which the pairwise tests separate configurations) in `attrs["findings"]`."""
     import pandas as pd
     from policylab.analysis.compare import main as compare_main
 
@@ -83,11 +88,13 @@ def compare(runs_or_dirs, out=None):
     if not paths:
         raise RunError("compare: no runs given")
     out = Path(out) if out is not None else Path(paths[0]) / "compare"
-    code = compare_main([*paths, "-o", str(out)])
+    code = compare_main([*paths, "-o", str(out)], verbose=verbose)
     if code:
         raise RunError(f"compare of {' '.join(paths)} failed (exit status {code}; its message is above)")
     table = pd.read_csv(out / "compare.csv")
     table.attrs["report"] = out / "compare.md"
+    findings = out / "findings.txt"
+    table.attrs["findings"] = findings.read_text().splitlines() if findings.is_file() else []
     return table
 
 

@@ -9,18 +9,21 @@ from omegaconf import DictConfig
 from policylab.apps.config import RunConfig, plot_settings, typed_config
 from policylab.apps.jobs import (TRACEBACK_FILE, build_engine, in_parallel_launcher, replay, run_name,  # noqa: F401
                                  sweep_group, write_traceback)
+from policylab.apps.offered_load import resolve_load
 from policylab.apps.run_report import draw_plots, report
 from policylab.apps.signals import ReplaySignals, signal_name
 from policylab.traces import load_trace
 
 
 
-def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
+def run(cfg: RunConfig | DictConfig, run_dir: Path, verbose: bool = True) -> dict:
     """Replay and write the results; a stop signal (SIGINT/SIGTERM/SIGHUP) ends the replay, the
     results are still written (marked partial), then the job exits with 128 + the signal number.
     The handlers stay until the job ends: a signal while plots draw or W&B logs ends those, says
-    that the results are complete, and finishes the W&B run with the signal's exit code."""
-    cfg = typed_config(cfg)
+    that the results are complete, and finishes the W&B run with the signal's exit code.
+    `verbose=False` (the Python API's default): a progress bar that goes away when the replay
+    ends, and no summary; warnings are still printed."""
+    cfg, load = resolve_load(typed_config(cfg), verbose)
     if cfg.dataplane.kind == "vllm":
         from policylab.apps.run_vllm import run_vllm
         return run_vllm(cfg, run_dir)
@@ -33,11 +36,11 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
         loaded = measured_on_loaded_cpu(cost_model_of(engine))
         tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
         results = ResultStream(run_dir, engine.trace, cfg, signals.held)   # written as the run goes
-        extra = {"trace_report": trace.report.as_dict()}
+        extra = {"trace_report": trace.report.as_dict(), **({"load": load} if load else {})}
         if not hasattr(engine, "replicas"):      # (a cluster's replicas: not rebuilt from a handler)
             signals.stuck_writer = lambda why: write_stuck_replay(engine, results, extra, tracker, signals,
                                                                   run_dir, why)
-        progress = cfg.progress and ("lines" if in_parallel_launcher() else True)
+        progress = cfg.progress and ("lines" if in_parallel_launcher() else True if verbose else "transient")
         result = replay(engine, progress, signals, results.attach(engine), label=run_dir.name)
         if result.traceback:
             result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
@@ -69,7 +72,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path) -> dict:
                   + (", the plots may not all be there" if plots.enabled else ""), file=sys.stderr)
             raise SystemExit(signals.exit_code())
         tracker.finish()
-        report(cfg, summary, run_dir, partial, error, loaded, cost_model)
+        report(cfg, summary, run_dir, partial, error, loaded, cost_model, verbose)
         if signals.stopped_by:         # (while the W&B run finished: everything is written)
             print(f"{signal_name(signals.stopped_by)} received after the results were written", file=sys.stderr)
             raise SystemExit(signals.exit_code())

@@ -18,12 +18,16 @@ def draw_plots(run_dir: Path, settings) -> None:
               f"in {run_dir} are complete", file=sys.stderr)
 
 
-def report(cfg, summary: dict, run_dir: Path, partial: bool, error: str, loaded: str, cost_model: dict) -> None:
+def report(cfg, summary: dict, run_dir: Path, partial: bool, error: str, loaded: str, cost_model: dict,
+           verbose: bool = True) -> None:
     """What the terminal shows at the end of a run: the summary table (one line in a parallel
-    sweep), a light-load or loaded-machine warning, what timed the steps, where the results are."""
-    from policylab.analysis.compare_stats import light_load
+    sweep), a light-load or loaded-machine warning, what timed the steps, where the results are.
+    Not verbose (the Python API): the warnings and a partial run's error only."""
+    from policylab.analysis.compare_findings import light_load, slo_hint
     from policylab.analysis.results import print_summary
-    if in_parallel_launcher():     # jobs side by side: one line each, never interleaved tables
+    if not verbose:
+        pass
+    elif in_parallel_launcher():     # jobs side by side: one line each, never interleaved tables
         attainment, goodput = summary["slo_attainment"], summary["goodput"]
         print(f"{run_dir.name}: SLO attainment {'—' if attainment is None else f'{attainment:.1%}'}, goodput "
               f"{'—' if goodput is None else f'{goodput:.3f}'} req/s (table: python -m policylab compare {run_dir})")
@@ -33,12 +37,18 @@ def report(cfg, summary: dict, run_dir: Path, partial: bool, error: str, loaded:
                        cfg.slo.ttft)            # per-request SLOs may be tighter: the global one is the bar
     if light:
         print(f"warning: {light}", file=sys.stderr)
+    attainment = summary.get("slo_attainment")
+    hint = None if attainment is None or partial else \
+        slo_hint([100 * attainment], (summary.get("load") or {}).get("fraction"), subject="this run")
+    if hint and verbose:
+        print(f"note: {hint}", file=sys.stderr)
     if loaded:
         print(f"warning: {loaded}", file=sys.stderr)
-    if cost_model and cost_model.get("tokens_from") and not in_parallel_launcher():
+    if verbose and cost_model and cost_model.get("tokens_from") and not in_parallel_launcher():
         source = f"hardware '{cost_model['hardware']}'" if cost_model.get("hardware") else cost_model.get("kind", "?")
         print(f"step times: the cost model of {source} (the tokens are the real model's; "
               "dataplane.step_time=measured times the steps themselves)")
-    print(f"results: {run_dir}")
+    if verbose:
+        print(f"results: {run_dir}")
     if partial:
         print(f"run ended early: {error} — partial results written to {run_dir}", file=sys.stderr)

@@ -16,6 +16,10 @@ there is no writer, a cluster's replay, only the later signal ends it, without r
 
 Outside a replay (`keep_stop_signals`), a stop signal is noted, never fatal: the next replay
 does not start, and a sweep's parent tells its running jobs (`on_stop`).
+
+The deadline borrows SIGALRM only while it is set: an alarm someone else armed before the replay
+(a test's time limit, pytest-timeout's signal method) still reaches its own handler, and its
+timer runs on after the replay with the time it had left.
 """
 from __future__ import annotations
 
@@ -87,12 +91,15 @@ class ReplaySignals:
         self.stuck_writer = None      # callable(signum): writes the results if the replay never returns
         self._first_at = 0.0
         self._previous: dict = {}
+        self._outer_alarm = (0.0, 0.0)   # (seconds left, when read) of an alarm armed before the replay
+        self._deadline_set = False
 
     def __enter__(self) -> "ReplaySignals":
         if threading.current_thread() is threading.main_thread():   # (handlers: main thread only)
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
             if hasattr(signal, "SIGALRM"):
+                self._outer_alarm = (signal.getitimer(signal.ITIMER_REAL)[0], time.monotonic())
                 self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._deadline)
         if _noted:                    # stopped before this replay began: it does not start
             self.received.append(_noted[0])
@@ -114,12 +121,18 @@ class ReplaySignals:
                 self.stopping, self._first_at = True, time.monotonic()
                 if hasattr(signal, "setitimer"):
                     signal.setitimer(signal.ITIMER_REAL, STOP_GRACE_S)
+                    self._deadline_set = True
             raise _stop_error(signum)
         if self.stopping and not self.shielded and time.monotonic() - self._first_at >= ESCALATE_AFTER_S:
             self._write_now(f"{signal_name(signum)} after {signal_name(self.received[0])}")
         _say(f"{signal_name(signum)} received: finishing the results files first")
 
     def _deadline(self, signum: int, frame) -> None:
+        if not self._deadline_set:              # an alarm armed before the replay: its owner's
+            outer = self._previous.get(signal.SIGALRM)
+            if callable(outer):
+                outer(signum, frame)
+            return
         if self.stopping and not self.shielded and self.stuck_writer is not None:
             self._write_now(f"{STOP_GRACE_S:g} s after {signal_name(self.received[0])}")
 
@@ -143,8 +156,12 @@ class ReplaySignals:
             os._exit(code)
 
     def _cancel_deadline(self) -> None:
-        if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
-            signal.setitimer(signal.ITIMER_REAL, 0)
+        """Disarm the deadline, if set, and give an alarm armed before the replay what it had left."""
+        if not self._deadline_set or threading.current_thread() is not threading.main_thread():
+            return
+        self._deadline_set = False
+        left, read_at = self._outer_alarm
+        signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - read_at), 1e-3) if left > 0 else 0)
 
     @contextmanager
     def held(self):

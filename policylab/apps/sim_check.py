@@ -8,17 +8,25 @@ FILE.csv is tidy, one measurement a row (lines starting with # are comments):
 - tp: tensor-parallel GPUs; dtype: bf16 | fp16 | fp8 (bytes per weight and KV element);
 - phase: `decode` (a whole step of `batch` requests decoding one token each after `context`
   tokens), `prefill` (a whole step of `batch` chunks of `tokens_per_request` tokens after
-  `context` cached ones), `dense` (kernel time of all layers' GEMMs and elementwise ops plus the
-  embedding for batch x tokens_per_request tokens: what a Vidur mlp.csv measures) or
-  `attention` (one layer's attention kernel for that batch);
+  `context` cached ones), `mixed` (a whole step of `batch` decodes after `context` tokens and one
+  prefill chunk of `tokens_per_request` fresh tokens, as a chunked-prefill engine runs them),
+  `dense` (kernel time of all layers' GEMMs and elementwise ops plus the embedding for batch x
+  tokens_per_request tokens: what a Vidur mlp.csv measures) or `attention` (one layer's
+  attention kernel for that batch);
 - measured_ms: the measured time in milliseconds.
 
 Read by the one CSV reader (policylab.traces.csv_table): a bad cell is refused naming its line
 and column and the range it must be in (`INTEGER_RANGES`, `MAX_MS`).
 
-Printed: per phase the points, MAPE, bias (mean signed error) and the worst point, error being
-predicted / measured - 1; `--plot PATH` writes predicted against measured. `--sample` checks the
-shipped public sample (Vidur's A100 Llama-3-8B kernel times).
+Whole steps (decode, prefill, mixed) are priced inside the serving engine `--serving-engine`
+names (configs/serving_engine/: its host time, all-reduce implementation, CUDA graphs and kernel
+choices; default `none`: kernel time only, as a profiler of single kernels measures them). Pass the
+engine that produced your measurements: `vllm` for recent vLLM, `eager_nccl` for an eager engine.
+
+Printed: per phase (and per tensor-parallel size where several appear) the points, MAPE, bias
+(mean signed error) and the worst point, error being predicted / measured - 1; `--plot PATH`
+writes predicted against measured. `--sample` checks the shipped public sample (Vidur's A100
+Llama-3-8B kernel times).
 """
 from __future__ import annotations
 
@@ -35,11 +43,12 @@ from policylab.apps.config import CONFIG_DIR
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.core.request import MAX_ARRIVAL_S
 from policylab.dataplane.config import DataplaneConfig
+from policylab.dataplane.serving_engine import ServingEngineConfig
 from policylab.traces.csv_table import cell_value, csv_rows
 from policylab.traces.errors import TraceError, shown
 
 COLUMNS = ("model", "gpu", "tp", "dtype", "phase", "batch", "tokens_per_request", "context", "measured_ms")
-PHASES = ("decode", "prefill", "dense", "attention")
+PHASES = ("decode", "prefill", "mixed", "dense", "attention")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp8": 1}
 
 
@@ -91,29 +100,32 @@ def load_group(group: str, name: str, schema):
         close = get_close_matches(name, known, n=1)
         raise CheckError(f"no configs/{group}/{name}.yaml" + (f" (did you mean {close[0]}?)" if close else "")
                          + f"; known: {', '.join(known)}")
-    node = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(path))
+    node = OmegaConf.load(path)
+    for parent in [d for d in node.pop("defaults", []) if d != "_self_"]:     # a preset built on another
+        node = OmegaConf.merge(OmegaConf.structured(load_group(group, parent, schema)), node)
+    node = OmegaConf.merge(OmegaConf.structured(schema), node)
     return OmegaConf.to_object(node)
 
 
-def predict(row: dict, cost_model: str, host: str | None, cache: dict) -> float:
-    """The cost model's time (ms) of the row's batch."""
+def predict(row: dict, cost_model: str, engine: str | None, cache: dict) -> float:
+    """The cost model's time (ms) of the row's batch (whole steps inside the serving engine `engine`)."""
     from policylab.dataplane.sim import build_cost_model
     key = (row["model"], row["gpu"], row["tp"], row["dtype_bytes"])
     model = cache.get(key)
     if model is None:
         m = replace(load_group("model", row["model"], ModelConfig), dtype_bytes=row["dtype_bytes"])
         hw = load_group("hardware", row["gpu"], HardwareConfig)
-        if host:
-            hw = replace(hw, **{k: v for k, v in OmegaConf.to_container(OmegaConf.load(
-                Path(CONFIG_DIR) / "host" / f"{host}.yaml")).items()})
+        preset = load_group("serving_engine", engine, ServingEngineConfig) if engine else None
         model = cache[key] = build_cost_model(m, hw, DataplaneConfig(kind="sim", tensor_parallel=row["tp"],
-                                                                     cost_model=cost_model))
+                                                                     cost_model=cost_model, serving_engine=preset))
     b, n, c = row["batch"], max(1, row["tokens_per_request"]), row["context"]
     phase = row["phase"]
     if phase == "decode":
         return 1e3 * model.step_time([1] * b, [c] * b, b, b)
     if phase == "prefill":
         return 1e3 * model.step_time([n] * b, [c] * b, n * b, b)
+    if phase == "mixed":
+        return 1e3 * model.step_time([1] * b + [n], [c] * b + [0], b + n, b + 1)
     if phase == "dense":
         return 1e3 * model.dense_time(n * b)
     q = [1] * b if row["tokens_per_request"] <= 1 else [n] * b
@@ -121,12 +133,20 @@ def predict(row: dict, cost_model: str, host: str | None, cache: dict) -> float:
 
 
 def summarize(rows: list, predicted: list) -> list:
-    """(phase, points, MAPE, bias, worst error, worst line) per phase present, then all."""
+    """(phase, points, MAPE, bias, worst error, worst line) per phase present (and per phase and TP
+    when a phase has several TP sizes), then all."""
+    groups = []
+    for phase in [p for p in PHASES if any(r["phase"] == p for r in rows)]:
+        groups.append((phase, lambda r, phase=phase: r["phase"] == phase))
+        tps = sorted({r["tp"] for r in rows if r["phase"] == phase})
+        if len(tps) > 1:
+            groups += [(f"{phase} TP {tp}", lambda r, phase=phase, tp=tp: r["phase"] == phase and r["tp"] == tp)
+                       for tp in tps]
     out = []
-    for phase in [p for p in PHASES if any(r["phase"] == p for r in rows)] + ["all"]:
-        errs = [(p / r["measured_ms"] - 1, r["line"]) for r, p in zip(rows, predicted) if phase in ("all", r["phase"])]
+    for label, keep in groups + [("all", lambda r: True)]:
+        errs = [(p / r["measured_ms"] - 1, r["line"]) for r, p in zip(rows, predicted) if keep(r)]
         worst = max(errs, key=lambda e: abs(e[0]))
-        out.append((phase, len(errs), sum(abs(e) for e, _ in errs) / len(errs), sum(e for e, _ in errs) / len(errs),
+        out.append((label, len(errs), sum(abs(e) for e, _ in errs) / len(errs), sum(e for e, _ in errs) / len(errs),
                     worst[0], worst[1]))
     return out
 
@@ -156,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sample", action="store_true", help="check the shipped public sample instead")
     ap.add_argument("--cost-model", choices=("shaped", "roofline", "kernel"), default="shaped",
                     help="shaped (the simulator's default), roofline or kernel")
-    ap.add_argument("--host", default=None, help="a configs/host/ preset (whole-step phases)")
+    ap.add_argument("--serving-engine", default=None,
+                    help="a configs/serving_engine/ preset the measured steps ran in (vllm, vllm_eager, eager_nccl; "
+                         "default: none, kernel time only)")
     ap.add_argument("--plot", type=Path, default=None, help="write predicted vs measured to this PNG")
     return ap
 
@@ -170,11 +192,11 @@ def main(argv=None) -> int:
     try:
         rows = read_rows(path)
         cache: dict = {}
-        predicted = [predict(r, args.cost_model, args.host, cache) for r in rows]
+        predicted = [predict(r, args.cost_model, args.serving_engine, cache) for r in rows]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{path}: {len(rows)} points, cost_model={args.cost_model}, host={args.host or 'none'}\n")
+    print(f"{path}: {len(rows)} points, cost_model={args.cost_model}, serving_engine={args.serving_engine or 'none'}\n")
     print("| phase | points | MAPE | bias | worst (line) |\n|---|---|---|---|---|")
     for phase, n, mape, bias, worst, line in summarize(rows, predicted):
         print(f"| {phase} | {n} | {mape * 100:.1f} % | {bias * 100:+.1f} % | {worst * 100:+.1f} % ({line}) |")

@@ -16,6 +16,8 @@ class Capability(str, Enum):
     DRAFTS = "drafts"                  # verifies draft tokens (Batch.spec_lens, StepResult.accepted)
     POSITIONAL_TOKENS = "positional_tokens"   # token_at(position): the id sampled after a position
                                        # depends on the position only (the sim), so decodes need no list
+    SCHEDULES_AHEAD = "schedules_ahead"   # the engine it models plans a step while the last one runs
+                                       # (vLLM's async scheduling): arrivals are seen a step later
 
 
 def capabilities_of(plane) -> frozenset:

@@ -66,6 +66,7 @@ class ModelConfig:
     name: str = "tiny"
     source: str = "random"          # random (seeded) | hf_dir | gguf | shape_only (sim only)
     path: Optional[str] = None      # hf_dir: directory; gguf: file, or 'auto' to find a packaged one
+    config: Optional[str] = None    # a Hugging Face config.json the shape is read from (model=hf; sim)
     architecture: str = "llama"     # llama | qwen2 | mistral (real and sim); phi (sim only: GELU MLP, parallel block)
     hidden_size: int = 256
     intermediate_size: int = 688

@@ -92,6 +92,9 @@ class Engine:
         self._liveness = Liveness(cfg.max_stall_steps, self.policy_name)
         self._on_done = None
         self._eos = dataplane.eos_token_id if cfg.stop_at_eos else None
+        # a plane whose engine schedules one step ahead (vLLM's async scheduling): while requests run,
+        # an arrival is first seen by the step after the next (admitted up to the last step's start)
+        self.step_start = 0.0            # when the last executed step started
         self._sampled, self._arrived = [], []   # since the last schedule(): req_ids given a token, arrived
         self._timed = self.kv.timed if self.kv.uses_link else None   # link copies, charged to the step
         self._admits = True              # a lone engine admits what its queue has due; a replica does not
@@ -122,7 +125,7 @@ class Engine:
 
     def _collect_hooks(self) -> None:
         exts = self.extensions
-        self._admission, self._on_arrival, self._on_start, self._on_tokens, self._on_finish, self._on_done_hooks, \
+        self._admission_horizon, self._admission, self._on_arrival, self._on_start, self._on_tokens, self._on_finish, self._on_done_hooks, \
             self._on_request_done, self._after_step, self._on_stuck, self._on_stopped = (hooks_of(exts, h) for h in HOOKS)
         self._plan_fields = tuple((e.plan_field, e) for e in exts if e.plan_field)
 
@@ -253,7 +256,10 @@ class Engine:
             return
         if self.arrivals is None:
             self.arrivals = ArrivalSource(self.events, self.trace, self.deliver)
-        self.events.run_due(self.clock.now)
+        horizon = self.clock.now
+        for hook in self._admission_horizon:
+            horizon = hook(horizon)
+        self.events.run_due(horizon)
 
     def _run(self, committed: CommittedStep) -> StepResult:
         result = self.dataplane.execute(committed.batch)
@@ -423,7 +429,7 @@ class Engine:
 
     # ------------------------------------------------------- postprocess
     def _postprocess(self, step: CommittedStep, result: StepResult) -> None:
-        start = self.clock.now
+        start = self.step_start = self.clock.now
         self.clock.advance(result.duration)
         batch, n, now, sampled = step.batch, step.decodes, self.clock.now, result.sampled
         finished = self._decoding.postprocess(sampled[:n] if step.requests else sampled, now, self._eos) \

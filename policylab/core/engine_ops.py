@@ -50,6 +50,11 @@ class EngineOps:
         return self._e._eos
 
     @property
+    def step_start(self) -> float:
+        """When the last executed step started."""
+        return self._e.step_start
+
+    @property
     def num_running(self) -> int:
         return len(self._e._running)
 

@@ -10,6 +10,8 @@ composes with and where it runs (one engine, replicas, P/D) are declared once, i
 
 Hooks (a class overrides what it needs; the engine collects only the overridden ones):
 
+  admission_horizon(now) -> t   the latest event time the step about to be planned sees (a lag:
+                                an engine that schedules ahead)
   admission(t) -> str           why trace request `t` can never run here ("" if it can)
   on_arrival(r)                 request `r` arrived (its Request exists, it waits)
   on_start(starting)            requests just started running (their cache hits taken)
@@ -36,7 +38,7 @@ committed entry by entry through them.
 """
 from __future__ import annotations
 
-HOOKS = ("admission", "on_arrival", "on_start", "on_tokens", "on_finish", "on_done", "on_request_done",
+HOOKS = ("admission_horizon", "admission", "on_arrival", "on_start", "on_tokens", "on_finish", "on_done", "on_request_done",
          "after_step", "on_stuck", "on_stopped")
 
 

@@ -14,6 +14,8 @@ from difflib import get_close_matches
 from importlib import import_module
 from typing import ClassVar, Optional
 
+from policylab.dataplane.serving_engine import ServingEngineConfig
+
 SIM_TARGET = "policylab.dataplane.sim.SimDataPlane"
 TORCH_TARGET = "policylab.dataplane.torch_plane.TorchDataPlane"
 
@@ -32,6 +34,9 @@ class SimPlaneConfig:
     gpu_memory_utilization: float = 0.9   # share of device memory for weights + KV
     time_noise: float = 0.0         # each step's duration x (1 + time_noise x N(0,1)) (0: exact)
     time_noise_seed: int = 0
+    # the engine the steps run in: the run's `serving_engine` group, set by the app layer (None: kernel
+    # time only, as `serving_engine=none`; policylab/dataplane/serving_engine.py)
+    serving_engine: Optional[ServingEngineConfig] = None
 
 
 @dataclass

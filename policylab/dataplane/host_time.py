@@ -7,8 +7,8 @@ hidden behind the GPU is modelled as
     host = step_overhead + host_per_request x requests + host_per_token x scheduled tokens
 
 (`hardware.step_overhead`, `hardware.host_per_request`, `hardware.host_per_token`). The default
-is 0 (kernel time only, as Vidur's profiles measure); configs/host/*.yaml are presets for the
-engines users compare against, each with the measurement it comes from (`host=vllm_eager`).
+is 0: extra host time a user measured, on top of the serving engine's own host work
+(`policylab.dataplane.serving_engine`: configs/serving_engine/ presets, `serving_engine=vllm`).
 """
 from __future__ import annotations
 

@@ -52,8 +52,8 @@ class KernelCostModel(Roofline):
     """The roofline with shape-aware GEMM and attention kernels (module doc); its steps take the
     roofline's path (the general one with parallelism or per-request / per-token host time)."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1):
-        super().__init__(model, hw, tp, pp)
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1, engine=None):
+        super().__init__(model, hw, tp, pp, engine)
         self.sms, self.tile_m, self.tile_n = hw.num_sms, hw.gemm_tile_m, hw.gemm_tile_n
         self.gemm_eff, self.attn_eff, self.floor = hw.gemm_efficiency, hw.attention_efficiency, hw.attention_floor
         self._tile_flops = hw.peak_flops * hw.gemm_efficiency / hw.num_sms       # FLOP/s of one SM

@@ -25,28 +25,42 @@ from policylab.core.config import HardwareConfig
 
 
 class Link:
-    """Collective times over the GPU-to-GPU link of one parallel group."""
+    """Collective times over the GPU-to-GPU link of one parallel group, as the serving engine
+    implements them (`policylab.dataplane.serving_engine`: NCCL's ring, or vLLM's own kernels for
+    the all-reduces they take, and what an eager engine adds to each NCCL collective)."""
 
-    def __init__(self, hw: HardwareConfig, tp: int):
+    def __init__(self, hw: HardwareConfig, tp: int, engine=None):
         self.name, self.tp, self.bw = hw.link, tp, hw.link_bandwidth
-        self.ring_latency = hw.collective_latency + 2 * (tp - 1) * hw.link_latency
+        self.engine = engine
+        overhead = engine.cfg.collective_overhead if engine is not None else 0.0
+        self.ring_latency = hw.collective_latency + 2 * (tp - 1) * hw.link_latency + overhead
+        self.gather_latency = (hw.collective_latency + 2 * (tp - 1) * hw.link_latency) / 2 + overhead
         self.p2p_latency = hw.collective_latency + hw.link_latency
         self.ring_share = 2 * (tp - 1) / tp
+        self._custom = engine is not None and engine.cfg.all_reduce == "custom"
 
     def all_reduce(self, size: float) -> float:
-        """Ring all-reduce of `size` bytes among the tp GPUs (0 for one GPU)."""
+        """All-reduce of `size` bytes among the tp GPUs (0 for one GPU): the engine's custom kernel
+        where it takes the message, else a ring."""
         if self.tp == 1:
             return 0.0
+        if self._custom:
+            t = self.engine.custom_all_reduce(self.tp, size, self.bw)
+            if t is not None:
+                return t
         return self.ring_latency + self.ring_share * size / self.bw
 
     def all_gather(self, size: float) -> float:
         """Ring all-gather of a `size`-byte result of which each GPU holds 1/tp (half an all-reduce)."""
         if self.tp == 1:
             return 0.0
-        return self.ring_latency / 2 + self.ring_share / 2 * size / self.bw
+        return self.gather_latency + self.ring_share / 2 * size / self.bw
 
     def describe(self) -> dict:
-        return {"name": self.name, "bandwidth": self.bw, "ring_latency": self.ring_latency}
+        out = {"name": self.name, "bandwidth": self.bw, "ring_latency": self.ring_latency}
+        if self._custom:
+            out["all_reduce"] = "custom"
+        return out
 
     def send(self, size: float) -> float:
         """One point-to-point hand-off of `size` bytes (pipeline stages)."""

@@ -45,6 +45,7 @@ from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.host_time import HostTime
 from policylab.dataplane.moe import expert_gemm_terms
 from policylab.dataplane.parallel import Link, check_parallel, micro_batches, pipelined
+from policylab.dataplane.serving_engine import ServingEngine
 from policylab.dataplane.shape import ModelShape
 
 __all__ = ["ModelShape", "Roofline", "smooth_max"]
@@ -60,26 +61,42 @@ def smooth_max(a: float, b: float) -> float:
 class Roofline:
     """Step time of a batch from the shape and the hardware (seconds); dense part cached per token count."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1):
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1,
+                 engine: ServingEngine | None = None):
         check_parallel(tp, pp, model.num_attention_heads, model.num_hidden_layers)
         self.shape = s = ModelShape(model, tp)
         self.tp, self.pp = tp, pp
+        self.engine = engine = engine or ServingEngine()
         self.flops = hw.peak_flops * hw.flops_efficiency
         self.bw = hw.mem_bandwidth * hw.bw_efficiency
         self.latency = hw.kernel_latency
         self.overhead = hw.step_overhead
         self.host = HostTime(hw)
-        self.link = Link(hw, tp)
+        self.link = Link(hw, tp, engine)
         self.hw_name, self.flops_eff, self.bw_eff = hw.name, hw.flops_efficiency, hw.bw_efficiency
         self._s_per_attn_pair = s.attn_flops_per_pair * s.layers / self.flops
         self._s_per_kv_token = s.kv_bytes_per_token / self.bw
+        # the engine's fused residual-add + RMSNorm and SiLU-and-mul kernels: the adds' traffic folds into
+        # the norms (read and write the residual too) and two kernels a layer go (serving_engine.py)
+        fused = engine.cfg.fused_elementwise and s.norms == 2     # (phi's one LayerNorm: no fused add)
+        self.elementwise_kernels = s.elementwise_kernels - (2 if fused else 0)
+        self.residual_add_elems = 0 if fused else s.residual_add_elems
+        self._fold = (s.norms * 2 * s.hidden - s.residual_add_elems) if fused else 0
+        self._elementwise_elems = s.elementwise_elems + self._fold
+        self._moe_elementwise_elems = s.moe_elementwise_elems + self._fold
         # every layer's kernel launches (GEMMs and elementwise ops; the shaped model prices them apart)
-        self._layer_launches = s.kernels_per_layer * self.latency
-        self._moe_layer_launches = s.moe_kernels_per_layer * self.latency
+        self._layer_launches = (len(s.gemms) + self.elementwise_kernels) * self.latency
+        self._moe_layer_launches = (s.moe_kernels_per_layer - s.elementwise_kernels + self.elementwise_kernels) \
+            * self.latency
+        # kernels a step launches (the layers' GEMMs, elementwise ops, attention and cache write, all-reduces;
+        # embedding, final norm, LM head, sampler): what an engine without CUDA graphs pays the host for
+        per_layer = max(len(s.gemms), len(s.moe_gemms) + 4) + self.elementwise_kernels + 2 + (2 if tp > 1 else 0)
+        self._step_kernels, self._attention_kernels = s.layers * per_layer + 4, 2 * s.layers
         self._dense: dict = {}
         self._lm_head: dict = {}
         self._stages: dict = {}          # pipeline: (tokens, micro-batches) -> one micro-batch's layers, hand-off, embedding
-        if tp > 1 or pp > 1 or self.host.per_request or self.host.per_token:
+        if (tp > 1 or pp > 1 or self.host.per_request or self.host.per_token or engine.has_host_time
+                or engine.async_scheduling):
             self.step_time = self._parallel_step_time
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
@@ -91,7 +108,7 @@ class Roofline:
         """All transformer layers' GEMMs and elementwise ops for n tokens (no attention)."""
         s, b, gemm_time = self.shape, self.shape.dtype_bytes, self.gemm_time
         gemm = sum(gemm_time(n, k, m) for k, m in s.gemms)
-        t = s.dense_layers * (gemm + self.elementwise_time(n, s.elementwise_elems) + self._layer_launches)
+        t = s.dense_layers * (gemm + self.elementwise_time(n, self._elementwise_elems) + self._layer_launches)
         if s.moe_layers:
             t += s.moe_layers * self.moe_layer_time(n)
         if self.tp > 1:          # two all-reduces per layer (attention output, MLP down)
@@ -104,7 +121,7 @@ class Roofline:
         gemm = sum(self.gemm_time(n, k, m) for k, m in s.moe_gemms)
         flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b)
         experts = self.expert_time(flops, traffic)
-        return gemm + experts + self.elementwise_time(n, s.moe_elementwise_elems) + self._moe_layer_launches
+        return gemm + experts + self.elementwise_time(n, self._moe_elementwise_elems) + self._moe_layer_launches
 
     def elementwise_time(self, n: int, elems: int) -> float:
         """One layer's norms, RoPE, activation and residual adds (`elems` read and written per token):
@@ -162,26 +179,35 @@ class Roofline:
         return dense + head + self.attention_time(q, ctx, tokens) + self.overhead
 
     def _parallel_step_time(self, q, ctx, tokens: int, sampled: int) -> float:
-        """step_time with tensor or pipeline parallelism or per-request / per-token host time."""
-        host = self.host(len(q), tokens)
+        """step_time with tensor or pipeline parallelism, per-request / per-token host time or a
+        serving engine's host work: kernel time, then the engine's launches and host work
+        (serial, or hidden behind the GPU under async scheduling: serving_engine.py)."""
+        requests = len(q)
+        host = self.host(requests, tokens)
+        e = self.engine
+        if e.has_host_time:
+            host += e.host_per_step + e.host_per_request * requests + e.host_per_token * tokens
         if self.pp == 1:
             dense, head = self._dense.get(tokens), self._lm_head.get(sampled)
             if dense is None:
                 dense = self.dense_time(tokens)
             if head is None:
                 head = self.lm_head_time(sampled)
-            return dense + head + self.attention_time(q, ctx, tokens) + host
-        m = micro_batches(self.pp, len(q))
-        stage = self._stages.get((tokens, m))
-        if stage is None:
-            per_mb = -(-tokens // m)
-            stage = self._stages[tokens, m] = (
-                self.layers_time(per_mb), self.link.send(per_mb * self.shape.hidden * self.shape.dtype_bytes),
-                self.embedding_time(tokens))
-        dense, handoff, embedding = stage
-        layers = dense + self.attention_time(q, ctx, tokens) / m
-        return (embedding + pipelined(layers / self.pp, handoff, self.pp, m)
-                + self.lm_head_time(sampled) + host)
+            gpu = dense + head + self.attention_time(q, ctx, tokens)
+        else:
+            m = micro_batches(self.pp, requests)
+            stage = self._stages.get((tokens, m))
+            if stage is None:
+                per_mb = -(-tokens // m)
+                stage = self._stages[tokens, m] = (
+                    self.layers_time(per_mb), self.link.send(per_mb * self.shape.hidden * self.shape.dtype_bytes),
+                    self.embedding_time(tokens))
+            dense, handoff, embedding = stage
+            layers = dense + self.attention_time(q, ctx, tokens) / m
+            gpu = embedding + pipelined(layers / self.pp, handoff, self.pp, m) + self.lm_head_time(sampled)
+        launches = e.launches(self._step_kernels, tokens, tokens == requests, self._attention_kernels) \
+            if e.launch else 0.0
+        return e.step(gpu, launches, host)
 
     def describe(self) -> dict:
         out = {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,
@@ -197,4 +223,6 @@ class Roofline:
             out.update(tensor_parallel=self.tp, pipeline_parallel=self.pp, link=self.link.describe())
         if self.host.named or self.host.per_request or self.host.per_token:
             out["host_time"] = self.host.describe()
+        if not self.engine.is_none:        # (its every constant is in the run's config echo)
+            out["serving_engine"] = self.engine.describe()
         return out

@@ -71,6 +71,7 @@ class ModelShape:
         self.elementwise_elems = norms * 2 * h + 2 * rope_elems + (3 if gated else 2) * f + self.residual_add_elems
         routed_f = m.num_experts_per_tok * self.expert_f + shared_f
         self.moe_elementwise_elems = norms * 2 * h + 2 * rope_elems + 3 * routed_f + self.residual_add_elems
+        self.norms = norms
         self.elementwise_kernels = norms + 1 + 1 + 2                           # norms, RoPE, activation, adds
         self.kernels_per_layer = len(self.gemms) + self.elementwise_kernels
         # MoE layer: attention GEMMs, router, top-k + permute, two grouped expert GEMMs, shared experts

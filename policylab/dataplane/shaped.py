@@ -65,6 +65,8 @@ MIN_ROW_TILE = 16           # the smallest row tile a GEMM of few tokens runs
 PARTIAL_WAVE_EXPONENT = 0.5 # a last wave filling a share f of the SMs costs f ** this of a full wave
 GEMM_P_NORM = 4.0           # the GEMM knee: 2^(1/4) = 1.19x the larger bound at balance
 
+SPLIT_K_MIN = 1024          # the least K each part of a split-K GEMM keeps
+FLASH_TILE = 128            # FlashAttention's query and key tile (head_dim 128)
 FULL_RATE_CHUNK = 16384     # the chunk length at which prefill attention runs at attention_efficiency
 MIN_LENGTH_SHARE = 0.1      # r(n) never below this (a guard for tiny chunks; not reached above 2 tokens)
 
@@ -72,25 +74,36 @@ MIN_LENGTH_SHARE = 0.1      # r(n) never below this (a guard for tiny chunks; no
 class ShapedCostModel(KernelCostModel):
     """The roofline with the GEMM curve, the elementwise kernels and the attention kernels above (module doc)."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1):
-        super().__init__(model, hw, tp, pp)
-        self.half_m, self.decode_floor, self.slope = hw.gemm_half_m, hw.decode_attention_floor, hw.attention_length_slope
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1, engine=None):
+        super().__init__(model, hw, tp, pp, engine)
+        e = self.engine.cfg
+        self.half_m, self.slope = hw.gemm_half_m, hw.attention_length_slope
+        self.decode_floor = hw.decode_attention_floor if e.decode_attention_floor is None else e.decode_attention_floor
         self.curve_eff = hw.curve_efficiency
         s = self.shape
         self.elementwise_eff, self.elementwise_latency = hw.elementwise_bw_efficiency, hw.elementwise_latency
         self._elementwise_bw = hw.mem_bandwidth * hw.elementwise_bw_efficiency
         gemm_launches = (s.kernels_per_layer - s.elementwise_kernels) * self.latency
-        self._layer_launches = gemm_launches + s.elementwise_kernels * hw.elementwise_latency
+        self._layer_launches = gemm_launches + self.elementwise_kernels * hw.elementwise_latency
         self._moe_layer_launches = ((s.moe_kernels_per_layer - s.elementwise_kernels) * self.latency
-                                    + s.elementwise_kernels * hw.elementwise_latency)
+                                    + self.elementwise_kernels * hw.elementwise_latency)
+        # a decode kernel that does not split the KV sequence runs one (request, KV head) per SM
+        self._split_kv, self._kv_heads_per_sm = e.decode_split_kv, s.kv_heads / hw.num_sms
+        self._split_k, self._flash = e.gemm_split_k, e.flash_prefill
+        self._flash_flops = hw.peak_flops * e.prefill_attention_efficiency
+        self._tile_overhead, self._heads_per_sm = e.prefill_attention_tile_overhead, s.heads / hw.num_sms
         self._cols_per_wave = hw.num_sms * COLUMN_TILE
         self._gemm_flops = hw.peak_flops * hw.curve_efficiency
         self.tile_m, self.tile_n = int(hw.gemm_wave_tile_m), int(hw.gemm_wave_tile_n)
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
         tm = min(self.tile_m, max(MIN_ROW_TILE, 1 << (int(n) - 1).bit_length()))
-        full, rest = divmod(-(-n // tm) * -(-m // self.tile_n), self.sms)
-        waves = full + (rest / self.sms) ** PARTIAL_WAVE_EXPONENT
+        tiles = -(-n // tm) * -(-m // self.tile_n)
+        full, rest = divmod(tiles, self.sms)
+        splits = min(self.sms // tiles, k // SPLIT_K_MIN) if self._split_k and not full else 1
+        # less than one wave: split K over the idle SMs (each of the tiles x splits items does K / splits),
+        # else a partly empty last wave at sqrt of its share
+        waves = 1 / splits if splits > 1 else full + (rest / self.sms) ** PARTIAL_WAVE_EXPONENT
         work = waves * tm * self.tile_n * self.sms + self.half_m * m * min(1.0, self._cols_per_wave / m)
         compute = 2 * k * work / self._gemm_flops
         memory = (k * m + n * (k + m)) * self.shape.dtype_bytes / self.bw
@@ -99,7 +112,7 @@ class ShapedCostModel(KernelCostModel):
     def elementwise_time(self, n: int, elems: int) -> float:
         """Norms, RoPE and the activation (one thread block per token) cost at least `num_sms` tokens'
         traffic, the residual adds stream flat; both at `elementwise_bw_efficiency` (module doc)."""
-        adds = self.shape.residual_add_elems
+        adds = self.residual_add_elems
         return (max(n, self.sms) * (elems - adds) + n * adds) * self.shape.dtype_bytes / self._elementwise_bw
 
     def expert_time(self, flops: float, traffic: float) -> float:
@@ -117,17 +130,25 @@ class ShapedCostModel(KernelCostModel):
         if tokens == requests:
             return self.shape.layers * self._decode(requests, sum(ctx) + tokens)
         chunks = list(compress(range(requests), map((1).__lt__, q)))      # prefill chunks (n > 1)
-        flop_time = prefill_tokens = prefill_ctx = 0
+        flop_time = prefill_tokens = prefill_ctx = query_tiles = 0
         for i in chunks:
             n, c = q[i], ctx[i]
             # causal pairs: every query sees the cached keys and the chunk's keys up to itself
-            flop_time += n * (c + (n + 1) / 2) / self.length_share(n)
+            if self._flash:       # FlashAttention tiles: K keys a query tile on average, + fixed work a tile
+                keys = c + (n + FLASH_TILE) / 2
+                flop_time += n * (c + (n + 1) / 2) * (keys + self._tile_overhead) / keys
+                query_tiles += -(-n // FLASH_TILE)
+            else:
+                flop_time += n * (c + (n + 1) / 2) / self.length_share(n)
             prefill_tokens, prefill_ctx = prefill_tokens + n, prefill_ctx + c + n
         t = 0.0
         decodes = requests - len(chunks)
         if decodes:
             t += self._decode(decodes, sum(ctx) + tokens - prefill_ctx)
-        compute = flop_time * self._pair_flops / self._attn_flops
+        if self._flash:       # (query tile x head) work items that fill fewer SMs than the GPU has
+            compute = flop_time * self._pair_flops / (self._flash_flops * min(1.0, query_tiles * self._heads_per_sm))
+        else:
+            compute = flop_time * self._pair_flops / self._attn_flops
         memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
                   + prefill_ctx * self._kv_bytes_layer) / self.bw
         t += self.floor + max(compute, memory) + self.latency       # + the cache write's launch
@@ -136,6 +157,8 @@ class ShapedCostModel(KernelCostModel):
     def _decode(self, requests: int, context: int) -> float:
         """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens."""
         memory = (context * self._kv_bytes_layer + requests * (self._qo_bytes_token + self._kv_bytes_layer)) / self.bw
+        if not self._split_kv:
+            memory /= min(1.0, requests * self._kv_heads_per_sm)
         return self.decode_floor + max(memory, context * self._pair_flops / self._attn_flops) + self.latency
 
     def describe(self) -> dict:

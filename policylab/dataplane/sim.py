@@ -19,6 +19,7 @@ from policylab.core.batch import Batch, StepResult
 from policylab.core.capabilities import Capability
 from policylab.core.rng import splitmix64
 from policylab.dataplane.roofline import ModelShape, Roofline
+from policylab.dataplane.serving_engine import ServingEngine
 
 SIM_CAPABILITIES = frozenset({Capability.KV_BYTES, Capability.DRAFTS, Capability.POSITIONAL_TOKENS})
 MIN_VOCAB = 32    # ids 0..15 and the top 16 are left out of sampled ids (special tokens)
@@ -46,13 +47,14 @@ def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneC
     if dp.profile:
         from policylab.dataplane.profile import ProfileCostModel
         return ProfileCostModel(model, hardware, dp)
+    engine = ServingEngine(dp.serving_engine)
     if dp.cost_model == "shaped":
         from policylab.dataplane.shaped import ShapedCostModel
-        return ShapedCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel)
+        return ShapedCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel, engine)
     if dp.cost_model == "kernel":
         from policylab.dataplane.kernel_model import KernelCostModel
-        return KernelCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel)
-    return Roofline(model, hardware, dp.tensor_parallel, dp.pipeline_parallel)
+        return KernelCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel, engine)
+    return Roofline(model, hardware, dp.tensor_parallel, dp.pipeline_parallel, engine)
 
 
 def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneConfig) -> None:
@@ -102,8 +104,13 @@ class SimDataPlane:
         self.shape = ModelShape(model, dp.tensor_parallel)
         self.gpus = dp.tensor_parallel * dp.pipeline_parallel
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
-        self.capabilities = SIM_CAPABILITIES
         self.cost_model = build_cost_model(model, hardware, dp)
+        engine = getattr(self.cost_model, "engine", None)
+        # the engine's async scheduling: an arrival joins one step later (core.extensions.async_scheduling)
+        self.capabilities = SIM_CAPABILITIES | ({Capability.SCHEDULES_AHEAD} if engine is not None
+                                                and engine.async_scheduling else frozenset())
+        # seconds a load generator's TTFT and E2E include beyond the engine's (fidelity-e2e adds them)
+        self.client_latency = engine.cfg.client_latency if engine is not None else 0.0
         self._next_token: list = []          # position -> id sampled after it (see execute)
         self.speculation = None              # verifies draft tokens (policylab.dataplane.speculative)
         if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
@@ -111,10 +118,16 @@ class SimDataPlane:
             self._exact_step_time, self._step_time = self._step_time, self._noisy_step_time
 
     def num_kv_blocks(self, block_size: int) -> int:
-        free = self.hw.mem_bytes * self.gpus * self.dp.gpu_memory_utilization - self.shape.weight_bytes
+        """vLLM's accounting: every GPU's memory x gpu_memory_utilization, less the weights and what the
+        serving engine keeps besides (activation peak, communication buffers), holds KV blocks."""
+        e = self.dp.serving_engine
+        reserve = self.gpus * ((e.non_kv_memory + (e.non_kv_memory_parallel if self.gpus > 1 else 0.0))
+                               if e is not None else 0.0)
+        free = self.hw.mem_bytes * self.gpus * self.dp.gpu_memory_utilization - self.shape.weight_bytes - reserve
         if free <= 0:
-            raise ValueError(f"model weights ({self.shape.weight_bytes / 1e9:.1f} GB) do not fit in "
-                             f"{self.gpus} x {self.hw.name} memory x {self.dp.gpu_memory_utilization}"
+            raise ValueError(f"model weights ({self.shape.weight_bytes / 1e9:.1f} GB)"
+                             + (f" and the engine's {reserve / 1e9:.1f} GB besides" if reserve else "")
+                             + f" do not fit in {self.gpus} x {self.hw.name} memory x {self.dp.gpu_memory_utilization}"
                              + ("" if self.gpus > 1 else ": raise dataplane.tensor_parallel"))
         return int(free // (self.shape.kv_bytes_per_token_all_gpus() * block_size))
 

@@ -17,6 +17,11 @@ from policylab.datasets.cache import DatasetError, cache_root, expected_sha256, 
 from policylab.datasets.catalog import Dataset, RemoteFile
 
 CHUNK = 1 << 16
+FORMATS = ("azure", "mooncake", "burstgpt", "vidur")     # configs/trace/<format>.yaml reads a file by path
+
+
+class DownloadFailed(DatasetError):
+    """The network refused (offline, DNS, a proxy): the message says how to get the file by hand."""
 
 
 def source_url(f: RemoteFile, mirror: Optional[str]) -> str:
@@ -35,7 +40,10 @@ def download(kind: str, name: str, cache_dir: Optional[str] = None, mirror: Opti
             say(f"cached   {target} (sha256 ok)")
             continue
         url = source_url(f, mirror)
-        digest, size = _fetch(url, target, f.sha256 or (None if force else expected_sha256(root, f)), timeout)
+        try:
+            digest, size = _fetch(url, target, f.sha256 or (None if force else expected_sha256(root, f)), timeout)
+        except DownloadFailed as e:
+            raise DownloadFailed(f"{e}\n{by_hand(ds, f, url, target)}") from None
         if f.sha256 is None:
             (root / (f.path + ".sha256")).write_text(f"{digest}  {Path(f.path).name}\n")
             say(f"fetched  {target} ({size:,} bytes; no published checksum: sha256 {digest} recorded)")
@@ -62,7 +70,7 @@ def _fetch(url: str, target: Path, sha256: Optional[str], timeout: float) -> tup
             raise DatasetError(f"{url}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise DatasetError(f"{url}: download failed ({reason}); nothing was kept") from None
+            raise DownloadFailed(f"{url}: download failed ({reason}); nothing was kept") from None
         if expected is not None and size != int(expected):
             raise DatasetError(f"{url}: connection closed after {size:,} of {int(expected):,} bytes; "
                                "nothing was kept: run the command again")
@@ -73,6 +81,20 @@ def _fetch(url: str, target: Path, sha256: Optional[str], timeout: float) -> tup
         return got, size
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def by_hand(ds: Dataset, f: RemoteFile, url: str, target: Path) -> str:
+    """What to do without a network from here: fetch the URL elsewhere, then read the file where
+    it lies, or put it where the dataset's name finds it."""
+    steps = [f"offline? fetch {url} by hand (a browser, or curl -L -o {Path(f.path).name} {url}), then"]
+    if ds.kind == "trace":
+        fmt = ds.name.split("_")[0]
+        if fmt in FORMATS:
+            steps.append(f"  read it where it is:  python -m policylab run trace={fmt} trace.path=FILE")
+        steps.append(f"  or save it as {target}: then trace={ds.name} finds it (its sha256 is checked)")
+    else:
+        steps.append(f"  save it as {target}: then dataplane.profile={ds.name} finds it (its sha256 is checked)")
+    return "\n".join(steps)
 
 
 def verify(kind: str, name: str, cache_dir: Optional[str] = None) -> list:

@@ -7,7 +7,11 @@ only the public `step()` to hand the engine to the checker after each step.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.config import DataplaneConfig
@@ -30,6 +34,24 @@ class Scenario:
     seed: int = 0
     prefix_block_tokens: int = 32
     sessions: object = None          # a SessionPlan over `trace`: replayed in closed loop (core.extensions.sessions)
+
+    def describe(self) -> str:
+        """One line: the requests in short, the engine settings that differ from the defaults, the seed."""
+        t = self.trace
+        span = f" over {max(r.arrival_time for r in t) - min(r.arrival_time for r in t):.3g} s" if t else ""
+        lengths = (f" (prompts {min(r.prompt_tokens for r in t)}–{max(r.prompt_tokens for r in t)}, outputs "
+                   f"{min(r.output_tokens for r in t)}–{max(r.output_tokens for r in t)} tokens)") if t else ""
+        default = EngineConfig()
+        engine = " ".join(f"{f.name}={getattr(self.engine, f.name)}" for f in dataclasses.fields(self.engine)
+                          if getattr(self.engine, f.name) != getattr(default, f.name))
+        return (f"{len(t)} request{'s' if len(t) != 1 else ''}{span}{lengths}; engine {engine or 'defaults'}; "
+                f"seed {self.seed}"
+                + ("; closed-loop sessions" if self.sessions is not None else ""))
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        """What hypothesis prints for a failing example: one line (the whole scenario is in the
+        reproduction file a failure names)."""
+        printer.text(f"Scenario(<{self.describe()}>)")
 
 
 class _RecordingPolicy:
@@ -119,6 +141,9 @@ def fingerprint(result: RunResult) -> tuple:
     return reqs, tuple((k, tuple(v)) for k, v in sorted(result.steps.items())), result.status
 
 
+FAILURES_DIR = "POLICYLAB_FAILURES"     # where reproduction files go (default: the temp dir's policylab-failures)
+
+
 def reproduction(policy, scenario: Scenario) -> str:
     """Python that replays `scenario` under `policy` on its own (every field of the scenario spelled
     out: dataclass reprs evaluate back to equal objects)."""
@@ -129,6 +154,27 @@ def reproduction(policy, scenario: Scenario) -> str:
             "    from policylab.core.request import TraceRequest\n"
             "    from policylab.testing.harness import Scenario, check_policy\n"
             f"    check_policy({spec!r}, {scenario!r})")
+
+
+def save_reproduction(policy, scenario: Scenario) -> Path:
+    """The reproduction as a script (`python FILE` from the directory the policy imports from)."""
+    code = reproduction(policy, scenario)
+    script = "\n".join(line[4:] for line in code.splitlines()[1:]) + "\n"
+    folder = Path(os.environ.get(FAILURES_DIR) or Path(tempfile.gettempdir()) / "policylab-failures")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"reproduce_{hashlib.sha256(script.encode()).hexdigest()[:12]}.py"
+    path.write_text("# a failing invariant check of policylab's harness: python this file\n" + script)
+    return path
+
+
+def failure_report(error: BaseException, policy, scenario: Scenario) -> str:
+    """The cause first (one line), then how to reproduce it and the scenario in one line; the
+    scenario in full goes to a file."""
+    try:
+        where = f"python {save_reproduction(policy, scenario)}"
+    except OSError as e:                # (an unwritable temp dir: the code itself, at the end)
+        where = f"the code below (no file: {e})\n{reproduction(policy, scenario)}"
+    return f"{error}\nreproduce: {where}\nscenario: {scenario.describe()}"
 
 
 def check_policy(policy, scenario: Scenario, determinism: bool = True,

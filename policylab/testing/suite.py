@@ -3,17 +3,24 @@
 `policy_spec` is each `--policy` given to pytest (with `-p policylab.testing.pytest_plugin`),
 else every shipped policy config. Import this module's names into a test module (as
 tests/test_invariants.py does) or collect it with `--pyargs policylab.testing.suite`.
+
+A broken invariant or contract fails its test with the cause first, in one line, then the
+command that reproduces it (the scenario in full goes to a file) and the scenario in one line;
+an exception the policy raised keeps its traceback, with the same reproduction as a note.
 """
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest
 from policylab.core.extensions.tool_calls import ToolCall
-from policylab.testing.harness import Scenario, check_policy, reproduction
+from policylab.core.violation import ContractViolation
+from policylab.testing.harness import Scenario, check_policy, failure_report
+from policylab.testing.properties import InvariantViolation
 from policylab.testing.loader import policy_factory, shipped_policy_configs, spec_id
 from policylab.testing.strategies import scenarios
 
@@ -27,7 +34,19 @@ def pytest_generate_tests(metafunc) -> None:
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios())
 def test_invariants_on_generated_scenarios(policy_spec, scenario):
-    check_policy(policy_spec, scenario)
+    checked(policy_spec, scenario)
+
+
+def checked(policy_spec, scenario: Scenario, **options):
+    """`check_policy`; a broken invariant or contract fails the test with its cause first."""
+    try:
+        return check_policy(policy_spec, scenario, **options)
+    except (InvariantViolation, ContractViolation) as e:
+        report = failure_report(e, policy_spec, scenario)
+    except Exception as e:
+        e.add_note(failure_report("the policy raised the exception above", policy_spec, scenario))
+        raise
+    pytest.fail(report, pytrace=False)
 
 
 def pressure_scenario(seed: int) -> Scenario:
@@ -41,15 +60,10 @@ def pressure_scenario(seed: int) -> Scenario:
 
 
 def check_each_seed(policy_spec, scenario_of) -> None:
-    """`check_policy` on `scenario_of(seed)` for seeds 0 and 1; a failure carries the scenario as
-    code that reproduces it alone."""
+    """`check_policy` on `scenario_of(seed)` for seeds 0 and 1; a failure names a file of code that
+    reproduces it alone."""
     for seed in (0, 1):
-        scenario = scenario_of(seed)
-        try:
-            check_policy(policy_spec, scenario)
-        except Exception as e:
-            e.add_note(reproduction(policy_spec, scenario))
-            raise
+        checked(policy_spec, scenario_of(seed))
 
 
 def test_invariants_under_kv_pressure(policy_spec):
@@ -65,7 +79,7 @@ def test_invariants_with_kv_levers_on(policy_spec):
         scenario = pressure_scenario(seed)
         engine = dataclasses.replace(scenario.engine, host_kv_blocks=24, prefix_cache="radix",
                                      prefix_host_blocks=8, prefix_disk_blocks=8)
-        check_policy(policy_spec, dataclasses.replace(scenario, engine=engine))
+        checked(policy_spec, dataclasses.replace(scenario, engine=engine))
 
 
 def forks_scenario(seed: int) -> Scenario:
@@ -112,7 +126,7 @@ def test_invariants_with_tool_calls(policy_spec):
     """Every KV choice at a tool call (the policy's own, and each one forced) keeps every
     invariant, the paused requests' included."""
     for mode in ("policy", "keep", "free", "offload"):
-        check_policy(policy_spec, tool_call_scenario(mode))
+        checked(policy_spec, tool_call_scenario(mode))
 
 
 def swap_every_victim(spec):
@@ -148,7 +162,7 @@ def test_invariants_with_swap_preemption_forced(policy_spec):
         for seed in (0, 1):
             scenario = pressure_scenario(seed)
             engine = dataclasses.replace(scenario.engine, host_kv_blocks=48, prefix_cache=index)
-            result = check_policy(swap_every_victim(policy_spec), dataclasses.replace(scenario, engine=engine))
+            result = checked(swap_every_victim(policy_spec), dataclasses.replace(scenario, engine=engine))
             swaps += result.sections["kv_tiers"]["swap_outs"]
             preemptions += sum(r.num_preemptions for r in result.requests)
         assert swaps > 0 or preemptions == 0, f"{index}: {preemptions} preemptions, none swapped"

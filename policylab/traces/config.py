@@ -13,6 +13,8 @@ class TraceConfig:
     cache_dir: Optional[str] = None          # where downloads live (default: $POLICYLAB_CACHE, ~/.cache/policylab)
     format: str = "auto"                     # auto | native | azure | mooncake | burstgpt | vidur | parquet
     rate_scale: float = 1.0                  # >1 compresses inter-arrival times (more load)
+    load: Optional[float] = None             # offered load, a fraction of the estimated capacity: sets
+                                             # rate_scale before the run (policylab/apps/offered_load.py)
     repeat: int = 1                          # tile the trace N times (a longer steady state at high load)
     replicate: int = 0                       # 0: the trace as read; K >= 1: K-th block-bootstrap resample
     max_requests: Optional[int] = None       # keep the first N requests (after window and sampling)

@@ -5,6 +5,7 @@ calls them."""
 from __future__ import annotations
 
 from policylab.core.capabilities import Capability
+from policylab.core.extensions.async_scheduling import AsyncScheduling
 from policylab.core.extensions.forks import Forks, uses_forks
 from policylab.core.extensions.sessions import ClosedLoop
 from policylab.core.extensions.speculation import Speculation
@@ -16,7 +17,8 @@ def extensions_for(trace: list, cfg, capabilities: frozenset, speculative=None, 
     """The extensions an engine replaying `trace` with engine config `cfg` on a plane with
     `capabilities` runs: forks when a request asks for samples or beams, tool calls when one
     pauses for a tool, speculation wherever the plane verifies drafts (`speculative`: its
-    config), and the closed-loop client of a session plan (`sessions`). Forks come before tool
+    config), the closed-loop client of a session plan (`sessions`), and the lag of an engine that
+    schedules ahead, where the plane models one. Forks come before tool
     calls: a step's forks spawn before its finished requests pause."""
     out = []
     if uses_forks(trace, cfg.parallel_samples, cfg.beam_width):
@@ -27,4 +29,6 @@ def extensions_for(trace: list, cfg, capabilities: frozenset, speculative=None, 
         out.append(Speculation(speculative))
     if sessions is not None:
         out.append(ClosedLoop(sessions, prefix_block_tokens))
+    if Capability.SCHEDULES_AHEAD in capabilities:
+        out.append(AsyncScheduling())
     return out

@@ -1,7 +1,7 @@
 """Host and disk tiers under the device prefix cache: a cached block the device evicts is offloaded,
 not lost (SGLang's HiCache, LMCache, vLLM's CPU offloading).
 
-When `BlockManager` evicts a free, hashed block to reuse it, its KV is copied to the host tier
+When the block pool evicts a free, hashed block to reuse it, its KV is copied to the host tier
 (`engine.prefix_host_blocks`); when the host tier is full its least recently offloaded block
 moves down to the disk tier (`engine.prefix_disk_blocks`), and the disk tier's least recent one
 is dropped. A prompt's lookup continues below the device: a block found on the host or the disk

@@ -1,0 +1,94 @@
+"""The simulator against real vLLM serving on H100, end to end: the development split.
+
+Each row of FILE (the development split of a public set of real vLLM v1 runs on H100, one row per
+load stage; its README says what each column means) is rebuilt as the load generator sent it
+(inference-perf's shared_prefix workload: prompts sent in a fixed cycle, groups sharing a system
+prompt, Poisson-conditioned arrivals, ignore_eos outputs) and replayed with `policy=vllm_v1` and
+the row's model, TP and vLLM knobs (policylab.apps.e2e_replay, as `fidelity-e2e` does). Printed:
+per stage the measured and predicted TTFT mean, E2E mean and per-token interval with the error,
+whether the sim saturated, and the MAPE of each over the stages.
+
+    python experiments/check_vllm_e2e.py FILE [--duration S] [--serving-engine NAME] [extra overrides...]
+
+--duration replays each stage for S seconds instead of its recorded 600 (a quicker, noisier check).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from policylab.apps.e2e_replay import client_latency, compare, mape, predicted_stages, replay_benchmark  # noqa: E402
+from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerKnobs  # noqa: E402
+from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
+
+MODELS = {"Llama-2-7B": "llama2-7b", "Llama-2-70B": "llama2-70b", "Mixtral-8x7B-v0.1": "mixtral-8x7b",
+          "CodeLlama-34B-Instruct": "codellama-34b"}
+GPUS = {"H100-80GB": "h100", "H200": "h200", "A100-80GB": "a100"}
+STAGE_GAP_S = 60.0
+
+
+def benchmarks(path: Path, duration: float | None) -> list:
+    """One Benchmark per (model, TP, workload) of the file, its stages in order."""
+    runs = defaultdict(list)
+    for row in csv.DictReader(path.open()):
+        runs[(row["model"], row["tensor_parallel"], row["workload"])].append(row)
+    out = []
+    for (model, tp, workload), rows in runs.items():
+        rows.sort(key=lambda r: int(r["stage"]))
+        r0 = rows[0]
+        groups, per_group = int(r0["num_groups"]), int(r0["prompts_per_group"])
+        prompt = int(round(float(r0["prompt_len_median"])))
+        system = int(r0["system_prompt_len"]) + 1            # + BOS
+        output = int(r0["output_len"])
+        load = SharedPrefixWorkload(groups, per_group, system, [prompt] * (groups * per_group),
+                                    [output] * (groups * per_group))
+        stages = [Stage(float(r["rate_req_s"]), duration or float(r["duration_s"])) for r in rows]
+        requests, stage_of = shared_prefix_trace(load, stages, STAGE_GAP_S, seed=0)
+        measured = [MeasuredStage(int(r["stage"]), float(r["rate_req_s"]), int(r["requests_ok"]),
+                                  int(r["requests_failed"]), float(r["ttft_mean_s"]), float(r["e2e_mean_s"]),
+                                  float(r["per_token_interval_mean_s"]), output, float(r["duration_s"]))
+                    for r in rows]
+        server = ServerKnobs(int(tp), int(r0["max_num_seqs"]), int(r0["max_num_batched_tokens"]),
+                             int(r0["block_size"]), float(r0["gpu_memory_utilization"]),
+                             r0["prefix_caching"].lower() == "true", int(r0["max_model_len"]))
+        out.append(Benchmark(f"{model} TP{tp} {workload}", MODELS[model], GPUS[r0["gpu"]], server, requests,
+                             stage_of, measured, prefix_block_tokens=system))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("file", type=Path)
+    ap.add_argument("--duration", type=float, default=None)
+    ap.add_argument("overrides", nargs="*", help="extra run overrides, e.g. serving_engine=none")
+    args = ap.parse_intermixed_args(argv)
+    rows = []
+    print("| run | stage | rate | TTFT meas / pred (ms) | err | E2E meas / pred (s) | err | "
+          "per-token meas / pred (ms) | err | sim |\n|---|---|---|---|---|---|---|---|---|---|")
+    started = time.perf_counter()
+    for bench in benchmarks(args.file, args.duration):
+        result, cfg = replay_benchmark(bench, args.overrides)
+        for c in compare(bench, predicted_stages(bench, result, client_latency(cfg))):
+            m, p, e = c.measured, c.predicted, c.errors
+            rows.append(c)
+            print(f"| {bench.name} | {m.stage} | {m.rate:g} | {m.ttft_mean * 1e3:.1f} / {p.ttft_mean * 1e3:.1f} | "
+                  f"{e.get('ttft_mean', float('nan')) * 100:+.1f} % | {m.e2e_mean:.2f} / {p.e2e_mean:.2f} | "
+                  f"{e.get('e2e_mean', float('nan')) * 100:+.1f} % | {m.per_token_interval * 1e3:.2f} / "
+                  f"{p.per_token_interval * 1e3:.2f} | {e.get('per_token_interval', float('nan')) * 100:+.1f} % | "
+                  f"{c.status} |")
+    wrong = sum(1 for c in rows if (c.status == "saturated") != bool(c.measured.requests_failed))
+    print(f"\nMAPE over {len(rows)} stages: E2E {mape(rows, 'e2e_mean') * 100:.1f} %, TTFT "
+          f"{mape(rows, 'ttft_mean') * 100:.1f} %, per-token interval {mape(rows, 'per_token_interval') * 100:.1f} %; "
+          f"stages predicted saturated wrongly: {wrong}  ({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

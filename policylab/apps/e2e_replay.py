@@ -1,0 +1,140 @@
+"""A benchmark's workload replayed on the sim, stage by stage: what `fidelity-e2e` compares.
+
+A `Benchmark` is what a load generator's result files say (policylab.traces.loadgen reads them):
+the server (model, GPU, TP and vLLM's knobs), the requests as a trace with the stage each belongs
+to, and per stage the measured TTFT, end-to-end latency and per-token interval of the requests
+that succeeded. `replay_benchmark` composes the run config a user would (`dataplane=sim
+policy=vllm_v1`, the model, `hardware`, `dataplane.tensor_parallel`, `serving_engine`, `engine.*`
+as vLLM's knobs say), replays the whole trace once (stages in order, so the prefix cache carries
+over as on the server) and measures each stage as the load generator does.
+
+A stage whose requests failed on the client (timeouts under overload) is reported `overloaded`:
+its measured latencies cover only the survivors, which a replay without client timeouts cannot
+reproduce (`compare_stage`'s `unsupported` hook; a client timeout in the trace will close it).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage
+
+
+@dataclass
+class PredictedStage:
+    stage: int
+    requests: int
+    ttft_mean: float
+    e2e_mean: float
+    per_token_interval: float     # (E2E mean - TTFT mean) / (mean output tokens - 1), as measured
+    saturated: bool               # the sim's queue grew through the stage (arrivals outran service)
+
+
+@dataclass
+class StageComparison:
+    measured: MeasuredStage
+    predicted: Optional[PredictedStage]
+    status: str                   # ok | overloaded (client failures: unsupported until client timeouts)
+    errors: dict = field(default_factory=dict)   # metric -> predicted / measured - 1
+
+
+def run_overrides(bench: Benchmark, extra: list) -> list:
+    """The run's Hydra overrides for `bench` (a user's `extra` overrides win: they come last)."""
+    s = bench.server
+    out = ["dataplane=sim", "policy=vllm_v1", f"model={bench.model}", f"hardware={bench.gpu}",
+           f"dataplane.tensor_parallel={s.tensor_parallel}",
+           f"dataplane.gpu_memory_utilization={s.gpu_memory_utilization}",
+           f"engine.block_size={s.block_size}", f"engine.max_num_seqs={s.max_num_seqs}",
+           f"engine.max_num_batched_tokens={s.max_num_batched_tokens}",
+           f"engine.enable_prefix_caching={str(s.enable_prefix_caching).lower()}",
+           f"trace.prefix_block_tokens={bench.prefix_block_tokens}", "logger=none", "plots=false", "progress=false"]
+    if bench.model_config:
+        out.append(f"model.config={bench.model_config}")
+    if s.max_model_len:
+        out.append(f"engine.max_model_len={s.max_model_len}")
+    return out + list(extra)
+
+
+def replay_benchmark(bench: Benchmark, extra: list = (), cfg=None):
+    """(RunResult, typed run config) of `bench`'s trace on the sim (`cfg`: a composed config to use)."""
+    from policylab.apps.config import typed_config
+    from policylab.apps.jobs import build_engine
+    from policylab.apps.python_api import compose
+    from omegaconf import open_dict
+    if cfg is None:
+        cfg = compose(run_overrides(bench, list(extra)))
+        with open_dict(cfg):
+            del cfg["hydra"]
+    run = typed_config(cfg)
+    engine = build_engine(run, trace=list(bench.requests))
+    result = engine.run()
+    if result.partial:
+        raise RuntimeError(f"the replay of {bench.name} ended early: {result.error}")
+    return result, run
+
+
+def client_latency(cfg) -> float:
+    """Seconds a load generator's TTFT and E2E hold beyond the engine's: the serving engine's
+    `client_latency` (simulated planes; 0 for a measured or calibrated one)."""
+    if getattr(cfg.dataplane, "kind", "") != "sim" or cfg.dataplane.calibration or cfg.dataplane.profile:
+        return 0.0
+    return cfg.serving_engine.client_latency
+
+
+def predicted_stages(bench: Benchmark, result, client: float = 0.0) -> dict:
+    """Per stage, the sim's TTFT, E2E and per-token interval of its finished requests, as the load
+    generator measures them (from each request's send time, `client` seconds added to TTFT and E2E)."""
+    out = {}
+    stage_of = np.asarray(bench.stage_of)
+    for k in sorted(set(bench.stage_of)):
+        ids = np.nonzero(stage_of == k)[0]
+        ttft, e2e, outs, queued = [], [], [], []
+        for i in ids:
+            r, t = result.requests[i], result.trace[i]
+            if r is None or r.finish_time is None or not r.token_times:
+                continue
+            ttft.append(r.token_times[0] - t.arrival_time)
+            e2e.append(r.finish_time - t.arrival_time)
+            outs.append(len(r.token_times))
+            queued.append((r.first_scheduled_time or r.finish_time) - t.arrival_time)
+        if not ttft:
+            continue
+        ttft_mean, e2e_mean = float(np.mean(ttft)) + client, float(np.mean(e2e)) + client
+        tokens = float(np.mean(outs))
+        out[k] = PredictedStage(k, len(ttft), ttft_mean, e2e_mean,
+                                (e2e_mean - ttft_mean) / (tokens - 1) if tokens > 1 else math.nan,
+                                grew(queued))
+    return out
+
+
+def grew(queued: list) -> bool:
+    """Whether queueing delay grew through the stage: its last quarter waits a second longer than
+    its first (a stage the server keeps up with waits the same from start to end)."""
+    q = len(queued) // 4
+    return q > 0 and float(np.mean(queued[-q:])) - float(np.mean(queued[:q])) > 1.0
+
+
+def compare(bench: Benchmark, predicted: dict) -> list:
+    return [compare_stage(m, predicted.get(m.stage)) for m in bench.stages]
+
+
+def compare_stage(m: MeasuredStage, p: Optional[PredictedStage]) -> StageComparison:
+    """Errors of one stage; a stage with client failures is `overloaded` (the hook a client timeout closes)."""
+    if m.requests_failed:
+        return StageComparison(m, p, "overloaded")
+    if p is None:
+        return StageComparison(m, None, "no prediction")
+    errors = {}
+    for key in ("ttft_mean", "e2e_mean", "per_token_interval"):
+        measured, pred = getattr(m, key), getattr(p, key)
+        if measured and measured > 0 and math.isfinite(pred):
+            errors[key] = pred / measured - 1
+    return StageComparison(m, p, "saturated" if p.saturated else "ok", errors)
+
+
+def mape(rows: list, key: str) -> float:
+    values = [abs(r.errors[key]) for r in rows if key in r.errors and r.status in ("ok", "saturated")]
+    return float(np.mean(values)) if values else math.nan

@@ -1,0 +1,176 @@
+"""`python -m policylab fidelity-e2e RESULT`: the simulator against your own serving benchmark.
+
+RESULT is what a load generator wrote: vLLM's `vllm bench serve --save-result` JSON (or
+benchmarks/benchmark_serving.py's; `--append-result` files are read one line a stage), or a
+Kubernetes inference-perf report folder (config.yaml + stage_N_lifecycle_metrics.json, and
+per_request_lifecycle_metrics.json when it was written). The workload is rebuilt as a trace
+(policylab.traces.loadgen), replayed on the sim under `policy=vllm_v1` with the model, GPU, TP and
+vLLM's server knobs (flags named as `vllm serve`'s), and each stage's measured TTFT, E2E and
+per-token interval is printed next to the prediction with the error. The client's side of the
+latency (`serving_engine.client_latency`) is added to the sim's TTFT and E2E, as the load
+generator measured them from its side.
+
+A stage with failed requests (client timeouts under overload) is reported `overloaded`: its
+latencies cover only the survivors, which a replay without client timeouts cannot reproduce.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from policylab.traces.errors import TraceError
+
+# Hugging Face ids of the shipped model presets (a load generator records the served model's id)
+MODEL_PRESETS = {
+    "meta-llama/llama-2-7b-hf": "llama2-7b", "meta-llama/llama-2-7b-chat-hf": "llama2-7b",
+    "meta-llama/llama-2-70b-hf": "llama2-70b", "meta-llama/llama-2-70b-chat-hf": "llama2-70b",
+    "codellama/codellama-34b-instruct-hf": "codellama-34b", "codellama/codellama-34b-hf": "codellama-34b",
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b", "mistralai/mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
+    "meta-llama/llama-3.1-8b": "llama3-8b", "meta-llama/llama-3.1-8b-instruct": "llama3-8b",
+    "meta-llama/meta-llama-3.1-8b-instruct": "llama3-8b", "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
+    "deepseek-ai/deepseek-v3": "deepseek-v3", "qwen/qwen2-0.5b": "qwen2-0.5b",
+    "huggingfacetb/smollm2-135m": "smollm2-135m", "huggingfacetb/smollm2-135m-instruct": "smollm2-135m",
+}
+GPU_NAMES = {"h100": "h100", "h200": "h200", "a100": "a100", "a40": "a40", "l40s": "l40s", "b200": "b200",
+             "mi300x": "mi300x", "cpu": "cpu"}
+
+
+def vllm_defaults(gpu: str) -> tuple:
+    """vLLM's OpenAI server defaults of (max_num_batched_tokens, max_num_seqs) on this GPU
+    (vllm/engine/arg_utils.py: >= 160 GiB 16384 / 1024; >= 70 GiB and not an A100 8192 / 1024;
+    otherwise 2048 / 256)."""
+    if gpu in ("b200", "mi300x"):
+        return 16384, 1024
+    if gpu in ("h100", "h200"):
+        return 8192, 1024
+    return 2048, 256
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m policylab fidelity-e2e", description=__doc__.split("\n")[0])
+    ap.add_argument("result", type=Path, help="vllm bench serve JSON, or an inference-perf report folder")
+    ap.add_argument("overrides", nargs="*", help="more run overrides (serving_engine=vllm_eager, dataplane.cost_model=...)")
+    ap.add_argument("--model", default=None, help="a configs/model/ preset (default: from the result's model id)")
+    ap.add_argument("--model-config", type=Path, default=None, help="a Hugging Face config.json of the served model")
+    ap.add_argument("--gpu", default=None, help=f"the GPU it ran on: {', '.join(sorted(GPU_NAMES))}")
+    ap.add_argument("--serving-engine", default="vllm", help="a configs/serving_engine/ preset (default: vllm)")
+    vllm = ap.add_argument_group("the vLLM server's knobs (as `vllm serve` took them)")
+    vllm.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    vllm.add_argument("--max-num-seqs", type=int, default=None, help="default: vLLM's for the GPU")
+    vllm.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: vLLM's for the GPU")
+    vllm.add_argument("--block-size", type=int, default=16)
+    vllm.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    vllm.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    vllm.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--prefix-tokens", type=int, default=0,
+                    help="vllm bench serve: tokens every prompt shares (--random-prefix-len; the result does not say)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of arrivals drawn where the result has none")
+    ap.add_argument("--out", type=Path, default=None, help="write the rebuilt trace and the comparison here")
+    return ap
+
+
+def load_benchmark(args):
+    """The result as a Benchmark with the model, GPU and server knobs filled in."""
+    from policylab.traces.loadgen.benchmark import ServerKnobs
+    from policylab.traces.loadgen.inference_perf import is_report_folder, read_inference_perf
+    from policylab.traces.loadgen.vllm_bench import read_vllm_bench
+    path = args.result
+    if path.is_dir():
+        if not is_report_folder(path):
+            raise TraceError(str(path), None, None, "a folder must be an inference-perf report "
+                             "(config.yaml and stage_N_lifecycle_metrics.json)")
+        bench = read_inference_perf(path, args.seed)
+    elif path.is_file():
+        bench = read_vllm_bench(path, args.seed, args.prefix_tokens)
+    else:
+        raise TraceError(str(path), None, None, "no such file or folder")
+    if args.gpu is None:
+        raise ValueError("which GPU served it? give --gpu (" + ", ".join(sorted(GPU_NAMES)) + ")")
+    gpu = GPU_NAMES.get(args.gpu.lower())
+    if gpu is None:
+        raise ValueError(f"--gpu {args.gpu}: one of {', '.join(sorted(GPU_NAMES))}")
+    model, model_config = args.model, args.model_config
+    if model is None and model_config is None:
+        model = MODEL_PRESETS.get(bench.model.lower())
+        local = Path(bench.model).expanduser()
+        if model is None and (local / "config.json").is_file():
+            model_config = local / "config.json"
+        if model is None and model_config is None:
+            raise ValueError(f"the result served '{bench.model}', which has no preset: give --model PRESET or "
+                             "--model-config path/to/config.json")
+    tokens, seqs = vllm_defaults(gpu)
+    server = ServerKnobs(args.tensor_parallel_size, args.max_num_seqs or seqs, args.max_num_batched_tokens or tokens,
+                         args.block_size, args.gpu_memory_utilization, args.enable_prefix_caching, args.max_model_len)
+    return replace(bench, model=model or "hf", model_config=str(model_config) if model_config else None,
+                   gpu=gpu, server=server)
+
+
+def run(args) -> list:
+    from policylab.apps.e2e_replay import client_latency, compare, predicted_stages, replay_benchmark
+    bench = load_benchmark(args)
+    result, cfg = replay_benchmark(bench, [f"serving_engine={args.serving_engine}", *args.overrides])
+    client = client_latency(cfg)              # the load generator measures from its side of the API
+    rows = compare(bench, predicted_stages(bench, result, client))
+    report(bench, cfg, rows, client)
+    if args.out:
+        write_outputs(args.out, bench, rows)
+    return rows
+
+
+def report(bench, cfg, rows: list, client: float) -> None:
+    from policylab.apps.e2e_replay import mape
+    s = bench.server
+    print(f"{bench.name}: {len(bench.requests)} requests in {len(bench.stages)} stage(s); model {cfg.model.name}, "
+          f"{bench.gpu} x TP {s.tensor_parallel}, serving_engine {cfg.serving_engine.name} (client latency "
+          f"{client * 1e3:.1f} ms), max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
+          f"block {s.block_size}, prefix caching {'on' if s.enable_prefix_caching else 'off'}")
+    for note in bench.notes:
+        print(f"  ({note})")
+    print("\n| stage | rate (req/s) | ok / failed | TTFT measured / predicted (ms) | error | E2E measured / "
+          "predicted (s) | error | per-token measured / predicted (ms) | error | status |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in rows:
+        m, p, e = c.measured, c.predicted, c.errors
+
+        def pair(a, b, scale, fmt):
+            return f"{a * scale:{fmt}} / " + (f"{b * scale:{fmt}}" if b is not None and math.isfinite(b) else "-")
+
+        def err(key):
+            return f"{e[key] * 100:+.1f} %" if key in e else "-"
+        print(f"| {m.stage} | {m.rate:g} | {m.requests_ok} / {m.requests_failed} | "
+              f"{pair(m.ttft_mean, p and p.ttft_mean, 1e3, '.1f')} | {err('ttft_mean')} | "
+              f"{pair(m.e2e_mean, p and p.e2e_mean, 1, '.3f')} | {err('e2e_mean')} | "
+              f"{pair(m.per_token_interval, p and p.per_token_interval, 1e3, '.2f')} | {err('per_token_interval')} | "
+              f"{c.status} |")
+    compared = [c for c in rows if c.errors]
+    if compared:
+        print(f"\nMAPE over {len(compared)} stage(s): TTFT {mape(rows, 'ttft_mean') * 100:.1f} %, E2E "
+              f"{mape(rows, 'e2e_mean') * 100:.1f} %, per-token interval {mape(rows, 'per_token_interval') * 100:.1f} %")
+    if any(c.status == "overloaded" for c in rows):
+        print("overloaded: requests failed on the client (timeouts); the survivors' latencies are not comparable "
+              "with a replay that serves every request")
+
+
+def write_outputs(out: Path, bench, rows: list) -> None:
+    from policylab.traces import write_native
+    out.mkdir(parents=True, exist_ok=True)
+    write_native(out / "trace.jsonl", bench.requests)
+    (out / "comparison.json").write_text(json.dumps([
+        {"measured": asdict(c.measured), "predicted": asdict(c.predicted) if c.predicted else None,
+         "status": c.status, "errors": c.errors} for c in rows], indent=2, default=float))
+    print(f"\nwrote {out / 'trace.jsonl'} (replay it with trace=file trace.path=... "
+          f"trace.prefix_block_tokens={bench.prefix_block_tokens}) and {out / 'comparison.json'}")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_intermixed_args(argv)
+    try:
+        run(args)
+    except (TraceError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

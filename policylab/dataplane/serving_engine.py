@@ -1,0 +1,170 @@
+"""The serving engine's own costs: what the same kernels cost inside one engine or another.
+
+The same model on the same GPU decodes at different speeds under different engines: how the
+tensor-parallel all-reduces are implemented, whether the step's kernels replay a CUDA graph or
+are launched one by one from Python, how much host work the step has and whether it overlaps
+the GPU's, and which attention kernels run. `serving_engine=NAME` (configs/serving_engine/) picks
+a preset; every constant is a key of `ServingEngineConfig` with its source in the preset's file.
+
+Terms (`ServingEngine`):
+
+- **All-reduce**: `nccl` is NCCL's ring through torch.distributed, as the link model fits it
+  (Vidur's all_reduce.csv). `custom` is vLLM's own kernels for a TP group on NVLink (2, 4, 6 or 8
+  GPUs, messages below `custom_all_reduce_max_bytes`): one-shot (every GPU reads the p - 1
+  others' S bytes) for 2 GPUs and below `one_shot_max_bytes` (4 GPUs: 512 KiB, 8: 256 KiB;
+  vLLM's csrc/custom_all_reduce.cuh), else two-shot (reduce-scatter then all-gather: 2(p-1)/p x S
+  read); each `latency + bytes read / bandwidth`, the bandwidth the link's (what NCCL's ring
+  reaches on it) unless `custom_all_reduce_bandwidth` sets one. Larger messages go to NCCL.
+  `collective_overhead` adds what an eager engine pays per collective on top of the kernel
+  (launch from Python, waiting for the slowest rank).
+- **Kernel launches**: with `cuda_graphs`, a step of at most `cuda_graph_max_tokens` tokens
+  replays a captured graph (decode-only steps whole; steps with prefill chunks piecewise, the
+  attention kernels launched apart, as vLLM's FULL_AND_PIECEWISE mode); every other kernel costs
+  the host `kernel_launch` seconds. The launches overlap the GPU's work.
+- **Host work**: `host_per_step + host_per_request x requests + host_per_token x tokens`
+  (scheduling, input preparation, output processing). Without `async_scheduling` it is serial:
+  step = host + max(kernels, launches). With it (vLLM's default since late 2025) the scheduler
+  works one step ahead, so host work hides behind the GPU: step = max(kernels, launches + host),
+  and an arriving request joins one step later (the data plane's `schedules_ahead`, which the
+  engine reads).
+- **Kernels the engine chooses**: `gemm_split_k` (a GEMM whose output tiles fill less than one wave
+  of SMs splits K over the idle SMs, as cuBLAS's split-K and stream-K kernels do, instead of
+  running a partly empty wave); `flash_prefill` (prefill attention priced as FlashAttention's
+  tiles: a query tile of 128 tokens costs its keys' work plus `prefill_attention_tile_overhead`
+  keys' worth of fixed work (loading Q, the softmax epilogue, writing O), so efficiency is
+  `prefill_attention_efficiency` x K / (K + overhead) for K keys per query tile, and the kernel's
+  (query tile x head) work items fill the SMs or not); `fused_elementwise` (vLLM's fused residual-add + RMSNorm and
+  SiLU-and-mul kernels: 4 elementwise kernels a layer instead of 6, the adds' traffic folded into
+  the norms); `decode_attention_floor` (its decode kernel's fixed cost; None: the hardware's,
+  fitted on FlashInfer); `decode_split_kv` (flash-decoding: the KV sequence split over the SMs, so
+  a few long requests still stream at full bandwidth; without it a decode kernel runs one
+  (request, KV head) per SM and reaches only (requests x KV heads) / num_sms of the bandwidth).
+- **Memory**: the KV cache gets what `gpu_memory_utilization` leaves after the weights and
+  `non_kv_memory` (+ `non_kv_memory_parallel` in a parallel group) on every GPU, as vLLM's memory
+  profile computes it.
+- **Client latency**: `client_latency` seconds from a client's send to the engine plus from a
+  step's end to the client (tokenizing, IPC between the API server and the engine, detokenizing,
+  streaming). A load generator's TTFT and E2E include it; the engine's own latencies (the run's
+  summary) do not. `fidelity-e2e` adds it when it compares with a benchmark's measurements.
+
+`serving_engine=none` prices kernel time only, with NCCL's ring: exactly the cost model without
+an engine (what Vidur's profiles measure, and what `cost_model=roofline` results were recorded with).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+ALL_REDUCES = ("nccl", "custom")
+CUSTOM_WORLD_SIZES = (2, 4, 6, 8)          # vLLM's CustomAllreduce._SUPPORTED_WORLD_SIZES
+
+
+@dataclass
+class ServingEngineConfig:
+    """`serving_engine=NAME`: the engine the simulated steps run in (configs/serving_engine/)."""
+    name: str = "none"
+    async_scheduling: bool = False          # the scheduler works one step ahead of the GPU
+    host_per_step: float = 0.0              # host seconds per step (scheduling, inputs, outputs)
+    host_per_request: float = 0.0           # host seconds per scheduled request
+    host_per_token: float = 0.0             # host seconds per scheduled token
+    cuda_graphs: bool = False               # steps up to cuda_graph_max_tokens replay a captured graph
+    cuda_graph_max_tokens: int = 512        # vLLM's largest captured batch (max_cudagraph_capture_size)
+    kernel_launch: float = 0.0              # host seconds per kernel launched outside a graph
+    fused_elementwise: bool = False         # fused residual-add + RMSNorm and SiLU-and-mul kernels
+    decode_attention_floor: Optional[float] = None   # the decode kernel's fixed seconds (None: the hardware's)
+    decode_split_kv: bool = True            # decode kernels split the KV sequence over the SMs
+    flash_prefill: bool = False             # prefill attention as FlashAttention's tiles (else the hardware's curve)
+    prefill_attention_efficiency: float = 0.68     # flash_prefill: share of peak FLOP/s with long key spans
+    prefill_attention_tile_overhead: float = 385.0  # flash_prefill: keys' worth of fixed work per query tile
+    gemm_split_k: bool = False              # GEMMs of less than one wave of tiles split K to fill the SMs
+    all_reduce: str = "nccl"                # nccl | custom (vLLM's one-shot / two-shot kernels)
+    custom_all_reduce_max_bytes: float = 8 * 2 ** 20   # larger messages go to NCCL
+    one_shot_max_bytes_4: float = 512 * 2 ** 10        # 3-4 GPUs: one-shot below this, else two-shot
+    one_shot_max_bytes_8: float = 256 * 2 ** 10        # 5-8 GPUs: idem
+    one_shot_latency: float = 0.0           # seconds a one-shot all-reduce costs however small
+    two_shot_latency: float = 0.0           # seconds a two-shot all-reduce costs however small
+    custom_all_reduce_bandwidth: Optional[float] = None   # bytes/s each GPU reads from its peers (None: the link's)
+    collective_overhead: float = 0.0        # seconds added to every NCCL collective (eager launch, rank skew)
+    client_latency: float = 0.0             # seconds between the client and the engine, in and out
+    non_kv_memory: float = 0.0              # bytes per GPU neither weights nor KV (activation peak, CUDA context)
+    non_kv_memory_parallel: float = 0.0     # bytes more per GPU of a TP/PP group (communication buffers)
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+def check_serving_engine(e: ServingEngineConfig) -> None:
+    """Refuse constants that would give a step a time that is not finite and >= 0, naming the key."""
+    if e.all_reduce not in ALL_REDUCES:
+        raise ValueError(f"serving_engine.all_reduce must be one of {', '.join(ALL_REDUCES)}, got '{e.all_reduce}'")
+    if not 0 < e.prefill_attention_efficiency <= 1 or not 0 <= e.prefill_attention_tile_overhead < math.inf:
+        raise ValueError("serving_engine.prefill_attention_efficiency must be in (0, 1] and "
+                         "serving_engine.prefill_attention_tile_overhead a finite number of keys >= 0, got "
+                         f"{e.prefill_attention_efficiency!r} and {e.prefill_attention_tile_overhead!r}")
+    for name in ("host_per_step", "host_per_request", "host_per_token", "kernel_launch", "one_shot_latency",
+                 "two_shot_latency", "collective_overhead", "client_latency", "custom_all_reduce_max_bytes",
+                 "one_shot_max_bytes_4", "one_shot_max_bytes_8", "non_kv_memory", "non_kv_memory_parallel"):
+        value = getattr(e, name)
+        if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            raise ValueError(f"serving_engine.{name} must be a finite number >= 0, got {value!r}")
+    if e.decode_attention_floor is not None and not 0 <= e.decode_attention_floor < math.inf:
+        raise ValueError(f"serving_engine.decode_attention_floor must be null or a finite number of seconds >= 0, "
+                         f"got {e.decode_attention_floor!r}")
+    bw = e.custom_all_reduce_bandwidth
+    if bw is not None and not (isinstance(bw, (int, float)) and 0 < bw < math.inf):
+        raise ValueError(f"serving_engine.custom_all_reduce_bandwidth must be null (the link's) or a finite number "
+                         f"of bytes/s > 0, got {bw!r}")
+    if not (isinstance(e.cuda_graph_max_tokens, int) and e.cuda_graph_max_tokens >= 0):
+        raise ValueError(f"serving_engine.cuda_graph_max_tokens must be a whole number >= 0, "
+                         f"got {e.cuda_graph_max_tokens!r}")
+
+
+class ServingEngine:
+    """The preset's terms as the cost models use them (module doc)."""
+
+    def __init__(self, cfg: Optional[ServingEngineConfig] = None):
+        self.cfg = cfg = cfg or ServingEngineConfig()
+        check_serving_engine(cfg)
+        self.name = cfg.name
+        self.async_scheduling = cfg.async_scheduling
+        self.host_per_step, self.host_per_request, self.host_per_token = \
+            cfg.host_per_step, cfg.host_per_request, cfg.host_per_token
+        self.launch = cfg.kernel_launch
+        self.is_none = cfg == ServingEngineConfig(name=cfg.name)   # kernel time only: the engine-less model
+
+    def describe(self) -> str:
+        """What a run's summary records of its engine: the preset's name (the config echo beside it
+        has every constant)."""
+        return self.cfg.name
+
+    @property
+    def has_host_time(self) -> bool:
+        return bool(self.host_per_step or self.host_per_request or self.host_per_token or self.launch)
+
+    def custom_all_reduce(self, tp: int, size: float, link_bandwidth: float) -> Optional[float]:
+        """vLLM's custom all-reduce of `size` bytes over `tp` GPUs, or None where vLLM uses NCCL."""
+        c = self.cfg
+        if c.all_reduce != "custom" or tp not in CUSTOM_WORLD_SIZES or size >= c.custom_all_reduce_max_bytes:
+            return None
+        bw = c.custom_all_reduce_bandwidth or link_bandwidth
+        one_shot = tp == 2 or size < (c.one_shot_max_bytes_4 if tp <= 4 else c.one_shot_max_bytes_8)
+        if one_shot:
+            return c.one_shot_latency + (tp - 1) * size / bw
+        return c.two_shot_latency + 2 * (tp - 1) / tp * size / bw
+
+    def launches(self, kernels: int, tokens: int, decode_only: bool, attention_kernels: int) -> float:
+        """Host seconds launching a step's kernels: none in a full graph, the attention kernels in a
+        piecewise one, all of them outside graphs."""
+        if not self.launch:
+            return 0.0
+        c = self.cfg
+        if c.cuda_graphs and tokens <= c.cuda_graph_max_tokens:
+            return self.launch if decode_only else self.launch * (attention_kernels + 1)
+        return self.launch * kernels
+
+    def step(self, gpu: float, launches: float, host: float) -> float:
+        """A step's duration from its kernel time, its launch time and its other host work."""
+        if self.async_scheduling:
+            return max(gpu, launches + host)
+        return host + max(gpu, launches)

@@ -1,0 +1,46 @@
+"""What a load generator's result says: the server, the requests, the measured stages."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class ServerKnobs:
+    """vLLM's server arguments, one to one (`vllm serve --tensor-parallel-size ... --max-num-seqs ...`);
+    each becomes the same policylab key (dataplane.tensor_parallel, engine.max_num_seqs, ...)."""
+    tensor_parallel: int = 1                # --tensor-parallel-size
+    max_num_seqs: int = 256                 # --max-num-seqs
+    max_num_batched_tokens: int = 2048      # --max-num-batched-tokens
+    block_size: int = 16                    # --block-size
+    gpu_memory_utilization: float = 0.9     # --gpu-memory-utilization: KV blocks for the model, TP and GPU
+    enable_prefix_caching: bool = True      # --enable-prefix-caching / --no-enable-prefix-caching
+    max_model_len: Optional[int] = None     # --max-model-len (None: the model's context length)
+
+
+@dataclass
+class MeasuredStage:
+    """One load stage as the client measured it (seconds; means over the successful requests)."""
+    stage: int
+    rate: float                      # requested rate (req/s); inf: all at once
+    requests_ok: int
+    requests_failed: int
+    ttft_mean: float
+    e2e_mean: float
+    per_token_interval: float        # (E2E mean - TTFT mean) / (mean output tokens - 1)
+    output_tokens_mean: float = 0.0
+    duration: float = 0.0
+
+
+@dataclass
+class Benchmark:
+    name: str
+    model: str                       # a configs/model/ preset (`hf` with model_config: a config.json)
+    gpu: str                         # a configs/hardware/ preset
+    server: ServerKnobs
+    requests: list                   # TraceRequest, in arrival order
+    stage_of: list                   # the stage of each request
+    stages: list                     # MeasuredStage, one per stage
+    prefix_block_tokens: int = 512   # tokens each prefix hash covers
+    model_config: Optional[str] = None
+    notes: list = field(default_factory=list)   # what was assumed (said in the printout)

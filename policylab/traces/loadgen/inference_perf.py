@@ -1,0 +1,221 @@
+"""Kubernetes inference-perf report folders read as a Benchmark.
+
+A run of inference-perf (github.com/kubernetes-sigs/inference-perf) writes a report folder:
+
+- `config.yaml`: the run's configuration. `load.stages` (each `rate` req/s for `duration` s;
+  `load.type` constant or poisson: both draw exponential gaps, `constant` rescales them to fill
+  the stage), `load.interval` (seconds between stages), `data.type` and, for `shared_prefix`,
+  `data.shared_prefix` (`num_groups` / `num_unique_system_prompts`, `num_prompts_per_group` /
+  `num_users_per_system_prompt`, `system_prompt_len`, `question_len`, `output_len`),
+  `server.model_name`, `server.ignore_eos`;
+- `stage_N_lifecycle_metrics.json`: per stage, `load_summary` (`count`, `requested_rate`,
+  `send_duration`), `successes` (`count`, `latency.{request_latency,time_to_first_token}.mean`,
+  `prompt_len.mean`, `output_len.mean`) and `failures.count`;
+- `per_request_lifecycle_metrics.json` (when `report.request_lifecycle.per_request`): every
+  request's `start_time`, `end_time`, `request` (the payload, with its prompt), `info` (input and
+  output token counts) and `error`.
+
+With the per-request file the trace has the requests as they were sent: start times, token counts,
+and prefix sharing from the prompts themselves (identical prompts share every block; prompts of
+a shared-prefix group share their system prompt). Without it, the workload is rebuilt from
+config.yaml as inference-perf generates it (policylab.traces.shared_prefix), with the stages'
+measured mean prompt length.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import yaml
+
+from policylab.core.request import TraceRequest
+from policylab.traces.errors import TraceError
+from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage
+from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace
+
+STAGE_GAP_S = 60.0        # idle seconds between rebuilt stages (each starts on an idle server)
+GROUP_KEY_CHARS = 64      # prompts of one shared-prefix group begin with the same system prompt text
+
+
+def is_report_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "config.yaml").is_file() and any(path.glob("stage_*_lifecycle_metrics.json"))
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceError(str(path), None, None, f"not a readable JSON file ({e})") from None
+
+
+def _number(value, path: Path, field: str) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise TraceError(str(path), None, field, f"expected a number, got {value!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise TraceError(str(path), None, field, f"expected a finite number >= 0, got {value!r}")
+    return x
+
+
+def _mean(section: dict, key: str, path: Path, field: str) -> float:
+    node = section.get(key)
+    if not isinstance(node, dict) or "mean" not in node:
+        raise TraceError(str(path), None, field, f"no '{key}.mean' (a stage with successful streamed requests has it)")
+    return _number(node["mean"], path, f"{field}.mean")
+
+
+def read_config(folder: Path) -> dict:
+    path = folder / "config.yaml"
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise TraceError(str(path), None, None, f"not a readable YAML file ({e})") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("load"), dict):
+        raise TraceError(str(path), None, "load", "an inference-perf config.yaml has a 'load' section")
+    stages = cfg["load"].get("stages")
+    if not isinstance(stages, list) or not stages:
+        raise TraceError(str(path), None, "load.stages", "expected a list of {rate, duration} stages")
+    return cfg
+
+
+def measured_stages(folder: Path) -> list:
+    out = []
+    files = sorted(folder.glob("stage_*_lifecycle_metrics.json"), key=lambda p: int(p.stem.split("_")[1]))
+    for path in files:
+        k = int(path.stem.split("_")[1])
+        data = _json(path)
+        ok, failed = data.get("successes") or {}, data.get("failures") or {}
+        load = data.get("load_summary") or {}
+        n_ok = int(_number(ok.get("count", 0), path, "successes.count"))
+        n_failed = int(_number(failed.get("count", 0), path, "failures.count"))
+        if n_ok == 0:
+            out.append(MeasuredStage(k, float(load.get("requested_rate") or math.nan), 0, n_failed,
+                                     math.nan, math.nan, math.nan))
+            continue
+        latency = ok.get("latency") or {}
+        ttft = _mean(latency, "time_to_first_token", path, "successes.latency.time_to_first_token")
+        e2e = _mean(latency, "request_latency", path, "successes.latency.request_latency")
+        out_len = _mean(ok, "output_len", path, "successes.output_len")
+        interval = (e2e - ttft) / (out_len - 1) if out_len > 1 else math.nan
+        out.append(MeasuredStage(k, _number(load.get("requested_rate", math.nan), path, "load_summary.requested_rate"),
+                                 n_ok, n_failed, ttft, e2e, interval, out_len,
+                                 float(load.get("send_duration") or 0.0)))
+    if not out:
+        raise TraceError(str(folder), None, None, "no stage_N_lifecycle_metrics.json in the report folder")
+    return out
+
+
+def _prompt_mean(folder: Path, stage: int) -> float | None:
+    data = _json(folder / f"stage_{stage}_lifecycle_metrics.json")
+    node = (data.get("successes") or {}).get("prompt_len")
+    return float(node["mean"]) if isinstance(node, dict) and node.get("mean") else None
+
+
+def _shared_prefix(cfg: dict, path: Path) -> dict:
+    data = cfg.get("data") or {}
+    if data.get("type") != "shared_prefix":
+        raise TraceError(str(path), None, "data.type", f"'{data.get('type')}' cannot be rebuilt without the per-request "
+                         "report (report.request_lifecycle.per_request: true); shared_prefix can")
+    sp = data.get("shared_prefix") or {}
+    groups = sp.get("num_groups", sp.get("num_unique_system_prompts"))
+    per_group = sp.get("num_prompts_per_group", sp.get("num_users_per_system_prompt"))
+    out = {}
+    for name, value in (("num_groups", groups), ("num_prompts_per_group", per_group),
+                        ("system_prompt_len", sp.get("system_prompt_len")), ("question_len", sp.get("question_len")),
+                        ("output_len", sp.get("output_len"))):
+        if not isinstance(value, (int, float)) or value < 1:
+            raise TraceError(str(path), None, f"data.shared_prefix.{name}",
+                             f"expected a number >= 1 (a fixed length; distributions need the per-request report), got {value!r}")
+        out[name] = int(value)
+    return out
+
+
+def rebuilt_requests(folder: Path, cfg: dict, stages: list, seed: int) -> tuple[list, list, int]:
+    """The workload as inference-perf generates it from config.yaml (no per-request report)."""
+    sp = _shared_prefix(cfg, folder / "config.yaml")
+    n = sp["num_groups"] * sp["num_prompts_per_group"]
+    system = sp["system_prompt_len"] + 1                             # + BOS
+    measured = [m for m in (_prompt_mean(folder, s.stage) for s in stages) if m]
+    prompt = int(round(sum(measured) / len(measured))) if measured else system - 1 + sp["question_len"] + 1
+    load = SharedPrefixWorkload(sp["num_groups"], sp["num_prompts_per_group"], system,
+                                [max(prompt, system + 1)] * n, [sp["output_len"]] * n)
+    plan = [Stage(float(s["rate"]), float(s["duration"])) for s in cfg["load"]["stages"]]
+    requests, stage_of = shared_prefix_trace(load, plan, STAGE_GAP_S, seed)
+    return requests, stage_of, system
+
+
+def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[list, list, int]:
+    """The requests as sent (per_request_lifecycle_metrics.json), in send order, split into the stages
+    by the stages' request counts; prompts with the same text share all their blocks, prompts that
+    begin with the same text (a group's system prompt) share the first `prefix_tokens`."""
+    path = folder / "per_request_lifecycle_metrics.json"
+    rows = _json(path)
+    if not isinstance(rows, list) or not rows:
+        raise TraceError(str(path), None, None, "expected a non-empty list of requests")
+    rows = sorted(rows, key=lambda r: float(r.get("start_time", 0.0)))
+    counts = [s.requests_ok + s.requests_failed for s in stages]
+    if sum(counts) != len(rows):
+        raise TraceError(str(path), None, None, f"{len(rows)} requests, but the stage reports count {sum(counts)}")
+    t0 = float(rows[0]["start_time"])
+    prompts, groups, requests, stage_of = {}, {}, [], []
+    for i, row in enumerate(rows, 1):
+        info = row.get("info") or {}
+        payload = _payload(row.get("request"))
+        text = str(payload.get("prompt") or payload.get("messages") or "")
+        prompt_len = _input_tokens(info)
+        out_len = _output_tokens(info, payload)
+        if not prompt_len or not out_len:
+            raise TraceError(str(path), i, "info", "a request without its input and output token counts")
+        p = prompts.setdefault(text, len(prompts))
+        g = groups.setdefault(text[:GROUP_KEY_CHARS], len(groups))
+        own = -(-(prompt_len - prefix_tokens) // prefix_tokens) if prompt_len > prefix_tokens else 0
+        hashes = (g,) + tuple((1 << 40) + p * (1 << 16) + j for j in range(own))
+        requests.append(TraceRequest(arrival_time=float(row["start_time"]) - t0, prompt_tokens=int(prompt_len),
+                                     output_tokens=int(out_len), max_tokens=int(out_len), prefix_hashes=hashes))
+    for stage, count in zip(stages, counts):
+        stage_of += [stage.stage] * count
+    return requests, stage_of, prefix_tokens
+
+
+def _payload(value) -> dict:
+    if isinstance(value, dict):
+        return value
+    try:
+        data = json.loads(value) if isinstance(value, str) else {}
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _input_tokens(info: dict) -> int:
+    text = ((info.get("request_metrics") or {}).get("text") or {})
+    return int(info.get("input_tokens") or text.get("input_tokens") or 0)
+
+
+def _output_tokens(info: dict, payload: dict) -> int:
+    response = info.get("response_metrics") or {}
+    return int(info.get("output_tokens") or response.get("output_tokens") or payload.get("max_tokens") or 0)
+
+
+def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
+    """The report folder as a Benchmark (the server's knobs are not in the report: the caller sets them)."""
+    cfg = read_config(folder)
+    stages = measured_stages(folder)
+    if len(stages) != len(cfg["load"]["stages"]):
+        raise TraceError(str(folder), None, "load.stages", f"config.yaml has {len(cfg['load']['stages'])} stages "
+                         f"but the folder reports {len(stages)}")
+    notes = []
+    sp = (cfg.get("data") or {}).get("shared_prefix") or {}
+    prefix = int(sp.get("system_prompt_len", 0) or 0) + 1 if sp else 512
+    if (folder / "per_request_lifecycle_metrics.json").is_file():
+        requests, stage_of, prefix = recorded_requests(folder, stages, prefix)
+        notes.append("requests as recorded (per_request_lifecycle_metrics.json)")
+    else:
+        requests, stage_of, prefix = rebuilt_requests(folder, cfg, stages, seed)
+        notes.append(f"workload rebuilt from config.yaml (seed {seed}): arrivals drawn as inference-perf draws them, "
+                     "prompt lengths the stages' mean")
+    server = cfg.get("server") or {}
+    return Benchmark(folder.name, str(server.get("model_name") or ""), "", None, requests, stage_of, stages,
+                     prefix_block_tokens=max(1, prefix), notes=notes)

