@@ -13,17 +13,15 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from policylab.core.extensions.speculation import spec_summary
-from policylab.analysis.program_metrics import add_program_columns, less_tool_time, program_summary
+from policylab.analysis.program_metrics import add_program_columns, less_tool_time
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import STEP_FIELDS, RunResult
 from policylab.analysis import counted as counted_values
 from policylab.analysis.client_fairness import client_fairness
-from policylab.analysis.kv_hierarchy import kv_hierarchy_section
 from policylab.analysis.cluster_metrics import add_placement, cluster_summary, replica_blocks_per_step
-from policylab.analysis.session_metrics import add_sessions, session_summary
+from policylab.analysis.session_metrics import add_sessions
+from policylab.analysis.sections import SectionContext, feature_sections
 from policylab.cluster.result import ClusterResult
-from policylab.core.extensions.forks import forks_summary
 from policylab.core.request import Status
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
@@ -235,21 +233,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         "rejections": [{"req_id": int(i), "client": c, "reason": why} for i, c, why in
                        zip(rejected["req_id"], rejected["client"], rejected["reason"])],
     }
-    hierarchy = kv_hierarchy_section(result, df["prompt_tokens"].to_numpy()[scheduled].sum(),
-                                     summary["prefix_cache_hit_rate"])
-    if hierarchy:                               # a host tier is configured (swap, prefix tiers)
-        summary["kv_hierarchy"] = hierarchy
-    if result.sections.get("sessions") is not None and "session" in df:     # a closed-loop replay
-        summary["sessions"] = session_summary(df, result.sections["sessions"], distribution)
-    speculative = spec_summary(result.sections.get("speculation"))
-    if speculative:                             # some step verified draft tokens
-        summary["speculative"] = speculative
-    if result.sections.get("forks") is not None:   # parallel samples (copy-on-write forks)
-        results = [p.result for p in result.replicas] if isinstance(result, ClusterResult) else [result]
-        forks = [c for r in results for c in r.requests[len(r.trace):] if c is not None]
-        summary["forks"] = forks_summary(result.sections["forks"], result.requests[:len(result.trace)], forks, makespan)
-    if "jct" in df.columns:                    # the trace has tool calls
-        summary["programs"] = program_summary(df, result, distribution)
+    summary.update(feature_sections(SectionContext(result, df, summary, distribution)))   # (each extension's)
     if isinstance(result, ClusterResult):
         summary["router"] = result.router
         summary["cluster"] = cluster_summary(df, steps_df, result, makespan, summary["goodput"], distribution)
