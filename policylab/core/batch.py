@@ -24,6 +24,7 @@ class Batch:
     sampling: list = field(default_factory=list)       # SamplingParams per request
     spec_lens: list | None = None     # speculative steps: draft tokens per entry (its last query_lens)
     spec_alpha: list | None = None    # ... and the trace's acceptance rate per entry (None: the plane's)
+    decodes: int = 0                  # its first entries that are one-token decodes, every one sampled
 
     def __len__(self) -> int:
         return len(self.req_ids)
@@ -34,10 +35,10 @@ class Batch:
 
 
 def joined(a: Batch, b: Batch) -> Batch:
-    """One batch of `a`'s entries, then `b`'s (new lists: neither changes)."""
+    """One batch of `a`'s entries, then `b`'s (new lists: neither changes); `a`'s leading decodes lead."""
     return Batch(a.req_ids + b.req_ids, a.query_lens + b.query_lens, a.context_lens + b.context_lens,
                  a.block_tables + b.block_tables, a.token_ids + b.token_ids, a.sample + b.sample,
-                 a.sampling + b.sampling)
+                 a.sampling + b.sampling, decodes=a.decodes)
 
 
 @dataclass

@@ -166,16 +166,20 @@ class SimDataPlane:
         """
         if batch.spec_lens is not None:               # drafts to verify: the acceptance model
             return self._speculation().execute(self, batch)
-        ctx, tokens = batch.context_lens, sum(batch.query_lens)
-        if tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
+        ctx, tokens, d = batch.context_lens, sum(batch.query_lens), batch.decodes
+        if d == len(ctx) or tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
             positions = ctx
-        else:
-            positions = [c + n - 1 for c, n, s in zip(ctx, batch.query_lens, batch.sample) if s]
+        else:                                            # (the leading decodes' position is their context)
+            q, sample = batch.query_lens, batch.sample
+            positions = ctx[:d] + [c + n - 1 for c, n, s in zip(ctx[d:], q[d:], sample[d:]) if s] if d else \
+                [c + n - 1 for c, n, s in zip(ctx, q, sample) if s]
         try:
-            ids = list(map(self._next_token.__getitem__, positions))
+            nxt = self._next_token
+            ids = [nxt[p] for p in positions]
         except IndexError:
             self._grow_tokens(max(positions) + 1)
-            ids = list(map(self._next_token.__getitem__, positions))
+            nxt = self._next_token
+            ids = [nxt[p] for p in positions]
         return StepResult(ids, self._step_time(batch, tokens, len(ids)))
 
     def token_at(self, position: int) -> int:

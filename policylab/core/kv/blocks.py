@@ -8,8 +8,6 @@ Invariant: free + used == total, and at drain every reference count is 0.
 from __future__ import annotations
 
 from collections import Counter, deque
-from itertools import repeat
-from operator import is_not
 from types import MappingProxyType
 
 from policylab.core.kv.radix import RadixTree
@@ -20,7 +18,6 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-consume = deque(maxlen=0).extend   # runs an iterator to its end at C level (a bulk store: map(setitem))
 
 
 def new_blocks(r, n: int, hits: tuple, block_size: int) -> int:
@@ -57,10 +54,9 @@ class BlockPool:
     """Reference counts, the free lists, the prefix index and the LRU of free cached blocks. Request-level
     operations and the strategies above the pool (swap, tiers, copy-on-write) are `KVManager`'s.
 
-    Blocks move in bulk: a request takes and frees tens of blocks at once, so the free lists are
-    sliced and extended, and the reference counts set by C-level passes, not block by block. A
-    finished prompt of its own frees blocks nobody can ever hit (`release(..., unhittable)`): they
-    enter the LRU as one entry, a run taken from the front as blocks are needed, where hashed
+    Blocks move in bulk: a request takes tens of blocks at once, sliced off the free list. A finished
+    prompt of its own frees blocks nobody can ever hit (`release(..., unhittable)`): they enter the
+    LRU as one entry, a run taken from its front by the slice as blocks are needed, where hashed
     blocks enter one by one (a hit takes a hashed block out of the middle of the LRU)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -191,7 +187,8 @@ class BlockPool:
                 del plain[:head]
                 head = 0
             self._plain_head = head
-            consume(map(ref.__setitem__, taken, repeat(1, k)))
+            for b in taken:
+                ref[b] = 1
             table += taken
         if need > k:
             self._num_free_cached -= need - k
@@ -208,7 +205,8 @@ class BlockPool:
                 if len(entry) > need:
                     lru.appendleft(entry[need:])
                     entry = entry[:need]
-                consume(map(ref.__setitem__, entry, repeat(1, len(entry))))
+                for b in entry:
+                    ref[b] = 1
                 table += entry
                 need -= len(entry)
                 continue
@@ -277,60 +275,34 @@ class BlockPool:
 
         `unhittable`: its first blocks that no request can ever hit (a finished prompt of its own,
         `own_block_keys`): unless already published, they go to the LRU exactly where hashed ones
-        would, as one run: the same eviction order, with no hash map entry."""
+        would, as runs (one entry each): the same eviction order, with no hash map entry."""
         if self._hits:
             self._hits.clear()
-        ref, block_hash = self._ref, self._block_hash
+        ref, block_hash, plain, lru = self._ref, self._block_hash, self._plain, self._free_cached
         unhittable = unhittable if self.prefix_caching else 0
-        hashed = self.prefix_caching and any(map(is_not, map(block_hash.__getitem__, table), repeat(None)))
-        if not all(map((1).__eq__, map(ref.__getitem__, table))) or hashed and unhittable:
-            return self._release_shared(table, unhittable)     # (shared blocks, or a mixed head: one by one)
-        n = len(table)                                           # every block is freed, in bulk
-        consume(map(ref.__setitem__, table, repeat(0, n)))
-        if hashed:                                               # hashed to the LRU, the others plain
-            tail_first = table[::-1]
-            cached = [b for b in tail_first if block_hash[b] is not None]
-            self._free_cached += cached
-            self._num_free_cached += len(cached)
-            if len(cached) < n:
-                self._plain += [b for b in tail_first if block_hash[b] is None]
-        elif unhittable:                                         # the tail plain, the head one run
-            self._plain += table[:unhittable - 1:-1]
-            run = table[:unhittable]
-            run.reverse()
-            self._free_cached.append(run)
-            self._num_free_cached += len(run)
-        else:
-            self._plain += table[::-1]
-        table.clear()
-        return n
-
-    def _release_shared(self, table: list, unhittable: int) -> int:
-        """`release` block by block: some of the table's blocks are held by other tables too."""
-        ref, block_hash, lru = self._ref, self._block_hash, self._free_cached
-        head = set(table[:unhittable]) if unhittable else ()
-        freed, run = 0, []
-        for b in reversed(table):
+        freed, to_lru, run = 0, 0, []
+        for i in range(len(table) - 1, -1, -1):
+            b = table[i]
             left = ref[b] - 1
             ref[b] = left
             if left:
                 continue
             freed += 1
-            if b in head and block_hash[b] is None:
-                run.append(b)
-                continue
-            if run:
-                lru.append(run)
-                self._num_free_cached += len(run)
-                run = []
-            if block_hash[b] is None:
-                self._plain.append(b)
-            else:
+            if block_hash[b] is not None:          # hashed: to the LRU on its own (a hit may take it)
+                if run:
+                    lru.append(run)
+                    to_lru += len(run)
+                    run = []
                 lru.append(b)
-                self._num_free_cached += 1
+                to_lru += 1
+            elif i < unhittable:                   # nobody can hit it: into the run
+                run.append(b)
+            else:
+                plain.append(b)
         if run:
             lru.append(run)
-            self._num_free_cached += len(run)
+            to_lru += len(run)
+        self._num_free_cached += to_lru
         table.clear()
         return freed
 
