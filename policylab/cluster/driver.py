@@ -20,19 +20,17 @@ import numpy as np
 
 from policylab.cluster.config import policy_label
 from policylab.cluster.disagg import front_of
-from policylab.cluster.result import ClusterResult, ReplicaResult, merged_sections
+from policylab.cluster.result import ClusterResult, ReplicaResult, merged_sections, merged_steps
 from policylab.core.contract import ContractViolation
-from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, prompt_hash_cache, \
-    validate_route
+from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, prompt_block_keys, \
+    prompt_hash_cache, validate_route
 from policylab.core.engine import Engine
 from policylab.core.events import ARRIVAL, EVENT, INF, STEP, ArrivalSource, EventQueue
 from policylab.core.extensions.sessions import ClosedLoop
 from policylab.core.features import check_combination
 from policylab.core.gc_freeze import FrozenHeap
-from policylab.core.kv import chain_hashes
 from policylab.core.request import Request, Status, forget_done
-from policylab.core.result import STEP_FIELDS, mark_partial
-from policylab.core.synthetic_prompts import synthesize_prompt
+from policylab.core.result import mark_partial
 
 
 
@@ -383,27 +381,3 @@ class Cluster:
             self.client.on_request_done(req_id)
         if self._on_done:
             self._on_done(req_id)
-
-
-def prompt_block_keys(trace: list, engine: Engine, i: int, block_size: int) -> list:
-    """Request i's prompt block keys as every replica's engine makes them (same seed everywhere):
-    the chained hashes of its ids; none for a prompt of its own, whose blocks only it can ever
-    hit, after a preemption, on a replica it ran on (`kv.own_block_keys`): never when routed."""
-    t = trace[i]
-    if t.own_prompt:
-        return []
-    if t.prompt_ids is not None:
-        return chain_hashes(np.asarray(t.prompt_ids, dtype=np.int32), block_size)
-    ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, engine.dataplane.vocab_size, engine.seed,
-                            engine.prefix_block_tokens)
-    return chain_hashes(ids, block_size)
-
-
-def merged_steps(parts: list) -> dict:
-    """Every replica's step columns plus `replica`, in clock order (ties: replica order), as arrays
-    (joined as numpy columns: a list of Python floats per column would hold millions of objects)."""
-    columns = {k: np.concatenate([np.asarray(p.result.steps[k]) for p in parts]) for k in STEP_FIELDS}
-    columns["replica"] = np.repeat(np.array([p.index for p in parts], dtype=np.int64),
-                                   [len(p.result.steps["clock"]) for p in parts])
-    order = np.argsort(columns["clock"], kind="stable")
-    return {k: columns.pop(k)[order] for k in list(columns)}     # (each unsorted column freed once sorted)

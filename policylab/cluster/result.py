@@ -6,7 +6,9 @@ from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policylab.core.result import RunResult
+import numpy as np
+
+from policylab.core.result import STEP_FIELDS, RunResult
 
 PLACEMENT_FIELDS = ("replica", "decode_replica", "transfer_time", "kv_wait")
 
@@ -70,3 +72,13 @@ def merged_sections(parts: list) -> dict:
         values = [p[name] for p in parts if name in p]
         out[name] = SummedStats(values) if isinstance(values[0], Mapping) else MergedPrograms(values)
     return out
+
+
+def merged_steps(parts: list) -> dict:
+    """Every replica's step columns plus `replica`, in clock order (ties: replica order), as arrays
+    (joined as numpy columns: a list of Python floats per column would hold millions of objects)."""
+    columns = {k: np.concatenate([np.asarray(p.result.steps[k]) for p in parts]) for k in STEP_FIELDS}
+    columns["replica"] = np.repeat(np.array([p.index for p in parts], dtype=np.int64),
+                                   [len(p.result.steps["clock"]) for p in parts])
+    order = np.argsort(columns["clock"], kind="stable")
+    return {k: columns.pop(k)[order] for k in list(columns)}     # (each unsorted column freed once sorted)
