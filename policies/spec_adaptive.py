@@ -91,7 +91,7 @@ class SpecAdaptive(VllmV1):
         decodes = self.planned_decodes(view, plan)
         if not decodes or not self.k_max:
             return plan
-        k = self.best_k(decodes, plan.total_tokens - decodes)
+        k = self.best_k(decodes, 0 if decodes == len(plan.num_scheduled_tokens) else plan.total_tokens - decodes)
         if k <= 0:
             return plan
         plan = fill_speculation(view, plan, lambda v: k)

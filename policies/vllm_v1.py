@@ -107,6 +107,7 @@ class VllmV1(Policy):
         self._order: list = []             # req_ids of running requests, in vLLM's running order
         self._order_of = None              # the view's running tuple `_order` was made for
         self._bulk_decodes = None          # (the last plan's tokens, its decodes) when served in bulk
+        self._same_order = (None, False)   # (a view's running tuple, whether vLLM's order is the view's)
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, view: SchedulerView) -> StepPlan:
@@ -158,6 +159,10 @@ class VllmV1(Policy):
             return tokens, budget, free, 0
         decoding, needs, prefilling = view.decoding, view.decode_needs_block, view.prefilling
         if not prefilling:
+            if len(order) <= budget:     # every running request decodes and gets its token
+                if len(needs) > free:
+                    return None
+                return self._every_decode(view, order), budget - len(order), free - len(needs), len(order)
             stops = [(len(order), None)]
         else:
             at = order.index if len(prefilling) <= 8 else dict(zip(order, range(len(order)))).__getitem__
@@ -196,6 +201,14 @@ class VllmV1(Policy):
                 return tokens, budget, free, given
             start = stop + 1
         return tokens, budget, free, given
+
+    def _every_decode(self, view: SchedulerView, order: list) -> dict:
+        """{req_id: 1} over `order`, every running request (all decoding): the view's own
+        `decode_tokens()` where vLLM's order is the view's running order (compared once per change
+        of the running requests)."""
+        if self._same_order[0] is not view.running:
+            self._same_order = (view.running, list(view.decode_tokens()) == order)
+        return view.decode_tokens() if self._same_order[1] else dict.fromkeys(order, 1)
 
     def planned_decodes(self, view: SchedulerView, plan: StepPlan) -> int:
         """Entries of `plan` that give a decoding request its one token: counted as it was built

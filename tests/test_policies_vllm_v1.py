@@ -100,10 +100,12 @@ class _Paths:
     """Checks every answer of the bulk running pass against vLLM's loop over each running request on
     the same view (the same tokens in the same order, budget and free blocks left, decodes served;
     declined exactly where the loop preempts), and counts which way it went (prefills among the
-    decodes, declined for a victim)."""
+    decodes, declined for a victim, every request decoding in the view's running order or in an
+    order of vLLM's own)."""
 
     def __init__(self):
         self.mixed = self.declined = self.declined_decoding = 0
+        self.orders: set = set()
         self.wrong: list = []
 
     def wrap(self, policy):
@@ -121,6 +123,8 @@ class _Paths:
             self.declined += out is None
             self.declined_decoding += out is None and not view.prefilling
             self.mixed += out is not None and bool(view.prefilling) and out[3] > 0
+            if out is not None and not view.prefilling and len(out[0]) == len(order) > 1:
+                self.orders.add(policy._same_order[1])
             return out
         policy._schedule_running_in_bulk = checked
         return policy
@@ -187,7 +191,7 @@ def test_running_decodes_served_in_bulk_plan_as_one_by_one(base):
         assert bulk == _plans(_OneByOne(cls, **knobs), scenario)
         assert not paths.wrong, paths.wrong[0]
     check()
-    assert paths.mixed and paths.declined, vars(paths)
+    assert paths.mixed and paths.declined and True in paths.orders, vars(paths)
 
 
 @pytest.mark.timeout(60)
@@ -201,6 +205,20 @@ def test_decodes_that_outgrow_the_cache_preempt_the_tail_as_one_by_one():
     bulk = _plans(paths.wrap(VllmV1()), scenario)
     assert bulk == _plans(_OneByOne(VllmV1), scenario) and not paths.wrong
     assert paths.declined_decoding and any(preempt for _, preempt, _, _ in bulk[0])
+
+
+@pytest.mark.timeout(60)
+def test_decodes_keep_vllms_running_order_where_it_is_not_the_views():
+    """Under `policy: priority` vLLM's running order is the order it admitted requests in (by
+    priority) while the view's is the waiting queue's: every step's decodes come in vLLM's order,
+    in bulk as one by one."""
+    trace = (T(0.0, 30, 20, priority=2), T(0.0, 30, 20, priority=0), T(0.0, 30, 20, priority=1))
+    scenario = Scenario(trace, EngineConfig(block_size=16, num_blocks=100, max_num_batched_tokens=128, max_num_seqs=4))
+    paths = _Paths()
+    bulk = _plans(paths.wrap(VllmV1(policy="priority")), scenario)
+    assert bulk == _plans(_OneByOne(VllmV1, policy="priority"), scenario) and not paths.wrong
+    assert paths.orders == {False}
+    assert [rid for rid, _ in bulk[0][1][0]] == [1, 2, 0]       # the first decode step
 
 
 @pytest.mark.timeout(60)
