@@ -245,3 +245,31 @@ def test_a_prefill_ahead_of_decodes_in_vllms_order_leaves_them_the_budget_it_doe
         got.append(policy.schedule(view).num_scheduled_tokens)
     chunk = min(prefill.remaining_tokens, threshold or 64)
     assert list(got[0].items()) == list(got[1].items()) == [(prefill.req_id, chunk)] + [(rid, 1) for rid in decodes[:served]]
+
+
+class _AfreshEachStep(VllmV1):
+    """vllm_v1 told each step by a view built afresh, as the vLLM integration builds it: a new
+    running tuple every step, frozen sets of facts (`policylab.integrations.vllm.view.build_view`)."""
+
+    def schedule(self, view):
+        from policylab.core.contract import DecodeFacts, SchedulerView
+        decoding = frozenset(view.decoding)
+        ids = tuple(v.req_id for v in view.running if v.req_id in decoding)
+        fresh = SchedulerView(view.clock, view.step, view.waiting, tuple(view.running), decoding,
+                              view.max_num_batched_tokens, view.max_num_seqs, view.block_size, view.num_free_blocks,
+                              view.num_total_blocks, view.by_id, tuple(view.sampled), tuple(view.arrived),
+                              decode=DecodeFacts(frozenset(view.decode_needs_block), ids))
+        return super().schedule(fresh)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("knobs", [dict(), dict(policy="priority", long_prefill_token_threshold=16)])
+def test_a_view_built_afresh_each_step_plans_alike(knobs):
+    """Mixed steps, preemptions and prefix hits on a tight cache: told by views built as the vLLM
+    integration builds them (nothing kept between steps is the same object), vllm_v1 plans as it
+    does on the engine's own views."""
+    trace = tuple(T(0.01 * i, 40 + 13 * i, 30, prefix_hashes=(1,) if i % 2 else (), priority=i % 3) for i in range(12))
+    scenario = Scenario(trace, EngineConfig(block_size=8, num_blocks=60, max_num_batched_tokens=96, max_num_seqs=8))
+    own = _plans(VllmV1(**knobs), scenario)
+    assert own == _plans(_AfreshEachStep(**knobs), scenario)
+    assert any(preempt for _, preempt, _, _ in own[0])
