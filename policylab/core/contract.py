@@ -195,6 +195,19 @@ class SchedulerView(tuple):
         decode = _decode(self)
         return len(decode.full) + decode.cow
 
+    @property
+    def decode_needs_block(self) -> AbstractSet[int]:
+        """The decoding requests whose token, asked for alone, takes a free block: `blocks_needed(v, 1)`
+        is 1 for these and 0 for every other decode. Those whose last block is full (a live
+        read-only set, as `decoding`), and under copy-on-write those that write into a block a fork
+        shares; their number can then exceed `decode_blocks_needed`, which copies a shared block
+        once for all its writers."""
+        decode = _decode(self)
+        if not decode.cow:               # no decode writes into a shared block
+            return decode.full
+        live = self.by_id
+        return frozenset([rid for rid in decode.ids if self.blocks_needed(live[rid], 1)])
+
     def blocks_needed(self, v: RequestView, n: int) -> int:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
         return _kv(v).blocks_needed(_request(v), n)
