@@ -17,8 +17,10 @@ import pandas as pd
 SUMMARY_DIGITS = 12
 # the config echo, the input's report, and the windowed fairness section: the latter is derived
 # from requests.parquet's columns (hashed exactly above) and checked by hand-computed cases in
-# tests/test_fairness_windows.py, so the digest table stays comparable across metric additions
-NOT_DIGESTED = ("config", "trace_report", "fairness_windows")
+# tests/test_fairness_windows.py, so the digest table stays comparable across metric additions;
+# likewise the energy section (a power model over the same steps: tests/test_energy.py computes
+# its cases by hand and checks that a run's joules repeat exactly)
+NOT_DIGESTED = ("config", "trace_report", "fairness_windows", "energy")
 
 
 def rounded(value):

@@ -171,9 +171,10 @@ class ResultStream:
             if log is not None and len(log) - self._written_steps >= STEPS_PER_GROUP:
                 self._write_steps(log.columns(self._written_steps, len(log)), self._source)
 
-    def finish(self, result: RunResult, extra: dict | None = None) -> dict:
-        """Write every request and step not written yet, then summary.json (with `extra`);
-        return the summary. Every file is attempted; a failure names them all at the end."""
+    def finish(self, result: RunResult, extra: dict | None = None, energy: dict | None = None) -> dict:
+        """Write every request and step not written yet, then summary.json (with `extra`, and the
+        `energy` section from a data plane's energy report); return the summary. Every file is
+        attempted; a failure names them all at the end."""
         if not result.sections and self._source is not None:    # (a result salvaged outside the engine)
             result.sections = self._source.sections
         while True:                    # the rest, in row groups (at least one: the schema)
@@ -186,6 +187,9 @@ class ResultStream:
         table = pd.concat(self._tables, ignore_index=True)
         all_steps = step_frame(result.steps, 0, result)
         summary = summarize(table, all_steps, result, self.slo, self.fairness, self._facts())
+        if energy:                                   # a plane with a GPU power model timed the steps
+            from policylab.analysis.energy_metrics import energy_section
+            summary["energy"] = energy_section(energy, table, summary)
         self._tables = self._facts_parts = None      # (gigabytes at a million requests)
         self._engine = self._source = None
         summary.update(json_safe(extra or {}))

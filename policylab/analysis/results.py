@@ -26,7 +26,7 @@ def summarize_run(result: RunResult, cfg=None) -> tuple:
     return requests, steps, summarize(requests, steps, result, slo, fairness)
 
 
-def write_results(run_dir, result: RunResult, cfg=None, extra: dict | None = None) -> dict:
+def write_results(run_dir, result: RunResult, cfg=None, extra: dict | None = None, energy: dict | None = None) -> dict:
     """Write the three result files of `result` into `run_dir`; return the summary written.
 
     `cfg` is the run's typed config (a RunConfig dataclass, or a dict); its `slo`
@@ -35,7 +35,7 @@ def write_results(run_dir, result: RunResult, cfg=None, extra: dict | None = Non
     Each file is attempted even when an earlier one failed (a full disk may still take the small
     summary); the summary then lists the files that are missing, and the error names them all.
     """
-    return ResultStream(run_dir, result.trace, cfg).finish(result, extra)
+    return ResultStream(run_dir, result.trace, cfg).finish(result, extra, energy)
 
 
 def _ms(x) -> str:
@@ -44,6 +44,14 @@ def _ms(x) -> str:
 
 def _num(x, fmt: str = ",.2f", suffix: str = "") -> str:
     return "—" if x is None else f"{x:{fmt}}{suffix}"
+
+
+def energy_line(energy: dict) -> str:
+    """Energy per output token, per request and per request meeting its SLOs, and the mean power."""
+    clock = f" at {energy['gpu_clock_mhz']:,.0f} MHz" if energy.get("gpu_clock_mhz") else ""
+    return (f"{_num(energy['per_output_token_j'], ',.4f')} J/out token, {_num(energy['per_request_j']['mean'], ',.1f')} "
+            f"J/request, {_num(energy['per_good_request_j'], ',.1f')} J per request meeting its SLOs; "
+            f"{_num(energy['mean_power_w'], ',.0f')} W mean per GPU ({energy['gpus']} GPUs{clock})")
 
 
 def fairness_line(fair: dict, windows: dict) -> str:
@@ -126,6 +134,14 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     sessions = summary.get("sessions")
     if sessions:
         overview.add_row("sessions", session_line(sessions))
+    energy = summary.get("energy")
+    if energy:
+        overview.add_row("energy", energy_line(energy))
+    quality = summary.get("quality")
+    if quality:
+        overview.add_row("quality", f"greedy agreement {_num(100 * (quality['greedy_agreement'] or 0), '.2f')} % with "
+                         f"full precision over {quality['positions']} positions, logit error "
+                         f"{_num(quality['logit_rmse'], '.4f')} (rms, relative), KL {_num(quality['kl_divergence'], '.5f')}")
     console.print(latency)
     console.print(overview)
     rejections = summary.get("rejections") or []

@@ -54,6 +54,11 @@ COLUMNS = (
     Shown("kv_hierarchy.disk_transfer_time", digits=3),
     Shown("programs.jct", "p99", "s", 3),                       # runs with tool calls
     Shown("programs.recomputed_tokens", digits=0),
+    Shown("energy.per_output_token_j", digits=4),               # runs on a GPU power model
+    Shown("energy.per_good_request_j", digits=1),
+    Shown("energy.mean_power_w", digits=0, rank=False),
+    Shown("quality.greedy_agreement", unit="%", digits=2),      # runs with a quality reference
+    Shown("quality.kl_divergence", digits=5),
 )
 METRICS = [c.label for c in COLUMNS]
 IDENTITY = ["trace", "load", "label", "policy", "params", "replicate", "status", "run_dir"]

@@ -43,7 +43,7 @@ OBJECTIVES = {
     "throughput": {"input_tokens_per_s", "output_tokens_per_s", "requests_per_s"},
     "kv_utilization": {"max", "mean"},
     "fairness": None, "fairness_windows": None, "kv_hierarchy": None, "programs": None, "cluster": None,
-    "trace_report": None, "cost_model": None, "speculative": None,
+    "trace_report": None, "cost_model": None, "speculative": None, "energy": None, "quality": None,
 }
 
 

@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
 from policylab.apps.config import RunConfig, typed_dataplane
+from policylab.apps.errors import RunError  # noqa: F401  (importable from here)
 from policylab.apps.config_checks import check_workload
 from policylab.cluster.config import is_cluster
 from policylab.apps.signals import ReplaySignals
@@ -24,10 +25,6 @@ from policylab.traces import TraceError, load_trace
 
 PREVIOUS_RESULTS = ("summary.json", "requests.parquet", "steps.parquet", "capacity.json", "capacity.csv",
                     "error.txt", "traceback.txt")
-
-
-class RunError(Exception):
-    """A user-facing problem (bad config, bad trace): printed as one message, no traceback."""
 
 
 def fail(message: str, code: int = 2):
@@ -139,7 +136,11 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     check_workload(cfg, trace)
     if is_cluster(cfg.cluster):
         from policylab.apps.cluster_build import build_cluster
-        return build_cluster(cfg, build_policy, trace)
+        engine = build_cluster(cfg, build_policy, trace)
+        if any(hasattr(r.engine.policy, "attach_clock") for r in engine.replicas):
+            raise RunError("a policy that sets the GPU clock (energy_aware) runs on a single engine: "
+                           "cluster.* has several; use chunked in the cluster, or run one replica")
+        return engine
     from policylab.apps.engine_build import engine_of
     return engine_of(cfg, trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg),
                      getattr(trace, "sessions", None))

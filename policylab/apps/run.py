@@ -47,7 +47,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, verbose: bool = True) -> dic
         cost_model = cost_model_of(engine)                                  # what timed the steps
         loaded = loaded or measured_on_loaded_cpu(cost_model, finished=True)
         extra.update({"cost_model": cost_model} if cost_model else {})
-        summary = results.finish(result, extra)
+        extra.update(plane_reports(engine, "quality_report", merge=None, key="quality"))
+        summary = results.finish(result, extra, plane_reports(engine, "energy_report").get("energy"))
         partial, error = result.partial, result.error
         signals.stuck_writer = None
         del engine, trace, result, results      # (a million requests: gigabytes the plots can use)
@@ -103,6 +104,20 @@ def cost_model_of(engine) -> dict | None:
     if not described:
         return None
     return described[0] if all(d == described[0] for d in described) else {"kind": "mixed", "replicas": described}
+
+
+def plane_reports(engine, method: str, merge="energy", key: str = "energy") -> dict:
+    """{key: report} of the planes' `method()` (energy: merged over a cluster's replicas;
+    quality: one plane's), or {} when no plane reports one."""
+    planes = [r.engine.dataplane for r in engine.replicas] if hasattr(engine, "replicas") else [engine.dataplane]
+    reports = [getattr(p, method)() for p in planes if hasattr(p, method)]
+    reports = [r for r in reports if r]
+    if not reports:
+        return {}
+    if merge == "energy":
+        from policylab.dataplane.energy import merge_reports
+        return {key: merge_reports(reports)}
+    return {key: reports[0]}
 
 
 def measured_on_loaded_cpu(cost_model: dict | None, finished: bool = False) -> str | None:

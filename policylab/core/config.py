@@ -132,6 +132,17 @@ class HardwareConfig:
     attention_length_slope: float = 0.065   # prefill attention efficiency lost per halving of the chunk below 16k
     elementwise_bw_efficiency: float = 0.56  # achieved share of peak bandwidth of the norms, RoPE, activation, adds
     elementwise_latency: float = 2.3e-6      # seconds each of those kernels costs however small
+    # precision and energy (policylab.dataplane.precision / .energy; configs/hardware/*.yaml cites each)
+    peak_flops_fp8: Optional[float] = 1978.9e12   # dense FP8 tensor FLOP/s (None: no FP8 tensor cores)
+    peak_flops_int8: Optional[float] = 1978.9e12  # dense INT8 tensor OP/s (None: no INT8 tensor cores)
+    max_clock_mhz: Optional[float] = 1980    # SM boost clock the peaks are quoted at (None: no clock knob)
+    min_clock_mhz: Optional[float] = 990     # lowest SM clock the knob accepts
+    idle_power: Optional[float] = 70         # W drawn with nothing running (None: no energy model)
+    max_power: Optional[float] = 700         # W the board is limited to (TDP)
+    active_power: float = 317                # W the clocked SMs add while they run kernels, at max clock
+    compute_power: float = 1643              # W more at full tensor-core utilisation, at max clock
+    memory_power: float = 106                # W more at full memory-bandwidth utilisation
+    clock_power_exponent: float = 1.0        # SM-side power scales as (clock / max_clock) ** this
 
 
 @dataclass

@@ -110,15 +110,19 @@ class TorchAttention:
             return self._attend(q, k_phys, v_phys, meta["groups"])
 
     @staticmethod
-    def _attend(q, k_phys, v_phys, groups: list) -> torch.Tensor:
-        kvh, blocks, bs, dim = k_phys.shape
-        heads = q.shape[1]
+    def _attend(q, k_phys, v_phys, groups: list, decode=None) -> torch.Tensor:
+        """`decode` (a quantised cache's: policylab.dataplane.kv_quant) turns the gathered rows of
+        width k_phys.shape[-1] into K/V of q's head dim."""
+        kvh, blocks, bs, width = k_phys.shape
+        heads, dim = q.shape[1], q.shape[-1]
         out = q.new_empty(q.shape) if len(groups) > 1 or groups[0].out_rows is not None else None
         for g in groups:
             qg = (q if g.rows is None else q[g.rows]).view(g.size, g.max_q, heads, dim).transpose(1, 2)
-            kg, vg = (c.view(kvh * blocks, bs * dim).index_select(0, g.gather)
-                      .view(g.size, kvh, -1, dim)[:, :, :g.num_keys]
+            kg, vg = (c.view(kvh * blocks, bs * width).index_select(0, g.gather)
+                      .view(g.size, kvh, -1, width)[:, :, :g.num_keys]
                       for c in (k_phys, v_phys))                        # [G, KVH, keys, D]
+            if decode is not None:
+                kg, vg = decode(kg, q.dtype), decode(vg, q.dtype)
             og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, is_causal=g.causal,
                                                 enable_gqa=True)
             og = og.transpose(1, 2).reshape(-1, heads, dim)

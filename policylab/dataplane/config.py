@@ -37,6 +37,11 @@ class SimPlaneConfig:
     # the engine the steps run in: the run's `serving_engine` group, set by the app layer (None: kernel
     # time only, as `serving_engine=none`; policylab/dataplane/serving_engine.py)
     serving_engine: Optional[ServingEngineConfig] = None
+    weight_dtype: str = "auto"      # auto (the model's dtype_bytes) | bf16 | fp16 | fp8 | int8 | int4 (quant=...)
+    kv_cache_dtype: str = "auto"    # auto | bf16 | fp16 | fp8 (kv_dtype=fp8): bytes per KV element, KV capacity
+    compute_dtype: str = "auto"     # auto | bf16 | fp16 | fp8 | int8: the GEMMs' tensor-core peak (W8A8)
+    gpu_clock_mhz: Optional[float] = None   # SM clock (None: the GPU's max_clock_mhz): slower compute, less power
+    power_limit: str = "cap"        # cap: power held at the TDP | throttle: the clock drops until a step fits it
 
 
 @dataclass
@@ -58,11 +63,20 @@ class TorchPlaneConfig:
     timer: str = "wall"             # wall (perf_counter) | cpu (thread CPU time, one intra-op thread)
     timer_repeats: int = 1          # timer=cpu: run each step k times, keep the least time
     timer_reference: bool = False   # timer=cpu: scale each step by a reference step's best / current time
+    weight_dtype: str = "auto"      # auto (dtype) | int8 | fp8 | int4: decoder linear weights stored quantised
+    kv_cache_dtype: str = "auto"    # auto (dtype) | fp8: the KV cache stored in FP8 with per-token, per-head scales
+    compute_dtype: str = "auto"     # auto | int8 | fp8: activations quantised per token too (W8A8)
+    gpu_clock_mhz: Optional[float] = None   # step_time=model: the modelled GPU's SM clock
+    power_limit: str = "cap"        # step_time=model: cap | throttle (policylab.dataplane.energy)
+    quality_reference: str = "auto"  # auto (when any dtype is quantised) | always | never: a full-precision
+                                     # copy of the model scores every step (quality.* in summary.json)
 
     def model_timing(self) -> SimPlaneConfig:
-        """The sim config that times this plane's steps under step_time=model."""
+        """The sim config that times this plane's steps under step_time=model (same precision and clock)."""
         return SimPlaneConfig(cost_model=self.cost_model, calibration=self.calibration,
-                              gpu_memory_utilization=self.gpu_memory_utilization)
+                              gpu_memory_utilization=self.gpu_memory_utilization, weight_dtype=self.weight_dtype,
+                              kv_cache_dtype=self.kv_cache_dtype, compute_dtype=self.compute_dtype,
+                              gpu_clock_mhz=self.gpu_clock_mhz, power_limit=self.power_limit)
 
 
 @dataclass

@@ -52,15 +52,18 @@ class KernelCostModel(Roofline):
     """The roofline with shape-aware GEMM and attention kernels (module doc); its steps take the
     roofline's path (the general one with parallelism or per-request / per-token host time)."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1, engine=None):
-        super().__init__(model, hw, tp, pp, engine)
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1, engine=None,
+                 precision=None):
+        super().__init__(model, hw, tp, pp, engine, precision)
         self.sms, self.tile_m, self.tile_n = hw.num_sms, hw.gemm_tile_m, hw.gemm_tile_n
         self.gemm_eff, self.attn_eff, self.floor = hw.gemm_efficiency, hw.attention_efficiency, hw.attention_floor
         self._tile_flops = hw.peak_flops * hw.gemm_efficiency / hw.num_sms       # FLOP/s of one SM
+        if precision is not None and not precision.native:                       # the GEMMs' dtype
+            self._tile_flops *= precision.gemm_speedup
         self._attn_flops = hw.peak_flops * hw.attention_efficiency
         s = self.shape
         self._pair_flops = s.attn_flops_per_pair                                 # per layer
-        self._kv_bytes_layer = s.kv_elems_per_token_layer * s.dtype_bytes
+        self._kv_bytes_layer = s.kv_elems_per_token_layer * s.kv_elem_bytes
         self._qo_bytes_token = 2 * s.q_dim * s.dtype_bytes
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
@@ -68,7 +71,7 @@ class KernelCostModel(Roofline):
         compute = min(self._tile_compute(n, k, m, tm, tn, rate, splits)
                       for tn, rate in ((self.tile_n, 1.0), (self.tile_n // 2, HALF_TILE_RATE))
                       for splits in range(1, 1 + max(1, min(MAX_SPLITS, k // SPLIT_K_MIN))))
-        memory = (k * m + n * (k + m)) * self.shape.dtype_bytes / self.bw
+        memory = self.shape.gemm_bytes(n, k, m) / self.bw
         return smooth_max(compute, memory)
 
     def _tile_compute(self, n, k, m, tm, tn, rate, splits) -> float:
@@ -117,4 +120,4 @@ class KernelCostModel(Roofline):
                "gemm_tile": [self.tile_m, self.tile_n], "num_sms": self.sms,
                "attention_efficiency": self.attn_eff, "attention_floor": self.floor,
                "flops_efficiency": self.flops_eff}
-        return {**out, **self.parallel_description(), "host_time": self.host.describe()}
+        return {**out, **self.parallel_description(), "host_time": self.host.describe(), **self.precision_description()}

@@ -26,6 +26,13 @@ class ModeledStepTime:
         result = self.plane.execute(batch)
         return StepResult(result.sampled, self.cost_model.step_time(batch), result.accepted)
 
+    def energy_report(self) -> dict | None:
+        """The modelled GPU's energy for the steps it timed (policylab.dataplane.energy)."""
+        return self.cost_model.energy_report()
+
+    def attach_clock(self, clock) -> None:
+        self.cost_model.attach_clock(clock)
+
     def describe_cost_model(self) -> dict:
         """The cost model that timed the steps (recorded in summary.json); the tokens are the real plane's."""
         return {**self.cost_model.describe_cost_model(), "tokens_from": "real plane"}

@@ -22,11 +22,15 @@ def experts_touched(tokens: int, experts: int, top_k: int) -> float:
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
-def expert_gemm_terms(tokens: int, hidden: int, width: int, experts: int, top_k: int, dtype_bytes: int):
-    """(FLOPs, bytes) of the two grouped expert GEMMs for `tokens` tokens (one GPU's shard of width)."""
+def expert_gemm_terms(tokens: int, hidden: int, width: int, experts: int, top_k: int, dtype_bytes: int,
+                      weight_bytes=None):
+    """(FLOPs, bytes) of the two grouped expert GEMMs for `tokens` tokens (one GPU's shard of width);
+    `weight_bytes` per expert weight (default: `dtype_bytes`, the activations')."""
     touched = experts_touched(tokens, experts, top_k)
     pairs = tokens * top_k
     flops = 2.0 * pairs * hidden * 3 * width
     weights = touched * 3 * hidden * width
     activations = pairs * (hidden + 2 * width) + pairs * (width + hidden)    # in and out of each GEMM
-    return flops, (weights + activations) * dtype_bytes
+    if weight_bytes is None or weight_bytes == dtype_bytes:
+        return flops, (weights + activations) * dtype_bytes
+    return flops, weights * weight_bytes + activations * dtype_bytes

@@ -46,6 +46,7 @@ from policylab.dataplane.host_time import HostTime
 from policylab.dataplane.moe import expert_gemm_terms
 from policylab.dataplane.parallel import Link, check_parallel, micro_batches, pipelined
 from policylab.dataplane.serving_engine import ServingEngine
+from policylab.dataplane.precision import Precision
 from policylab.dataplane.shape import ModelShape
 
 __all__ = ["ModelShape", "Roofline", "smooth_max"]
@@ -62,12 +63,13 @@ class Roofline:
     """Step time of a batch from the shape and the hardware (seconds); dense part cached per token count."""
 
     def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1,
-                 engine: ServingEngine | None = None):
+                 engine: ServingEngine | None = None, precision: Precision | None = None):
         check_parallel(tp, pp, model.num_attention_heads, model.num_hidden_layers)
-        self.shape = s = ModelShape(model, tp)
+        self.shape = s = ModelShape(model, tp, precision)
         self.tp, self.pp = tp, pp
         self.engine = engine = engine or ServingEngine()
         self.flops = hw.peak_flops * hw.flops_efficiency
+        self.gemm_flops = self.flops * precision.gemm_speedup if precision else self.flops   # GEMMs' dtype
         self.bw = hw.mem_bandwidth * hw.bw_efficiency
         self.latency = hw.kernel_latency
         self.overhead = hw.step_overhead
@@ -101,8 +103,7 @@ class Roofline:
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
         """One n x k by k x m GEMM without its launch (counted per layer): the p-norm roofline."""
-        b = self.shape.dtype_bytes
-        return smooth_max(2 * n * k * m / self.flops, (k * m + n * (k + m)) * b / self.bw)
+        return smooth_max(2 * n * k * m / self.gemm_flops, self.shape.gemm_bytes(n, k, m) / self.bw)
 
     def layers_time(self, n: int) -> float:
         """All transformer layers' GEMMs and elementwise ops for n tokens (no attention)."""
@@ -119,7 +120,7 @@ class Roofline:
         """One MoE layer: attention GEMMs, router, shared experts, the routed experts touched."""
         s, b = self.shape, self.shape.dtype_bytes
         gemm = sum(self.gemm_time(n, k, m) for k, m in s.moe_gemms)
-        flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b)
+        flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b, s.weight_elem_bytes)
         experts = self.expert_time(flops, traffic)
         return gemm + experts + self.elementwise_time(n, self._moe_elementwise_elems) + self._moe_layer_launches
 
@@ -130,7 +131,7 @@ class Roofline:
 
     def expert_time(self, flops: float, traffic: float) -> float:
         """The two grouped expert GEMMs, joined as a dense GEMM's terms are."""
-        return smooth_max(flops / self.flops, traffic / self.bw)
+        return smooth_max(flops / self.gemm_flops, traffic / self.bw)
 
     def embedding_time(self, n: int) -> float:
         """A gather: n rows read and written (vocabulary-parallel under TP: one all-reduce more)."""
@@ -213,7 +214,12 @@ class Roofline:
         out = {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,
                "bw_efficiency": self.bw_eff, "kernel_latency": self.latency, "step_overhead": self.overhead,
                "p_norm": P_NORM}
-        return {**out, **self.parallel_description()}
+        return {**out, **self.parallel_description(), **self.precision_description()}
+
+    def precision_description(self) -> dict:
+        """The dtypes, where they are not the model's own (summary.json's `cost_model`)."""
+        p = self.shape.precision
+        return {} if p is None or p.native else {"precision": p.describe()}
 
     def parallel_description(self) -> dict:
         """The parallel layout and host model, where they are not the single-GPU, fixed-host default

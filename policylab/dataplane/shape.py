@@ -14,12 +14,14 @@ head; its latent projections are replicated on every GPU, as is its cache.
 from __future__ import annotations
 
 from policylab.core.config import ModelConfig
+from policylab.dataplane.precision import Precision
 
 
 class ModelShape:
-    """Sizes derived from a model config (per GPU of a `tp`-way group)."""
+    """Sizes derived from a model config (per GPU of a `tp`-way group); bytes per weight, KV
+    element and activation from `precision` (default: the model's `dtype_bytes` for all three)."""
 
-    def __init__(self, m: ModelConfig, tp: int = 1):
+    def __init__(self, m: ModelConfig, tp: int = 1, precision: Precision | None = None):
         head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
         h, f = m.hidden_size, -(-m.intermediate_size // tp)
         heads = -(-m.num_attention_heads // tp)     # ceil: an uneven split's busiest GPU sets the pace
@@ -48,7 +50,10 @@ class ModelShape:
         self.gemms = self.attn_gemms + self.mlp_gemms           # (K, N) of a dense layer
         self.layers, self.q_dim, self.vocab, self.hidden = m.num_hidden_layers, q, m.vocab_size, h
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.tp, self.dtype_bytes = tp, m.dtype_bytes
+        self.tp, self.dtype_bytes = tp, m.dtype_bytes                 # activations, embedding, LM head
+        self.precision = precision
+        self.weight_elem_bytes = precision.weight_bytes if precision else m.dtype_bytes   # decoder linear layers
+        self.kv_elem_bytes = precision.kv_bytes if precision else m.dtype_bytes
         self.moe = m.num_experts > 0
         self.dense_layers = min(m.first_dense_layers, m.num_hidden_layers) if self.moe else m.num_hidden_layers
         self.moe_layers = m.num_hidden_layers - self.dense_layers
@@ -61,10 +66,11 @@ class ModelShape:
         self.dense_params = (self.dense_layers * sum(k * n for k, n in self.gemms)
                              + self.moe_layers * (sum(k * n for k, n in self.moe_gemms) + expert_params))
         embed = m.vocab_size * h
-        self.weight_bytes = (self.dense_params + embed * (1 if m.tie_word_embeddings else 2)) * m.dtype_bytes
+        self.weight_bytes = (self.dense_params * self.weight_elem_bytes
+                             + embed * (1 if m.tie_word_embeddings else 2) * m.dtype_bytes)
         if tp > 1:      # the whole group's weights (the replicated parts counted once)
-            self.weight_bytes = ModelShape(m).weight_bytes
-        self.kv_bytes_per_token = m.num_hidden_layers * self.kv_elems_per_token_layer * m.dtype_bytes
+            self.weight_bytes = ModelShape(m, 1, precision).weight_bytes
+        self.kv_bytes_per_token = m.num_hidden_layers * self.kv_elems_per_token_layer * self.kv_elem_bytes
         # elements read + written per token per layer: norms (h in, h out), RoPE (q and k in and
         # out), the activation (SiLU·mul: 2f in, f out; GELU: f in, f out), 2 residual adds (2h in, h out)
         self.residual_add_elems = 2 * 3 * h
@@ -76,6 +82,10 @@ class ModelShape:
         self.kernels_per_layer = len(self.gemms) + self.elementwise_kernels
         # MoE layer: attention GEMMs, router, top-k + permute, two grouped expert GEMMs, shared experts
         self.moe_kernels_per_layer = len(self.moe_gemms) + 2 + 2 + norms + 1 + 1 + 2
+
+    def gemm_bytes(self, n: int, k: int, m: int):
+        """Memory traffic of an n x k by k x m GEMM: its weights once, activations in and out."""
+        return k * m * self.weight_elem_bytes + n * (k + m) * self.dtype_bytes
 
     def kv_bytes_per_token_all_gpus(self) -> int:
         """KV bytes one token takes summed over the group (replicated heads or latent counted per GPU)."""

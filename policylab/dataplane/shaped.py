@@ -73,8 +73,9 @@ MIN_LENGTH_SHARE = 0.1      # r(n) never below this (a guard for tiny chunks; no
 class ShapedCostModel(KernelCostModel):
     """The roofline with the GEMM curve, the elementwise kernels and the attention kernels above (module doc)."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1, engine=None):
-        super().__init__(model, hw, tp, pp, engine)
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1, engine=None,
+                 precision=None):
+        super().__init__(model, hw, tp, pp, engine, precision)
         e = self.engine.cfg
         self.half_m, self.slope = hw.gemm_half_m, hw.attention_length_slope
         self.decode_floor = hw.decode_attention_floor if e.decode_attention_floor is None else e.decode_attention_floor
@@ -93,6 +94,8 @@ class ShapedCostModel(KernelCostModel):
         self._tile_overhead, self._heads_per_sm = e.prefill_attention_tile_overhead, s.heads / hw.num_sms
         self._cols_per_wave = hw.num_sms * COLUMN_TILE
         self._gemm_flops = hw.peak_flops * hw.curve_efficiency
+        if precision is not None and not precision.native:                # the GEMMs' dtype
+            self._gemm_flops *= precision.gemm_speedup
         self.tile_m, self.tile_n = int(hw.gemm_wave_tile_m), int(hw.gemm_wave_tile_n)
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
@@ -105,7 +108,7 @@ class ShapedCostModel(KernelCostModel):
         waves = 1 / splits if splits > 1 else full + (rest / self.sms) ** PARTIAL_WAVE_EXPONENT
         work = waves * tm * self.tile_n * self.sms + self.half_m * m * min(1.0, self._cols_per_wave / m)
         compute = 2 * k * work / self._gemm_flops
-        memory = (k * m + n * (k + m)) * self.shape.dtype_bytes / self.bw
+        memory = self.shape.gemm_bytes(n, k, m) / self.bw
         return (compute ** GEMM_P_NORM + memory ** GEMM_P_NORM) ** (1 / GEMM_P_NORM)
 
     def elementwise_time(self, n: int, elems: int) -> float:
@@ -168,4 +171,4 @@ class ShapedCostModel(KernelCostModel):
                "elementwise_bw_efficiency": self.elementwise_eff, "elementwise_latency": self.elementwise_latency,
                "attention_efficiency": self.attn_eff, "attention_length_slope": self.slope,
                "attention_floor": self.floor, "decode_attention_floor": self.decode_floor}
-        return {**out, **self.parallel_description(), "host_time": self.host.describe()}
+        return {**out, **self.parallel_description(), "host_time": self.host.describe(), **self.precision_description()}

@@ -18,6 +18,8 @@ from policylab.dataplane.config import SimPlaneConfig
 from policylab.core.batch import Batch, StepResult
 from policylab.core.capabilities import Capability
 from policylab.core.rng import splitmix64
+from policylab.dataplane.energy import POWER_LIMITS, THROTTLE_STEP, clocked, meter_for
+from policylab.dataplane.precision import plane_precision
 from policylab.dataplane.roofline import ModelShape, Roofline
 from policylab.dataplane.serving_engine import ServingEngine
 
@@ -27,8 +29,9 @@ COST_MODELS = ("shaped", "roofline", "kernel")
 MAX_TIME_NOISE = 0.3   # relative: beyond it a step duration would often clip at 0
 
 
-def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneConfig):
-    """The cost model the config names; each has step_time(q, ctx, tokens, sampled) and describe()."""
+def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneConfig, precision=None):
+    """The cost model the config names; each has step_time(q, ctx, tokens, sampled) and describe().
+    `precision` (policylab.dataplane.precision; None: the model's own dtype) prices the shape-based ones."""
     if dp.calibration and dp.profile:
         raise ValueError("dataplane.calibration and dataplane.profile are two cost models: set one of them")
     if dp.tensor_parallel < 1:
@@ -41,6 +44,9 @@ def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneC
     if dp.calibration and dp.tensor_parallel > 1:
         raise ValueError("dataplane.calibration is a fit of the plane it measured (one device): it cannot price "
                          "dataplane.tensor_parallel > 1; use the roofline, cost_model=kernel or a profile")
+    if precision is not None and not precision.native and (dp.calibration or dp.profile):
+        raise ValueError("dataplane.profile / dataplane.calibration measured one precision: weight_dtype, "
+                         "kv_cache_dtype and compute_dtype price the shape-based cost models only (leave them auto)")
     if dp.calibration:
         from policylab.dataplane.fitted import load_calibration
         return load_calibration(dp.calibration)
@@ -50,11 +56,11 @@ def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneC
     engine = ServingEngine(dp.serving_engine)
     if dp.cost_model == "shaped":
         from policylab.dataplane.shaped import ShapedCostModel
-        return ShapedCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel, engine)
+        return ShapedCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel, engine, precision)
     if dp.cost_model == "kernel":
         from policylab.dataplane.kernel_model import KernelCostModel
-        return KernelCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel, engine)
-    return Roofline(model, hardware, dp.tensor_parallel, dp.pipeline_parallel, engine)
+        return KernelCostModel(model, hardware, dp.tensor_parallel, dp.pipeline_parallel, engine, precision)
+    return Roofline(model, hardware, dp.tensor_parallel, dp.pipeline_parallel, engine, precision)
 
 
 def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneConfig) -> None:
@@ -100,17 +106,30 @@ class SimDataPlane:
     kind = "sim"
     def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneConfig, seed: int = 0):
         check_cost_parameters(model, hardware, dp)
-        self.hw, self.dp, self.seed = hardware, dp, seed
-        self.shape = ModelShape(model, dp.tensor_parallel)
+        self.hw, self.dp, self.seed, self.model = hardware, dp, seed, model
+        self.precision = plane_precision(model, hardware, dp)
+        self.shape = ModelShape(model, dp.tensor_parallel, self.precision)
         self.gpus = dp.tensor_parallel * dp.pipeline_parallel
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
-        self.cost_model = build_cost_model(model, hardware, dp)
+        self.cost_model = build_cost_model(model, clocked(hardware, dp.gpu_clock_mhz), dp, self.precision)
         engine = getattr(self.cost_model, "engine", None)
         # the engine's async scheduling: an arrival joins one step later (core.extensions.async_scheduling)
         self.capabilities = SIM_CAPABILITIES | ({Capability.SCHEDULES_AHEAD} if engine is not None
                                                 and engine.async_scheduling else frozenset())
         # seconds a load generator's TTFT and E2E include beyond the engine's (fidelity-e2e adds them)
         self.client_latency = engine.cfg.client_latency if engine is not None else 0.0
+        # GPU energy of every step (policylab.dataplane.energy; None where the hardware gives no power model)
+        self.meter = meter_for(self.shape, hardware, self.gpus, dp.pipeline_parallel, self.precision, dp.gpu_clock_mhz,
+                               getattr(self.cost_model, "engine", None))
+        self.gpu_clock = None                # a settable clock (attach_clock): the cost model follows it
+        self._mhz, self._clock_models = dp.gpu_clock_mhz, {}
+        if dp.power_limit not in POWER_LIMITS:
+            raise ValueError(f"dataplane.power_limit must be one of {', '.join(POWER_LIMITS)}, got '{dp.power_limit}'")
+        self._throttle = dp.power_limit == "throttle" and self.meter is not None and bool(hardware.max_clock_mhz)
+        if dp.power_limit == "throttle" and not self._throttle:
+            raise ValueError(f"dataplane.power_limit=throttle lowers the SM clock: hardware {hardware.name} needs a "
+                             "power model and a max_clock_mhz (configs/hardware/)")
+        self._ratio_models: dict = {}        # power_limit=throttle: clock ratio -> cost model
         self._next_token: list = []          # position -> id sampled after it (see execute)
         self.speculation = None              # verifies draft tokens (policylab.dataplane.speculative)
         if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
@@ -140,7 +159,58 @@ class SimDataPlane:
 
     def step_time(self, batch: Batch) -> float:
         """The modelled duration of `batch` (also times real-plane steps: dataplane.step_time=model)."""
-        return self._step_time(batch, sum(batch.query_lens), sum(map(bool, batch.sample)))
+        tokens, sampled = sum(batch.query_lens), sum(map(bool, batch.sample))
+        if self.gpu_clock is not None and self.gpu_clock.mhz != self._mhz:
+            self._follow_clock()
+        duration = self._step_time(batch, tokens, sampled)
+        return duration if self.meter is None else self._metered(batch, tokens, sampled, duration)
+
+    def _metered(self, batch: Batch, tokens: int, sampled: int, duration: float) -> float:
+        """Charge the step's energy; with power_limit=throttle a step that would draw more than the
+        board limit runs at the highest clock level where it fits, and takes that clock's time."""
+        meter = self.meter
+        if not self._throttle or duration <= 0:
+            meter.step(batch, tokens, sampled, duration)
+            return duration
+        work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled)
+        ratio = meter.ratio
+        if meter.demand(batch, tokens, sampled, duration, ratio, work)[0] > self.hw.max_power:
+            low = (self.hw.min_clock_mhz or self.hw.max_clock_mhz) / self.hw.max_clock_mhz
+            while ratio - THROTTLE_STEP >= low - 1e-9:
+                ratio = round(ratio - THROTTLE_STEP, 6)
+                duration = self._model_at(ratio).step_time(batch.query_lens, batch.context_lens, tokens, sampled)
+                if meter.demand(batch, tokens, sampled, duration, ratio, work)[0] <= self.hw.max_power:
+                    break
+        meter.step(batch, tokens, sampled, duration, ratio, work)
+        return duration
+
+    def _model_at(self, ratio: float):
+        """The cost model at SM clock `ratio` x max (power_limit=throttle's levels, cached)."""
+        model = self._ratio_models.get(ratio)
+        if model is None:
+            model = self._ratio_models[ratio] = build_cost_model(
+                self.model, clocked(self.hw, ratio * self.hw.max_clock_mhz), self.dp, self.precision)
+        return model
+
+    def attach_clock(self, clock) -> None:
+        """Let `clock` (policylab.dataplane.energy.GpuClock, set between steps by an energy-aware
+        policy) choose the SM clock each step is timed and powered at."""
+        self.gpu_clock = clock
+        self._clock_models[self._mhz] = self.cost_model
+
+    def _follow_clock(self) -> None:
+        mhz = self.gpu_clock.mhz
+        model = self._clock_models.get(mhz)
+        if model is None:
+            model = self._clock_models[mhz] = build_cost_model(self.model, clocked(self.hw, mhz), self.dp,
+                                                               self.precision)
+        self.cost_model, self._mhz = model, mhz
+        if self.meter is not None:
+            self.meter.set_clock(mhz)
+
+    def energy_report(self) -> dict | None:
+        """This plane's energy so far (policylab.dataplane.energy.EnergyMeter.report), or None."""
+        return None if self.meter is None else self.meter.report()
 
     def _step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
         return self.cost_model.step_time(batch.query_lens, batch.context_lens, tokens, sampled)
@@ -154,7 +224,10 @@ class SimDataPlane:
         """Which cost model produced this run's step times (recorded in summary.json)."""
         noise = {"time_noise": self.dp.time_noise, "time_noise_seed": self.dp.time_noise_seed} \
             if self.dp.time_noise else {}
-        return {**self.cost_model.describe(), **noise}
+        clock = {"gpu_clock_mhz": self.dp.gpu_clock_mhz} if self.dp.gpu_clock_mhz is not None else {}
+        if self._throttle:
+            clock["power_limit"] = "throttle"
+        return {**self.cost_model.describe(), **noise, **clock}
 
     def execute(self, batch: Batch) -> StepResult:
         """Deterministic ids that depend on the position only, clear of special tokens.
@@ -164,8 +237,13 @@ class SimDataPlane:
         share an output block (the hash chain carries the prompt). The id sampled after the
         token at position p is `_next_token[p]`, so a decode step costs one C-level pass.
         """
+        if self.gpu_clock is not None and self.gpu_clock.mhz != self._mhz:
+            self._follow_clock()
         if batch.spec_lens is not None:               # drafts to verify: the acceptance model
-            return self._speculation().execute(self, batch)
+            result = self._speculation().execute(self, batch)
+            if self.meter is not None:
+                self.meter.step(batch, sum(batch.query_lens), len(result.sampled), result.duration)
+            return result
         ctx, tokens, d = batch.context_lens, sum(batch.query_lens), batch.decodes
         if d == len(ctx) or tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
             positions = ctx
@@ -180,7 +258,10 @@ class SimDataPlane:
             self._grow_tokens(max(positions) + 1)
             nxt = self._next_token
             ids = [nxt[p] for p in positions]
-        return StepResult(ids, self._step_time(batch, tokens, len(ids)))
+        duration = self._step_time(batch, tokens, len(ids))
+        if self.meter is not None:
+            duration = self._metered(batch, tokens, len(ids), duration)
+        return StepResult(ids, duration)
 
     def token_at(self, position: int) -> int:
         """The id sampled after the token at `position` (as `execute` samples it)."""

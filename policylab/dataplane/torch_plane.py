@@ -26,13 +26,14 @@ import torch
 
 from policylab.core.config import ModelConfig
 from policylab.dataplane.config import TorchPlaneConfig
-from policylab.dataplane.attention import make_backend
+from policylab.dataplane.kv_quant import make_kv_backend
 from policylab.dataplane.cpu_host import default_threads
 from policylab.core.capabilities import Capability
 from policylab.core.batch import Batch, StepResult
 from policylab.dataplane.cuda_graphs import DecodeGraphRunner, capture_cuda_graph, cuda_graphs_wanted
 from policylab.dataplane.model import CausalLM, head_dim_of
 from policylab.dataplane.packing import pack
+from policylab.dataplane.quant_linear import check_torch_precision, quantize_model
 from policylab.dataplane.reference_timer import ReferenceTimer
 from policylab.dataplane.sampling import sample
 from policylab.dataplane.weights import fuse, load_weights
@@ -95,7 +96,10 @@ class TorchDataPlane:
         self.checkpoint = checkpoint           # HF dir with the tokenizer (None for random weights)
         self.vocab_size, self.eos_token_id = cfg.vocab_size, cfg.eos_token_id
         self.capabilities = TORCH_CAPABILITIES
-        self.backend = make_backend(dp.attention, device)
+        self.backend = make_kv_backend(dp.attention, device, dp.kv_cache_dtype)
+        self.kv_fp8 = dp.kv_cache_dtype == "fp8"
+        self.full_precision = None             # a full-precision copy scoring every step (quality.py)
+        self.quality = None
         self.use_cuda_graphs = cuda_graphs_wanted(dp.cuda_graphs, device, self.backend)
         self.graphs: DecodeGraphRunner | None = None     # built with the KV cache it reads
         self.kv_caches: list = []
@@ -105,9 +109,15 @@ class TorchDataPlane:
 
     def describe_cost_model(self) -> dict:
         """What produced this run's step times (recorded in summary.json)."""
+        precision = {k: getattr(self.dp, k) for k in ("weight_dtype", "kv_cache_dtype", "compute_dtype")
+                     if getattr(self.dp, k) != "auto"}
         return {"kind": "real", "device": str(self.device), "timer": self.dp.timer,
                 "timer_repeats": self.dp.timer_repeats, "timer_reference": self.dp.timer_reference,
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(), **({"precision": precision} if precision else {})}
+
+    def quality_report(self) -> dict | None:
+        """Greedy agreement and logit error against full precision (policylab.dataplane.quality), or None."""
+        return None if self.quality is None else self.quality.report()
 
     @classmethod
     def from_config(cls, dp: TorchPlaneConfig, model: ModelConfig, seed: int) -> "TorchDataPlane":
@@ -117,6 +127,9 @@ class TorchDataPlane:
         if model.source == "random" and device.type == "cpu" and num_params(model) > CPU_MAX_PARAMS:
             raise ValueError(f"model '{model.name}' has {num_params(model) / 1e9:.1f}B parameters: too big "
                              "for the CPU torch data plane; use dataplane=sim or a small model")
+        check_torch_precision(dp.weight_dtype, dp.kv_cache_dtype, dp.compute_dtype)
+        if dp.quality_reference not in ("auto", "always", "never"):
+            raise ValueError(f"dataplane.quality_reference must be auto, always or never, got '{dp.quality_reference}'")
         if dp.timer not in ("wall", "cpu"):
             raise ValueError(f"dataplane.timer must be wall or cpu, got '{dp.timer}'")
         if dp.timer_repeats < 1:
@@ -146,11 +159,25 @@ class TorchDataPlane:
         if [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")] or unexpected:
             raise ValueError(f"model '{cfg.name}': checkpoint does not match the architecture "
                              f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-        return cls(net.eval(), cfg, dp, device, dtype, seed, path)
+        if dp.weight_dtype != "auto":
+            quantize_model(net, dp.weight_dtype, dp.compute_dtype)
+        plane = cls(net.eval(), cfg, dp, device, dtype, seed, path)
+        quantised = any(getattr(dp, k) != "auto" for k in ("weight_dtype", "kv_cache_dtype", "compute_dtype"))
+        if dp.quality_reference == "always" or (dp.quality_reference == "auto" and quantised):
+            from dataclasses import replace
+            from policylab.dataplane.quality import QualityMeter
+            plane.full_precision = cls.from_config(replace(dp, weight_dtype="auto", kv_cache_dtype="auto",
+                                                           compute_dtype="auto", quality_reference="never",
+                                                           timer_reference=False), model, seed)
+            plane.quality = QualityMeter()
+        return plane
 
     # ------------------------------------------------------------------ KV
     def _block_bytes(self, block_size: int) -> int:
         c = self.cfg
+        if self.kv_fp8:                     # FP8 values and a float32 scale per token and head (kv_quant.py)
+            from policylab.dataplane.kv_quant import row_width
+            return 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * row_width(head_dim_of(c))
         return 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * head_dim_of(c) * \
             torch.finfo(self.dtype).bits // 8
 
@@ -175,6 +202,12 @@ class TorchDataPlane:
         """(the cache tensor, per-layer (k, v) views) in the backend's memory order."""
         c = self.cfg
         kvh, hd = c.num_key_value_heads, head_dim_of(c)
+        if self.kv_fp8:                     # packed uint8 rows of FP8 values and their scale (kv_quant.py)
+            from policylab.dataplane.kv_quant import row_width
+            kv = torch.zeros(2, c.num_hidden_layers, kvh, num_blocks, block_size, row_width(hd),
+                             device=self.device, dtype=torch.uint8)
+            views = kv.permute(0, 1, 3, 4, 2, 5)
+            return kv, [(views[0, i], views[1, i]) for i in range(c.num_hidden_layers)]
         if self.backend.kv_layout == "head_major":
             kv = torch.zeros(2, c.num_hidden_layers, kvh, num_blocks, block_size, hd,
                              device=self.device, dtype=self.dtype)
@@ -194,6 +227,8 @@ class TorchDataPlane:
         ([kv_heads, blocks, block_size, head_dim] underneath) for the torch backend."""
         self.kv, self.kv_caches = self._new_kv(num_blocks, block_size)
         self.block_size = block_size
+        if self.full_precision is not None:
+            self.full_precision.allocate_kv(num_blocks, block_size)
         if self.dp.timer_reference:
             self.reference = ReferenceTimer(self._reference_forward, lambda n: self._new_kv(n, block_size)[1],
                                             block_size, self.clock)
@@ -231,7 +266,9 @@ class TorchDataPlane:
             raise ValueError(f"KV payload of shape {tuple(payload.shape)} does not fit {len(block_table)} "
                              f"blocks of a cache shaped {tuple(self.kv.shape)} (block axis {dim})")
         index = torch.tensor(block_table, dtype=torch.long, device=self.device)
-        self.kv.index_copy_(dim, index, payload.to(self.device, self.dtype))
+        self.kv.index_copy_(dim, index, payload.to(self.device, self.kv.dtype))
+        if self.quality is not None:            # (a quantised payload the reference cannot mirror)
+            self.quality.stop(f"a KV import (swap-in or P/D) after {self.quality.positions} positions")
 
     @torch.inference_mode()
     def copy_kv_blocks(self, src: list, dst: list) -> None:
@@ -241,6 +278,8 @@ class TorchDataPlane:
         index = torch.tensor(src, dtype=torch.long, device=self.device)
         self.kv.index_copy_(dim, torch.tensor(dst, dtype=torch.long, device=self.device),
                             self.kv.index_select(dim, index))
+        if self.full_precision is not None:
+            self.full_precision.copy_kv_blocks(src, dst)
 
     @torch.inference_mode()
     def sampled_logprobs(self, rows: list, tokens: list) -> list:
@@ -264,6 +303,10 @@ class TorchDataPlane:
 
     def execute(self, batch: Batch) -> StepResult:
         result = self._execute_once(batch)
+        if self.quality is not None:            # the reference writes its KV and scores (outside the step's timing)
+            reference = self.full_precision.forward(batch)
+            if batch.spec_lens is None:         # (a verification's rows are not next-token samples)
+                self.quality.score(self._last_logits, reference)
         for _ in range(self.dp.timer_repeats - 1):      # same batch, same outcome: keep the least time
             again = self._execute_once(batch)
             if again.duration < result.duration:

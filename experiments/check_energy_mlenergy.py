@@ -1,0 +1,184 @@
+"""The energy model against the ML.ENERGY benchmark's measured vLLM energy per output token.
+
+Each published configuration (experiments/mlenergy_data.py: model, GPU, tensor parallelism,
+max_num_seqs) is replayed on the sim as the benchmark ran it: every request sent at once,
+max_num_seqs of them running (vLLM v1's chunked scheduling: decodes first, 8,192 tokens a step),
+output lengths exponential around the published mean, prompt lengths log-normal around
+`--prompt-mean` tokens (the LMArena prompts' lengths are not published; 250 tokens is what
+makes the KV-bound batch of the one KV-bound Llama-3.1-8B configuration, 691 of max_num_seqs
+768, come out on the sim), in the `vllm` serving engine (configs/serving_engine/vllm.yaml: async
+scheduling, CUDA graphs, vLLM's kernels and memory, as vLLM 0.11.1 ran them). Over the steady state (requests still waiting, after the first
+wave's prefill) the sim's energy per output token, power and throughput are compared with the
+measured ones: error = predicted / measured - 1.
+
+    python experiments/check_energy_mlenergy.py                  # every configuration, errors by model/GPU pair
+    python experiments/check_energy_mlenergy.py --fit h100       # fit active/compute/memory power on Llama-3.1-8B
+    python experiments/check_energy_mlenergy.py --models llama-3.1-8b --gpus h100
+    python experiments/check_energy_mlenergy.py --v2-a100        # the A100 rows of benchmark v2.0 (vLLM 0.5.4)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mlenergy_data import MLENERGY_V2_A100, MLENERGY_V3, SHAPES  # noqa: E402
+from policies.chunked import Chunked  # noqa: E402
+from policylab.apps.sim_check import load_group  # noqa: E402
+from policylab.core.config import EngineConfig, HardwareConfig  # noqa: E402
+from policylab.core.engine import Engine  # noqa: E402
+from policylab.core.request import TraceRequest  # noqa: E402
+from policylab.dataplane.config import DataplaneConfig  # noqa: E402
+from policylab.dataplane.energy import PowerModel  # noqa: E402
+from policylab.dataplane.sim import SimDataPlane  # noqa: E402
+
+FIT_MODEL = "llama-3.1-8b"
+MAX_OUTPUT = 4096
+
+
+def workload(batch: int, out_mean: float, prompt_mean: float, seed: int = 0) -> list:
+    """All requests at t = 0: enough for a steady state of about two waves after the first."""
+    rng = np.random.default_rng(seed)
+    n = 3 * batch + 200
+    sigma = 1.0
+    prompts = np.clip(rng.lognormal(np.log(prompt_mean) - sigma ** 2 / 2, sigma, n), 4, 8192).astype(int)
+    outputs = np.clip(rng.exponential(out_mean, n), 2, MAX_OUTPUT).astype(int)
+    return [TraceRequest(0.0, int(p), int(o)) for p, o in zip(prompts, outputs)]
+
+
+def serving_engine(name: str):
+    """configs/serving_engine/NAME.yaml as the config the sim plane takes (`serving_engine=NAME`)."""
+    from omegaconf import OmegaConf
+    from policylab.apps.config import CONFIG_DIR
+    from policylab.dataplane.serving_engine import ServingEngineConfig
+    return ServingEngineConfig(**OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "serving_engine" / f"{name}.yaml")))
+
+
+def replay(model: str, gpu: str, tp: int, batch: int, out_mean: float, prompt_mean: float, hw: HardwareConfig,
+           engine: str = "vllm", power_limit: str = "cap"):
+    """Steady-state arrays of the replay: per step (duration, u_compute, u_memory, sampled tokens, busy share),
+    and the running count."""
+    power_limit = power_limit if hw.max_clock_mhz else "cap"   # (throttling needs the GPU's clock: not the B200's)
+    plane = SimDataPlane(SHAPES[model], hw, DataplaneConfig(kind="sim", tensor_parallel=tp, power_limit=power_limit,
+                                                            serving_engine=serving_engine(engine)), seed=0)
+    plane.meter.record = []
+    engine = Engine(workload(batch, out_mean, prompt_mean), Chunked(chunk_size=8192), plane,
+                    EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(8192, batch),
+                                 max_model_len=32768), seed=0)
+    result = engine.run()
+    steps = np.array(plane.meter.record)
+    waiting, running = result.steps["waiting"], result.steps["running"]
+    first = int(np.argmax(running >= min(batch, running.max())))      # the first wave admitted
+    settled = first + int(np.argmax(result.steps["decode_tokens"][first:] >= 0.9 * running[first:]))
+    window = np.arange(len(steps)) >= settled
+    window &= waiting > 0
+    if window.sum() < 20:                                             # (a tiny run: all of it)
+        window = np.ones(len(steps), dtype=bool)
+    return steps[window], running[window]
+
+
+def predicted(steps: np.ndarray, pm: PowerModel, gpus: int, measured_tput: float | None = None,
+              exponent: float = 1.0) -> tuple:
+    """(J per output token, mean power over the GPUs W, output tokens/s) of the steady state, each step
+    at the clock it ran at (power_limit=throttle lowers it at the board limit). With `measured_tput`,
+    every step stretched or shrunk so the throughput is the measured one (its work, hence its
+    utilisations, unchanged in total): the power model alone, without the time model's error."""
+    t, uc, um, sampled, busy, ratio = steps.T
+    if measured_tput is not None:
+        stretch = (sampled.sum() / t.sum()) / measured_tput
+        t, uc, um = t * stretch, uc / stretch, um / stretch
+        busy = 1 - (1 - busy) / stretch                 # the waiting seconds stay as they were
+    sm = ratio ** exponent
+    power = np.minimum(pm.max_power, pm.idle + sm * (pm.active * np.clip(busy, 0, 1) + pm.compute * uc)
+                       + pm.memory * um) * gpus
+    energy = (power * t).sum()
+    return energy / sampled.sum(), energy / t.sum(), sampled.sum() / t.sum()
+
+
+def rows_of(args) -> list:
+    rows = [r for r in MLENERGY_V3 if (not args.models or r[0] in args.models) and (not args.gpus or r[1] in args.gpus)]
+    return [r for r in rows if r[0] == FIT_MODEL and r[1] == args.fit] if args.fit else rows
+
+
+HBM_PJ_PER_BIT = 3.97     # HBM2 access energy (O'Connor et al., "Fine-Grained DRAM", MICRO 2017): memory_power
+
+
+def fit(gpu: str, runs: list, hw: HardwareConfig) -> HardwareConfig:
+    """Least squares of the measured mean power (relative error) over active and compute power, each
+    replay's steps taken at the measured throughput (the power model apart from the time model's error);
+    memory power is the HBM's access energy at full bandwidth (HBM_PJ_PER_BIT), not fitted."""
+    from scipy.optimize import minimize
+    memory = round(hw.mem_bandwidth * 8 * HBM_PJ_PER_BIT * 1e-12, 0)
+
+    def loss(x):
+        pm = PowerModel(hw.idle_power, hw.max_power, x[0], x[1], memory)
+        errors = [predicted(steps, pm, row[2], row[8])[1] / row[6] - 1 for row, steps in runs]
+        return float(np.sum(np.square(errors)))
+    best = minimize(loss, x0=[200.0, 300.0], bounds=[(0, hw.max_power), (0, 4 * hw.max_power)], method="L-BFGS-B")
+    active, compute = (round(float(v), 0) for v in best.x)
+    print(f"fit on {len(runs)} {FIT_MODEL} configurations on {gpu}: active_power {active:g} W, compute_power "
+          f"{compute:g} W, memory_power {memory:g} W (rms power error {np.sqrt(best.fun / len(runs)):.1%})")
+    return replace(hw, active_power=active, compute_power=compute, memory_power=memory)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fit", choices=("h100", "b200"), help="fit the power constants of this GPU on Llama-3.1-8B")
+    ap.add_argument("--models", nargs="*", help="only these models (mlenergy_data.SHAPES)")
+    ap.add_argument("--gpus", nargs="*", help="only these GPUs (h100, b200)")
+    ap.add_argument("--prompt-mean", type=float, default=250.0, help="mean prompt tokens (assumed; see the doc)")
+    ap.add_argument("--serving-engine", default="vllm", help="a configs/serving_engine/ preset (none: kernel time)")
+    ap.add_argument("--power-limit", default="cap", choices=("cap", "throttle"),
+                    help="at the board limit: the clock drops (throttle, as GPUs do) or only the power is held (cap)")
+    ap.add_argument("--v2-a100", action="store_true", help="the A100 rows of benchmark v2.0 (vLLM 0.5.4) instead")
+    args = ap.parse_args(argv)
+    if args.v2_a100:
+        return check_v2_a100(args)
+    hardware = {g: load_group("hardware", g, HardwareConfig) for g in ("h100", "b200")}
+    limit = "cap" if args.fit else args.power_limit      # (a fit reads utilisations at the measured time)
+    runs = [(row, replay(row[0], row[1], row[2], row[3], row[5], args.prompt_mean, hardware[row[1]],
+                         args.serving_engine, limit)[0]) for row in rows_of(args)]
+    if args.fit:
+        hardware[args.fit] = fit(args.fit, runs, hardware[args.fit])
+    print(f"{'model':15} {'GPU':5} {'TP':>2} {'batch':>5} | {'J/tok meas':>10} {'sim':>7} {'error':>7} | "
+          f"{'W meas':>7} {'sim':>7} {'error':>7} | {'tok/s meas':>10} {'sim':>7} {'error':>7} | {'at meas. time':>13}")
+    pairs: dict = {}
+    for row, steps in runs:
+        model, gpu, tp, batch, _, _, power, jpt, tput, _ = row
+        pm, exponent = PowerModel.of(hardware[gpu]), hardware[gpu].clock_power_exponent
+        pj, pw, pt = predicted(steps, pm, tp, exponent=exponent)
+        alone = predicted(steps, pm, tp, tput, exponent)[0] / jpt - 1
+        e = pj / jpt - 1
+        pairs.setdefault((model, gpu), []).append((e, alone, pt / tput - 1))
+        print(f"{model:15} {gpu:5} {tp:>2} {batch:>5} | {jpt:>10.4f} {pj:>7.4f} {e:>+7.1%} | {power:>7.0f} {pw:>7.0f} "
+              f"{pw / power - 1:>+7.1%} | {tput:>10.0f} {pt:>7.0f} {pt / tput - 1:>+7.1%} | {alone:>+13.1%}")
+    print(f"\nJ per output token by model/GPU pair ({len(pairs)} pairs; power fitted on {FIT_MODEL}): the sim "
+          "end to end, and the power model at the measured throughput")
+    print(f"{'model':15} {'GPU':5} {'configs':>7} | {'MAPE':>6} {'bias':>7} {'worst':>7} {'<=25%':>5} | {'tok/s MAPE':>10} "
+          f"| {'power model MAPE':>16} {'worst':>7} {'<=25%':>5}")
+    for (model, gpu), errors in pairs.items():
+        a, b, c = (np.array(x) for x in zip(*errors))
+        print(f"{model:15} {gpu:5} {len(a):>7} | {np.mean(np.abs(a)):>6.1%} {a.mean():>+7.1%} "
+              f"{a[np.argmax(np.abs(a))]:>+7.1%} {'yes' if np.mean(np.abs(a)) <= 0.25 else 'no':>5} | "
+              f"{np.mean(np.abs(c)):>10.1%} | {np.mean(np.abs(b)):>16.1%} {b[np.argmax(np.abs(b))]:>+7.1%} "
+              f"{'yes' if np.mean(np.abs(b)) <= 0.25 else 'no':>5}")
+
+
+def check_v2_a100(args) -> None:
+    hw = load_group("hardware", "a100", HardwareConfig)
+    print(f"{'model':15} {'TP':>2} {'batch':>5} | {'J/tok meas':>10} {'sim':>7} {'error':>7} | {'tok/s meas':>10} "
+          f"{'sim':>7} {'error':>7}")
+    for model, gpu, tp, batch, _, out, jpt, tput in MLENERGY_V2_A100:
+        steps, _ = replay(model, gpu, tp, batch, out, args.prompt_mean, hw, args.serving_engine, args.power_limit)
+        pj, _, pt = predicted(steps, PowerModel.of(hw), tp, exponent=hw.clock_power_exponent)
+        print(f"{model:15} {tp:>2} {batch:>5} | {jpt:>10.4f} {pj:>7.4f} {pj / jpt - 1:>+7.1%} | {tput:>10.0f} {pt:>7.0f} "
+              f"{pt / tput - 1:>+7.1%}")
+
+
+if __name__ == "__main__":
+    main()
