@@ -32,6 +32,7 @@ RECIPES = {
     "swap": (lambda i, rec: rec, ["policy.preempt_mode=swap", "engine.host_kv_blocks=400"]),
     "prefix_tiers": (lambda i, rec: rec, ["engine.prefix_host_blocks=64"]),
     "radix": (lambda i, rec: rec, ["engine.prefix_cache=radix"]),
+    "client_timeout": (lambda i, rec: rec, ["trace.client_timeout=1.0"]),
 }
 # ... and where summary.json shows that it took effect
 EFFECTS = {
@@ -43,6 +44,7 @@ EFFECTS = {
     "swap": lambda s: s["kv_hierarchy"]["swap_outs"] > 0,
     "prefix_tiers": lambda s: s["kv_hierarchy"]["host_offloaded_blocks"] > 0,
     "radix": lambda s: s["config"]["engine"]["prefix_cache"] == "radix" and s["prefix_cache_hit_rate"] > 0,
+    "client_timeout": lambda s: s["client_timeout"]["abandoned"] > 0,
 }
 PLANE_ARGS = {"sim": ["dataplane=sim"], "torch": ["dataplane=torch", "model=tiny", "dataplane.step_time=model"],
               "vllm": ["dataplane=vllm"]}

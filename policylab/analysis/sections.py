@@ -64,6 +64,7 @@ SECTIONS = (
     Section("speculation", "speculative", _speculative),
     Section("forks", "forks", _forks),
     Section("tool_calls", "programs", _programs),
+    Section("client_timeout", "client_timeout", lambda c, stats: dict(stats)),
 )
 
 

@@ -38,7 +38,8 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     sessions = getattr(trace, "sessions", None)
     trace = sorted(trace, key=lambda t: t.arrival_time)
-    features = features_of(trace, cfg.engine, make_policy(cfg.policy), sessions, cfg.speculative.k)
+    features = features_of(trace, cfg.engine, make_policy(cfg.policy), sessions, cfg.speculative.k,
+                           cfg.trace.client_timeout)
     check_combination(features, None, None, "pd" if c.disaggregated else "replicas", cfg.engine)   # before any
     roles = ["prefill"] * c.prefill_replicas + ["decode"] * c.decode_replicas if c.disaggregated \
         else ["colocated"] * c.size

@@ -15,7 +15,8 @@ def engine_of(cfg: RunConfig, trace, policy, plane, sessions=None) -> Engine:
     policy, plane = speculative_parts(cfg, policy, plane)
     attach_gpu_clock(cfg, policy, plane)
     extensions = extensions_for(trace, cfg.engine, plane.capabilities, speculative=cfg.speculative,
-                                sessions=sessions, prefix_block_tokens=cfg.trace.prefix_block_tokens)
+                                sessions=sessions, prefix_block_tokens=cfg.trace.prefix_block_tokens,
+                                client_timeout=cfg.trace.client_timeout)
     return Engine(trace, policy, plane, cfg.engine, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens,
                   extensions=extensions, sessions=sessions)
 

@@ -26,7 +26,7 @@ from policylab.core.engine_ops import EngineOps
 from policylab.core.events import INF, ArrivalSource, EventQueue
 from policylab.core.extension import unowned_field
 from policylab.core.extensions import extensions_for
-from policylab.core.features import check_combination, features_of
+from policylab.core.features import FEATURES, check_combination, features_of
 from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import KVManager
 from policylab.core.lifecycle import Lifecycle
@@ -57,7 +57,8 @@ class Engine(Lifecycle, RequestSteps):
         self.prefix_block_tokens, self.sampling = prefix_block_tokens, sampling
         check_engine_config(cfg)
         self.capabilities = frozenset(dataplane.capabilities)
-        self.features = features_of(self.trace, cfg, policy, sessions)    # refused here if they do not compose
+        self.features = features_of(self.trace, cfg, policy, sessions) \
+            | {e.name for e in (extensions or ()) if e.name in FEATURES}       # refused here if they do not compose
         check_combination(self.features, self.capabilities, dataplane.kind, "engine", cfg)
         self._token_ids = Capability.TOKEN_IDS in self.capabilities
         self.extensions = tuple(extensions_for(self.trace, cfg, self.capabilities, sessions=sessions,

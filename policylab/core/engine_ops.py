@@ -9,7 +9,7 @@ from __future__ import annotations
 from policylab.core.capabilities import Capability
 from policylab.core.contract import RequestView
 from policylab.core.events import ARRIVAL
-from policylab.core.request import Request
+from policylab.core.request import Request, Status
 
 
 class EngineOps:
@@ -142,6 +142,23 @@ class EngineOps:
         e.release(r)
         r.num_computed_tokens = computed if to_host else 0
         return computed
+
+    def abort(self, i: int, reason: str) -> bool:
+        """End request i now, rejected with `reason`, wherever it is (waiting, swapped out or
+        running: its KV freed); whether it was still live."""
+        e = self._e
+        r = e.requests[i]
+        if r is None or i not in e.views:
+            return False
+        if r.status is Status.RUNNING:
+            e._decoding.forget_batch()
+            e.running = [x for x in e._running if x is not r]
+            e.release(r)
+        else:
+            e._waiting.remove((i,))
+        e._reject(r, reason)
+        e.wake()
+        return True
 
     def decoding_changed(self, r: Request) -> None:
         """Request `r`'s tokens changed outside a step (a beam replaced): it decodes or not."""

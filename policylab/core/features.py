@@ -52,13 +52,19 @@ FEATURES = {f.name: f for f in (
             needs_config=(("enable_prefix_caching", "the prefix tiers hold what the prefix cache evicts: set "
                                                     "engine.enable_prefix_caching=true"),)),
     Feature("radix", "a radix-tree prefix index: engine.prefix_cache=radix", "config", on_vllm=False),
+    Feature("client_timeout", "clients that give up on a request: trace.client_timeout=SECONDS", "client_timeout",
+            topologies=("engine", "replicas"),
+            refuses={"forks": "a timed-out request's samples are not abandoned with it",
+                     "beams": "a timed-out request's beams are not abandoned with it",
+                     "tool_calls": "a request paused for its tool is not abandoned",
+                     "sessions": "a session whose turn is abandoned is not modelled"}),
 )}
 
 TOPOLOGY_NAMES = {"engine": "one engine", "replicas": "replicas (cluster.replicas > 1)",
                   "pd": "P/D disaggregation (cluster.prefill_replicas, cluster.decode_replicas)"}
 
 
-def features_of(trace: list, cfg, policy=None, sessions=None, fixed_drafts: int = 0) -> set:
+def features_of(trace: list, cfg, policy=None, sessions=None, fixed_drafts: int = 0, client_timeout=None) -> set:
     """The features a run uses: asked for by its trace (samples, beams, tool calls), its engine
     config `cfg` (prefix tiers, the radix index, overrides of samples and beams), its policy
     (`Policy.features`: swap preemption, drafts), a session plan, or a fixed number of drafts
@@ -78,6 +84,8 @@ def features_of(trace: list, cfg, policy=None, sessions=None, fixed_drafts: int 
         out.add("prefix_tiers")
     if cfg.prefix_cache == "radix":
         out.add("radix")
+    if client_timeout is not None:
+        out.add("client_timeout")
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from policylab.core.capabilities import Capability
 from policylab.core.extensions.async_scheduling import AsyncScheduling
+from policylab.core.extensions.client_timeout import ClientTimeout
 from policylab.core.extensions.forks import Forks, uses_forks
 from policylab.core.extensions.sessions import ClosedLoop
 from policylab.core.extensions.speculation import Speculation
@@ -13,12 +14,12 @@ from policylab.core.extensions.tool_calls import ToolCalls, has_tool_calls
 
 
 def extensions_for(trace: list, cfg, capabilities: frozenset, speculative=None, sessions=None,
-                   prefix_block_tokens: int = 512) -> list:
+                   prefix_block_tokens: int = 512, client_timeout=None) -> list:
     """The extensions an engine replaying `trace` with engine config `cfg` on a plane with
     `capabilities` runs: forks when a request asks for samples or beams, tool calls when one
     pauses for a tool, speculation wherever the plane verifies drafts (`speculative`: its
-    config), the closed-loop client of a session plan (`sessions`), and the lag of an engine that
-    schedules ahead, where the plane models one. Forks come before tool
+    config), the closed-loop client of a session plan (`sessions`), the lag of an engine that
+    schedules ahead, where the plane models one, and clients that give up (`client_timeout` s). Forks come before tool
     calls: a step's forks spawn before its finished requests pause."""
     out = []
     if uses_forks(trace, cfg.parallel_samples, cfg.beam_width):
@@ -31,4 +32,6 @@ def extensions_for(trace: list, cfg, capabilities: frozenset, speculative=None, 
         out.append(ClosedLoop(sessions, prefix_block_tokens))
     if Capability.SCHEDULES_AHEAD in capabilities:
         out.append(AsyncScheduling())
+    if client_timeout is not None:
+        out.append(ClientTimeout(client_timeout))
     return out
