@@ -75,6 +75,7 @@ from policylab import Policy, RequestView, SchedulerView, StepPlan
 
 
 class VllmV1(Policy):
+    engine_defaults = {"length_limit": "stop"}    # vLLM runs a prompt shorter than max_model_len, stopping it there
     properties = ()         # not stall-free: a long prefill ahead in running order can take the budget
 
     def __init__(self, name: str | None = None, enable_chunked_prefill: bool = True,

@@ -2,6 +2,8 @@
 plane with the run's speculative settings, and the extensions the run asks for."""
 from __future__ import annotations
 
+import dataclasses
+
 from policylab.apps.config import RunConfig
 from policylab.apps.errors import RunError
 from policylab.apps.speculative_build import speculative_parts
@@ -14,6 +16,7 @@ def engine_of(cfg: RunConfig, trace, policy, plane, sessions=None) -> Engine:
     the policy and plane with the run's speculative settings, the extensions the run asks for."""
     policy, plane = speculative_parts(cfg, policy, plane)
     attach_gpu_clock(cfg, policy, plane)
+    cfg = with_policy_defaults(cfg, policy)
     extensions = extensions_for(trace, cfg.engine, plane.capabilities, speculative=cfg.speculative,
                                 sessions=sessions, prefix_block_tokens=cfg.trace.prefix_block_tokens,
                                 client_timeout=cfg.trace.client_timeout)
@@ -36,3 +39,10 @@ def attach_gpu_clock(cfg: RunConfig, policy, plane) -> None:
     except ValueError as e:
         raise RunError(str(e)) from None
     plane.attach_clock(clock)
+
+
+def with_policy_defaults(cfg: RunConfig, policy) -> RunConfig:
+    """`cfg` with the engine settings the policy is written for (`Policy.engine_defaults`) where the
+    run left them unset (None): vllm_v1 runs as vLLM does, whatever the engine's default."""
+    wanted = {k: v for k, v in getattr(policy, "engine_defaults", {}).items() if getattr(cfg.engine, k) is None}
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **wanted)) if wanted else cfg

@@ -43,6 +43,8 @@ class EngineConfig:
     prefix_disk_path: Optional[str] = None  # torch plane: directory of the disk tier's file (None: temp dir)
     parallel_samples: int = 0               # samples per request, overriding the trace's `n` (0: the trace's)
     beam_width: int = 0                     # beams per request, overriding the trace's `beam_width` (0: the trace's)
+    length_limit: Optional[str] = None      # prompt + output beyond max_model_len: reject (on arrival) | stop
+                                            # (vLLM's: run, stop at the limit); None: the policy's, else reject
     tool_kv: str = "policy"                 # KV of a request paused for a tool call: policy (its
                                             # on_tool_call hook) | keep | free | offload (forced)
 
@@ -191,6 +193,9 @@ def check_engine_config(cfg: EngineConfig) -> None:
     check_tier_config(cfg)
     if cfg.tool_kv not in ("policy", "keep", "free", "offload"):
         raise ValueError(f"engine.tool_kv must be one of policy, keep, free, offload, got '{cfg.tool_kv}'")
+    if cfg.length_limit not in (None, "reject", "stop"):
+        raise ValueError(f"engine.length_limit must be 'reject' or 'stop' (or null: the policy's), got "
+                         f"'{cfg.length_limit}'")
     if cfg.clock not in ("virtual", "wall"):
         raise ValueError(f"engine.clock must be 'virtual' or 'wall', got '{cfg.clock}'")
 

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from policylab.core.admission import never_fits, predict_output
+from policylab.core.admission import never_fits, output_cap, predict_output
 from policylab.core.contract import RequestView
 from policylab.core.events import EventQueue
 from policylab.core.extension import HOOKS, hooks_of
@@ -130,8 +130,9 @@ class Lifecycle:
     def _arrive(self, i: int) -> None:
         t: TraceRequest = self.trace[i]
         cfg = self.cfg
+        stop = cfg.length_limit == "stop"              # (run and stop at max_model_len, as vLLM does)
         reason = never_fits(t.prompt_tokens, t.output_tokens, cfg.max_model_len, self.kv.num_blocks,
-                            self.kv.block_size, t.max_tokens or cfg.max_tokens)   # by arithmetic: no token or hash
+                            self.kv.block_size, t.max_tokens or cfg.max_tokens, stop)   # by arithmetic: no token or hash
         for check in self._admission:                                            # is built for a request that
             reason = reason or check(t)                                          # can never run
         if reason:
@@ -142,6 +143,8 @@ class Lifecycle:
             ids = (synthesize_prompt if self._token_ids else SyntheticPrompt)(
                 i, t.prompt_tokens, t.prefix_hashes, self.dataplane.vocab_size, self.seed, self.prefix_block_tokens)
         max_tokens = t.max_tokens or cfg.max_tokens or max(cfg.max_model_len - t.prompt_tokens, 1)
+        if stop:
+            max_tokens = max(min(max_tokens, output_cap(t.prompt_tokens, cfg.max_model_len, stop)), 1)
         r = Request(i, t.arrival_time, ids, max_tokens, t.client, t.priority, t.ttft_slo,
                     t.tpot_slo, predict_output(cfg, self._rng, t.output_tokens), self.sampling)
         self.requests[i] = r

@@ -17,6 +17,8 @@ class Policy:
     is refused before it starts (policylab.core.features)."""
 
     features: tuple = ()
+    engine_defaults: dict = {}     # engine.* settings the policy is written for, unless the run sets them
+                                   # (vllm_v1: {"length_limit": "stop"}, vLLM's handling of max_model_len)
 
     def __init__(self, name: str | None = None):
         self.name = name or type(self).__name__

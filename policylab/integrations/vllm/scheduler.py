@@ -112,7 +112,7 @@ class PolicyScheduler(Scheduler):
         self._views[rid] = new_request_view(live, self._kv)
         self._int_id[request.request_id] = rid
         reason = never_fits(request.num_prompt_tokens, request.max_tokens, self.max_model_len, self._kv.num_blocks,
-                            self.block_size)
+                            self.block_size, stop_at_limit=True)    # (vLLM stops a long one at max_model_len)
         if reason:                       # as policylab's engine: refused on arrival, no policy sees it
             self._views.pop(rid)
             self._reject(live, reason)
