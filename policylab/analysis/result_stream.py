@@ -32,8 +32,7 @@ import pyarrow.parquet as pq
 from policylab.analysis.counted import merge
 from policylab.analysis.metrics import TokenFacts, flat_token_times, json_safe, request_table, step_frame, summarize, \
     token_facts
-from policylab.analysis.result_files import ResultsWriteError, atomic_write, plain_config, requests_arrow, section
-from policylab.core.config import FairnessConfig, SloConfig
+from policylab.analysis.result_files import ResultSettings, ResultsWriteError, atomic_write, requests_arrow
 from policylab.core.result import RunResult
 
 ROWS_PER_GROUP = 8192        # requests per row group of requests.parquet
@@ -127,13 +126,14 @@ class ResultStream:
     `guard` (a context manager factory) wraps each write during the replay: the app passes
     one that holds stop signals back until the row group is written."""
 
-    def __init__(self, run_dir, trace: list, cfg=None, guard=nullcontext):
-        self.run_dir, self.cfg, self.guard = Path(run_dir), cfg, guard
+    def __init__(self, run_dir, trace: list, settings: ResultSettings | None = None, guard=nullcontext):
+        settings = settings or ResultSettings()
+        self.run_dir, self.config, self.guard = Path(run_dir), settings.config, guard
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ResultsWriteError(f"cannot create results directory {self.run_dir}: {e}") from e
-        self.slo, self.fairness = section(cfg, "slo", SloConfig), section(cfg, "fairness", FairnessConfig)
+        self.slo, self.fairness = settings.slo, settings.fairness
         self._requests = _ParquetFile(self.run_dir / "requests.parquet")
         self._steps = _ParquetFile(self.run_dir / "steps.parquet")
         self._done = np.zeros(len(trace), dtype=bool)
@@ -193,7 +193,7 @@ class ResultStream:
         self._tables = self._facts_parts = None      # (gigabytes at a million requests)
         self._engine = self._source = None
         summary.update(json_safe(extra or {}))
-        summary["config"] = plain_config(self.cfg)
+        summary["config"] = self.config
         failures = [f.failed for f in (self._requests, self._steps) if f.failed]
         if failures:
             summary["missing_files"] = [f.path.name for f in (self._requests, self._steps) if f.failed]

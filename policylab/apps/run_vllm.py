@@ -52,6 +52,7 @@ def replay_on_vllm(cfg: RunConfig, trace, on_request_done=None):
 def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     from policylab.analysis.result_stream import ResultStream
     from policylab.analysis.tracking import open_tracker
+    from policylab.apps.settings import result_settings, tracker_settings
     from policylab.apps.config import plot_settings
     from policylab.apps.jobs import write_traceback
     from policylab.apps.run_report import draw_plots, report
@@ -59,8 +60,8 @@ def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     trace = load_trace(cfg.trace, seed=cfg.seed)
     refuse_on_vllm(cfg, trace)           # before vLLM loads or any file is written
     vllm_setup(cfg)
-    tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
-    results = ResultStream(run_dir, sorted(trace, key=lambda t: t.arrival_time), cfg)
+    tracker = open_tracker(tracker_settings(cfg), run_dir, sweep_group(), run_name(run_dir))
+    results = ResultStream(run_dir, sorted(trace, key=lambda t: t.arrival_time), result_settings(cfg))
     result, extra = replay_on_vllm(cfg, trace)
     if result.traceback:
         result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"
