@@ -1,4 +1,4 @@
-"""BlockManager against an independent model, over random grow/hit/register/release sequences.
+"""The block pool against an independent model, over random grow/hit/register/release sequences.
 
 The model tracks reference counts, which hash each block publishes, the plain free blocks and
 the cached free blocks in least-recently-freed order. After every operation the manager must
@@ -14,15 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from policylab.core.kv import BlockManager, chain_hashes
+from policylab.core.kv import chain_hashes
+from policylab.core.kv.blocks import BlockPool
 
 PREFIXES = [np.arange(1000 * k, 1000 * k + 64, dtype=np.int32) for k in range(1, 4)]
 
 
-class BlockManagerMachine(RuleBasedStateMachine):
+class BlockPoolMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(1, 12), block_size=st.sampled_from([1, 2, 4]), caching=st.booleans())
     def setup(self, num_blocks, block_size, caching):
-        self.kv = BlockManager(num_blocks, block_size, caching)
+        self.kv = BlockPool(num_blocks, block_size, caching)
         self.bs, self.caching = block_size, caching
         self.reqs = {}                    # id -> [tokens, table]
         self.next_id = 0
@@ -156,20 +157,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.drain()
 
 
-TestBlockManager = BlockManagerMachine.TestCase
+TestBlockPool = BlockPoolMachine.TestCase
 # The machine is cheap per example and finds planted accounting bugs only after many runs: it gets
 # more examples than the suite's default in the first tier, and far more in the second (a profile
 # that asks for more still gets more).
-TestBlockManager.settings = settings(max_examples=max(40, settings.default.max_examples))
+TestBlockPool.settings = settings(max_examples=max(40, settings.default.max_examples))
 
 
 @pytest.mark.slow
-class TestBlockManagerDeep(BlockManagerMachine.TestCase):
+class TestBlockPoolDeep(BlockPoolMachine.TestCase):
     settings = settings(max_examples=max(300, settings.default.max_examples))
 
 
 def test_freed_blocks_are_reused_least_recently_freed_first():
-    kv = BlockManager(4, 2)
+    kv = BlockPool(4, 2)
     a, b = [], []
     tokens_a, tokens_b = np.arange(4, dtype=np.int32), np.arange(100, 104, dtype=np.int32)
     for table, tokens in ((a, tokens_a), (b, tokens_b)):
@@ -191,7 +192,7 @@ def test_freed_blocks_are_reused_least_recently_freed_first():
 def test_a_block_hit_while_free_moves_to_the_back_of_the_lru_and_stale_entries_stay_bounded():
     """Hits on free blocks leave stale entries behind in the LRU deque: they are skipped on
     eviction (the hit block counts as freed at its latest release) and dropped when they pile up."""
-    kv = BlockManager(3, 2)
+    kv = BlockPool(3, 2)
     tables, hashes = [], []
     for k in range(3):
         table, tokens = [], np.arange(10 * k, 10 * k + 2, dtype=np.int32)
@@ -250,7 +251,7 @@ def test_unhittable_blocks_are_freed_into_the_lru_where_hashed_ones_would_be():
     for every later allocation) as publishing it, its partial last block plain, and evicting
     it touches no hash map."""
     def replay(unhittable: bool) -> tuple:
-        kv = BlockManager(6, 2)
+        kv = BlockPool(6, 2)
         a, b = [], []
         kv.grow(a, 5)                              # 2 full blocks + a partial one
         kv.grow(b, 4)

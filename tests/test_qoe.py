@@ -67,13 +67,14 @@ def test_bad_settings_are_refused_by_name():
 
 
 def test_a_replay_has_qoe_per_request_and_in_its_summary():
+    from policylab.analysis.result_files import ResultSettings
     from policylab.analysis.results import summarize_run
     from policylab.core.config import EngineConfig
     from policylab.core.request import TraceRequest
     from policylab.testing.replay import replay
     trace = [TraceRequest(0.1 * i, 64, 32) for i in range(20)]
     result, _ = replay("chunked", trace, EngineConfig(max_num_seqs=4, num_blocks=64, block_size=16))
-    requests, _, summary = summarize_run(result, {"qoe": {"ttft": 0.5, "tds": 20.0}})
+    requests, _, summary = summarize_run(result, ResultSettings(qoe=QoeConfig(ttft=0.5, tds=20.0)))
     assert summary["qoe_expected"] == {"ttft": 0.5, "tds": 20.0}
     assert summary["qoe"]["mean"] == pytest.approx(requests["qoe"].mean())
     assert requests["qoe"].between(0, 1).all()

@@ -33,7 +33,7 @@ def test_ngram_speculation_equals_plain_greedy_decoding():
     _, plain = replay(PrefillFirst(), trace)
     engine, spec = replay(FixedSpeculation(PrefillFirst(), 3), trace)
     assert [r.output_ids for r in spec.requests] == [r.output_ids for r in plain.requests]
-    stats = engine.speculation.stats
+    stats = engine.extension("speculation").stats
     assert stats["proposed_tokens"] > 0 and stats["accepted_tokens"] > 0        # real acceptance, measured
     assert stats["accepted_tokens"] + stats["rejected_tokens"] == stats["proposed_tokens"]
     assert len(spec.steps["clock"]) < len(plain.steps["clock"])

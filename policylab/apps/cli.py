@@ -104,6 +104,7 @@ def capacity_main(cfg: DictConfig) -> float:
 
 TOOLS = {
     "trace": "policylab.apps.trace_cli",
+    "features": "policylab.apps.features_cli",
     "profile": "policylab.apps.data_cli",
     "compare": "policylab.analysis.compare",
     "sim-check": "policylab.apps.sim_check",
@@ -125,6 +126,7 @@ USAGE = """usage: python -m policylab COMMAND ...
   sim-check  your step-time measurements (CSV) against the sim's cost model: MAPE, bias, worst (sim-check --help)
   fidelity-e2e  your serving benchmark (vllm bench serve JSON, inference-perf report) replayed on the sim, per stage
   reproduce  published scheduling results replayed beside the papers' numbers (reproduce --list, NAME, all)
+  features   which features compose on which data plane and topology (one engine, replicas, P/D)
 """
 
 

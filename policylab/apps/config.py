@@ -23,7 +23,7 @@ from policylab.apps.config_checks import check_values
 from policylab.cluster.config import POOLS, ClusterConfig, check_cluster_config, policy_label, spec_name
 from policylab.core.config import (EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig, ModelConfig,
                                    QoeConfig, SloConfig, check_engine_config, check_slo_config)
-from policylab.core.speculative import SpeculativeConfig, check_speculative_config
+from policylab.core.extensions.speculation import SpeculativeConfig, check_speculative_config
 from policylab.dataplane.config import SimPlaneConfig, TorchPlaneConfig, plane_config
 from policylab.dataplane.serving_engine import ServingEngineConfig
 from policylab.traces.config import TraceConfig

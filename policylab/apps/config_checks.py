@@ -179,8 +179,8 @@ def check_workload(run, trace) -> None:
     """The sequences the trace asks for: samples and beams per request within MAX_SAMPLES, a
     request's beams within engine.max_num_seqs (they decode together), and all of them together
     within the machine's memory (each sample keeps its tokens until the results are written)."""
-    from policylab.core.beams import beam_width_of
-    from policylab.core.forks import samples_of, uses_forks
+    from policylab.core.extensions.beams import beam_width_of
+    from policylab.core.extensions.forks import samples_of, uses_forks
     e = run.engine
     if not uses_forks(trace, e.parallel_samples, e.beam_width):
         return

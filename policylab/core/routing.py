@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Callable, Optional
 
+import numpy as np
+
 from policylab.core import admission
 from policylab.core.contract import ContractViolation, hide_slot
+from policylab.core.kv import chain_hashes
+from policylab.core.synthetic_prompts import synthesize_prompt
 
 if TYPE_CHECKING:
     from policylab.core.engine import Engine
@@ -212,3 +216,16 @@ def prompt_hash_cache(engines: list, compute: Callable[[int, int], list]) -> Cal
         return memo[key]
     return hashes
 
+
+def prompt_block_keys(trace: list, engine, i: int, block_size: int) -> list:
+    """Request i's prompt block keys as every replica's engine makes them (same seed everywhere):
+    the chained hashes of its ids; none for a prompt of its own, whose blocks only it can ever
+    hit, after a preemption, on a replica it ran on (`kv.own_block_keys`): never when routed."""
+    t = trace[i]
+    if t.own_prompt:
+        return []
+    if t.prompt_ids is not None:
+        return chain_hashes(np.asarray(t.prompt_ids, dtype=np.int32), block_size)
+    ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, engine.dataplane.vocab_size, engine.seed,
+                            engine.prefix_block_tokens)
+    return chain_hashes(ids, block_size)

@@ -24,7 +24,7 @@ import numpy as np
 
 from policylab.core.batch import Batch, StepResult
 from policylab.core.rng import hash_key, splitmix64
-from policylab.core.speculative import SpeculativeConfig, check_speculative_config
+from policylab.core.extensions.speculation import SpeculativeConfig, check_speculative_config
 
 _UNIT = float(2 ** 64)
 

@@ -32,10 +32,10 @@ def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: in
                   decode: int = 0, decode_router_factory=None, hardware: Optional[list] = None,
                   link: LinkConfig = LinkConfig(), seed: int = 0, prefix_block_tokens: int = 32,
                   checked: bool = False, prefill_policy=None, decode_policy=None,
-                  model: Optional[ModelConfig] = None) -> Cluster:
+                  model: Optional[ModelConfig] = None, sessions=None) -> Cluster:
     """A sim cluster: `replicas` colocated engines, or `prefill` + `decode` ones (P/D); the tiny
     model (unless `model`) at a fixed 4 ms per step unless `hardware` says otherwise (as the
-    other scenarios).
+    other scenarios); `sessions`: a SessionPlan over `trace`, replayed in closed loop.
     Every replica runs `policy`, except that under P/D `prefill_policy` / `decode_policy` (any
     spec `policy_factory` takes) give a pool its own."""
     trace = sorted(trace, key=lambda t: t.arrival_time)
@@ -50,7 +50,7 @@ def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: in
              for k, (role, hw) in enumerate(zip(roles, hardware))]
     pd = Disaggregation((decode_router_factory or router_factory)(), LinkModel(link),
                         ModelShape(model).kv_bytes_per_token, seed) if prefill else None
-    return Cluster(trace, built, router_factory(), pd, observer=check_turn if checked else None)
+    return Cluster(trace, built, router_factory(), pd, observer=check_turn if checked else None, sessions=sessions)
 
 
 def check_turn(cluster: Cluster) -> None:

@@ -70,13 +70,14 @@ class Context:
         partial raises PartialReplay."""
         from policylab.analysis.results import summarize_run
         from policylab.apps.jobs import build_engine, replay
+        from policylab.apps.settings import result_settings
         started = time.process_time()
         run = run_config(overrides, policy_class)
         result = replay(build_engine(run), progress=False)
         if result.partial:
             raise PartialReplay(f"reproduce {self.entry}: the replay of arm '{arm}' (replicate {replicate}) ended "
                                 f"partial: {result.error}; overrides: {' '.join(map(str, overrides))}", result.error)
-        _, _, summary = summarize_run(result, run)
+        _, _, summary = summarize_run(result, result_settings(run))
         self._keep(arm, replicate, run.trace.rate_scale, summary, None, time.process_time() - started)
         return Replay(summary)
 

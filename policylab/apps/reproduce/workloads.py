@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from policylab.core.request import TraceRequest
-from policylab.core.tool_calls import ToolCall
+from policylab.core.extensions.tool_calls import ToolCall
 
 Z90 = 1.2815515655446004        # the standard normal's 90th percentile
 
