@@ -19,7 +19,8 @@ if _sys.argv[:1] == ["-m"]:            # `python -m policylab` is starting (its 
     import policylab._startup  # noqa: F401  # signal during the imports in one line)
 from policylab.core.contract import ContractViolation, RequestView, SchedulerView, StepPlan
 from policylab.core.policy import Policy
-from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, RouteViolation
+from policylab.core.routing import CapacityView, ClusterView, Migration, ReplicaView, RouteRequest, Router, \
+    RouteViolation, RunningRequest
 
 LAZY = {"replay": "policylab.apps.python_api", "compare": "policylab.apps.python_api",
         "Run": "policylab.apps.run_object", "reproduce": "policylab.apps.reproduce"}
@@ -36,4 +37,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["replay", "compare", "Run", "reproduce", "Policy", "SchedulerView", "RequestView", "StepPlan", "ContractViolation",
-           "Router", "ClusterView", "ReplicaView", "CapacityView", "RouteRequest", "RouteViolation"]
+           "Router", "ClusterView", "ReplicaView", "CapacityView", "RouteRequest", "RouteViolation", "Migration",
+           "RunningRequest"]

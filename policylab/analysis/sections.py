@@ -65,6 +65,7 @@ SECTIONS = (
     Section("forks", "forks", _forks),
     Section("tool_calls", "programs", _programs),
     Section("client_timeout", "client_timeout", lambda c, stats: dict(stats)),
+    Section("migration", "migration", lambda c, stats: dict(stats)),
 )
 
 

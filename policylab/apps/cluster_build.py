@@ -17,6 +17,7 @@ from policylab.cluster import Cluster, Replica
 from policylab.cluster.config import check_cluster_config
 from policylab.cluster.disagg import Disaggregation, prefill_trace
 from policylab.cluster.link import LinkModel
+from policylab.cluster.migration import LiveMigration
 from policylab.core.config import HardwareConfig
 from policylab.dataplane import build_dataplane
 from policylab.dataplane.sim import ModelShape
@@ -38,8 +39,9 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     sessions = getattr(trace, "sessions", None)
     trace = sorted(trace, key=lambda t: t.arrival_time)
+    router = build_router(cfg.router, "router")
     features = features_of(trace, cfg.engine, make_policy(cfg.policy), sessions, cfg.speculative.k,
-                           cfg.trace.client_timeout)
+                           cfg.trace.client_timeout) | router_features(router)
     check_combination(features, None, None, "pd" if c.disaggregated else "replicas", cfg.engine)   # before any
     roles = ["prefill"] * c.prefill_replicas + ["decode"] * c.decode_replicas if c.disaggregated \
         else ["colocated"] * c.size
@@ -57,7 +59,26 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
         replicas.append(Replica(k, role, hw.name, engine))
     pd = Disaggregation(build_router(cfg.decode_router, "decode_router"), LinkModel(c.link),
                         ModelShape(cfg.model).kv_bytes_per_token, cfg.seed) if c.disaggregated else None
-    return Cluster(trace, replicas, build_router(cfg.router, "router"), pd, sessions=sessions)
+    migration = LiveMigration(LinkModel(c.link), ModelShape(cfg.model).kv_bytes_per_token,
+                              getattr(router, "stop_copy_blocks", 1), getattr(router, "max_stages", 8)) \
+        if router_features(router) else None
+    return Cluster(trace, replicas, router, pd, sessions=sessions, migration=migration)
+
+
+def router_features(router) -> set:
+    """The features a router brings: live migration, if it rebalances (`rebalance_interval`)."""
+    return {"migration"} if getattr(router, "rebalance_interval", None) else set()
+
+
+def spec_features(spec) -> set:
+    """`router_features` of the router a config's `_target_` dict names (none when it names none):
+    what a run that builds no cluster refuses."""
+    if not spec:
+        return set()
+    try:
+        return router_features(build_router(spec, "router"))
+    except ClusterConfigError:           # (a router a one-engine run never builds: not its error)
+        return set()
 
 
 def role_policy(make_policy: Callable[[dict], object], spec: dict, role: str):

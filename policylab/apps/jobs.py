@@ -142,8 +142,22 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
                            "cluster.* has several; use chunked in the cluster, or run one replica")
         return engine
     from policylab.apps.engine_build import engine_of
+    refuse_router_features(cfg, trace)
     return engine_of(cfg, trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg),
                      getattr(trace, "sessions", None))
+
+
+def refuse_router_features(cfg: RunConfig, trace, topology: str = "engine", plane=None) -> None:
+    """A router that migrates (router=llumnix) on a run that builds no cluster: refused in the one
+    line the feature table gives (`migration` runs on replicas)."""
+    from policylab.apps.cluster_build import spec_features
+    from policylab.core.features import check_combination, features_of
+    extra = spec_features(cfg.router)
+    if extra:
+        sessions = getattr(trace, "sessions", None)
+        features = features_of(trace or [], cfg.engine, build_policy(cfg.policy), sessions, cfg.speculative.k,
+                               cfg.trace.client_timeout) | extra
+        check_combination(features, None, plane, topology, cfg.engine)
 
 
 def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals | None = None,

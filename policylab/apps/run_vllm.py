@@ -17,8 +17,9 @@ def refuse_on_vllm(cfg: RunConfig, trace=None) -> None:
     from policylab.apps.jobs import build_policy
     closed_loop = cfg.trace.sessions or cfg.trace.concurrency is not None or cfg.trace.format == "sessions" \
         or getattr(trace, "sessions", None) is not None
+    from policylab.apps.cluster_build import spec_features
     features = features_of(trace or [], cfg.engine, build_policy(cfg.policy), object() if closed_loop else None,
-                           cfg.speculative.k)
+                           cfg.speculative.k) | spec_features(cfg.router)
     from policylab.cluster.config import is_cluster
     topology = ("pd" if cfg.cluster.disaggregated else "replicas") if is_cluster(cfg.cluster) else "engine"
     try:

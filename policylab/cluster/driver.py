@@ -47,10 +47,12 @@ class Cluster:
     MAX_IDLE_TURNS = 10_000   # turns in a row without progress before the loop is declared stuck
 
     def __init__(self, trace: list, replicas: list, router: Router, disaggregation=None,
-                 observer: Optional[Callable[["Cluster"], None]] = None, sessions=None):
+                 observer: Optional[Callable[["Cluster"], None]] = None, sessions=None, migration=None):
         """`trace` sorted by arrival, as every replica's engine was built on it (same indices);
         `observer(cluster)` runs after every turn of the loop (the test harness checks invariants);
-        `sessions`: a SessionPlan replayed in closed loop (its turns routed like arrivals)."""
+        `sessions`: a SessionPlan replayed in closed loop (its turns routed like arrivals);
+        `migration`: live migration (`policylab.cluster.migration.LiveMigration`) for a router that
+        rebalances."""
         self.observer = observer
         self._idle_turns = 0             # turns in a row that ran no step and moved no clock
         self.trace, self.replicas, self.router = trace, replicas, router
@@ -71,7 +73,8 @@ class Cluster:
         self.views = [ReplicaView(r.index, r.role, r.hardware, r.engine, hashes) for r in replicas]
         self._front = [v for v in self.views if v.role != "decode"]      # who admits arrivals
         self._engines = [r.engine for r in replicas]
-        features = set().union(*(e.features for e in self._engines)) | ({"sessions"} if sessions is not None else set())
+        features = set().union(*(e.features for e in self._engines)) | ({"sessions"} if sessions is not None else set()) \
+            | ({"migration"} if migration is not None else set())
         for e in self._engines:           # refused here, in one line, if they do not compose in this topology
             check_combination(features, e.capabilities, e.dataplane.kind,
                               "replicas" if disaggregation is None else "pd", e.cfg)
@@ -82,12 +85,15 @@ class Cluster:
         self.pd = disaggregation
         if self.pd is not None:
             self.pd.attach(self)
+        self.migration = migration
         self.result = ClusterResult(self.trace, self.requests, {}, sum(e.kv.num_blocks for e in self._engines),
                                     self._engines[0].kv.block_size, self.policy_name, router=self.router_name,
                                     replicas=[ReplicaResult(r.index, r.role, r.hardware, r.engine.result,
                                                             r.engine.policy_name) for r in replicas],
                                     placement=self.placement)
         self.result.sections.update(merged_sections([r.engine.result.sections for r in replicas]))
+        if migration is not None:
+            migration.attach(self)
         self.client = None
         if sessions is not None:         # a closed-loop client: its turns are this cluster's arrivals
             self.client = ClosedLoop(sessions, replicas[0].engine.prefix_block_tokens)
@@ -156,7 +162,8 @@ class Cluster:
         each turn. Under a router that reads no load, with nothing but arrivals on the queue (no
         P/D, closed loop or tool calls) the replicas are independent, and the same turns run grouped
         replica by replica (`_loop_by_replica`): an optimisation, step for step the same replay."""
-        if self.pd is None and self.arrivals is None and not getattr(self.router, "reads_load", True) \
+        if self.pd is None and self.migration is None and self.arrivals is None \
+                and not getattr(self.router, "reads_load", True) \
                 and not any(e.schedules_events for e in self._engines):
             return self._loop_by_replica(freeze_if_due)
         if self.arrivals is None:
@@ -303,6 +310,8 @@ class Cluster:
             self._times[index] = t
             if t < INF:
                 self.events.push(t, STEP, self._step, index, order=index)
+                if self.migration is not None:      # (a rebalancer is asked while work is in flight)
+                    self.migration.wake(t)
 
     def push(self, time: float, handle: Callable, arg) -> None:
         """Schedule `handle(arg, time)` (P/D handoffs and transfers)."""

@@ -58,6 +58,12 @@ FEATURES = {f.name: f for f in (
                      "beams": "a timed-out request's beams are not abandoned with it",
                      "tool_calls": "a request paused for its tool is not abandoned",
                      "sessions": "a session whose turn is abandoned is not modelled"}),
+    Feature("migration", "live migration of running requests between replicas: a router that rebalances "
+            "(router=llumnix)", "migration", topologies=("replicas",),
+            refuses={"forks": "samples share KV blocks on one replica: a sample is not migrated alone",
+                     "beams": "beams share KV blocks on one replica: a beam is not migrated alone",
+                     "tool_calls": "a request's tool-call state stays on its first replica",
+                     "client_timeout": "the client's timeout stays on the request's first replica"}),
 )}
 
 TOPOLOGY_NAMES = {"engine": "one engine", "replicas": "replicas (cluster.replicas > 1)",

@@ -74,12 +74,16 @@ class Lifecycle:
         self.requests[i] = r = Request(i, t.arrival_time, NO_TOKENS, t.max_tokens or 1, t.client, t.priority)
         self._reject(r, reason)
 
-    def receive_prefilled(self, r: Request, target_len: int) -> None:
+    def receive_prefilled(self, r: Request, target_len: int, front: bool = False) -> None:
         """A request prefilled elsewhere joins the waiting queue with its prompt's KV in
-        `r.block_table` (blocks of this cache, taken when its transfer began): it decodes here."""
+        `r.block_table` (blocks of this cache, taken when its transfer began): it decodes here.
+        `front`: ahead of everything waiting, as a preempted request (a migrated one: work begun)."""
         self.requests[r.req_id], self.target_len[r.req_id] = r, target_len
         self.views[r.req_id] = RequestView(r, self.kv)
-        self._waiting.append(r.req_id)
+        if front:
+            self._waiting.put_back([r.req_id])
+        else:
+            self._waiting.append(r.req_id)
         self._arrived.append(r.req_id)
         self.wake()
 

@@ -52,6 +52,25 @@ class RouteRequest:
     prefilled: bool = False          # P/D: its prompt is computed, its KV moves to the chosen replica
 
 
+@dataclass(frozen=True, slots=True)
+class RunningRequest:
+    """What a rebalancing router may know of a request running on a replica."""
+    req_id: int
+    priority: int
+    num_tokens: int                  # prompt + output so far
+    num_blocks: int                  # KV blocks it holds on this replica
+    decoding: bool                   # its prompt is computed: it decodes (only these can migrate)
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """A rebalancing router's decision: move running request `req_id`'s KV from replica `source`
+    to replica `destination`, live (policylab.cluster.migration)."""
+    req_id: int
+    source: int
+    destination: int
+
+
 class ReplicaView:
     """Read-only window on one replica. Load figures are computed when read (a router that does
     not read them costs nothing), from the engine's live requests; the engine itself sits in a
@@ -101,6 +120,14 @@ class ReplicaView:
             owed = (r.predicted_output_tokens or 0) - len(r.output_ids)
             decode += owed if owed > 1 else 1
         return prefill, decode
+
+    @property
+    def running_requests(self) -> tuple:
+        """The requests running here now (RunningRequest each, in running order): what a
+        rebalancing router chooses a request to migrate from."""
+        e = _engine_of(self)
+        return tuple(RunningRequest(r.req_id, r.priority, r.num_tokens, len(r.block_table),
+                                    r.num_computed_tokens >= len(r.prompt_ids)) for r in e.running)
 
     def cached_prefix_tokens(self, request: RouteRequest) -> int:
         """Prompt tokens this request would find in this replica's prefix cache now (a lookup:
@@ -160,6 +187,7 @@ class ClusterView:
     """The replicas a router may choose from now (all of them, or one pool of a P/D cluster)."""
     clock: float
     replicas: tuple                  # ReplicaView, by replica index
+    migrating: frozenset = frozenset()   # req_ids whose migration is under way (a rebalancer's view)
 
     def least_loaded(self, among=None) -> "ReplicaView":
         """The replica with the fewest outstanding tokens (lowest index on a tie)."""
@@ -183,6 +211,10 @@ class Router:
 
     def route(self, request: RouteRequest, view: ClusterView) -> int:
         raise NotImplementedError
+
+    def rebalance(self, view: ClusterView) -> list:
+        """Running requests to move between replicas now (`Migration`s; none by default)."""
+        return []
 
 
 def validate_route(replicas: list, eligible: tuple, request: RouteRequest, choice, router: str,
