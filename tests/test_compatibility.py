@@ -33,6 +33,8 @@ RECIPES = {
     "prefix_tiers": (lambda i, rec: rec, ["engine.prefix_host_blocks=64"]),
     "radix": (lambda i, rec: rec, ["engine.prefix_cache=radix"]),
     "client_timeout": (lambda i, rec: rec, ["trace.client_timeout=1.0"]),
+    "migration": (lambda i, rec: rec, ["router=llumnix", "router.interval=0.002", "router.migrate_out_below=3",
+                                       "router.migrate_in_above=3"]),
 }
 # ... and where summary.json shows that it took effect
 EFFECTS = {
@@ -45,6 +47,7 @@ EFFECTS = {
     "prefix_tiers": lambda s: s["kv_hierarchy"]["host_offloaded_blocks"] > 0,
     "radix": lambda s: s["config"]["engine"]["prefix_cache"] == "radix" and s["prefix_cache_hit_rate"] > 0,
     "client_timeout": lambda s: s["client_timeout"]["abandoned"] > 0,
+    "migration": lambda s: s["migration"]["committed"] > 0,
 }
 PLANE_ARGS = {"sim": ["dataplane=sim"], "torch": ["dataplane=torch", "model=tiny", "dataplane.step_time=model"],
               "vllm": ["dataplane=vllm"]}

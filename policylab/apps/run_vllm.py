@@ -19,7 +19,7 @@ def refuse_on_vllm(cfg: RunConfig, trace=None) -> None:
         or getattr(trace, "sessions", None) is not None
     from policylab.apps.cluster_build import spec_features
     features = features_of(trace or [], cfg.engine, build_policy(cfg.policy), object() if closed_loop else None,
-                           cfg.speculative.k) | spec_features(cfg.router)
+                           cfg.speculative.k, cfg.trace.client_timeout) | spec_features(cfg.router)
     from policylab.cluster.config import is_cluster
     topology = ("pd" if cfg.cluster.disaggregated else "replicas") if is_cluster(cfg.cluster) else "engine"
     try:
