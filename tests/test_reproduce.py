@@ -43,20 +43,23 @@ def test_the_verdict_reads_the_interval_and_the_factor():
 
 
 @pytest.mark.timeout(120)
-def test_the_catalog_lists_every_entry_and_the_one_waiting_for_a_lever(capsys):
+def test_the_catalog_lists_every_entry_ready_with_the_levers_it_needs(capsys):
     assert tuple(catalog()) == ENTRIES
     assert main(["--list"]) == 0
     listed = capsys.readouterr().out
     for name in ENTRIES:
         assert name in listed
-    assert "llumnix    OSDI 2024     waits for the migration lever" in listed and "planned:" in listed
+    assert "waits for" not in listed                       # migration, the one lever an entry needs, is here
+    assert catalog()["llumnix"].requires == ("migration",) and not catalog()["llumnix"].missing_levers()
     for entry in catalog().values():
         assert entry.substitutions and entry.paper_setting and entry.claim.text
-        assert (entry.measure is None) == bool(entry.requires)
+        assert entry.measure is not None
 
 
 @pytest.mark.timeout(120)
-def test_a_waiting_entry_and_an_unknown_one_are_refused(tmp_path, capsys):
+def test_an_entry_waiting_for_a_lever_and_an_unknown_one_are_refused(tmp_path, capsys, monkeypatch):
+    import policylab.apps.reproduce.levers as levers
+    monkeypatch.setitem(levers.LEVERS, "migration", "policylab.cluster.no_such_module")   # (as if it had none)
     with pytest.raises(RunError, match="waits for the migration lever"):
         reproduce("llumnix", out=tmp_path)
     assert not (tmp_path / "result.json").exists()
@@ -103,6 +106,15 @@ def test_orca_iteration_level_batching_serves_more_at_the_same_latency(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_llumnix_migration_cuts_the_decode_tail(tmp_path):
+    c, got = run("llumnix", tmp_path)
+    decode = [v["mean"] for k, v in c.items() if k.startswith("P99 decode latency")]
+    assert len(decode) == 2 and min(decode) > 1.0 and math.prod(decode) ** 0.5 > 1.2
+    assert got.verdict["direction"].startswith("holds")
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sarathi_chunked_prefill_raises_capacity_on_both_models(tmp_path):
     c, _ = run("sarathi", tmp_path)
@@ -138,14 +150,16 @@ def test_mooncake_prefix_aware_disaggregation_serves_more(tmp_path, monkeypatch)
 
 
 @pytest.mark.timeout(300)
-def test_the_gallery_page_has_each_replayed_entry_and_the_waiting_one(tmp_path, capsys):
+def test_the_gallery_page_has_each_replayed_entry_and_a_waiting_one(tmp_path, capsys, monkeypatch):
+    import policylab.apps.reproduce.levers as levers
+    monkeypatch.setitem(levers.LEVERS, "migration", "policylab.cluster.no_such_module")   # (as if it had none)
     page = tmp_path / "docs" / "reproductions.md"
     assert main(["sglang", "llumnix", "--quick", "--replicates", "2", "--out", str(tmp_path / "out"),
                  "--gallery", str(page)]) == 0
     text = page.read_text()
     assert "## SGLang" in text and "![sglang](figures/reproduce/sglang.png)" in text
     assert "`python -m policylab reproduce sglang` · commit `" in text
-    assert "Not replayed yet: waiting for the migration lever" in text and "**Planned replay:**" in text
+    assert "Not replayed yet: waiting for the migration lever" in text
     assert (tmp_path / "docs" / "figures" / "reproduce" / "sglang.png").is_file()
     out = capsys.readouterr().out
     assert "llumnix: not replayed: waits for the migration lever" in out and "wall time" in out

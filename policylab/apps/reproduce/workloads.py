@@ -106,3 +106,25 @@ def agent_programs(seed: int, n: int, rate: float, prompt: tuple, call_output: t
         tools = tuple(ToolCall(int(e), float(rng.exponential(tool_s)), result_tokens) for e in ends[:-1])
         out.append(TraceRequest(round(float(t), 6), int(p), int(ends[-1]), tool_calls=tools))
     return out
+
+
+def gamma_times(rng: np.random.Generator, n: int, rate: float, cv: float) -> np.ndarray:
+    """Gamma-distributed gaps at mean `rate` req/s and coefficient of variation `cv` (bursts: cv > 1)."""
+    shape = 1.0 / (cv * cv)
+    t = np.cumsum(rng.gamma(shape, 1.0 / (rate * shape), n))
+    return t - t[0]
+
+
+def heavy_tailed_long_outputs(seed: int, n: int, rate: float, cv: float = 2.0, high: float = 0.0) -> list:
+    """Llumnix's generated workloads as its paper describes them: Gamma arrivals (bursty at cv > 1),
+    heavy-tailed prompt and output lengths (lognormals: prompts median 256 / p90 1,024 tokens,
+    outputs median 384 / p90 1,536, both clamped to 4,096 in all), so that some requests decode for
+    thousands of tokens and the replicas holding them fill up; a fraction `high` of them high
+    priority (priority 0, the others 1)."""
+    rng = np.random.default_rng([seed, 6])
+    times = gamma_times(rng, n, rate, cv)
+    outputs = lognormal(rng, n, 384, 1536, 8, 3072)
+    prompts = np.minimum(lognormal(rng, n, 256, 1024, 8, 4000), 4096 - outputs)
+    priority = (rng.random(n) >= high).astype(int)
+    return [TraceRequest(round(float(t), 6), int(p), int(o), priority=int(c))
+            for t, p, o, c in zip(times, prompts, outputs, priority)]
