@@ -36,14 +36,14 @@ def measure(ctx) -> Outcome:
     decode = [gains[("P99 decode latency (TPOT)", load)] for load in LOADS]
     prefill = [gains[("P99 prefill latency (TTFT)", load)] for load in LOADS]
     comparisons = [Comparison(f"P99 decode latency, no migration / migration, {load:g} req/s", None, g,
-                              "tail latency improved by an order of magnitude (prefill and decode, abstract)")
+                              "~10× (tail latency)")
                    for load, g in zip(LOADS, decode)]
     comparisons += [Comparison(f"P99 prefill latency, no migration / migration, {load:g} req/s", 10.0, g, "~10×")
                     for load, g in zip(LOADS, prefill)]
     preempt = [ratio(f"preemptions, no migration / migration, {load:g} req/s", got[(base, load, "preemptions")],
                      got[(llumnix, load, "preemptions")]) for load in LOADS]
     comparisons += [Comparison(f"preemptions, no migration / migration, {load:g} req/s", None, g,
-                               "fewer preemptions (fragmentation and load imbalance relieved)")
+                               "fewer")
                     for load, g in zip(LOADS, preempt)]
     best = max(prefill + decode, key=lambda g: g.mean)
     verdict = Verdict(overall([direction(g) for g in decode]), magnitude(best.mean, 10.0, matched=False),
