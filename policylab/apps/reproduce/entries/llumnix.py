@@ -97,8 +97,8 @@ ENTRY = Entry(
         "A generated heavy-tailed trace (lognormal lengths, Gamma arrivals) drawn to the paper's description "
         "instead of its exact traces; the baseline is the same freeness dispatch without migration (INFaaS++-like).",
         "Migration copies are priced by the cluster's link model (50 GB/s + 20 µs a copy): a stop-and-copy of one "
-        "block takes well under a millisecond, where the paper measures about 20-30 ms of downtime including its "
-        "system overheads.",
+        "block takes well under a millisecond, where the paper's measured downtime includes its system's "
+        "overheads.",
         "No priority classes or fragmentation measure (the high-priority 1.5× is not replayed).",
     ),
     measure=measure,
