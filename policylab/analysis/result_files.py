@@ -38,8 +38,8 @@ class ResultSettings:
     summary.json echoes (None: no echo)."""
     slo: SloConfig = dataclasses.field(default_factory=SloConfig)
     fairness: FairnessConfig = dataclasses.field(default_factory=FairnessConfig)
-    qoe: QoeConfig = dataclasses.field(default_factory=QoeConfig)
     config: dict | None = None
+    qoe: QoeConfig = dataclasses.field(default_factory=QoeConfig)
 
 
 def atomic_write(path: Path, write: Callable) -> None:
