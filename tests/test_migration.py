@@ -198,3 +198,29 @@ def test_a_migrated_request_generates_the_tokens_of_an_unmigrated_run_on_the_tor
     monkeypatch.setattr(TorchDataPlane, "import_kv", lambda self, table, payload, first=0: None)
     _, unmoved = migrated()
     assert [r.output_ids for r in unmoved.requests] != [r.output_ids for r in alone.requests]
+
+
+@pytest.mark.timeout(300)
+def test_the_cluster_invariants_hold_under_a_rebalancer_that_migrates_on_generated_scenarios():
+    """KV conserved on every replica, no request live on two, every request ended, no block held at
+    the drain, causality and determinism, with the llumnix router migrating eagerly."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from policies.routers.llumnix import Llumnix
+    from policylab.testing.cluster import check_cluster
+    from policylab.testing.strategies import scenarios
+
+    moved = []
+
+    @settings(max_examples=25, deadline=None)
+    @given(scenarios(max_requests=20, max_output=60), st.sampled_from([2, 3]), st.sampled_from(["chunked", "vllm_v1"]))
+    def check(scenario, replicas, policy):
+        seen: list = []
+        router = lambda: Llumnix(interval=0.002, migrate_out_below=50.0, migrate_in_above=50.0)  # noqa: E731
+        result = check_cluster(lambda: build_cluster(scenario.trace, policy, router, scenario.engine,
+                                                     replicas=replicas, seed=scenario.seed, checked=True,
+                                                     observer=held_blocks_check(seen)))
+        moved.append(result.sections["migration"]["committed"])
+    check()
+    assert sum(moved) > 0                                # (the scenarios did migrate)
