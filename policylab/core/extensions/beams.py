@@ -15,6 +15,9 @@ the best), not the top-w expansion of every beam's candidates: it exercises fork
 sequences on the fly and copy-on-write at every round, which is the KV behaviour of beam search.
 A round is skipped while some beam is preempted, recomputing its KV (running, but not decoding)
 or not yet in step with the others.
+Under speculative decoding a beam's step emits its accepted drafts and one sampled token: the
+score adds that sampled token's log-probability (the drafts' are not asked for), and beams that
+accept different numbers of drafts fall out of step until a round finds them level again.
 """
 from __future__ import annotations
 
