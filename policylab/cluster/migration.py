@@ -96,7 +96,7 @@ class LiveMigration:
         """Ask the router; carry out its moves. While no replica runs anything the asking stops
         (the next replica with work starts it again), so an idle cluster's queue empties."""
         self._ticking = False
-        if not any(e.has_work and not e.asleep for e in self.cluster._engines):
+        if not any(r.engine.has_work and not r.engine.asleep for r in self.cluster.replicas):
             return
         view = ClusterView(now, tuple(self.pool), frozenset(self.flights))
         moves = self.router.rebalance(view)
@@ -218,7 +218,7 @@ class LiveMigration:
         source, dest = cluster.replicas[f.source].engine, cluster.replicas[f.destination].engine
         r = source.requests[req_id]
         payload = source.kv.export(r.block_table[:len(f.table)])
-        target = source.target_len[req_id]
+        target = source.ops.target(req_id)
         source.release(r)                              # (its full blocks published in the source's cache)
         source.requests[req_id] = None
         r.block_table, r.status = f.table, Status.WAITING
