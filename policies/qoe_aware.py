@@ -48,6 +48,10 @@ class QoeAware(Chunked):
         if preemption_cap is not None and (type(preemption_cap) is not int or preemption_cap < 0):
             raise ValueError(f"{self.name}: preemption_cap must be an int >= 0 or null, got {preemption_cap!r}")
         self.preemption_cap = preemption_cap
+        # a victim goes to the host tier where it has room, else it recomputes; qoe_aware swaps by
+        # default, so it runs without a host tier too and declares no feature (where chunked's
+        # preempt_mode=swap, asked for explicitly, declares `swap` and is refused without one)
+        self.features = ()
         self.ttft, self.pace = float(expected_ttft), 1.0 / expected_tds
         self.min_buffer, self.max_preempt = float(min_buffer_s), max_preempt
         self.read: dict = {}          # req_id -> (output tokens seen, when the user reads the last of them)
