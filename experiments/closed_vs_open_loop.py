@@ -30,7 +30,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policylab.apps.cluster_build import hardware_config          # noqa: E402
-from policylab.core.closed_loop import attach                     # noqa: E402
 from policylab.core.config import EngineConfig                    # noqa: E402
 from policylab.core.engine import Engine                          # noqa: E402
 from policylab.core.request import Status, TraceRequest                   # noqa: E402
@@ -47,15 +46,13 @@ MODEL = "llama3-8b"
 CFG = EngineConfig(max_model_len=8192, max_num_batched_tokens=2048, max_num_seqs=64)
 
 
-def engine(trace: list, gpu: str, seed: int) -> Engine:
+def engine(trace: list, gpu: str, seed: int, sessions=None) -> Engine:
     plane = SimDataPlane(model_config(MODEL), hardware_config(gpu), DataplaneConfig(kind="sim"), seed=seed)
-    return Engine(trace, load_policy("chunked"), plane, CFG, seed=seed)
+    return Engine(trace, load_policy("chunked"), plane, CFG, seed=seed, sessions=sessions)
 
 
 def closed(plan, gpu: str, seed: int):
-    e = engine(list(plan.trace), gpu, seed)
-    attach(e, plan)
-    result = e.run()
+    result = engine(list(plan.trace), gpu, seed, sessions=plan).run()
     assert not result.partial, result.error
     return result.requests
 

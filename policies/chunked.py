@@ -95,6 +95,7 @@ class Chunked(Policy):
         if preempt_mode not in ("recompute", "swap"):
             raise ValueError(f"{self.name}: preempt_mode must be 'recompute' or 'swap', got {preempt_mode!r}")
         self.preempt_mode = preempt_mode
+        self.features = ("swap",) if preempt_mode == "swap" else ()
         if chunk_size is not None and (type(chunk_size) is not int or chunk_size < 1):
             raise ValueError(f"{self.name}: chunk_size must be a positive int or null, got {chunk_size!r}")
         if type(max_partial_prefills) is not int or max_partial_prefills < 1:

@@ -42,6 +42,7 @@ class Fairness(Chunked):
         self.w_in, self.w_out, self.weights = float(w_in), float(w_out), weights
         self.counters: dict = defaultdict(float)
         self._admitted: dict = {}               # req_id -> client, live requests admitted once
+        self._admitted_per_client = Counter()   # client -> its requests in `_admitted`
         self._backlogged: set = set()
         self._last_left = 0.0
         self._queues: dict = defaultdict(deque)   # client -> its waiting req_ids, queue order
@@ -86,13 +87,19 @@ class Fairness(Chunked):
     def on_finished(self, v: RequestView) -> None:
         client = self._admitted.pop(v.req_id, None)
         if client is not None:         # it finished on the token it just got: not charged yet
+            self._left(client)
             self.counters[client] += self.w_out * 1 / self.weight(client)
 
     def _charge_outputs(self, sampled) -> None:
         """Charge w_out for each token the last step gave a running request (one each), client by
         client: the same additions, in the same order per counter, as charging request by request."""
         admitted, counters = self._admitted, self.counters
-        for client, tokens in Counter(map(admitted.get, sampled)).items():
+        if len(self._admitted_per_client) == 1:    # one client's requests: count them, not each one's client
+            tokens = sum(map(admitted.__contains__, sampled))
+            per_client = [(next(iter(self._admitted_per_client)), tokens)] if tokens else []
+        else:
+            per_client = Counter(map(admitted.get, sampled)).items()
+        for client, tokens in per_client:
             if client is not None:         # (None: finished, charged by on_finished)
                 counter, charge = counters[client], self.w_out * 1 / self.weight(client)
                 if counter.is_integer() and charge.is_integer() and abs(counter) + tokens * abs(charge) < 2 ** 53:
@@ -129,3 +136,11 @@ class Fairness(Chunked):
         if v.req_id not in self._admitted:      # first admission: charge the prompt once
             self.counters[v.client] += self.w_in * v.prompt_len / self.weight(v.client)
             self._admitted[v.req_id] = v.client
+            self._admitted_per_client[v.client] += 1
+
+    def _left(self, client: str) -> None:
+        """One of `client`'s admitted requests left (`_admitted_per_client` keeps no zero)."""
+        count = self._admitted_per_client
+        count[client] -= 1
+        if not count[client]:
+            del count[client]

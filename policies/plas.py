@@ -22,6 +22,8 @@ Programs", 2025 (§4.2 PLAS, discretized multi-level queues); Abdelkader et al.,
 from __future__ import annotations
 
 import math
+from collections import Counter
+from operator import countOf
 from typing import Iterable
 
 from policylab import RequestView, SchedulerView, StepPlan
@@ -37,7 +39,7 @@ class ProgramLeastAttainedService(Chunked):
         if type(num_levels) is not int or num_levels < 1:
             raise ValueError(f"{self.name}: num_levels must be an int >= 1, got {num_levels!r}")
         self.quantum, self.num_levels = quantum, num_levels
-        self.service: dict = {}          # req_id -> tokens scheduled for it so far, all its calls
+        self.service: Counter = Counter()   # req_id -> tokens scheduled for it so far, all its calls
 
     def level(self, v: RequestView) -> int:
         s = self.service.get(v.req_id, 0)
@@ -50,8 +52,11 @@ class ProgramLeastAttainedService(Chunked):
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         plan = super().schedule(view)
-        service = self.service
-        for rid, n in plan.num_scheduled_tokens.items():     # (the engine runs a valid plan as given)
+        sched, service = plan.num_scheduled_tokens, self.service
+        if countOf(sched.values(), 1) == len(sched):        # one token each (decodes): counted at once
+            service.update(sched.keys())
+            return plan
+        for rid, n in sched.items():     # (the engine runs a valid plan as given)
             service[rid] = service.get(rid, 0) + n
         return plan
 

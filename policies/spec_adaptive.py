@@ -38,6 +38,7 @@ def expected_tokens(k: int, alpha: float) -> float:
 
 
 class SpecAdaptive(VllmV1):
+    features = ("speculation",)
     def __init__(self, name: str | None = None, k_max: int = 4, knee_tokens: int = 224, draft_cost: float = 0.0,
                  prior_acceptance: float = 0.6, prior_trials: int = 8, **vllm_v1):
         super().__init__(name or "spec_adaptive", **vllm_v1)
@@ -53,6 +54,7 @@ class SpecAdaptive(VllmV1):
         self.prior_acceptance, self.prior_trials = prior_acceptance, prior_trials
         self.successes = self.failures = 0
         self._given: dict = {}           # req_id -> (k, its output tokens when given k drafts)
+        self._best = (None, 0)           # best_k's last (arguments and counts, answer)
 
     @property
     def acceptance(self) -> float:
@@ -62,10 +64,16 @@ class SpecAdaptive(VllmV1):
 
     def best_k(self, decodes: int, other_tokens: int) -> int:
         """The k with the most decode tokens per unit of step time (the smallest on a tie)."""
+        key = (decodes, other_tokens, self.successes, self.failures, self.k_max, self.knee, self.draft_cost,
+               self.prior_acceptance, self.prior_trials)
+        if key == self._best[0]:         # (under a steady load: the last step's answer)
+            return self._best[1]
         alpha, base = self.acceptance, step_time(other_tokens + decodes, self.knee)
         rates = [expected_tokens(k, alpha) / (step_time(other_tokens + decodes * (k + 1), self.knee) / base
                                               + k * self.draft_cost) for k in range(self.k_max + 1)]
-        return max(range(len(rates)), key=lambda k: (rates[k] - 1e-9 * k))
+        best = max(range(len(rates)), key=lambda k: (rates[k] - 1e-9 * k))
+        self._best = (key, best)
+        return best
 
     def _observe(self, v) -> None:
         k, before = self._given.pop(v.req_id)
@@ -80,10 +88,10 @@ class SpecAdaptive(VllmV1):
         for rid in [rid for rid in self._given if rid in live]:
             self._observe(live[rid])
         plan = super().schedule(view)
-        decodes = sum(1 for rid, n in plan.num_scheduled_tokens.items() if n == 1 and rid in view.decoding)
+        decodes = self.planned_decodes(view, plan)
         if not decodes or not self.k_max:
             return plan
-        k = self.best_k(decodes, plan.total_tokens - decodes)
+        k = self.best_k(decodes, 0 if decodes == len(plan.num_scheduled_tokens) else plan.total_tokens - decodes)
         if k <= 0:
             return plan
         plan = fill_speculation(view, plan, lambda v: k)

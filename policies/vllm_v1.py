@@ -48,7 +48,13 @@ One token budget per step (`max_num_batched_tokens`), no phases:
 10. The running order is vLLM's `Scheduler.running` list: admitted requests appended in the order
    they were admitted (under priority, priority order), victims removed. The engine's own
    `view.running` appends admissions in waiting-queue order, so the policy keeps vLLM's order
-   itself (`_running_order`).
+   itself (`_running_ids`).
+
+Cost: a step looks at the prefilling requests only. Between two of them in running order each
+decode asks for one token and takes a free block only if its last block is full
+(`view.decode_needs_block`), so a run of decodes is served at once, and the order of rule 10 is
+rebuilt only when the running requests change. A step in which some request needs a victim goes
+request by request (`_schedule_running`: the rules above, verbatim); both give the same plans.
 
 `max_num_partial_prefills` / `max_long_partial_prefills` are vLLM v0's knobs of these names;
 vLLM 0.32's v1 scheduler has neither (no limit). Left at null they change nothing; set, they cap
@@ -63,10 +69,13 @@ requests longer than max_model_len on arrival).
 """
 from __future__ import annotations
 
+from operator import itemgetter
+
 from policylab import Policy, RequestView, SchedulerView, StepPlan
 
 
 class VllmV1(Policy):
+    engine_defaults = {"length_limit": "stop"}    # vLLM runs a prompt shorter than max_model_len, stopping it there
     properties = ()         # not stall-free: a long prefill ahead in running order can take the budget
 
     def __init__(self, name: str | None = None, enable_chunked_prefill: bool = True,
@@ -97,28 +106,119 @@ class VllmV1(Policy):
         self.max_num_partial_prefills = max_num_partial_prefills
         self.max_long_partial_prefills = max_long_partial_prefills
         self._order: list = []             # req_ids of running requests, in vLLM's running order
+        self._order_of = None              # the view's running tuple `_order` was made for
+        self._bulk_decodes = None          # (the last plan's tokens, its decodes) when served in bulk
+        self._same_order = (None, False)   # (a view's running tuple, whether vLLM's order is the view's)
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, view: SchedulerView) -> StepPlan:
         plan = StepPlan()
-        running = self._running_order(view)
-        threshold = self.long_prefill_token_threshold if len(running) + len(view.waiting) > 1 else 0
-        budget, free = self._schedule_running(view, plan, running, threshold)
-        self._order = [v.req_id for v in running]
+        order = self._running_ids(view)
+        threshold = self.long_prefill_token_threshold if len(order) + len(view.waiting) > 1 else 0
+        bulk = self._schedule_running_in_bulk(view, order, threshold)
+        if bulk is None:                 # a chunk needs a victim: request by request
+            running = [view.by_id[rid] for rid in order]
+            budget, free = self._schedule_running(view, plan, running, threshold)
+            self._order = [v.req_id for v in running]
+            self._bulk_decodes = None
+        else:
+            plan.num_scheduled_tokens, budget, free, decodes = bulk
+            self._bulk_decodes = (plan.num_scheduled_tokens, decodes)
         if not plan.preempt:
-            self._schedule_waiting(view, plan, running, threshold, budget, free)
+            self._schedule_waiting(view, plan, threshold, budget, free)
+        self._order_of = view.running if len(self._order) == len(view.running) else None
         return plan
 
-    def _running_order(self, view: SchedulerView) -> list:
-        """Rule 10: the running requests in vLLM's order (those that finished dropped)."""
-        ids = tuple(v.req_id for v in view.running)
-        if len(self._order) != len(ids) or set(self._order) != set(ids):
-            live = set(ids)
-            order = [rid for rid in self._order if rid in live]
-            known = set(order)
-            self._order = order + [rid for rid in ids if rid not in known]
-        by_id = view.by_id
-        return [by_id[rid] for rid in self._order]
+    def _running_ids(self, view: SchedulerView) -> list:
+        """Rule 10: the running requests' ids in vLLM's order (those that left dropped, those the
+        policy did not start appended in the view's order). `_order_of` is the view's running
+        tuple the order was last made for: the same tuple, the same requests."""
+        running = view.running
+        if running is self._order_of:
+            return self._order
+        live = set(view.decoding).union([v.req_id for v in view.prefilling])   # every running id
+        order = self._order
+        if len(order) != len(running) or not live.issuperset(order):
+            order = [rid for rid in order if rid in live]
+            if len(order) < len(running):
+                known = set(order)
+                order += [rid for rid in (v.req_id for v in running) if rid not in known]
+            self._order = order
+        return order
+
+    def _schedule_running_in_bulk(self, view: SchedulerView, order: list, threshold: int) -> tuple | None:
+        """Rule 1 when no chunk needs a victim, looking at the prefilling requests only: each
+        decode asks for one token (its remainder; the threshold and a positive budget leave it
+        1) and takes one free block if it is in `view.decode_needs_block`, none otherwise, so a
+        run of decodes between two prefills in running order is served at once. Returns
+        (tokens, budget left, free blocks left, decodes served), or None where
+        `_schedule_running` would preempt (a run of decodes or a chunk that does not fit what is
+        free)."""
+        tokens: dict = {}
+        budget, free = view.max_num_batched_tokens, view.num_free_blocks
+        if budget <= 0:
+            return tokens, budget, free, 0
+        decoding, needs, prefilling = view.decoding, view.decode_needs_block, view.prefilling
+        if not prefilling:
+            if len(order) <= budget:     # every running request decodes and gets its token
+                if len(needs) > free:
+                    return None
+                return self._every_decode(view, order), budget - len(order), free - len(needs), len(order)
+            stops = [(len(order), None)]
+        else:
+            at = order.index if len(prefilling) <= 8 else dict(zip(order, range(len(order)))).__getitem__
+            stops = sorted([(at(v.req_id), v) for v in prefilling], key=itemgetter(0))
+            stops.append((len(order), None))
+        start = given = 0                # given: decodes served
+        for stop, v in stops:
+            if stop > start:             # decodes order[start:stop], or as many as the budget takes
+                end = min(stop, start + budget)
+                decodes = order if end - start == len(order) else order[start:end]
+                need = len(needs) if end - start == len(decoding) else sum(map(needs.__contains__, decodes))
+                if need > free:
+                    return None
+                if tokens:
+                    tokens.update(dict.fromkeys(decodes, 1))
+                else:
+                    tokens = dict.fromkeys(decodes, 1)
+                budget -= end - start
+                free -= need
+                given += end - start
+                if budget <= 0:
+                    return tokens, budget, free, given
+            if v is None:
+                break
+            n = v.remaining_tokens       # a prefill: as `_schedule_running` asks
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget)
+            need = view.blocks_needed(v, n)
+            if need > free:
+                return None
+            tokens[v.req_id] = n
+            budget -= n
+            free -= need
+            if budget <= 0:
+                return tokens, budget, free, given
+            start = stop + 1
+        return tokens, budget, free, given
+
+    def _every_decode(self, view: SchedulerView, order: list) -> dict:
+        """{req_id: 1} over `order`, every running request (all decoding): the view's own
+        `decode_tokens()` where vLLM's order is the view's running order (compared once per change
+        of the running requests)."""
+        if self._same_order[0] is not view.running:
+            self._same_order = (view.running, list(view.decode_tokens()) == order)
+        return view.decode_tokens() if self._same_order[1] else dict.fromkeys(order, 1)
+
+    def planned_decodes(self, view: SchedulerView, plan: StepPlan) -> int:
+        """Entries of `plan` that give a decoding request its one token: counted as it was built
+        when this policy's last plan served its decodes in bulk (the waiting requests it admitted
+        are not decoding), one by one otherwise."""
+        if self._bulk_decodes is not None and plan.num_scheduled_tokens is self._bulk_decodes[0]:
+            return self._bulk_decodes[1]
+        decoding = view.decoding
+        return sum(1 for rid, n in plan.num_scheduled_tokens.items() if n == 1 and rid in decoding)
 
     def _schedule_running(self, view: SchedulerView, plan: StepPlan, running: list, threshold: int) -> tuple:
         """Rule 1: running requests in order, preempting victims until each chunk fits.
@@ -163,13 +263,16 @@ class VllmV1(Policy):
         needed, available = view.plan_kv(plan)
         return available - needed
 
-    def _schedule_waiting(self, view: SchedulerView, plan: StepPlan, running: list, threshold: int,
-                          budget: int, free: int) -> None:
-        """Rules 4-7: admit from waiting, head of line."""
+    def _schedule_waiting(self, view: SchedulerView, plan: StepPlan, threshold: int, budget: int, free: int) -> None:
+        """Rules 4-7: admit from waiting, head of line (every running request keeps running: this
+        step preempted nobody)."""
+        if not view.waiting:
+            return
         tokens = plan.num_scheduled_tokens
-        seqs = len(running)
+        seqs = len(self._order)
         watermark_blocks = int(self.watermark * (view.num_total_blocks + 1))   # vLLM counts its null block
-        partials = self._partials_after(view, plan, running) if self._caps_partials else (0, 0)
+        partials = self._partials_after(view, plan, list(map(view.by_id.__getitem__, self._order))) \
+            if self._caps_partials else (0, 0)
         hits_taken = False                  # an admitted request reused cached blocks
         for v in self._waiting_order(view):
             if budget <= 0 or seqs >= view.max_num_seqs:

@@ -19,8 +19,10 @@ SUMMARY_DIGITS = 12
 # from requests.parquet's columns (hashed exactly above) and checked by hand-computed cases in
 # tests/test_fairness_windows.py, so the digest table stays comparable across metric additions;
 # likewise the energy section (a power model over the same steps: tests/test_energy.py computes
-# its cases by hand and checks that a run's joules repeat exactly)
-NOT_DIGESTED = ("config", "trace_report", "fairness_windows", "energy")
+# its cases by hand and checks that a run's joules repeat exactly) and QoE (derived from the token
+# times hashed above: tests/test_qoe.py computes it by hand)
+NOT_DIGESTED = ("config", "trace_report", "fairness_windows", "energy", "qoe", "qoe_expected")
+DERIVED_COLUMNS = ("qoe",)
 
 
 def rounded(value):
@@ -38,6 +40,7 @@ def replay_digest(run_dir) -> str:
     """requests.parquet exactly and summary.json's numbers (not the config echo, the input's
     trace_report, windowed fairness, or wall-clock fields) at SUMMARY_DIGITS."""
     requests = pd.read_parquet(run_dir / "requests.parquet")
+    requests = requests.drop(columns=[c for c in DERIVED_COLUMNS if c in requests.columns])
     summary = json.loads((run_dir / "summary.json").read_text())
     h = hashlib.sha256(requests.to_csv(index=False, float_format=repr).encode())
     numbers = {k: v for k, v in summary.items() if k not in NOT_DIGESTED and "wall" not in k}

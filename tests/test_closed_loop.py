@@ -1,4 +1,4 @@
-"""Closed-loop replays (policylab.core.closed_loop): a session's next turn arrives its think time
+"""Closed-loop replays (policylab.core.extensions.sessions): a session's next turn arrives its think time
 after the previous one finished, with the conversation so far as its prompt (so the prefix cache
 hits it); a rejected turn ends its session; `concurrency` users never have more requests in flight;
 the same event order on an engine, a cluster (also under P/D), and the invariant harness with
@@ -13,7 +13,6 @@ import pytest
 from policies.prefill_first import PrefillFirst
 from policies.routers.round_robin import RoundRobin
 from policies.routers.session import Session as SessionRouter
-from policylab.core.closed_loop import attach
 from policylab.core.config import EngineConfig, ModelConfig
 from policylab.core.engine import Engine
 from policylab.core.request import Status, TraceRequest
@@ -37,15 +36,14 @@ def chat(n_sessions=6, turns=4, think=0.05, gap=0.02, new=(60, 20), out=12):
             for j in range(n_sessions)]
 
 
-def engine_on(trace, cfg=CFG, policy=None, seed=0):
+def engine_on(trace, cfg=CFG, policy=None, seed=0, sessions=None):
     plane = SimDataPlane(ModelConfig(), SCENARIO_HARDWARE, scenario_dataplane(SCENARIO_HARDWARE), seed=seed)
     return Engine(list(trace), policy or PrefillFirst(name="prefill_first"), plane, cfg, seed=seed,
-                  prefix_block_tokens=32)
+                  prefix_block_tokens=32, sessions=sessions)
 
 
 def closed_loop_run(plan, cfg=CFG, policy=None):
-    engine = engine_on(plan.trace, cfg, policy)
-    attach(engine, plan)
+    engine = engine_on(plan.trace, cfg, policy, sessions=plan)
     result = engine.run()
     assert not result.partial, result.error
     return result
@@ -65,7 +63,7 @@ def test_each_turn_arrives_think_time_after_the_last_finished_with_the_conversat
             assert list(r.prompt_ids[:len(history)]) == history
             assert len(r.prompt_ids) == len(history) + plan.new_tokens[i]
             assert r.num_cached_tokens_total >= (len(history) // 16 - 1) * 16   # the conversation is a cache hit
-    assert result.sessions is plan
+    assert result.sections["sessions"] is plan
 
 
 def test_the_prefix_cache_sees_the_conversation_only_when_turns_extend_it():
@@ -131,8 +129,7 @@ def test_invariants_hold_in_closed_loop_for_every_shipped_policy(policy):
 @pytest.mark.parametrize("shape", [dict(replicas=1), dict(replicas=3), dict(prefill=1, decode=2)])
 def test_clusters_replay_the_same_closed_loop(shape):
     plan = plan_of(chat(n_sessions=8, turns=3))
-    cluster = build_cluster(plan.trace, "prefill_first", SessionRouter, CFG, checked=True, **shape)
-    attach(cluster, plan)
+    cluster = build_cluster(plan.trace, "prefill_first", SessionRouter, CFG, checked=True, sessions=plan, **shape)
     result = cluster.run()
     assert not result.partial, result.error
     check_sessions(result, plan)
@@ -149,8 +146,7 @@ def test_round_robin_scatters_a_conversation_and_loses_its_cache_hits():
     plan = plan_of(chat(n_sessions=4, turns=4))
     hits = {}
     for router in (SessionRouter, RoundRobin):
-        cluster = build_cluster(plan.trace, "prefill_first", router, CFG, replicas=3)
-        attach(cluster, plan)
+        cluster = build_cluster(plan.trace, "prefill_first", router, CFG, replicas=3, sessions=plan)
         hits[router] = sum(r.num_cached_tokens_total for r in cluster.run().requests)
     assert hits[SessionRouter] > hits[RoundRobin]
 
@@ -160,7 +156,7 @@ def test_closed_loop_replays_are_deterministic_and_open_loop_unchanged():
     assert fingerprint(closed_loop_run(plan)) == fingerprint(closed_loop_run(plan))
     trace = [TraceRequest(0.003 * i, 40 + i, 6) for i in range(20)]
     plain = engine_on(trace).run()
-    assert fingerprint(plain) == fingerprint(engine_on(trace).run()) and plain.sessions is None
+    assert fingerprint(plain) == fingerprint(engine_on(trace).run()) and "sessions" not in plain.sections
 
 
 @pytest.mark.slow
@@ -171,8 +167,7 @@ def test_on_the_torch_plane_each_turn_extends_what_the_model_really_generated():
     from tests.test_dataplane_model import SMALL, make_plane
     cfg = EngineConfig(block_size=4, num_blocks=96, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256)
     plan = plan_of(chat(n_sessions=2, turns=3, new=(20, 6), out=5))
-    engine = Engine(list(plan.trace), load_policy("chunked"), make_plane(SMALL, num_blocks=96), cfg)
-    attach(engine, plan)
+    engine = Engine(list(plan.trace), load_policy("chunked"), make_plane(SMALL, num_blocks=96), cfg, sessions=plan)
     result = engine.run()
     assert result.status == "complete"
     check_sessions(result, plan)
@@ -213,8 +208,7 @@ def test_a_run_stopped_midway_keeps_every_turn_finished_rejected_or_unfinished()
             return super().schedule(view)
 
     plan = plan_of(chat())
-    engine = engine_on(plan.trace, policy=StopsLater(name="stops_later"))
-    attach(engine, plan)
+    engine = engine_on(plan.trace, policy=StopsLater(name="stops_later"), sessions=plan)
     result = engine.run()
     assert result.partial and "policy gave up" in result.error
     table = request_table(result, SloConfig())

@@ -93,8 +93,8 @@ def test_heterogeneous_hardware_by_name(tmp_path):
     (["cluster.prefill_replicas=2"], "cluster.decode_replicas >= 1"),
     (["cluster.prefill_replicas=1", "cluster.decode_replicas=1", "cluster.decode_policy=decod_first"],
      "cluster.decode_policy=decod_first: no such policy (did you mean decode_first?); available policies "
-     "(configs/policy/): chunked, decode_first, dfs_weight, energy_aware, fairness, lpm, plas, prefill_first, priority, sjf, "
-         "slo_aware"),
+     "(configs/policy/): chunked, decode_first, dfs_weight, energy_aware, fairness, lpm, plas, prefill_first, priority, "
+         "qoe_aware, sjf, slo_aware"),
     (["cluster.prefill_replicas=1", "cluster.decode_replicas=1", "cluster.prefill_policy={name:chunked,chunk_sise:9}"],
      "cluster.prefill_policy: chunk_sise is not a parameter of policy chunked (chunk_size, max_partial_prefills, preempt_mode)"),
     (["cluster.prefill_replicas=1", "cluster.decode_replicas=1", "cluster.prefill_policy={chunk_size:9}"],

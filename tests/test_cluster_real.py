@@ -50,7 +50,7 @@ def test_a_real_pd_handoff_moves_the_kv_and_decodes_what_one_engine_would(monkey
     assert [r.output_ids for r in result.requests] == [r.output_ids for r in alone.requests]
     # without the copy the decode replica attends to blocks the prefill replica never wrote
     from policylab.dataplane.torch_plane import TorchDataPlane
-    monkeypatch.setattr(TorchDataPlane, "import_kv", lambda self, table, payload: None)
+    monkeypatch.setattr(TorchDataPlane, "import_kv", lambda self, table, payload, first=0: None)
     unmoved = disaggregated().run()
     assert [r.output_ids for r in unmoved.requests] != [r.output_ids for r in alone.requests]
 

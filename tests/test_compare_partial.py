@@ -11,11 +11,12 @@ import pytest
 from policies.prefill_first import PrefillFirst
 from policylab.analysis.compare import main as compare_main
 from policylab.analysis.results import write_results
-from policylab.core.config import EngineConfig, HardwareConfig
+from policylab.core.config import EngineConfig, FairnessConfig, HardwareConfig, SloConfig
 from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.sim import SimDataPlane
+from policylab.analysis.result_files import ResultSettings
 from tests.test_plots_compare import LLAMA_8B_SHAPE, make_run_dir
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,7 +47,7 @@ def partial_run_dir(run_dir, steps: int, overrides, n=50, rate=100.0, seed=0):
     result = Engine(trace, StopsAfter(steps), plane, EngineConfig(num_blocks=60, max_num_batched_tokens=512),
                     seed=seed).run()
     assert result.partial
-    write_results(run_dir, result, cfg)
+    write_results(run_dir, result, ResultSettings(SloConfig(**cfg["slo"]), FairnessConfig(**cfg["fairness"]), cfg))
     (run_dir / ".hydra").mkdir()
     (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     return run_dir

@@ -47,7 +47,7 @@ def test_prefilling_is_the_running_requests_outside_decoding_in_running_order(pr
     trace = [T(0.0, 10, 5) for _ in range(40)]
     engine = Engine(trace, Chunked(), SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim")),
                     EngineConfig(block_size=4, num_blocks=400))
-    engine._admit()
+    engine.admit()
     views = list(engine.views.values())[::-1]             # running order unlike req_id order
     stride = len(views) // prefilling if prefilling else 0
     outside = {v.req_id for v in views[::stride][:prefilling]} if prefilling else set()
@@ -59,3 +59,43 @@ def test_prefilling_is_the_running_requests_outside_decoding_in_running_order(pr
     fewer = view.replace(running=tuple(views[1:]))
     assert [v.req_id for v in fewer.prefilling] == [rid for rid in expected if rid != views[0].req_id]
     assert list(fewer.decode_tokens()) == [v.req_id for v in views[1:] if v.req_id in decoding]
+
+
+class _AsksEveryDecode(Chunked):
+    """chunked, checking at every step that `decode_needs_block` names exactly the decodes whose token
+    `blocks_needed` says takes a block, and counting why each one does."""
+
+    def __init__(self):
+        super().__init__(chunk_size=48)
+        self.full = self.copies = self.asked = 0
+        self.wrong: list = []    # (step, req_id, blocks_needed, in decode_needs_block)
+
+    def schedule(self, view):
+        needs, by_id = view.decode_needs_block, view.by_id
+        self.wrong += [(view.step, rid, None, True) for rid in set(needs) - set(view.decoding)]
+        for rid in view.decoding:
+            v = by_id[rid]
+            need = view.blocks_needed(v, 1)
+            if need != (rid in needs):
+                self.wrong.append((view.step, rid, need, rid in needs))
+            self.asked += 1
+            if need:             # a new block for a full last block; else a copy of a block forks share
+                self.full += v.num_computed_tokens % view.block_size == 0
+                self.copies += v.num_computed_tokens % view.block_size != 0
+        return super().schedule(view)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("samples", [1, 3])
+def test_decode_needs_block_names_the_decodes_whose_token_takes_a_block(samples):
+    """With and without copy-on-write forks (parallel samples share their prompt's blocks: the first
+    token each writes into the shared last block takes a copy), on a cache small enough to preempt:
+    at every step the set is `blocks_needed(v, 1)` over the decoding requests."""
+    from policylab.testing.harness import _dataplane
+    trace = [T(0.002 * i, 13 + 5 * i, 9 + 3 * (i % 4), n=samples) for i in range(10)]
+    cfg = EngineConfig(block_size=4, num_blocks=60, max_num_batched_tokens=64, max_num_seqs=12, check_invariants=True)
+    policy = _AsksEveryDecode()
+    result = Engine(trace, policy, _dataplane(0), cfg).run()
+    assert result.status == "complete" and not policy.wrong and policy.full > 0 and policy.asked > 100
+    assert (policy.copies > 0) == (samples > 1), "forks must write into shared blocks, or it tests less than it says"
+    assert any(r.num_preemptions for r in result.requests)

@@ -17,13 +17,14 @@ from policylab.analysis.results import write_results
 from policylab.analysis.run_table import COLUMNS
 from policylab.apps.sim_check import load_group
 from policylab.core.batch import Batch
-from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig, SloConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.energy import EnergyMeter, GpuClock, PowerModel, StepWork, clocked
 from policylab.dataplane.shape import ModelShape
 from policylab.dataplane.sim import SimDataPlane
+from policylab.analysis.result_files import ResultSettings
 from tests.test_metric_catalog import numbers
 
 pytestmark = pytest.mark.timeout(180)
@@ -93,7 +94,7 @@ def replay_energy(tmp_path, hw=H100, policy=None, **keys):
     trace = [TraceRequest(float(a), int(rng.integers(50, 900)), int(rng.integers(5, 200))) for a in arrivals]
     plane = SimDataPlane(LLAMA, hw, DataplaneConfig(kind="sim", **keys))
     result = Engine(trace, policy or Chunked(), plane, EngineConfig(), seed=0).run()
-    return write_results(tmp_path, result, {"slo": {"ttft": 0.5, "tpot": 0.05}}, energy=plane.energy_report())
+    return write_results(tmp_path, result, ResultSettings(slo=SloConfig(ttft=0.5, tpot=0.05)), energy=plane.energy_report())
 
 
 def test_a_sim_run_reports_its_energy_declared_and_deterministic(tmp_path, capsys):
@@ -147,9 +148,10 @@ def test_bad_power_constants_are_refused_naming_the_field():
 
 def test_energy_metrics_reach_wandb(tmp_path):
     from policylab.analysis.tracking import RUN_INFO_FILE, open_tracker
+    from policylab.apps.settings import tracker_settings
     from tests.test_tracking import logged, run_cfg
     summary = replay_energy(tmp_path / "run")
-    tracker = open_tracker(run_cfg({}), tmp_path / "run")
+    tracker = open_tracker(tracker_settings(run_cfg({})), tmp_path / "run")
     tracker.log_run(tmp_path / "run", summary)
     tracker.finish()
     (wandb_file,) = Path(json.loads((tmp_path / "run" / RUN_INFO_FILE).read_text())["dir"]).glob("run-*.wandb")

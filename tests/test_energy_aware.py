@@ -13,12 +13,13 @@ from policylab.analysis.results import write_results
 from policylab.apps.cli import CONFIG_DIR
 from policylab.apps.run import run
 from policylab.apps.sim_check import load_group
-from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig, SloConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.energy import GpuClock
 from policylab.dataplane.sim import SimDataPlane
+from policylab.analysis.result_files import ResultSettings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,7 +37,7 @@ def run_policy(tmp_path, policy, rate=8.0, n=150):
         policy.attach_clock(clock)
         plane.attach_clock(clock)
     result = Engine(trace, policy, plane, EngineConfig(), seed=0).run()
-    return write_results(tmp_path, result, {"slo": {"ttft": 0.5, "tpot": 0.05}}, energy=plane.energy_report())
+    return write_results(tmp_path, result, ResultSettings(slo=SloConfig(ttft=0.5, tpot=0.05)), energy=plane.energy_report())
 
 
 def test_with_slack_the_clock_drops_and_energy_falls_at_the_same_slo_attainment(tmp_path):

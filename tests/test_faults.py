@@ -26,6 +26,7 @@ from policylab.apps.cli import CONFIG_DIR, main
 from policylab.apps.config import typed_config
 from policylab.apps.jobs import build_engine, replay
 from policylab.apps.run import run
+from policylab.apps.settings import result_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -168,7 +169,7 @@ def test_a_full_disk_still_writes_the_summary_and_leaves_no_temporary_file(tmp_p
         real_fsync(fd)
     monkeypatch.setattr(os, "fsync", fsync_fails_once)
     with pytest.raises(ResultsWriteError, match=r"requests.parquet: No space left on device"):
-        write_results(tmp_path, result, cfg)
+        write_results(tmp_path, result, result_settings(cfg))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["missing_files"] == ["requests.parquet"] and summary["counts"]["finished"] == 30
     assert (tmp_path / "steps.parquet").is_file() and not list(tmp_path.glob(".*tmp"))
@@ -181,7 +182,7 @@ def test_a_really_full_filesystem_keeps_the_summary(tmpfs):
     cfg = typed_config(config("policy=prefill_first"))
     result = replay(build_engine(cfg), progress=False)
     with pytest.raises(ResultsWriteError, match="No space left on device"):
-        write_results(tiny / "run", result, cfg)
+        write_results(tiny / "run", result, result_settings(cfg))
     summary = json.loads((tiny / "run" / "summary.json").read_text())
     assert summary["counts"]["requests"] == 300 and "requests.parquet" in summary["missing_files"]
     assert not list((tiny / "run").glob(".*tmp"))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from policylab.apps import fidelity_e2e
-from policylab.apps.e2e_replay import StageComparison, compare_stage, grew
+from policylab.apps.e2e_replay import PredictedStage, StageComparison, compare_stage, grew
 from policylab.traces.errors import TraceError
 from policylab.traces.loadgen.benchmark import MeasuredStage
 from policylab.traces.loadgen.inference_perf import read_inference_perf
@@ -118,6 +118,21 @@ def test_an_overloaded_stage_is_reported_not_compared():
     ok = compare_stage(MeasuredStage(0, 5.0, 100, 0, 0.1, 2.0, 0.01, 191), None)
     assert ok.status == "no prediction" and isinstance(ok, StageComparison)
     assert grew([0.0] * 10 + [5.0] * 10) and not grew([0.1] * 20)
+    survivors = compare_stage(measured, PredictedStage(0, 66, 1.1, 4.5, 0.02, False, failed=34), timed_out=True)
+    assert survivors.status == "ok" and survivors.errors["ttft_mean"] == pytest.approx(0.1)   # replayed with it
+
+
+@pytest.mark.timeout(300)
+def test_with_the_clients_timeout_a_replay_abandons_what_the_clients_would(capsys):
+    """The CPU result replayed with its clients' timeout: one shorter than any request's service
+    abandons all of them (counted beside the measured failures); one longer than all changes nothing."""
+    rows = {}
+    for timeout in ("0.05", "5", None):
+        extra = ["--client-timeout", timeout] if timeout else []
+        assert fidelity_e2e.main([str(DETAILED), *CPU, *extra]) == 0
+        rows[timeout] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0 | 2 | 40 / 0"))
+    assert rows["0.05"].startswith("| 0 | 2 | 40 / 0 (40 predicted) |") and rows["0.05"].endswith("| no prediction |")
+    assert rows["5"] == rows[None] and rows[None].endswith("| ok |")
 
 
 @pytest.mark.timeout(300)

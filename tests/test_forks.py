@@ -5,13 +5,15 @@ differently while sample 0 draws exactly what it draws alone."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from policies.chunked import Chunked
 from policylab.core.config import EngineConfig, check_engine_config
+from policylab.core.contract import StepPlan
 from policylab.core.engine import Engine
-from policylab.core.forks import vllm_refusal
+from policylab.core.features import CombinationError, check_combination, features_of
 from policylab.core.request import SamplingParams, Status, TraceRequest
 from policylab.testing.harness import Scenario, _dataplane, run_checked
 from policylab.testing.suite import (pytest_generate_tests, test_invariants_with_beams,  # noqa: F401
@@ -40,7 +42,7 @@ def test_forks_share_the_prompt_once_and_copy_the_block_they_write():
     assert engine.kv.num_used == 5 and [engine.kv.refs[b] for b in parent.block_table] == [4] * 5
     assert all(f.num_computed_tokens == 39 and f.block_table == parent.block_table for f in parent.forks)
     engine.step()
-    assert engine.forks.stats["cow_copies"] == 3
+    assert engine.extension("forks").stats["cow_copies"] == 3
     assert engine.kv.num_used == 5 + 3 + 1
     tails = [r.block_table[4] for r in (parent, *parent.forks)]
     assert len(set(tails)) == 4 and all(engine.kv.refs[b] == 1 for b in tails)
@@ -54,7 +56,7 @@ def test_each_sample_runs_to_its_trace_length_and_the_request_ends_with_the_last
     assert [len(r.output_ids) for r in (parent, *parent.forks)] == [5, 9, 2]
     assert parent.finish_time == max(f.finish_time for f in parent.forks) > parent.token_times[-1]
     assert parent.token_times[0] < min(f.token_times[0] for f in parent.forks)   # TTFT: its first token
-    assert result.requests[1].forks is None and result.forks["fork_sequences"] == 2
+    assert result.requests[1].forks is None and result.sections["forks"]["fork_sequences"] == 2
 
 
 def test_metrics_time_a_request_by_its_own_stream_and_count_every_sample():
@@ -84,9 +86,9 @@ def test_the_override_forks_every_request_and_one_sample_changes_nothing():
     base = sim_engine(trace).run()
     one = sim_engine(trace, dataclasses.replace(CFG, parallel_samples=1)).run()
     assert [r.output_ids for r in one.requests] == [r.output_ids for r in base.requests]
-    assert [r.token_times for r in one.requests] == [r.token_times for r in base.requests] and one.forks is None
+    assert [r.token_times for r in one.requests] == [r.token_times for r in base.requests] and "forks" not in one.sections
     three = sim_engine(trace, dataclasses.replace(CFG, parallel_samples=3)).run()
-    assert three.forks["fork_sequences"] == 12
+    assert three.sections["forks"]["fork_sequences"] == 12
     assert all(len(f.output_ids) == t.output_tokens for r, t in zip(three.requests, trace) for f in r.forks)
     with pytest.raises(ValueError, match="engine.parallel_samples"):
         check_engine_config(dataclasses.replace(CFG, parallel_samples=-1))
@@ -95,7 +97,7 @@ def test_the_override_forks_every_request_and_one_sample_changes_nothing():
 def test_forks_that_find_no_free_slot_wait_in_front_of_the_queue():
     cfg = dataclasses.replace(CFG, max_num_seqs=3)
     result = run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 30, 8, n=5),), cfg))
-    assert result.forks["queued_forks"] == 2
+    assert result.sections["forks"]["queued_forks"] == 2
     assert all(len(f.output_ids) == 8 for f in result.requests[0].forks)
 
 
@@ -115,10 +117,13 @@ def test_native_trace_fields_and_their_errors():
 
 def test_vllm_refuses_forks_in_one_line():
     trace = [TraceRequest(0.0, 9, 3), TraceRequest(0.0, 9, 3, n=2)]
-    assert vllm_refusal(trace[:1], 0) == "" and vllm_refusal(trace[:1], 1) == ""
-    for args in ((trace, 0), (trace[:1], 2)):
-        message = vllm_refusal(*args)
-        assert message.startswith("dataplane=vllm does not run parallel samples") and "\n" not in message
+    for samples in (0, 1):
+        assert "forks" not in features_of(trace[:1], dataclasses.replace(CFG, parallel_samples=samples))
+    for t, samples in ((trace, 0), (trace[:1], 2)):
+        features = features_of(t, dataclasses.replace(CFG, parallel_samples=samples))
+        with pytest.raises(CombinationError) as e:
+            check_combination(features, frozenset(), "vllm")
+        assert str(e.value).startswith("forks and dataplane=vllm do not compose") and "\n" not in str(e.value)
 
 
 def test_torch_plane_samples_differ_and_sample_zero_draws_as_it_does_alone():
@@ -146,7 +151,7 @@ def test_torch_plane_samples_differ_and_sample_zero_draws_as_it_does_alone():
     samples = [forked.requests[0].output_ids] + [f.output_ids for f in forked.requests[0].forks]
     assert samples[0] == alone.requests[0].output_ids
     assert len({tuple(s) for s in samples}) == 3
-    assert forked.forks["cow_copies"] == 2        # 14 tokens: the block of the last prompt token, twice
+    assert forked.sections["forks"]["cow_copies"] == 2        # 14 tokens: the block of the last prompt token, twice
     assert max(forked.steps["kv_used_blocks"]) < 3 * max(alone.steps["kv_used_blocks"])
     greedy_alone, greedy = replay(1, 0.0), replay(3, 0.0)
     assert all(f.output_ids == greedy_alone.requests[0].output_ids
@@ -155,9 +160,9 @@ def test_torch_plane_samples_differ_and_sample_zero_draws_as_it_does_alone():
 
 def test_the_harness_catches_a_write_into_a_shared_block(monkeypatch):
     """Without the copy, a fork writes into the block it shares: the harness names the invariant."""
-    from policylab.core.forks import Forks
+    from policylab.core.kv import KVManager
     from policylab.testing.properties import InvariantViolation
-    monkeypatch.setattr(Forks, "copy_on_write", lambda self, sched: None)
+    monkeypatch.setattr(KVManager, "copy_on_write", lambda self, writes: None)
     with pytest.raises(InvariantViolation, match="no_write_while_shared"):
         run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 30, 6, n=2),), CFG))
 
@@ -171,17 +176,75 @@ def test_beams_fork_sharing_every_block_and_the_worst_become_copies_of_the_best(
     assert all(b.output_ids == parent.output_ids and b.block_table == parent.block_table for b in beams)
     assert all(engine.kv.refs[b] == 3 for b in parent.block_table) and engine.kv.num_used == 4
     engine.step()              # every beam writes its second token (2 copies), then a round:
-    assert engine.forks.stats["cow_copies"] == 2     # the worst beam becomes a copy of the best
-    assert engine.forks.stats["beam_replacements"] == 1
-    score = engine.forks.beams.score
+    assert engine.extension("forks").stats["cow_copies"] == 2     # the worst beam becomes a copy of the best
+    assert engine.extension("forks").stats["beam_replacements"] == 1
+    score = engine.extension("forks").beams.score
     best = max(beams, key=lambda b: (score[b.req_id], -b.req_id))
     twins = [b for b in beams if b is not best and b.block_table == best.block_table]
     assert len(twins) == 1 and twins[0].output_ids == best.output_ids
     result = run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 30, 12, beam_width=3),), CFG))
     assert all(len(b.output_ids) == 12 for b in (result.requests[0], *result.requests[0].forks))
-    assert result.forks["beam_replacements"] > 5
+    assert result.sections["forks"]["beam_replacements"] > 5
     one = run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 10, 1, beam_width=3),), CFG))
     assert one.requests[0].forks is None and one.requests[0].status is Status.FINISHED   # one token: one beam
+
+
+class _RecomputesTheLeadingBeam(Chunked):
+    """Beams a, b, c of request 0 (a filler, request 1, waits): all decode (a round at 2 tokens);
+    a and b decode a third token while c idles; the better-scoring of a and b is preempted and
+    recomputed, and comes back with a 16-token chunk (of its 33 tokens: not decoding) in the step
+    where c decodes its third token. Then every request runs to its end."""
+
+    def __init__(self, scores):
+        super().__init__(chunk_size=64)
+        self.scores, self.victim = scores, None
+
+    def schedule(self, view):
+        step, beams = view.step, sorted(rid for rid in view.by_id if rid != 1)
+        if step in (1, 2, 3, 4):
+            a, b, c = beams
+        if step == 0:
+            return StepPlan({0: 30})
+        if step == 1:
+            return StepPlan({a: 1, b: 1, c: 1})
+        if step == 2:
+            return StepPlan({a: 1, b: 1})
+        if step == 3:
+            self.victim = max((a, b), key=lambda rid: (self.scores()[rid], -rid))
+            return StepPlan({1: 4}, preempt=[self.victim])
+        if step == 4:
+            return StepPlan({c: 1, self.victim: 16})
+        return super().schedule(view)
+
+
+@pytest.mark.timeout(30)
+def test_beams_compare_only_when_every_beam_decodes():
+    """In step 4 the beams are in step (3 tokens each, all running) but one is recomputing its KV:
+    16 of its 32 computed tokens are back. No round then (a copy of it would take a table that does
+    not hold the tokens it claims, and one made of it would lose its KV); the next round comes once
+    it decodes again, and every beam's table always covers its computed tokens."""
+    from policylab.core.request import is_decoding
+    cfg = dataclasses.replace(CFG, enable_prefix_caching=False, check_invariants=True)
+    holder = {}
+    policy = _RecomputesTheLeadingBeam(lambda: holder["engine"].extension("forks").beams.score)
+    engine = holder["engine"] = Engine([TraceRequest(0.0, 30, 12, beam_width=3), TraceRequest(0.0, 20, 2)],
+                                       policy, _dataplane(0), cfg)
+    stats, bs = engine.extension("forks").stats, cfg.block_size
+    for _ in range(4):
+        engine.step()
+    before = stats["beam_replacements"]
+    assert before == 1                                 # the round at 2 tokens
+    engine.step()                                      # c's third token; the victim recomputes
+    parent = engine.requests[0]
+    beams = (parent, *parent.forks)
+    victim = engine.requests[policy.victim]
+    assert all(len(b.output_ids) == 3 and b.status is Status.RUNNING for b in beams)
+    assert victim.num_computed_tokens == 16 and not is_decoding(victim)
+    assert stats["beam_replacements"] == before        # no round with a beam recomputing
+    assert all(len(b.block_table) * bs >= b.num_computed_tokens for b in beams)
+    result = engine.run()
+    assert result.status == "complete" and stats["beam_replacements"] > before
+    assert all(len(b.output_ids) == 12 for b in beams)
 
 
 def test_beam_trace_field_and_override():
@@ -191,8 +254,10 @@ def test_beam_trace_field_and_override():
         request_from_record({"arrival_time": 0, "prompt_tokens": 9, "output_tokens": 3, "n": 2, "beam_width": 2},
                             "t.jsonl", 2)
     result = sim_engine([TraceRequest(0.0, 20, 8)], dataclasses.replace(CFG, beam_width=4)).run()
-    assert result.forks["beam_requests"] == 1 and len(result.requests[0].forks) == 3
-    assert vllm_refusal([TraceRequest(0.0, 9, 3)], 0, 2).startswith("dataplane=vllm does not run")
+    assert result.sections["forks"]["beam_requests"] == 1 and len(result.requests[0].forks) == 3
+    with pytest.raises(CombinationError, match="^beams and dataplane=vllm do not compose"):
+        check_combination(features_of([TraceRequest(0.0, 9, 3)], dataclasses.replace(CFG, beam_width=2)),
+                          frozenset(), "vllm")
     with pytest.raises(ValueError, match="engine.beam_width"):
         check_engine_config(dataclasses.replace(CFG, beam_width=-2))
 
@@ -219,8 +284,8 @@ def test_torch_plane_beams_score_real_log_probabilities_and_copy_kv():
         return result, engine, copies
 
     sampled, engine, copies = replay(3, 1.0)
-    assert sampled.forks["beam_replacements"] > 0 and sum(copies) == sampled.forks["cow_copies"] > 0
-    scores = engine.forks.beams.score.values()
+    assert sampled.sections["forks"]["beam_replacements"] > 0 and sum(copies) == sampled.sections["forks"]["cow_copies"] > 0
+    scores = engine.extension("forks").beams.score.values()
     assert all(-100 < s < 0 for s in scores)        # sums of 8 log-probabilities of a 1000-token vocabulary
     alone = replay(1, 0.0)[0].requests[0].output_ids
     greedy = replay(3, 0.0)[0].requests[0]
@@ -270,13 +335,21 @@ def test_cli_run_serves_the_trace_fields_and_writes_the_forks_section(tmp_path, 
     assert (own_end < rows["finish_time"] - 1e-9).all()    # the longest sample (9 + i tokens) ends later
 
 
-def test_cli_cluster_refuses_forks_in_one_line(tmp_path, capsys):
+def test_cli_replicas_serve_forks_and_pd_refuses_them_in_one_line(tmp_path, capsys):
+    """Colocated replicas fork requests as one engine does (each sample on its request's replica),
+    and the summary counts every replica's forks; under P/D the prefill replicas stop at the first
+    token, so forks are refused before the run."""
     from policylab.apps.cli import main
     trace = _trace_file(tmp_path / "forks.jsonl")
+    common = ["run", "trace=file", f"trace.path={trace}", "dataplane=sim", "logger=none", "plots=false", "progress=false"]
+    main([*common, "cluster.replicas=2", f"hydra.run.dir={tmp_path / 'run'}"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["counts"]["finished"] == 8
+    assert summary["forks"]["forked_requests"] == 8 and summary["forks"]["finished_forks"] == 16
     with pytest.raises(SystemExit):
-        main(["run", "trace=file", f"trace.path={trace}", "dataplane=sim", "logger=none", "plots=false",
-              "progress=false", "cluster.replicas=2", f"hydra.run.dir={tmp_path / 'run'}"])
-    assert "cluster runs do not serve parallel samples or beams" in capsys.readouterr().err
+        main([*common, "cluster.prefill_replicas=1", "cluster.decode_replicas=1", f"hydra.run.dir={tmp_path / 'pd'}"])
+    err = capsys.readouterr().err
+    assert "forks and P/D disaggregation" in err and "do not compose" in err and "Traceback" not in err
 
 
 @pytest.mark.slow
@@ -285,7 +358,7 @@ def test_cli_vllm_refuses_forks_before_loading_vllm(tmp_path):
     proc = run_on_vllm("run", ["trace=bursty", "trace.max_requests=2", "engine.parallel_samples=2"],
                        tmp_path, tmp_path / "run", timeout=240)
     assert proc.returncode != 0
-    assert "dataplane=vllm does not run parallel samples or beam search" in proc.stderr
+    assert "forks and dataplane=vllm do not compose" in proc.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
 
 

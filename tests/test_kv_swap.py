@@ -10,7 +10,7 @@ import pytest
 from policies.chunked import Chunked
 from policylab.core.config import EngineConfig, check_engine_config
 from policylab.core.request import TraceRequest
-from policylab.core.swap import HostTier, TransferLink, make_link
+from policylab.core.kv.host import HostTier, TransferLink, make_link
 from policylab.testing.harness import Scenario, run_checked
 from policylab.testing.properties import InvariantViolation
 
@@ -28,8 +28,8 @@ def replay(mode: str, engine: EngineConfig = PRESSURE, policy=None):
 
 def test_swap_resumes_instead_of_recomputing_with_the_same_tokens():
     recompute, swap = replay("recompute"), replay("swap")
-    assert recompute.kv_tiers["recomputed_tokens"] > 0 and recompute.kv_tiers["swap_outs"] == 0
-    stats = swap.kv_tiers
+    assert recompute.sections.get("kv_tiers")["recomputed_tokens"] > 0 and recompute.sections.get("kv_tiers")["swap_outs"] == 0
+    stats = swap.sections.get("kv_tiers")
     assert stats["swap_outs"] > 0 and stats["swap_outs"] == stats["swap_ins"]
     # what is still in the device's prefix cache at swap-in is taken as hits, not copied back
     assert stats["swapped_out_blocks"] == stats["swapped_in_blocks"] + stats["swap_in_cached_blocks"]
@@ -43,15 +43,16 @@ def test_swap_resumes_instead_of_recomputing_with_the_same_tokens():
 
 def test_a_small_host_tier_swaps_what_fits_and_recomputes_the_rest():
     result = replay("swap", dataclasses.replace(PRESSURE, host_kv_blocks=8))
-    stats = result.kv_tiers
+    stats = result.sections.get("kv_tiers")
     assert stats["swap_outs"] > 0 and stats["recomputed_tokens"] > 0
 
 
-def test_without_a_host_tier_swap_mode_recomputes_and_reports_nothing_new():
+def test_without_a_host_tier_swap_mode_is_refused_before_the_run():
+    """preempt_mode=swap with nowhere to swap to would silently recompute: refused, naming both."""
     off = dataclasses.replace(PRESSURE, host_kv_blocks=0)
-    assert replay("swap", off).kv_tiers is None
-    plain = replay("recompute", off)
-    assert [r.output_ids for r in plain.requests] == [r.output_ids for r in replay("swap", off).requests]
+    with pytest.raises(ValueError, match="^swap and engine.host_kv_blocks: swap preemption needs a host tier"):
+        replay("swap", off)
+    assert "kv_tiers" not in replay("recompute", off).sections
 
 
 class _SwapsEverything(Chunked):
@@ -91,9 +92,9 @@ def test_the_step_that_moves_kv_pays_the_transfer():
         moving[name] = d[d >= 1.0]                 # computes take milliseconds: these steps moved KV
         assert len(moving[name]) > 0
     # overlapped: each such step lasts max(compute, transfer) = its transfer exactly
-    assert abs(overlapped.kv_tiers["transfer_time"] - moving["overlapped"].sum()) < 1e-9
+    assert abs(overlapped.sections.get("kv_tiers")["transfer_time"] - moving["overlapped"].sum()) < 1e-9
     # serial: compute + transfer, so more than the transfer alone
-    assert moving["serial"].sum() > serial.kv_tiers["transfer_time"] > 1.0 * len(moving["serial"]) - 1e-9
+    assert moving["serial"].sum() > serial.sections.get("kv_tiers")["transfer_time"] > 1.0 * len(moving["serial"]) - 1e-9
 
 
 def test_link_presets_and_overrides():
@@ -141,9 +142,9 @@ def test_torch_plane_moves_blocks_to_cpu_and_greedy_tokens_equal_recompute():
         assert sum(r.num_preemptions for r in result.requests) > 0
         outputs[mode] = [r.output_ids for r in result.requests]
         if mode == "swap":
-            assert result.kv_tiers["swap_ins"] > 0 and result.kv_tiers["recomputed_tokens"] == 0
+            assert result.sections.get("kv_tiers")["swap_ins"] > 0 and result.sections.get("kv_tiers")["recomputed_tokens"] == 0
         else:
-            assert result.kv_tiers["recomputed_tokens"] > 0
+            assert result.sections.get("kv_tiers")["recomputed_tokens"] > 0
     assert payloads and all(isinstance(p, torch.Tensor) for p in payloads)
     assert outputs["swap"] == outputs["recompute"]
     assert all(len(o) == t.output_tokens for o, t in zip(outputs["swap"], trace))
@@ -178,7 +179,7 @@ def test_rejecting_a_swapped_request_frees_its_host_blocks():
     result = replay("swap", policy=lambda: _RejectsSwapped(chunk_size=64, preempt_mode="swap"))
     rejected = [r for r in result.requests if r.status.value == "rejected"]
     assert rejected and all(r.swapped_blocks == 0 for r in rejected)
-    assert result.kv_tiers["swap_outs"] > result.kv_tiers["swap_ins"]   # (the harness checks no leak at drain)
+    assert result.sections.get("kv_tiers")["swap_outs"] > result.sections.get("kv_tiers")["swap_ins"]   # (the harness checks no leak at drain)
 
 
 def test_the_view_shows_the_host_tier_and_replace_keeps_it():
@@ -194,3 +195,20 @@ def test_the_view_shows_the_host_tier_and_replace_keeps_it():
     replay("swap", policy=lambda: Watching(chunk_size=64, preempt_mode="swap"))
     assert all(total == 64 and again == free and free + held == 64 for free, total, again, held in seen)
     assert any(held for *_, held in seen)
+
+
+@pytest.mark.timeout(30)
+def test_swap_in_copies_back_only_the_blocks_the_device_cache_lost():
+    """Blocks still in the device's prefix cache at swap-in are hits, not copies: over a link with
+    no latency the transfer time is exactly (blocks swapped out + blocks copied back) x the bytes
+    of a block / the bandwidth, and the cached ones add nothing."""
+    from policylab.core.config import ModelConfig
+    bandwidth = 1e9
+    result = replay("swap", dataclasses.replace(PRESSURE, swap_latency=0.0, swap_bandwidth=bandwidth))
+    stats = result.sections.get("kv_tiers")
+    assert stats["swap_in_cached_blocks"] > 0 and stats["swapped_in_blocks"] > 0   # both kinds occur
+    m = ModelConfig()
+    head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
+    block_bytes = 2 * m.num_hidden_layers * m.num_key_value_heads * head_dim * m.dtype_bytes * PRESSURE.block_size
+    copied = stats["swapped_out_blocks"] + stats["swapped_in_blocks"]
+    assert stats["transfer_time"] == pytest.approx(copied * block_bytes / bandwidth, rel=1e-12)

@@ -11,13 +11,14 @@ import pytest
 from policies.prefill_first import PrefillFirst
 from policylab.analysis.compare import main as compare_main
 from policylab.analysis.run_table import collect_runs, find_run_dirs
-from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.config import EngineConfig, FairnessConfig, HardwareConfig, ModelConfig, SloConfig
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
 from policylab.analysis.plots import downsample_steps, itl_values, write_run_plots
 from policylab.core.request import TraceRequest
 from policylab.analysis.results import write_results
+from policylab.analysis.result_files import ResultSettings
 
 LLAMA_8B_SHAPE = ModelConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                              num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
@@ -40,7 +41,7 @@ def make_run_dir(run_dir, n=60, rate=40.0, seed=0, num_blocks=96, ttft_slo=0.5, 
     dataplane = SimDataPlane(LLAMA_8B_SHAPE, HardwareConfig(), DataplaneConfig(kind="sim"), seed)
     engine = Engine(trace, PrefillFirst(name=name), dataplane,
                     EngineConfig(num_blocks=num_blocks, max_num_batched_tokens=512), seed=seed)
-    write_results(run_dir, engine.run(), cfg)
+    write_results(run_dir, engine.run(), ResultSettings(SloConfig(**cfg["slo"]), FairnessConfig(**cfg["fairness"]), cfg))
     if overrides is not None:
         (run_dir / ".hydra").mkdir()
         (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))

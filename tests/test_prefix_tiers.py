@@ -11,7 +11,7 @@ import pytest
 
 from policies.chunked import Chunked
 from policylab.core.config import EngineConfig, check_engine_config
-from policylab.core.prefix_tiers import DiskStore, TierStore
+from policylab.core.kv.tiers import DiskStore, TierStore
 from policylab.core.request import TraceRequest
 from policylab.testing.harness import Scenario, run_checked
 from policylab.testing.kv_traces import mooncake_style
@@ -37,9 +37,9 @@ def test_lower_tiers_turn_evictions_into_hits(index):
     device = replay(PRESSURE, prefix_cache=index)
     host = replay(PRESSURE, prefix_cache=index, prefix_host_blocks=40)
     both = replay(PRESSURE, prefix_cache=index, prefix_host_blocks=20, prefix_disk_blocks=60)
-    assert device.kv_tiers is None
+    assert device.sections.get("kv_tiers") is None
     assert cached_tokens(device) < cached_tokens(host) < cached_tokens(both)
-    h, d = host.kv_tiers, both.kv_tiers
+    h, d = host.sections.get("kv_tiers"), both.sections.get("kv_tiers")
     assert h["host_hit_blocks"] > 0 and h["disk_hit_blocks"] == 0 and h["dropped_blocks"] > 0
     assert d["host_hit_blocks"] > 0 and d["disk_hit_blocks"] > 0 and d["disk_offloaded_blocks"] > 0
     # every promoted block was offloaded first, and every offloaded one is still below, promoted, superseded or dropped
@@ -57,7 +57,7 @@ def test_lower_tiers_turn_evictions_into_hits(index):
 def test_tiers_that_never_receive_a_block_change_nothing():
     ample = dataclasses.replace(PRESSURE, num_blocks=4000)
     off, on = replay(ample), replay(ample, prefix_host_blocks=64, prefix_disk_blocks=64)
-    assert on.kv_tiers["host_offloaded_blocks"] == 0
+    assert on.sections.get("kv_tiers")["host_offloaded_blocks"] == 0
     for k in ("clock", "duration", "prefill_tokens", "kv_used_blocks"):
         assert list(off.steps[k]) == list(on.steps[k]), k
 
@@ -66,11 +66,11 @@ def test_a_lower_tier_hit_costs_its_transfer_overlapped_or_not():
     slow = dataclasses.replace(PRESSURE, swap_latency=1.0, swap_bandwidth=1e9, prefix_host_blocks=40)
     serial, overlapped = replay(slow), replay(slow, swap_overlap=True)
     for result in (serial, overlapped):
-        assert result.kv_tiers["host_hit_blocks"] > 0
+        assert result.sections.get("kv_tiers")["host_hit_blocks"] > 0
     d = overlapped.steps["duration"]
-    assert abs(overlapped.kv_tiers["host_transfer_time"] - d[d >= 1.0].sum()) < 1e-9   # max(compute, transfer)
+    assert abs(overlapped.sections.get("kv_tiers")["host_transfer_time"] - d[d >= 1.0].sum()) < 1e-9   # max(compute, transfer)
     d = serial.steps["duration"]
-    assert d[d >= 1.0].sum() > serial.kv_tiers["host_transfer_time"]                  # compute + transfer
+    assert d[d >= 1.0].sum() > serial.sections.get("kv_tiers")["host_transfer_time"]                  # compute + transfer
     assert serial.steps["clock"][-1] > replay(PRESSURE, prefix_host_blocks=40).steps["clock"][-1] + 10
 
 
@@ -120,9 +120,9 @@ def test_torch_plane_moves_blocks_to_cpu_and_disk_with_the_same_greedy_tokens(tm
         assert result.status == "complete", result.error
         outputs[name] = [r.output_ids for r in result.requests]
         if name == "host":
-            assert result.kv_tiers["host_hit_blocks"] > 0
+            assert result.sections.get("kv_tiers")["host_hit_blocks"] > 0
         if name == "disk":
-            assert result.kv_tiers["disk_hit_blocks"] > 0
+            assert result.sections.get("kv_tiers")["disk_hit_blocks"] > 0
             disk = engine.kv.tiers.disk._file
             assert isinstance(disk, torch.Tensor) and disk.shape[0] == 24   # the file-backed slots
             assert not list(tmp_path.iterdir())        # (unlinked once mapped: nothing left behind)
@@ -183,7 +183,7 @@ def test_cluster_invariants_hold_with_tiers_on_every_replica():
     cfg = dataclasses.replace(PRESSURE, prefix_host_blocks=16, prefix_disk_blocks=16)
     result = check_cluster(lambda: build_cluster(TRACE, lambda: Chunked(chunk_size=64), RoundRobin, cfg,
                                                  replicas=2, checked=True))
-    assert sum(p.result.kv_tiers["host_hit_blocks"] + p.result.kv_tiers["disk_hit_blocks"]
+    assert sum(p.result.sections.get("kv_tiers")["host_hit_blocks"] + p.result.sections.get("kv_tiers")["disk_hit_blocks"]
                for p in result.replicas) > 0
 
 
@@ -196,7 +196,7 @@ def test_two_requests_hitting_one_offloaded_prefix_in_a_step_share_one_promotion
                for _ in range(2)))
     cfg = dataclasses.replace(PRESSURE, num_blocks=30, prefix_host_blocks=64)
     result = replay(cfg, trace)
-    assert result.kv_tiers["host_hit_blocks"] == 12 and result.kv_tiers["host_offloaded_blocks"] >= 12
+    assert result.sections.get("kv_tiers")["host_hit_blocks"] == 12 and result.sections.get("kv_tiers")["host_offloaded_blocks"] >= 12
     late = result.requests[-2:]
     assert [r.num_cached_tokens_total for r in late] == [96, 96]
     assert late[0].first_scheduled_time == late[1].first_scheduled_time     # (the same step)

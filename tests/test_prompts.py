@@ -50,13 +50,14 @@ def test_a_sim_replay_holds_no_prompt_ids_yet_hashes_and_publishes_the_same_bloc
     from policylab.dataplane.config import DataplaneConfig
     from policylab.core.engine import Engine
     from policylab.core.request import TraceRequest as T
+    from policylab.core.capabilities import Capability
     from policylab.core.synthetic_prompts import SyntheticPrompt
     from policylab.dataplane.sim import SimDataPlane
 
     class ReadsIds(SimDataPlane):
         def __init__(self, *args):
             super().__init__(*args)
-            self.needs_token_ids = True
+            self.capabilities = self.capabilities | {Capability.TOKEN_IDS}
 
     trace = [T(0.0, 70, 9, prefix_hashes=(5,)), T(0.0, 70, 9, prefix_hashes=(5,)), T(9.0, 70, 3, prefix_hashes=(5,))]
     cfg = EngineConfig(block_size=16, num_blocks=64, max_num_batched_tokens=256, max_num_seqs=4)

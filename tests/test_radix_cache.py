@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from policylab.core.config import EngineConfig
-from policylab.core.kv import BlockManager
-from policylab.core.radix import RadixTree
+from policylab.core.kv.blocks import BlockPool
+from policylab.core.kv.radix import RadixTree
 from policylab.testing.harness import Scenario, fingerprint, run_checked
 from policylab.testing.kv_traces import mooncake_style
 
@@ -48,7 +48,7 @@ def test_radix_under_eviction_pressure_passes_the_harness(seed):
 def _chain_with_a_newer_leaf(index: str) -> tuple:
     """A cache whose free parent block is older than its free child: block 0 (label 1) freed
     first, block 2 (label 2, continuing label 1) freed after it; blocks 1 and 3 plain."""
-    kv = BlockManager(4, 4, True, index)
+    kv = BlockPool(4, 4, True, index)
     first = []
     kv.grow(first, 4)
     kv.register(first, [1], 4)

@@ -55,7 +55,7 @@ def test_streamed_results_equal_results_written_at_the_end(tmp_path, monkeypatch
 
     def on_done(rid):
         done(rid)
-        forgotten.append(sum(r is None for r in streamed.requests[:streamed.next_arrival]))
+        forgotten.append(sum(r is None for r in streamed.requests[:len(streamed.trace)]))
     result = streamed.run(on_done)
     assert max(forgotten) >= 16                  # written row groups left the engine's memory
     summary = results.finish(result)

@@ -16,6 +16,7 @@ from policylab.apps.config import PolicySpec, RunConfig
 from policylab.core.config import SloConfig
 from policylab.core.request import Status
 from policylab.analysis.results import ResultsWriteError, print_summary, write_results
+from policylab.apps.settings import result_settings
 from tests.test_metrics import four_request_run, make_request, summary_of
 
 
@@ -48,7 +49,7 @@ def test_token_times_stay_float_lists_when_nothing_ran(tmp_path):
 
 def test_summary_json_is_strict_and_carries_config(tmp_path):
     cfg = RunConfig(seed=3, slo=SloConfig(ttft=0.6, tpot=0.3), policy=PolicySpec(name="hand"))
-    returned = write_results(tmp_path, four_request_run(), cfg)
+    returned = write_results(tmp_path, four_request_run(), result_settings(cfg))
     summary = strict_json(tmp_path / "summary.json")      # NaN / Infinity would raise
     assert summary == returned
     assert summary["status"] == "complete" and summary["error"] == ""

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from policylab.core.capabilities import Capability
+
 from policylab.apps.config import CONFIG_DIR
 from policylab.apps.sim_check import load_group
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
@@ -54,7 +56,8 @@ def test_every_preset_loads_composes_and_passes_its_checks(name):
     check_serving_engine(cfg)
     assert cfg.name == name
     plane = SimDataPlane(LLAMA, H100, DataplaneConfig(kind="sim", tensor_parallel=2, serving_engine=cfg))
-    assert plane.schedules_ahead == cfg.async_scheduling and plane.client_latency == cfg.client_latency
+    assert (Capability.SCHEDULES_AHEAD in plane.capabilities) == cfg.async_scheduling
+    assert plane.client_latency == cfg.client_latency
 
 
 @pytest.mark.timeout(30)
@@ -195,7 +198,8 @@ def _replay(schedules_ahead: bool):
     class Plane(SimDataPlane):
         pass
     plane = Plane(ModelConfig(), HardwareConfig(step_overhead=0.010), DataplaneConfig(kind="sim", cost_model="roofline"))
-    plane.schedules_ahead = schedules_ahead
+    plane.capabilities = plane.capabilities | {Capability.SCHEDULES_AHEAD} if schedules_ahead else \
+        plane.capabilities - {Capability.SCHEDULES_AHEAD}
     trace = [TraceRequest(arrival_time=0.0, prompt_tokens=16, output_tokens=20),
              TraceRequest(arrival_time=0.015, prompt_tokens=16, output_tokens=2)]
     result = Engine(trace, VllmV1(), plane, EngineConfig(num_blocks=64, max_model_len=256)).run()

@@ -74,5 +74,5 @@ def test_vllm_refuses_closed_loops_with_one_message(session_file):
     from policylab.apps.config import typed_config
     from policylab.apps.run_vllm import vllm_setup
     cfg = typed_config(config("trace=poisson", "trace.concurrency=2"))
-    with pytest.raises(RunError, match="dataplane=vllm replays open-loop traces only"):
+    with pytest.raises(RunError, match="sessions and dataplane=vllm do not compose"):
         vllm_setup(cfg)

@@ -15,7 +15,7 @@ from policylab.core.engine import Engine
 from policylab.core.kv import blocks_for
 from policylab.core.policy import Policy
 from policylab.core.request import TraceRequest
-from policylab.core.speculative import SpeculativeConfig, ngram_drafts
+from policylab.core.extensions.speculation import SpeculativeConfig, ngram_drafts
 from policylab.core.speculative_plan import FixedSpeculation
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
@@ -71,9 +71,30 @@ def test_each_broken_speculative_rule_is_named_and_nothing_is_committed(rule):
 def test_the_rules_of_check_spec_tokens_all_have_a_breaking_plan():
     import inspect
     import re
-    from policylab.core import speculative
-    rules = set(re.findall(r'ContractViolation\(policy, "(\w+)"', inspect.getsource(speculative.check_spec_tokens)))
+    from policylab.core import spec_rules
+    rules = set(re.findall(r'ContractViolation\(policy, "(\w+)"', inspect.getsource(spec_rules.check_spec_tokens)))
     assert rules <= set(BAD) and len(rules) == 4
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("k", [3, 4])
+def test_drafts_take_the_kv_of_their_token_plus_k_across_a_block_boundary(k):
+    """After step 0 request 0 holds its 8 computed tokens in 2 full blocks and 1 block is free.
+    Its token and k drafts write positions 8 .. 8 + k: k = 3 fills the free block exactly and runs;
+    k = 4 puts a fifth token into a block that is not there and is refused (k drafts alone would fit)."""
+    engine = Engine(TRACE, Scripted(lambda: StepPlan({0: 1}, spec_tokens={0: k})), sim(alpha=1.0), CFG)
+    engine.step()
+    r, bs = engine.requests[0], CFG.block_size
+    assert (r.num_computed_tokens, len(r.block_table), engine.kv.num_free) == (8, 2, 1)
+    needed = blocks_for(r.num_computed_tokens + 1 + k, bs) - len(r.block_table)
+    assert blocks_for(r.num_computed_tokens + k, bs) - len(r.block_table) <= engine.kv.num_free
+    if needed <= engine.kv.num_free:
+        engine.step()
+        assert engine.extension("speculation").stats["proposed_tokens"] == k
+    else:
+        with pytest.raises(ContractViolation) as caught:
+            engine.step()
+        assert caught.value.rule == "kv_capacity" and f"needs {needed} KV blocks" in caught.value.detail
 
 
 def test_a_plan_that_fits_its_drafts_runs_and_a_zero_k_is_a_plain_decode():
@@ -87,7 +108,7 @@ def test_a_plan_that_fits_its_drafts_runs_and_a_zero_k_is_a_plain_decode():
     plain = Engine(trace, Scripted(lambda: StepPlan({0: 1}, spec_tokens={0: 0})), sim(), cfg)
     plain.step()
     plain.step()
-    assert len(plain.requests[0].output_ids) == 2 and plain.speculation.stats["proposed_tokens"] == 0
+    assert len(plain.requests[0].output_ids) == 2 and plain.extension("speculation").stats["proposed_tokens"] == 0
 
 
 # ------------------------------------------------------------------ the sim's verification
@@ -107,7 +128,7 @@ def test_speculation_emits_the_plain_tokens_in_fewer_steps_and_releases_every_bl
     engine, spec = run(PrefillFirst(), TRACE_B, k=3)
     assert [r.output_ids for r in spec.requests] == [r.output_ids for r in plain.requests]
     assert len(spec.steps["clock"]) < 0.7 * len(plain.steps["clock"])
-    stats = engine.speculation.stats
+    stats = engine.extension("speculation").stats
     assert stats["accepted_tokens"] + stats["rejected_tokens"] == stats["proposed_tokens"] > 0
     assert stats["released_blocks"] > 0 and engine.kv.num_free == engine.kv.num_blocks
 
@@ -123,10 +144,10 @@ def test_acceptance_follows_the_geometric_model():
 
 def test_alpha_one_accepts_every_draft_and_alpha_zero_none():
     engine, _ = run(PrefillFirst(), TRACE_B, alpha=1.0, k=3)
-    s = engine.speculation.stats
+    s = engine.extension("speculation").stats
     assert s["rejected_tokens"] < 0.05 * s["proposed_tokens"]        # only drafts past a request's end
     engine, _ = run(PrefillFirst(), TRACE_B, alpha=0.0, k=3)
-    s = engine.speculation.stats
+    s = engine.extension("speculation").stats
     assert s["accepted_tokens"] == 0 and s["emitted_tokens"] == s["verifications"]
 
 
@@ -144,7 +165,7 @@ def test_the_engine_clamps_to_the_hidden_output_length():
     trace = [TraceRequest(0.0, 20, 5, max_tokens=500)]     # the policy only knows max_tokens
     engine, result = run(PrefillFirst(), trace, alpha=1.0, k=8)
     assert len(result.requests[0].output_ids) == 5
-    assert engine.speculation.stats["rejected_tokens"] > 0
+    assert engine.extension("speculation").stats["rejected_tokens"] > 0
 
 
 def test_draft_model_pricing_adds_the_drafts_steps():
@@ -163,9 +184,9 @@ def test_same_seed_same_replay_and_acceptance_depends_on_the_seed():
     a, ra = run(PrefillFirst(), TRACE_B, k=2, seed=1)
     b, rb = run(PrefillFirst(), TRACE_B, k=2, seed=1)
     c, _ = run(PrefillFirst(), TRACE_B, k=2, seed=2)
-    assert a.speculation.stats == b.speculation.stats
+    assert a.extension("speculation").stats == b.extension("speculation").stats
     assert [r.token_times for r in ra.requests] == [r.token_times for r in rb.requests]
-    assert a.speculation.stats != c.speculation.stats
+    assert a.extension("speculation").stats != c.extension("speculation").stats
 
 
 def test_ngram_drafts_continue_the_latest_match():
@@ -182,6 +203,10 @@ SHIPPED = shipped_policy_configs()
 @pytest.mark.parametrize("spec", SHIPPED, ids=[spec_id(s) for s in SHIPPED])
 def test_invariants_hold_with_fixed_k_under_every_shipped_policy(spec):
     factory = policy_factory(spec)
+    if "speculation" in getattr(factory(), "features", ()):   # a policy that sizes its own drafts
+        with pytest.raises(ValueError, match=r"^speculative.k=3 and policy \w+ both choose draft tokens"):
+            FixedSpeculation(factory(), 3)
+        return
     for seed in (0, 1):
         scenario = pressure_scenario(seed)
         check_policy(lambda: FixedSpeculation(factory(), 3), scenario)
@@ -189,7 +214,7 @@ def test_invariants_hold_with_fixed_k_under_every_shipped_policy(spec):
 
 def test_the_harness_catches_unreleased_draft_kv(monkeypatch):
     """A verification that keeps its rejected drafts' blocks breaks the `speculation` invariant."""
-    from policylab.core import speculative
+    from policylab.core.extensions import speculation as speculative
     from policylab.testing.properties import InvariantViolation
     real = speculative.blocks_for
     monkeypatch.setattr(speculative, "blocks_for", lambda n, bs: real(n, bs) + 1)
@@ -235,6 +260,6 @@ def test_speculation_keeps_its_accepted_drafts_on_steps_that_move_prefix_tier_bl
     _, plain = run(PrefillFirst(), trace, cfg=cfg)
     engine, spec = run(PrefillFirst(), trace, k=3, cfg=cfg)
     assert [r.output_ids for r in spec.requests] == [r.output_ids for r in plain.requests]
-    assert engine.kv_stats["host_bytes"] > 0 and engine.speculation.stats["accepted_tokens"] > 0
-    stats = engine.speculation.stats
+    assert engine.kv.stats["host_bytes"] > 0 and engine.extension("speculation").stats["accepted_tokens"] > 0
+    stats = engine.extension("speculation").stats
     assert stats["accepted_tokens"] + stats["rejected_tokens"] == stats["proposed_tokens"]

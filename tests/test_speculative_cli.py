@@ -69,13 +69,17 @@ def test_the_vllm_plane_refuses_draft_tokens(tmp_path, capsys):
         main(["run", "trace=poisson", "dataplane=vllm", "logger=none", "plots=false", "progress=false",
               "policy=chunked", "speculative.k=2", f"hydra.run.dir={tmp_path}"])
     err = capsys.readouterr().err
-    assert "dataplane=vllm does not verify draft tokens" in err and "Traceback" not in err
+    assert "speculation and dataplane=vllm do not compose" in err and "Traceback" not in err
 
 
-def test_a_cluster_run_refuses_speculative_settings(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        main(["run", *BASE, "policy=chunked", "speculative.k=2", "cluster.replicas=2", f"hydra.run.dir={tmp_path}"])
-    assert "speculative.* applies to single-engine runs" in capsys.readouterr().err
+def test_replicas_and_pd_speculate_as_one_engine_does(tmp_path):
+    """speculative.k gives every replica's decodes their drafts; the summary sums their counters."""
+    for name, shape in (("replicas", ["cluster.replicas=2"]),
+                        ("pd", ["cluster.prefill_replicas=1", "cluster.decode_replicas=1"])):
+        s = summary_of(tmp_path / name, "policy=chunked", "speculative.k=2", *shape)
+        assert s["status"] == "complete" and s["speculative"]["verifications"] > 0
+        spec = s["speculative"]
+        assert 0 < spec["accepted_tokens"] <= spec["proposed_tokens"] <= 2 * spec["verifications"]
 
 
 def test_a_native_trace_carries_each_request_s_acceptance_rate(tmp_path, capsys):

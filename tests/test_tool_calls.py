@@ -15,7 +15,7 @@ from policies.plas import ProgramLeastAttainedService
 from policylab.analysis.results import summarize_run
 from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest
-from policylab.core.tool_calls import ToolCall, check_tool_calls, tool_result_ids
+from policylab.core.extensions.tool_calls import ToolCall, check_tool_calls, tool_result_ids
 from policylab.testing.harness import Scenario, check_policy, run_checked
 from policylab.testing.properties import InvariantViolation
 from policylab.traces.errors import TraceError
@@ -39,7 +39,7 @@ def replay(mode: str, cfg: EngineConfig = CFG, policy=None, trace=TRACE):
 @pytest.mark.parametrize("mode", ["keep", "free", "offload"])
 def test_each_forced_kv_choice_pauses_every_call_and_finishes_with_the_tool_tokens(mode):
     result = replay(mode)
-    stats = result.programs.stats
+    stats = result.sections.get("tool_calls").stats
     calls = sum(len(t.tool_calls) for t in TRACE)
     assert result.status == "complete" and stats["tool_calls"] == calls
     chosen = {"keep": "kept", "free": "freed", "offload": "offloaded"}[mode]
@@ -58,18 +58,18 @@ def test_each_forced_kv_choice_pauses_every_call_and_finishes_with_the_tool_toke
 
 def test_keeping_kv_recomputes_nothing_and_freeing_recomputes_the_context():
     keep, free = replay("keep"), replay("free")
-    assert keep.programs.stats["recomputed_tokens"] == 0
-    lost = free.programs.stats["recomputed_tokens"]
-    assert lost == sum(p[2] for p in free.programs.per_request.values()) > 0
+    assert keep.sections.get("tool_calls").stats["recomputed_tokens"] == 0
+    lost = free.sections.get("tool_calls").stats["recomputed_tokens"]
+    assert lost == sum(p[2] for p in free.sections.get("tool_calls").per_request.values()) > 0
     assert [r.output_ids for r in keep.requests] == [r.output_ids for r in free.requests]
 
 
 def test_offload_uses_the_host_tier_and_pays_its_transfer():
     result = replay("offload")
-    assert result.programs.stats["offloaded"] > 0 and result.kv_tiers["swap_ins"] == result.programs.stats["offloaded"]
-    assert result.kv_tiers["transfer_time"] > 0
+    assert result.sections.get("tool_calls").stats["offloaded"] > 0 and result.sections.get("kv_tiers")["swap_ins"] == result.sections.get("tool_calls").stats["offloaded"]
+    assert result.sections.get("kv_tiers")["transfer_time"] > 0
     small = replay("offload", dataclasses.replace(CFG, host_kv_blocks=4))
-    assert small.programs.stats["offload_fallbacks"] > 0                 # no room: freed instead
+    assert small.sections.get("tool_calls").stats["offload_fallbacks"] > 0                 # no room: freed instead
 
 
 def test_offload_without_a_host_tier_and_a_bad_mode_are_config_errors():
@@ -93,21 +93,21 @@ class _Chooses(Chunked):
 def test_the_policy_hook_decides_unless_the_config_forces_a_choice():
     policy = _Chooses("free")
     result = replay("policy", policy=lambda: policy)
-    assert len(policy.asked) == result.programs.stats["tool_calls"] == result.programs.stats["freed"]
+    assert len(policy.asked) == result.sections.get("tool_calls").stats["tool_calls"] == result.sections.get("tool_calls").stats["freed"]
     forced = _Chooses("free")
     result = replay("keep", policy=lambda: forced)
-    assert not forced.asked and result.programs.stats["kept"] == result.programs.stats["tool_calls"]
+    assert not forced.asked and result.sections.get("tool_calls").stats["kept"] == result.sections.get("tool_calls").stats["tool_calls"]
     with pytest.raises(InvariantViolation, match="tool_kv"):
         replay("policy", policy=lambda: _Chooses("discard"))
 
 
 def test_the_default_hook_offloads_if_it_can_else_keeps_when_nobody_waits_else_frees():
     alone = (TraceRequest(0.0, 40, 30, tool_calls=(ToolCall(10, 0.5, 5),)),)
-    assert replay("policy", trace=alone).programs.stats["offloaded"] == 1
+    assert replay("policy", trace=alone).sections["tool_calls"].stats["offloaded"] == 1
     no_host = dataclasses.replace(CFG, host_kv_blocks=0)
-    assert replay("policy", no_host, trace=alone).programs.stats["kept"] == 1
+    assert replay("policy", no_host, trace=alone).sections["tool_calls"].stats["kept"] == 1
     crowd = alone + tuple(TraceRequest(0.001, 300, 30) for _ in range(12))   # they wait behind it
-    stats = replay("policy", dataclasses.replace(no_host, max_num_seqs=1), trace=crowd).programs.stats
+    stats = replay("policy", dataclasses.replace(no_host, max_num_seqs=1), trace=crowd).sections["tool_calls"].stats
     assert stats["freed"] == 1
 
 
@@ -130,7 +130,7 @@ def test_latencies_exclude_tool_time_and_jct_includes_it():
 def test_a_run_without_tool_calls_has_no_program_metrics():
     plain = tuple(dataclasses.replace(t, tool_calls=()) for t in TRACE)
     result = replay("policy", trace=plain)
-    assert result.programs is None
+    assert result.sections.get("tool_calls") is None
     requests, _, summary = summarize_run(result)
     assert "programs" not in summary and "jct" not in requests.columns
 
@@ -217,6 +217,6 @@ def test_a_running_request_short_of_kv_held_by_a_paused_one_waits_for_the_tool_n
                        tool_kv="keep")
     result = run_checked(lambda: Chunked(chunk_size=16), Scenario(trace, cfg))
     assert result.status == "complete", result.error
-    assert result.programs.stats["kept"] == 1 and result.programs.stats["kept_released"] == 1
+    assert result.sections.get("tool_calls").stats["kept"] == 1 and result.sections.get("tool_calls").stats["kept_released"] == 1
     a, b = result.requests
     assert b.token_times[0] > a.token_times[1] + 0.5                   # it waited for the tool's return

@@ -10,7 +10,7 @@ import pytest
 from policies.chunked import Chunked
 from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest
-from policylab.core.tool_calls import ToolCall
+from policylab.core.extensions.tool_calls import ToolCall
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,7 +33,7 @@ def test_torch_plane_keep_free_and_offload_give_identical_greedy_tokens():
         plane = TorchDataPlane.from_config(dataplane(), SMALL, seed=0)
         result = Engine(trace, Chunked(chunk_size=32), plane, cfg, seed=0).run()
         assert result.status == "complete", result.error
-        outputs[mode], stats[mode] = [list(r.output_ids) for r in result.requests], result.programs.stats
+        outputs[mode], stats[mode] = [list(r.output_ids) for r in result.requests], result.sections.get("tool_calls").stats
     assert outputs["keep"] == outputs["free"] == outputs["offload"]
     assert stats["keep"]["kept"] == stats["free"]["freed"] == stats["offload"]["offloaded"] == 3
     assert stats["free"]["recomputed_tokens"] > 0 == stats["keep"]["recomputed_tokens"]
@@ -87,7 +87,7 @@ def test_vllm_plane_refuses_tool_calls_in_one_line(tmp_path, capsys):
         main(["run", *COMMON, f"hydra.run.dir={tmp_path}", "trace=toolagent", "dataplane=vllm"])
     assert stop.value.code != 0
     err = capsys.readouterr().err
-    assert "dataplane=vllm does not support tool calls" in err and "Traceback" not in err
+    assert "tool_calls and dataplane=vllm do not compose" in err and "Traceback" not in err
 
 
 def test_a_bad_tool_kv_setting_is_one_clear_error(tmp_path, capsys):
@@ -99,12 +99,19 @@ def test_a_bad_tool_kv_setting_is_one_clear_error(tmp_path, capsys):
     assert "engine.tool_kv must be one of" in err and "Traceback" not in err
 
 
-def test_a_cluster_refuses_tool_calls_in_one_line(tmp_path, capsys):
+def test_replicas_serve_tool_calls_and_pd_refuses_them_in_one_line(tmp_path, capsys):
+    """On colocated replicas a request pauses and resumes on its own replica (the tools return on
+    the cluster's one queue) and the summary counts every replica's calls; under P/D refused."""
     from policylab.apps.cli import main
+    main(["run", *COMMON, f"hydra.run.dir={tmp_path / 'run'}", "trace=toolagent", "dataplane=sim",
+          "cluster.replicas=2", "trace.max_requests=30"])
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["status"] == "complete" and s["programs"]["tool_calls"] > 0 and s["programs"]["jct"]["mean"] > 0
     with pytest.raises(SystemExit):
-        main(["run", *COMMON, f"hydra.run.dir={tmp_path}", "trace=toolagent", "dataplane=sim", "cluster.replicas=2"])
+        main(["run", *COMMON, f"hydra.run.dir={tmp_path / 'pd'}", "trace=toolagent", "dataplane=sim",
+              "cluster.prefill_replicas=1", "cluster.decode_replicas=1"])
     err = capsys.readouterr().err
-    assert "tool calls are not supported on a cluster" in err and "Traceback" not in err
+    assert "tool_calls and P/D disaggregation" in err and "Traceback" not in err
 
 
 def test_python_api_composes_a_tool_call_run_in_process(tmp_path):

@@ -22,6 +22,8 @@ from policylab.apps.config import PolicySpec, RunConfig
 from policylab.core.config import LoggerConfig
 from policylab.dataplane.config import DataplaneConfig
 from policylab.traces import TraceConfig
+from policylab.analysis.result_files import ResultSettings
+from policylab.apps.settings import tracker_settings
 from tests.test_plots_compare import make_run_dir
 
 BLOCK, HEADER = 32768, 7
@@ -93,7 +95,7 @@ def run_cfg(logger: dict) -> RunConfig:
 def logged_run(tmp_path_factory):
     run_dir = make_run_dir(tmp_path_factory.mktemp("run"), n=80, rate=100.0, num_blocks=200)
     write_run_plots(run_dir)
-    tracker = open_tracker(run_cfg({"max_history_points": 50, "group": "sweep-7"}), run_dir)
+    tracker = open_tracker(tracker_settings(run_cfg({"max_history_points": 50, "group": "sweep-7"})), run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     tracker.log_run(run_dir, summary)
     tracker.finish()
@@ -173,7 +175,7 @@ def test_wandb_that_cannot_start_warns_once_and_run_goes_on(tmp_path, monkeypatc
     def no_network(**kwargs):
         raise wandb.errors.CommError("cannot reach api.wandb.ai")
     monkeypatch.setattr(wandb, "init", no_network)
-    tracker = open_tracker(run_cfg({"mode": "online"}), tmp_path)
+    tracker = open_tracker(tracker_settings(run_cfg({"mode": "online"})), tmp_path)
     tracker.log_run(tmp_path, {})
     tracker.finish()
     assert isinstance(tracker, NullTracker)
@@ -183,7 +185,7 @@ def test_wandb_that_cannot_start_warns_once_and_run_goes_on(tmp_path, monkeypatc
 
 def test_wandb_failing_mid_run_warns_once(tmp_path, capsys):
     run_dir = make_run_dir(tmp_path / "run", n=10)
-    tracker = open_tracker(run_cfg({}), run_dir)
+    tracker = open_tracker(tracker_settings(run_cfg({})), run_dir)
     capsys.readouterr()
 
     def broken_log(*args, **kwargs):
@@ -199,7 +201,7 @@ def test_wandb_failing_mid_run_warns_once(tmp_path, capsys):
 def test_logger_none_never_imports_wandb(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)          # any `import wandb` now fails
     for logger in ({"kind": "none"}, {"mode": "disabled"}):
-        tracker = open_tracker(run_cfg(logger), tmp_path)
+        tracker = open_tracker(tracker_settings(run_cfg(logger)), tmp_path)
         tracker.log_run(tmp_path, {})
         tracker.finish()
         assert isinstance(tracker, NullTracker)
@@ -208,7 +210,7 @@ def test_logger_none_never_imports_wandb(tmp_path, monkeypatch, capsys):
 
 def test_unknown_logger_kind_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="logger.kind must be 'wandb' or 'none', got 'tensorboard'"):
-        open_tracker(run_cfg({"kind": "tensorboard"}), tmp_path)
+        open_tracker(tracker_settings(run_cfg({"kind": "tensorboard"})), tmp_path)
 
 
 def test_engine_summary_holds_whole_run_aggregates_not_the_last_step(logged_run):
@@ -294,7 +296,7 @@ def test_compare_wandb_online_fails_with_one_sentence(tmp_path, monkeypatch, cap
 def test_a_job_result_is_logged_with_its_table_and_figure(tmp_path):
     run_dir = make_run_dir(tmp_path / "capacity", n=10)
     (png,) = write_run_plots(run_dir)[:1]
-    tracker = open_tracker(run_cfg({}), run_dir, name="capacity_prefill_first_fixture trace.max_requests=10")
+    tracker = open_tracker(tracker_settings(run_cfg({})), run_dir, name="capacity_prefill_first_fixture trace.max_requests=10")
     tracker.log_result({"capacity": {"rate": 12.5, "status": "found"}},
                        {"capacity_curve": pd.DataFrame({"rate": [1.0, 2.0], "slo_attainment": [1.0, 0.5]})}, [png])
     tracker.finish()
@@ -332,7 +334,7 @@ def test_pd_pool_policies_in_the_tags_and_config(tmp_path):
     cfg.cluster = ClusterConfig(prefill_replicas=1, decode_replicas=2,
                                 prefill_policy=PolicySpec(name="chunked", chunk_size=2048),
                                 decode_policy=PolicySpec(name="decode_first"))
-    tracker = open_tracker(cfg, tmp_path)
+    tracker = open_tracker(tracker_settings(cfg), tmp_path)
     tracker.finish()
     info = json.loads((tmp_path / RUN_INFO_FILE).read_text())
     (wandb_file,) = Path(info["dir"]).glob("run-*.wandb")
@@ -358,9 +360,9 @@ def test_prefix_tier_metrics_reach_wandb_as_kv_hierarchy(tmp_path):
                        prefix_host_blocks=20, prefix_disk_blocks=60)
     run_dir = tmp_path / "run"
     write_results(run_dir, Engine(trace, Chunked(chunk_size=64), plane, cfg, prefix_block_tokens=32).run(),
-                  {"seed": 0, "policy": {"name": "chunked"}, "trace": {"name": "fixture"}})
+                  ResultSettings(config={"seed": 0, "policy": {"name": "chunked"}, "trace": {"name": "fixture"}}))
     summary = json.loads((run_dir / "summary.json").read_text())
-    tracker = open_tracker(run_cfg({}), run_dir)
+    tracker = open_tracker(tracker_settings(run_cfg({})), run_dir)
     tracker.log_run(run_dir, summary)
     tracker.finish()
     (wandb_file,) = Path(json.loads((run_dir / RUN_INFO_FILE).read_text())["dir"]).glob("run-*.wandb")

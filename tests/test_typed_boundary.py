@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from omegaconf import Container
 
-import policylab.apps.jobs as jobs
+import policylab.apps.engine_build as engine_build
 from policylab.apps.cli import main
 from policylab.core.config import EngineConfig
 from policylab.testing import shipped_policy_configs
@@ -43,12 +43,12 @@ def test_the_walker_finds_a_planted_node():
 def test_the_cli_hands_engine_and_policy_only_plain_objects(policy, tmp_path, monkeypatch):
     handed = {}
 
-    class Recorder(jobs.Engine):
+    class Recorder(engine_build.Engine):
         def __init__(self, trace, policy, dataplane, cfg, **kw):
             handed.update(policy=policy, cfg=cfg, trace=trace, kw=kw)
             super().__init__(trace, policy, dataplane, cfg, **kw)
 
-    monkeypatch.setattr(jobs, "Engine", Recorder)
+    monkeypatch.setattr(engine_build, "Engine", Recorder)
     main(["run", f"policy={policy}", "dataplane=sim", "logger=none", "plots=false", "progress=false",
           "trace.max_requests=5", f"hydra.run.dir={tmp_path}"])
     assert type(handed["cfg"]) is EngineConfig

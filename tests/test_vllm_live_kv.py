@@ -1,5 +1,5 @@
 """The KV questions a policy asks get the same answers from vLLM's KV cache manager (`LiveKV`) as
-from policylab's `BlockManager`, step by step.
+from policylab's `KVManager`, step by step.
 
 One trace is replayed by policylab's engine and by vLLM's scheduler under the same policy (their
 steps are equal: `compare_replays`); a probe policy asks, every step, each question of the view

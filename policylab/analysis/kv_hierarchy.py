@@ -22,10 +22,10 @@ def kv_hierarchy_section(result, prompt_tokens: float, hit_rate: float) -> dict 
 
 
 def _counters(result) -> dict | None:
-    own = getattr(result, "kv_tiers", None)
+    own = result.sections.get("kv_tiers")
     if own:
         return dict(own)
-    parts = [p.result.kv_tiers for p in getattr(result, "replicas", ()) if getattr(p.result, "kv_tiers", None)]
+    parts = [p.result.sections["kv_tiers"] for p in getattr(result, "replicas", ()) if "kv_tiers" in p.result.sections]
     if not parts:
         return None
     total: dict = {}
@@ -37,5 +37,5 @@ def _counters(result) -> dict | None:
 
 def replica_kv_hierarchy(part) -> dict:
     """A replica's own counters, as a `kv_hierarchy` entry of its cluster.replicas row (none: {})."""
-    own = getattr(part.result, "kv_tiers", None)
+    own = part.result.sections.get("kv_tiers")
     return {"kv_hierarchy": dict(own)} if own else {}

@@ -13,17 +13,17 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from policylab.core.speculative import spec_summary
-from policylab.analysis.program_metrics import add_program_columns, less_tool_time, program_summary
+from policylab.analysis.program_metrics import add_program_columns, less_tool_time
 from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import STEP_FIELDS, RunResult
 from policylab.analysis import counted as counted_values
 from policylab.analysis.client_fairness import client_fairness
-from policylab.analysis.kv_hierarchy import kv_hierarchy_section
+from policylab.analysis.qoe import request_qoe
+from policylab.core.config import QoeConfig
 from policylab.analysis.cluster_metrics import add_placement, cluster_summary, replica_blocks_per_step
-from policylab.analysis.session_metrics import add_sessions, session_summary
+from policylab.analysis.session_metrics import add_sessions
+from policylab.analysis.sections import SectionContext, feature_sections
 from policylab.cluster.result import ClusterResult
-from policylab.core.forks import forks_summary
 from policylab.core.request import Status
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
@@ -62,7 +62,7 @@ def request_table(result: RunResult, slo: SloConfig, start: int = 0, stop: int |
     ttft = df["first_token_time"].to_numpy() - arrival
     e2e = np.where(finished, df["finish_time"].to_numpy() - arrival, NAN)
     with np.errstate(divide="ignore", invalid="ignore"):
-        decode_end = e2e if not getattr(result, "forks", None) else \
+        decode_end = e2e if not result.sections.get("forks") else \
             np.where(finished, _last_token_times(df["token_times"]) - arrival, NAN)   # its own stream's end
         tpot = np.where(generated > 1, (decode_end - ttft) / (generated - 1), NAN)
         normalized = e2e / generated
@@ -75,9 +75,14 @@ def request_table(result: RunResult, slo: SloConfig, start: int = 0, stop: int |
                                            "first_token_time", "finish_time", *LATENCIES, "preemptions", "cached_tokens",
                                            "ttft_slo", "tpot_slo", "slo_met", "token_times"]], result, start, stop),
                          result, start, stop)
-    if getattr(result, "programs", None) is not None:      # tool calls: tool time is not serving time
+    if result.sections.get("tool_calls") is not None:      # tool calls: tool time is not serving time
         add_program_columns(table, result, start, stop)
     return table
+
+
+def add_qoe(table: pd.DataFrame, flat: tuple, qoe: QoeConfig) -> None:
+    """Give a request table its `qoe` column (in place; `flat`: its `flat_token_times`)."""
+    table["qoe"] = request_qoe(flat[0], flat[1], table["arrival_time"].to_numpy(), table["status"].to_numpy(), qoe)
 
 
 def _request_row(t, r) -> tuple:
@@ -184,7 +189,8 @@ def token_facts(table: pd.DataFrame, flat: tuple | None = None, services: bool |
 
 
 def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResult,
-              slo: SloConfig, fairness_cfg: FairnessConfig, facts: TokenFacts | None = None) -> dict:
+              slo: SloConfig, fairness_cfg: FairnessConfig, facts: TokenFacts | None = None,
+              qoe: QoeConfig | None = None) -> dict:
     """Aggregate metrics of one replay, JSON-ready.
 
     Latency distributions (TTFT, TPOT, ITL, E2E, …) are over *finished* requests, as in vLLM's
@@ -194,6 +200,8 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
     The makespan runs from the first arrival to the last completion, rejection or step end
     (whichever is last).
     `facts` are the table's TokenFacts (taken from its `token_times` column when not given).
+    QoE (`policylab.analysis.qoe`) is summarized when the table has its `qoe` column (`add_qoe`):
+    over finished requests, a rejected one counting 0.
     """
     df = requests_df
     facts = token_facts(df) if facts is None else facts
@@ -235,19 +243,11 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, result: RunResu
         "rejections": [{"req_id": int(i), "client": c, "reason": why} for i, c, why in
                        zip(rejected["req_id"], rejected["client"], rejected["reason"])],
     }
-    hierarchy = kv_hierarchy_section(result, df["prompt_tokens"].to_numpy()[scheduled].sum(),
-                                     summary["prefix_cache_hit_rate"])
-    if hierarchy:                               # a host tier is configured (swap, prefix tiers)
-        summary["kv_hierarchy"] = hierarchy
-    if getattr(result, "sessions", None) is not None and "session" in df:     # a closed-loop replay
-        summary["sessions"] = session_summary(df, result.sessions, distribution)
-    speculative = spec_summary(getattr(result, "speculative", None))
-    if speculative:                             # some step verified draft tokens
-        summary["speculative"] = speculative
-    if getattr(result, "forks", None) is not None:   # parallel samples (copy-on-write forks)
-        summary["forks"] = forks_summary(result.forks, result.requests, len(result.trace), makespan)
-    if "jct" in df.columns:                    # the trace has tool calls
-        summary["programs"] = program_summary(df, result, distribution)
+    if "qoe" in df.columns:
+        qoe = qoe or QoeConfig()
+        summary["qoe"] = distribution(df["qoe"].to_numpy())
+        summary["qoe_expected"] = {"ttft": qoe.ttft, "tds": qoe.tds}
+    summary.update(feature_sections(SectionContext(result, df, summary, distribution)))   # (each extension's)
     if isinstance(result, ClusterResult):
         summary["router"] = result.router
         summary["cluster"] = cluster_summary(df, steps_df, result, makespan, summary["goodput"], distribution)

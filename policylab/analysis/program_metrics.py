@@ -1,4 +1,4 @@
-"""Metrics of programs: requests that pause for tool calls (policylab.core.tool_calls).
+"""Metrics of programs: requests that pause for tool calls (policylab.core.extensions.tool_calls).
 
 A tool's time is the program's, not the server's. So in a run with tool calls:
 
@@ -31,7 +31,7 @@ RUN_COUNTERS = ("tool_calls", "kept", "freed", "offloaded", "offload_fallbacks",
 def add_program_columns(df: pd.DataFrame, result, start: int, stop: int) -> None:
     """Give a request table (rows start..stop of `result`) its program columns and make its
     latencies exclude tool time (in place; the columns the request table already has)."""
-    tools = result.programs
+    tools = result.sections["tool_calls"]
     per, tokens = tools.per_request, tools.tool_tokens
     rows = range(start, stop)
     calls = np.array([per.get(i, (0,))[0] for i in rows], dtype=np.int64)
@@ -74,7 +74,7 @@ def program_summary(df: pd.DataFrame, result, distribution) -> dict:
     """The summary's `programs` section: JCT and pause time per request, the run's counters."""
     finished = (df["status"] == "finished").to_numpy()
     called = finished & (df["tool_calls"].to_numpy() > 0)
-    stats = result.programs.stats
+    stats = result.sections["tool_calls"].stats
     return {"jct": distribution(df["jct"].to_numpy()[finished]),
             "tool_time": distribution(df["tool_time"].to_numpy()[called]),
             "programs_with_calls": int(called.sum()),

@@ -13,7 +13,8 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from policylab.analysis.metrics import flat_token_times, json_safe
+from policylab.analysis.metrics import flat_token_times
+from policylab.core.config import FairnessConfig, QoeConfig, SloConfig
 
 
 class ResultsWriteError(Exception):
@@ -30,25 +31,15 @@ def requests_arrow(requests, flat: tuple | None = None) -> pa.Table:
     return table.append_column("token_times", pa.ListArray.from_arrays(offsets, times))
 
 
-def section(cfg, name: str, cls):
-    """`cfg.<name>` as the dataclass `cls`, whatever container the config came in."""
-    if cfg is None:
-        return cls()
-    node = cfg.get(name) if hasattr(cfg, "get") else getattr(cfg, name, None)
-    if node is None:
-        return cls()
-    if isinstance(node, cls):
-        return node
-    return cls(**{f.name: node[f.name] for f in dataclasses.fields(cls) if f.name in node})
-
-
-def plain_config(cfg):
-    """The resolved config as plain JSON-ready containers (None when no config was given)."""
-    if cfg is None:
-        return None
-    if dataclasses.is_dataclass(cfg):
-        return json_safe(dataclasses.asdict(cfg))
-    return json_safe(dict(cfg))
+@dataclasses.dataclass(frozen=True)
+class ResultSettings:
+    """What the result files take from a run's config, made once by the app layer (`apps.config.
+    result_settings`): the SLOs, fairness weights and QoE expectations the metrics use, and the resolved config that
+    summary.json echoes (None: no echo)."""
+    slo: SloConfig = dataclasses.field(default_factory=SloConfig)
+    fairness: FairnessConfig = dataclasses.field(default_factory=FairnessConfig)
+    config: dict | None = None
+    qoe: QoeConfig = dataclasses.field(default_factory=QoeConfig)
 
 
 def atomic_write(path: Path, write: Callable) -> None:

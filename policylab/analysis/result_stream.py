@@ -30,11 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from policylab.analysis.counted import merge
-from policylab.analysis.metrics import TokenFacts, flat_token_times, json_safe, request_table, step_frame, summarize, \
-    token_facts
-from policylab.analysis.result_files import ResultsWriteError, atomic_write, plain_config, requests_arrow, section
-from policylab.cluster import Cluster, ClusterResult
-from policylab.core.config import FairnessConfig, SloConfig
+from policylab.analysis.metrics import TokenFacts, add_qoe, flat_token_times, json_safe, request_table, step_frame, \
+    summarize, token_facts
+from policylab.analysis.result_files import ResultSettings, ResultsWriteError, atomic_write, requests_arrow
 from policylab.core.result import RunResult
 
 ROWS_PER_GROUP = 8192        # requests per row group of requests.parquet
@@ -128,13 +126,14 @@ class ResultStream:
     `guard` (a context manager factory) wraps each write during the replay: the app passes
     one that holds stop signals back until the row group is written."""
 
-    def __init__(self, run_dir, trace: list, cfg=None, guard=nullcontext):
-        self.run_dir, self.cfg, self.guard = Path(run_dir), cfg, guard
+    def __init__(self, run_dir, trace: list, settings: ResultSettings | None = None, guard=nullcontext):
+        settings = settings or ResultSettings()
+        self.run_dir, self.config, self.guard = Path(run_dir), settings.config, guard
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ResultsWriteError(f"cannot create results directory {self.run_dir}: {e}") from e
-        self.slo, self.fairness = section(cfg, "slo", SloConfig), section(cfg, "fairness", FairnessConfig)
+        self.slo, self.fairness, self.qoe = settings.slo, settings.fairness, settings.qoe
         self._requests = _ParquetFile(self.run_dir / "requests.parquet")
         self._steps = _ParquetFile(self.run_dir / "steps.parquet")
         self._done = np.zeros(len(trace), dtype=bool)
@@ -150,16 +149,7 @@ class ResultStream:
         """Stream `engine`'s results as it runs; returns its `on_request_done(req_id)` callback.
         A cluster (policylab.cluster) streams its requests (with where they ran) and forgets them
         the same way; its steps, merged over the replicas in clock order, are written at the end."""
-        self._engine = engine
-        if isinstance(engine, Cluster):
-            self._source = ClusterResult(engine.trace, engine.requests, {}, 0, 0, engine.policy_name,
-                                         router=engine.router_name, placement=engine.placement)
-        else:
-            self._source = RunResult(engine.trace, engine.requests, {}, engine.kv.num_blocks,
-                                     engine.kv.block_size, engine.policy_name)
-            if getattr(engine, "forks", None) is not None:   # rows of requests with samples: their own stream
-                self._source.forks = engine.forks.stats
-        self._source.sessions = getattr(engine.arrivals, "plan", None)
+        self._engine, self._source = engine, engine.result     # (the run's result, filled as it goes)
         return self.request_done
 
     def request_done(self, rid: int) -> None:
@@ -185,8 +175,8 @@ class ResultStream:
         """Write every request and step not written yet, then summary.json (with `extra`, and the
         `energy` section from a data plane's energy report); return the summary. Every file is
         attempted; a failure names them all at the end."""
-        if result.sessions is None and self._source is not None:
-            result.sessions = self._source.sessions
+        if not result.sections and self._source is not None:    # (a result salvaged outside the engine)
+            result.sections = self._source.sections
         while True:                    # the rest, in row groups (at least one: the schema)
             self._write_requests(result, min(self._rows + ROWS_PER_GROUP, self._done.size))
             if self._rows >= self._done.size:
@@ -196,14 +186,14 @@ class ResultStream:
         self._steps.close()
         table = pd.concat(self._tables, ignore_index=True)
         all_steps = step_frame(result.steps, 0, result)
-        summary = summarize(table, all_steps, result, self.slo, self.fairness, self._facts())
+        summary = summarize(table, all_steps, result, self.slo, self.fairness, self._facts(), self.qoe)
         if energy:                                   # a plane with a GPU power model timed the steps
             from policylab.analysis.energy_metrics import energy_section
             summary["energy"] = energy_section(energy, table, summary)
         self._tables = self._facts_parts = None      # (gigabytes at a million requests)
         self._engine = self._source = None
         summary.update(json_safe(extra or {}))
-        summary["config"] = plain_config(self.cfg)
+        summary["config"] = self.config
         failures = [f.failed for f in (self._requests, self._steps) if f.failed]
         if failures:
             summary["missing_files"] = [f.path.name for f in (self._requests, self._steps) if f.failed]
@@ -218,6 +208,7 @@ class ResultStream:
     def _write_requests(self, source: RunResult, stop: int) -> None:
         table = request_table(source, self.slo, self._rows, stop)
         flat = flat_token_times(table["token_times"].tolist())
+        add_qoe(table, flat, self.qoe)
         self._facts_parts.append(token_facts(table, flat, services=self._clients > 1))
         if "tool_gaps" in table.columns:         # (for ITL only: the calls are in the trace)
             table = table.drop(columns="tool_gaps")

@@ -11,31 +11,35 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from policylab.core.config import FairnessConfig, SloConfig
 from policylab.core.result import RunResult
 from policylab.analysis.metric_catalog import METRICS
-from policylab.analysis.metrics import MAX_LISTED_REJECTIONS, request_table, step_table, summarize
-from policylab.analysis.result_files import ResultsWriteError, plain_config, section  # noqa: F401 (re-exported)
+from policylab.analysis.metrics import MAX_LISTED_REJECTIONS, add_qoe, flat_token_times, request_table, step_table, \
+    summarize, token_facts
+from policylab.analysis.result_files import ResultSettings, ResultsWriteError  # noqa: F401 (re-exported)
 from policylab.analysis.result_stream import ResultStream
 
 
-def summarize_run(result: RunResult, cfg=None) -> tuple:
-    """(requests table, steps table, summary) of a replay, with cfg's `slo` and `fairness`."""
-    slo, fairness = section(cfg, "slo", SloConfig), section(cfg, "fairness", FairnessConfig)
-    requests, steps = request_table(result, slo), step_table(result)
-    return requests, steps, summarize(requests, steps, result, slo, fairness)
+def summarize_run(result: RunResult, settings: ResultSettings | None = None) -> tuple:
+    """(requests table, steps table, summary) of a replay, with the settings' SLOs, fairness and QoE."""
+    settings = settings or ResultSettings()
+    requests, steps = request_table(result, settings.slo), step_table(result)
+    flat = flat_token_times(requests["token_times"].tolist())
+    add_qoe(requests, flat, settings.qoe)
+    return requests, steps, summarize(requests, steps, result, settings.slo, settings.fairness,
+                                      token_facts(requests, flat), settings.qoe)
 
 
-def write_results(run_dir, result: RunResult, cfg=None, extra: dict | None = None, energy: dict | None = None) -> dict:
+def write_results(run_dir, result: RunResult, settings: ResultSettings | None = None, extra: dict | None = None,
+                  energy: dict | None = None) -> dict:
     """Write the three result files of `result` into `run_dir`; return the summary written.
 
-    `cfg` is the run's typed config (a RunConfig dataclass, or a dict); its `slo`
-    and `fairness` sections drive the metrics (defaults when absent) and the resolved config
-    is stored under `summary["config"]`; `extra` entries are added to the summary.
-    Each file is attempted even when an earlier one failed (a full disk may still take the small
-    summary); the summary then lists the files that are missing, and the error names them all.
+    `settings`: the SLOs and fairness weights the metrics use and the config summary.json echoes
+    (the app layer makes them from the run's config: `apps.config.result_settings`; defaults when
+    None); `extra` entries are added to the summary. Each file is attempted even when an earlier
+    one failed (a full disk may still take the small summary); the summary then lists the files
+    that are missing, and the error names them all.
     """
-    return ResultStream(run_dir, result.trace, cfg).finish(result, extra, energy)
+    return ResultStream(run_dir, result.trace, settings).finish(result, extra, energy)
 
 
 def _ms(x) -> str:

@@ -19,7 +19,7 @@ MAX_TURNS_LISTED = 16
 def add_sessions(requests: pd.DataFrame, result, start: int = 0, stop: int | None = None) -> pd.DataFrame:
     """The request table (rows `start`..`stop`) plus each request's session and turn, for a
     closed-loop replay (`result.sessions`, a SessionPlan); unchanged otherwise."""
-    plan = getattr(result, "sessions", None)
+    plan = result.sections.get("sessions")
     if plan is None:
         return requests
     return requests.assign(session=np.asarray(plan.session[start:stop], dtype=object).astype(str),

@@ -6,6 +6,7 @@ are complete either way. `import wandb` is slow, so it happens only inside `Wand
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,13 +18,23 @@ import pyarrow.parquet as pq
 
 from policylab.analysis.metrics import flatten
 from policylab.analysis.plots import MEANS, STEP_AGGREGATION, SUMS, downsample_steps
-from policylab.analysis.results import plain_config
-from policylab.cluster.config import POOLS, is_cluster, policy_label, spec_name
+from policylab.core.config import LoggerConfig
 
 RESULT_FILES = ("summary.json", "requests.parquet", "steps.parquet")
 RUN_INFO_FILE = "wandb_run.json"    # where compare finds the W&B run of a run directory
 STEP_PREFIX = "engine/"             # history keys: engine/clock, engine/batch_size, ...
 TABLE_COLUMNS_LEFT_OUT = ("token_times",)   # lists: in requests.parquet, not in the W&B table
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackerSettings:
+    """What a W&B run is opened with, made once by the app layer (`apps.settings.tracker_settings`):
+    the logger settings, the run's tags, the resolved config it records, and whether W&B samples
+    system metrics (only a real plane's run has any worth sampling)."""
+    logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
+    tags: tuple = ()
+    config: dict | None = None
+    system_stats: bool = False
 
 
 class NullTracker:
@@ -39,13 +50,13 @@ class NullTracker:
         pass
 
 
-def open_tracker(cfg, run_dir, group: str | None = None, name: str | None = None):
-    """The tracker `cfg.logger` asks for; a NullTracker (and one warning) if W&B cannot start.
+def open_tracker(settings: TrackerSettings, run_dir, group: str | None = None, name: str | None = None):
+    """The tracker `settings.logger` asks for; a NullTracker (and one warning) if W&B cannot start.
 
-    `cfg` is the typed run config (dataclasses); `group` is the W&B group when
-    `cfg.logger.group` is unset (the app passes the sweep's name in a multirun); `name` the
-    run's name (the app adds a sweep job's overrides; default: the run directory's name)."""
-    logger = cfg.logger
+    `group` is the W&B group when `logger.group` is unset (the app passes the sweep's name in a
+    multirun); `name` the run's name (the app adds a sweep job's overrides; default: the run
+    directory's name)."""
+    logger = settings.logger
     if logger.kind == "none" or logger.mode == "disabled":
         return NullTracker()
     if logger.kind != "wandb":
@@ -53,7 +64,7 @@ def open_tracker(cfg, run_dir, group: str | None = None, name: str | None = None
     if logger.mode not in ("offline", "online"):
         raise ValueError(f"logger.mode must be 'offline', 'online' or 'disabled', got '{logger.mode}'")
     try:
-        return WandbTracker(cfg, Path(run_dir), group, name)
+        return WandbTracker(settings, Path(run_dir), group, name)
     except Exception as e:
         _warn(f"W&B did not start ({type(e).__name__}: {e})", run_dir)
         return NullTracker()
@@ -82,27 +93,18 @@ def _warn(what: str, run_dir) -> None:
 
 
 class WandbTracker:
-    def __init__(self, cfg, run_dir: Path, group: str | None = None, name: str | None = None):
+    def __init__(self, settings: TrackerSettings, run_dir: Path, group: str | None = None, name: str | None = None):
         import wandb
         self.wandb, self.run_dir, self.failed, self.partial = wandb, run_dir, False, False
-        logger = cfg.logger
+        logger = settings.logger
         wandb_dir = Path(logger.dir or run_dir)
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        policy, extra = str(cfg.policy.name), []
-        cluster = getattr(cfg, "cluster", None)
-        if cluster is not None and is_cluster(cluster):     # cluster figures: summary keys cluster/...
-            extra += [f"router:{cfg.router.name}", f"replicas:{cluster.size}"]
-            if cluster.disaggregated:                        # the step policy of each P/D pool
-                pools = {pool: spec_name(getattr(cluster, f"{pool}_policy")) or policy for pool in POOLS}
-                policy = policy_label(policy, pools["prefill"], pools["decode"])
-                extra += [f"{pool}_policy:{name}" for pool, name in pools.items()]
-        tags = [policy, str(cfg.trace.name), *map(str, logger.tags), *extra]
         self.run = wandb.init(
             project=logger.project, entity=logger.entity, group=logger.group or group,
-            name=name or run_dir.name, tags=list(dict.fromkeys(tags)), dir=str(wandb_dir), mode=logger.mode,
-            config=plain_config(cfg), reinit="finish_previous",
+            name=name or run_dir.name, tags=list(settings.tags), dir=str(wandb_dir), mode=logger.mode,
+            config=settings.config, reinit="finish_previous",
             settings=wandb.Settings(silent=True, console="off", disable_git=True, save_code=False,
-                                    x_disable_stats=cfg.dataplane.kind != "torch"))
+                                    x_disable_stats=not settings.system_stats))
         # history sets no summary for engine/*: engine_summary puts whole-run aggregates there
         self.run.define_metric(f"{STEP_PREFIX}*", step_metric=f"{STEP_PREFIX}clock", summary="none")
         self.max_points = logger.max_history_points

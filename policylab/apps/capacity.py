@@ -103,13 +103,14 @@ def replay_at(cfg, scale: float, min_span: float = 0.0) -> dict:
     """Replay `cfg`'s trace at `rate_scale=scale`, tiled until its arrivals span `min_span`
     seconds: rate and the metrics the curve needs."""
     from policylab.analysis.results import summarize_run
+    from policylab.apps.settings import result_settings
     cfg = copy.deepcopy(cfg)
     cfg.trace.rate_scale = float(scale)
     tiles, rate = tiles_and_rate(cfg, min_span)
     cfg.trace.repeat *= tiles
     engine = build_engine(cfg)
     result = replay(engine, progress=False)
-    summary = summarize_run(result, cfg)[2]
+    summary = summarize_run(result, result_settings(cfg))[2]
     return {"rate_scale": float(scale), "rate": rate,
             "slo_attainment": summary["slo_attainment"], "goodput": summary["goodput"],
             "ttft_p50": summary["ttft"]["p50"], "ttft_p99": summary["ttft"]["p99"],
@@ -366,8 +367,9 @@ def _warn_short_replay(result: CapacityResult, cap: CapacityConfig, cfg) -> None
 def _log(cfg, out_dir: Path, result: CapacityResult) -> None:
     """The search as a W&B run of its own (curve table, figure, capacity in the summary)."""
     from policylab.analysis.tracking import open_tracker
+    from policylab.apps.settings import tracker_settings
     from policylab.apps.jobs import run_name, sweep_group
-    tracker = open_tracker(cfg, out_dir, sweep_group(), run_name(out_dir))
+    tracker = open_tracker(tracker_settings(cfg), out_dir, sweep_group(), run_name(out_dir))
     low, high = result.interval
     tracker.log_result({"capacity": {"rate": result.rate, "rate_scale": result.rate_scale, "status": result.status,
                                       "interval_low": low, "interval_high": high, "target": result.target,

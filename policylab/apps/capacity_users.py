@@ -60,11 +60,12 @@ def search_users(evaluate: Callable[[int], dict], target: float, most: int) -> t
 def replay_users(cfg, users: int) -> dict:
     """Replay `cfg`'s closed-loop workload with `users` concurrent users: the curve's row."""
     from policylab.analysis.results import summarize_run
+    from policylab.apps.settings import result_settings
     from policylab.apps.jobs import build_engine, replay
     cfg = copy.deepcopy(cfg)
     cfg.trace.concurrency = int(users)
     result = replay(build_engine(cfg), progress=False)
-    summary = summarize_run(result, cfg)[2]
+    summary = summarize_run(result, result_settings(cfg))[2]
     return {"users": int(users), "rate": summary["throughput"]["requests_per_s"],
             "slo_attainment": summary["slo_attainment"], "goodput": summary["goodput"],
             "ttft_p50": summary["ttft"]["p50"], "ttft_p99": summary["ttft"]["p99"],

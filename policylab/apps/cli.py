@@ -104,10 +104,12 @@ def capacity_main(cfg: DictConfig) -> float:
 
 TOOLS = {
     "trace": "policylab.apps.trace_cli",
+    "features": "policylab.apps.features_cli",
     "profile": "policylab.apps.data_cli",
     "compare": "policylab.analysis.compare",
     "sim-check": "policylab.apps.sim_check",
     "fidelity-e2e": "policylab.apps.fidelity_e2e",
+    "reproduce": "policylab.apps.reproduce.cli",
 }
 HYDRA_JOBS = {"run": run_main, "calibrate": calibrate_main, "fidelity": fidelity_main,
               "capacity": capacity_main, "generate": generate_main}
@@ -123,6 +125,8 @@ USAGE = """usage: python -m policylab COMMAND ...
   compare    table, CDFs, markdown and HTML of run or multirun directories (compare --help)
   sim-check  your step-time measurements (CSV) against the sim's cost model: MAPE, bias, worst (sim-check --help)
   fidelity-e2e  your serving benchmark (vllm bench serve JSON, inference-perf report) replayed on the sim, per stage
+  reproduce  published scheduling results replayed beside the papers' numbers (reproduce --list, NAME, all)
+  features   which features compose on which data plane and topology (one engine, replicas, P/D)
 """
 
 

@@ -10,14 +10,15 @@ from typing import Callable
 from omegaconf import OmegaConf
 
 from policylab.apps.config import CONFIG_DIR, RunConfig, pool_policy, typed_dataplane
+from policylab.apps.engine_build import engine_of
+from policylab.core.features import check_combination, features_of
 from policylab.apps.config_checks import check_replicas
 from policylab.cluster import Cluster, Replica
 from policylab.cluster.config import check_cluster_config
 from policylab.cluster.disagg import Disaggregation, prefill_trace
 from policylab.cluster.link import LinkModel
+from policylab.cluster.migration import LiveMigration
 from policylab.core.config import HardwareConfig
-from policylab.core.forks import uses_forks
-from policylab.core.engine import Engine
 from policylab.dataplane import build_dataplane
 from policylab.dataplane.sim import ModelShape
 from policylab.traces import load_trace
@@ -28,18 +29,20 @@ class ClusterConfigError(ValueError):
 
 
 def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=None) -> Cluster:
-    """`make_policy(spec)` builds a fresh step policy from a `_target_` dict for each replica
+    """The features of the run are checked against the cluster's topology when it is built (one
+    line naming the feature and the topology that do not compose). `make_policy(spec)` builds a fresh step policy from a `_target_` dict for each replica
     (jobs.build_policy); `trace`: the run's trace if already loaded."""
     c = cfg.cluster
     check_cluster_config(c)
     if cfg.engine.clock != "virtual":
         raise ClusterConfigError(f"cluster runs need engine.clock=virtual (got {cfg.engine.clock})")
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
+    sessions = getattr(trace, "sessions", None)
     trace = sorted(trace, key=lambda t: t.arrival_time)
-    if uses_forks(trace, cfg.engine.parallel_samples, cfg.engine.beam_width):
-        raise ClusterConfigError("cluster runs do not serve parallel samples or beams (a trace's `n` or "
-                                 "`beam_width` > 1, or engine.parallel_samples / engine.beam_width > 1): "
-                                 "replay them on one engine")
+    router = build_router(cfg.router, "router")
+    features = features_of(trace, cfg.engine, make_policy(cfg.policy), sessions, cfg.speculative.k,
+                           cfg.trace.client_timeout) | router_features(router)
+    check_combination(features, None, None, "pd" if c.disaggregated else "replicas", cfg.engine)   # before any
     roles = ["prefill"] * c.prefill_replicas + ["decode"] * c.decode_replicas if c.disaggregated \
         else ["colocated"] * c.size
     hardware = [hardware_config(name) for name in c.hardware] or [cfg.hardware] * c.size
@@ -51,13 +54,31 @@ def build_cluster(cfg: RunConfig, make_policy: Callable[[dict], object], trace=N
     specs = {role: cfg.policy if role == "colocated" else pool_policy(cfg, role) for role in set(roles)}
     replicas = []
     for k, (role, hw) in enumerate(zip(roles, hardware)):
-        engine = Engine(front if role == "prefill" else trace, role_policy(make_policy, specs[role], role),
-                        build_dataplane(typed_dataplane(cfg.dataplane), cfg.model, hw, cfg.seed), cfg.engine,
-                        seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
+        engine = engine_of(cfg, front if role == "prefill" else trace, role_policy(make_policy, specs[role], role),
+                           build_dataplane(typed_dataplane(cfg.dataplane), cfg.model, hw, cfg.seed))
         replicas.append(Replica(k, role, hw.name, engine))
     pd = Disaggregation(build_router(cfg.decode_router, "decode_router"), LinkModel(c.link),
                         ModelShape(cfg.model).kv_bytes_per_token, cfg.seed) if c.disaggregated else None
-    return Cluster(trace, replicas, build_router(cfg.router, "router"), pd)
+    migration = LiveMigration(LinkModel(c.link), ModelShape(cfg.model).kv_bytes_per_token,
+                              getattr(router, "stop_copy_blocks", 1), getattr(router, "max_stages", 8)) \
+        if router_features(router) else None
+    return Cluster(trace, replicas, router, pd, sessions=sessions, migration=migration)
+
+
+def router_features(router) -> set:
+    """The features a router brings: live migration, if it rebalances (`rebalance_interval`)."""
+    return {"migration"} if getattr(router, "rebalance_interval", None) else set()
+
+
+def spec_features(spec) -> set:
+    """`router_features` of the router a config's `_target_` dict names (none when it names none):
+    what a run that builds no cluster refuses."""
+    if not spec:
+        return set()
+    try:
+        return router_features(build_router(spec, "router"))
+    except ClusterConfigError:           # (a router a one-engine run never builds: not its error)
+        return set()
 
 
 def role_policy(make_policy: Callable[[dict], object], spec: dict, role: str):

@@ -18,11 +18,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from policylab.analysis.qoe import check_qoe_config
 from policylab.apps.config_checks import check_values
 from policylab.cluster.config import POOLS, ClusterConfig, check_cluster_config, policy_label, spec_name
 from policylab.core.config import (EngineConfig, FairnessConfig, HardwareConfig, LoggerConfig, ModelConfig,
-                                   SloConfig, check_engine_config, check_slo_config)
-from policylab.core.speculative import SpeculativeConfig, check_speculative_config
+                                   QoeConfig, SloConfig, check_engine_config, check_slo_config)
+from policylab.core.extensions.speculation import SpeculativeConfig, check_speculative_config
 from policylab.dataplane.config import SimPlaneConfig, TorchPlaneConfig, plane_config
 from policylab.dataplane.serving_engine import ServingEngineConfig
 from policylab.traces.config import TraceConfig
@@ -76,6 +77,7 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
+    qoe: QoeConfig = field(default_factory=QoeConfig)           # expected first token and reading pace (QoE)
     trace: TraceConfig = field(default_factory=TraceConfig)
     policy: Any = MISSING           # {_target_: importable Policy class, name: ..., **params}
     cluster: ClusterConfig = field(default_factory=ClusterConfig)   # replicas, P/D split, link
@@ -258,6 +260,7 @@ def check_run_config(run: RunConfig) -> None:
     try:
         check_engine_config(run.engine)
         check_slo_config(run.slo, run.fairness)
+        check_qoe_config(run.qoe)
         check_cluster_config(run.cluster)
         check_speculative_config(run.speculative)
         if isinstance(run.dataplane, SimPlaneConfig):       # (before a long trace is read, not after)

@@ -40,6 +40,7 @@ OBJECTIVES = {
                          "prefix_cache_hit_rate")},
     **{k: STATS for k in ("ttft", "tpot", "e2e", "normalized_latency", "queueing_delay", "itl")},
     "slo": {"ttft", "tpot"},
+    "qoe": STATS, "qoe_expected": {"ttft", "tds"},
     "throughput": {"input_tokens_per_s", "output_tokens_per_s", "requests_per_s"},
     "kv_utilization": {"max", "mean"},
     "fairness": None, "fairness_windows": None, "kv_hierarchy": None, "programs": None, "cluster": None,
@@ -178,8 +179,8 @@ def check_workload(run, trace) -> None:
     """The sequences the trace asks for: samples and beams per request within MAX_SAMPLES, a
     request's beams within engine.max_num_seqs (they decode together), and all of them together
     within the machine's memory (each sample keeps its tokens until the results are written)."""
-    from policylab.core.beams import beam_width_of
-    from policylab.core.forks import samples_of, uses_forks
+    from policylab.core.extensions.beams import beam_width_of
+    from policylab.core.extensions.forks import samples_of, uses_forks
     e = run.engine
     if not uses_forks(trace, e.parallel_samples, e.beam_width):
         return

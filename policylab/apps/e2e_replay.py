@@ -9,8 +9,10 @@ as vLLM's knobs say), replays the whole trace once (stages in order, so the pref
 over as on the server) and measures each stage as the load generator does.
 
 A stage whose requests failed on the client (timeouts under overload) is reported `overloaded`:
-its measured latencies cover only the survivors, which a replay without client timeouts cannot
-reproduce (`compare_stage`'s `unsupported` hook; a client timeout in the trace will close it).
+its measured latencies cover only the survivors, which a replay that serves every request cannot
+reproduce. Replayed with the load generator's timeout (`--client-timeout`, `trace.client_timeout`:
+a request not finished by then is abandoned, its KV freed), such a stage is compared on its
+survivors, as measured, and its failures counted beside the measured ones.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 
+from policylab.core.request import Status
 from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage
 
 
@@ -31,13 +34,14 @@ class PredictedStage:
     e2e_mean: float
     per_token_interval: float     # (E2E mean - TTFT mean) / (mean output tokens - 1), as measured
     saturated: bool               # the sim's queue grew through the stage (arrivals outran service)
+    failed: int = 0               # requests abandoned by their client (a replay with a client timeout)
 
 
 @dataclass
 class StageComparison:
     measured: MeasuredStage
     predicted: Optional[PredictedStage]
-    status: str                   # ok | overloaded (client failures: unsupported until client timeouts)
+    status: str                   # ok | saturated | overloaded (client failures, replayed without a client timeout)
     errors: dict = field(default_factory=dict)   # metric -> predicted / measured - 1
 
 
@@ -91,22 +95,26 @@ def predicted_stages(bench: Benchmark, result, client: float = 0.0) -> dict:
     stage_of = np.asarray(bench.stage_of)
     for k in sorted(set(bench.stage_of)):
         ids = np.nonzero(stage_of == k)[0]
-        ttft, e2e, outs, queued = [], [], [], []
+        ttft, e2e, outs, queued, failed = [], [], [], [], 0
         for i in ids:
             r, t = result.requests[i], result.trace[i]
-            if r is None or r.finish_time is None or not r.token_times:
+            if r is not None and r.status is Status.REJECTED and r.reject_reason.startswith("abandoned"):
+                failed += 1
+            if r is None or r.status is not Status.FINISHED or not r.token_times:
                 continue
             ttft.append(r.token_times[0] - t.arrival_time)
             e2e.append(r.finish_time - t.arrival_time)
             outs.append(len(r.token_times))
             queued.append((r.first_scheduled_time or r.finish_time) - t.arrival_time)
-        if not ttft:
+        if not ttft:                   # (every request abandoned: only the failures to report)
+            if failed:
+                out[k] = PredictedStage(k, 0, math.nan, math.nan, math.nan, False, failed)
             continue
         ttft_mean, e2e_mean = float(np.mean(ttft)) + client, float(np.mean(e2e)) + client
         tokens = float(np.mean(outs))
         out[k] = PredictedStage(k, len(ttft), ttft_mean, e2e_mean,
                                 (e2e_mean - ttft_mean) / (tokens - 1) if tokens > 1 else math.nan,
-                                grew(queued))
+                                grew(queued), failed)
     return out
 
 
@@ -117,16 +125,17 @@ def grew(queued: list) -> bool:
     return q > 0 and float(np.mean(queued[-q:])) - float(np.mean(queued[:q])) > 1.0
 
 
-def compare(bench: Benchmark, predicted: dict) -> list:
-    return [compare_stage(m, predicted.get(m.stage)) for m in bench.stages]
+def compare(bench: Benchmark, predicted: dict, timed_out: bool = False) -> list:
+    return [compare_stage(m, predicted.get(m.stage), timed_out) for m in bench.stages]
 
 
-def compare_stage(m: MeasuredStage, p: Optional[PredictedStage]) -> StageComparison:
-    """Errors of one stage; a stage with client failures is `overloaded` (the hook a client timeout closes)."""
-    if m.requests_failed:
+def compare_stage(m: MeasuredStage, p: Optional[PredictedStage], timed_out: bool = False) -> StageComparison:
+    """Errors of one stage. A stage with client failures is `overloaded` unless the replay had the
+    clients' timeout too (`timed_out`): then its survivors compare with the measured survivors."""
+    if m.requests_failed and not timed_out:
         return StageComparison(m, p, "overloaded")
-    if p is None:
-        return StageComparison(m, None, "no prediction")
+    if p is None or not p.requests:
+        return StageComparison(m, p, "no prediction")
     errors = {}
     for key in ("ttft_mean", "e2e_mean", "per_token_interval"):
         measured, pred = getattr(m, key), getattr(p, key)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from policylab.analysis.results import plain_config, write_results
+from policylab.analysis.results import write_results
+from policylab.apps.settings import plain_config, result_settings
 from policylab.apps.calibrate import calibrate
 from policylab.apps.config import RunConfig, typed_config
 from policylab.apps.offered_load import resolve_load
@@ -58,7 +59,7 @@ def real_replays(cfg: RunConfig, real_plane, timing: dict, run_dir: Path) -> lis
     if not dirs:
         dirs = [run_dir / "real", run_dir / "real_again"]
         for d in dirs:          # the same replay twice: the second measures the plane's own noise
-            write_results(d, replay(build_engine(cfg, real_plane), cfg.progress), cfg, {"cost_model": timing})
+            write_results(d, replay(build_engine(cfg, real_plane), cfg.progress), result_settings(cfg), {"cost_model": timing})
     elif len(dirs) != 2:
         raise ValueError(f"fidelity.real_runs needs two run directories of the same config, got {len(dirs)}")
     want = plain_config(cfg)

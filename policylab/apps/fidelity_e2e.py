@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefix-tokens", type=int, default=0,
                     help="vllm bench serve: tokens every prompt shares (--random-prefix-len; the result does not say)")
     ap.add_argument("--seed", type=int, default=0, help="seed of arrivals drawn where the result has none")
+    ap.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
+                    help="the load generator's request timeout: replayed, so overloaded stages compare on survivors")
     ap.add_argument("--out", type=Path, default=None, help="write the rebuilt trace and the comparison here")
     return ap
 
@@ -112,9 +114,10 @@ def load_benchmark(args):
 def run(args) -> list:
     from policylab.apps.e2e_replay import client_latency, compare, predicted_stages, replay_benchmark
     bench = load_benchmark(args)
-    result, cfg = replay_benchmark(bench, [f"serving_engine={args.serving_engine}", *args.overrides])
+    timeout = [] if args.client_timeout is None else [f"trace.client_timeout={args.client_timeout}"]
+    result, cfg = replay_benchmark(bench, [f"serving_engine={args.serving_engine}", *timeout, *args.overrides])
     client = client_latency(cfg)              # the load generator measures from its side of the API
-    rows = compare(bench, predicted_stages(bench, result, client))
+    rows = compare(bench, predicted_stages(bench, result, client), timed_out=bool(timeout))
     report(bench, cfg, rows, client)
     if args.out:
         write_outputs(args.out, bench, rows)
@@ -141,7 +144,8 @@ def report(bench, cfg, rows: list, client: float) -> None:
 
         def err(key):
             return f"{e[key] * 100:+.1f} %" if key in e else "-"
-        print(f"| {m.stage} | {m.rate:g} | {m.requests_ok} / {m.requests_failed} | "
+        failed = f"{m.requests_failed}" + (f" ({p.failed} predicted)" if p is not None and p.failed else "")
+        print(f"| {m.stage} | {m.rate:g} | {m.requests_ok} / {failed} | "
               f"{pair(m.ttft_mean, p and p.ttft_mean, 1e3, '.1f')} | {err('ttft_mean')} | "
               f"{pair(m.e2e_mean, p and p.e2e_mean, 1, '.3f')} | {err('e2e_mean')} | "
               f"{pair(m.per_token_interval, p and p.per_token_interval, 1e3, '.2f')} | {err('per_token_interval')} | "
@@ -152,7 +156,7 @@ def report(bench, cfg, rows: list, client: float) -> None:
               f"{mape(rows, 'e2e_mean') * 100:.1f} %, per-token interval {mape(rows, 'per_token_interval') * 100:.1f} %")
     if any(c.status == "overloaded" for c in rows):
         print("overloaded: requests failed on the client (timeouts); the survivors' latencies are not comparable "
-              "with a replay that serves every request")
+              "with a replay that serves every request: give --client-timeout (the load generator's) to compare them")
 
 
 def write_outputs(out: Path, bench, rows: list) -> None:

@@ -11,6 +11,7 @@ import pandas as pd
 from policylab.analysis.results import summarize_run, write_results
 from policylab.apps.config import RunConfig
 from policylab.apps.jobs import build_policy, replay
+from policylab.apps.settings import result_settings
 from policylab.core.engine import Engine
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.fitted import Calibration
@@ -91,8 +92,8 @@ def sim_and_report(cfg: RunConfig, run_dir: Path, path: str, calib, engine_cfg, 
     sim_engine = Engine(load_trace(cfg.trace, seed=cfg.seed), build_policy(cfg.policy), sim_plane,
                         engine_cfg, seed=cfg.seed, prefix_block_tokens=cfg.trace.prefix_block_tokens)
     sim = replay(sim_engine, cfg.progress)
-    write_results(run_dir / "sim", sim, cfg, {"cost_model": sim_plane.describe_cost_model()})
-    sim_req, _, sim_sum = summarize_run(sim, cfg)
+    write_results(run_dir / "sim", sim, result_settings(cfg), {"cost_model": sim_plane.describe_cost_model()})
+    sim_req, _, sim_sum = summarize_run(sim, result_settings(cfg))
     table = error_table(real_sum, sim_sum, again_sum)
     table.to_csv(run_dir / "fidelity.csv", index=False)
     md = markdown(table, cfg, calib).replace("Sim vs real", f"Sim vs {real_name}", 1)

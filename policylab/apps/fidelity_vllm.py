@@ -17,6 +17,7 @@ import pandas as pd
 from policylab.analysis.results import summarize_run, write_results
 from policylab.apps.calibrate import fit
 from policylab.apps.config import RunConfig
+from policylab.apps.settings import result_settings
 from policylab.dataplane.fitted import FEATURES, Calibration, batch_features, load_calibration
 from policylab.traces import load_trace
 
@@ -46,7 +47,7 @@ def calibrate_vllm(cfg: RunConfig, run_dir: Path) -> Calibration:
     import vllm
     log: list = []
     result, setup = _replay(cfg, log)
-    write_results(run_dir / "calibration_replay", result, cfg, {"vllm": {"version": vllm.__version__}})
+    write_results(run_dir / "calibration_replay", result, result_settings(cfg), {"vllm": {"version": vllm.__version__}})
     df = steps_profile(log)
     df.to_csv(run_dir / "profile.csv", index=False)
     calibration, mape = fit(df, seed=cfg.seed)
@@ -67,8 +68,8 @@ def fidelity_vllm(cfg: RunConfig, run_dir: Path) -> pd.DataFrame:
     real_runs = []
     for name in ("real", "real_again"):
         result, _ = _replay(cfg)
-        write_results(run_dir / name, result, cfg, {"vllm": {"version": vllm.__version__}})
-        real_runs.append((result, summarize_run(result, cfg)))
+        write_results(run_dir / name, result, result_settings(cfg), {"vllm": {"version": vllm.__version__}})
+        real_runs.append((result, summarize_run(result, result_settings(cfg))))
     from policylab.apps.fidelity_report import sim_and_report
     engine_cfg = dataclasses.replace(cfg.engine, num_blocks=real_runs[0][0].num_blocks, clock="virtual")
     (real_req, _, real_sum), (_, _, again_sum) = real_runs[0][1], real_runs[1][1]

@@ -12,22 +12,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
 from policylab.apps.config import RunConfig, typed_dataplane
+from policylab.apps.errors import RunError  # noqa: F401  (importable from here)
 from policylab.apps.config_checks import check_workload
 from policylab.cluster.config import is_cluster
 from policylab.apps.signals import ReplaySignals
 from policylab.core.engine import Engine
 from policylab.core.policy import Policy
-from policylab.core.result import RunResult
+from policylab.core.result import RunResult, mark_partial
 from policylab.dataplane import build_dataplane
 from policylab.traces import TraceError, load_trace
 
 
 PREVIOUS_RESULTS = ("summary.json", "requests.parquet", "steps.parquet", "capacity.json", "capacity.csv",
                     "error.txt", "traceback.txt")
-
-
-class RunError(Exception):
-    """A user-facing problem (bad config, bad trace): printed as one message, no traceback."""
 
 
 def fail(message: str, code: int = 2):
@@ -138,41 +135,29 @@ def build_engine(cfg: RunConfig, dataplane=None, trace=None) -> Engine:
     trace = load_trace(cfg.trace, seed=cfg.seed) if trace is None else trace
     check_workload(cfg, trace)
     if is_cluster(cfg.cluster):
-        if cfg.speculative != type(cfg.speculative)():
-            raise RunError("speculative.* applies to single-engine runs; in a cluster a spec-aware policy "
-                           "(policy=spec_adaptive) runs with the sim's default n-gram acceptance model")
         from policylab.apps.cluster_build import build_cluster
         engine = build_cluster(cfg, build_policy, trace)
         if any(hasattr(r.engine.policy, "attach_clock") for r in engine.replicas):
             raise RunError("a policy that sets the GPU clock (energy_aware) runs on a single engine: "
                            "cluster.* has several; use chunked in the cluster, or run one replica")
-    else:
-        from policylab.apps.speculative_build import speculative_parts
-        policy, plane = speculative_parts(cfg, build_policy(cfg.policy), dataplane or dataplane_of(cfg))
-        attach_gpu_clock(cfg, policy, plane)
-        engine = Engine(trace, policy, plane, cfg.engine, seed=cfg.seed,
-                        prefix_block_tokens=cfg.trace.prefix_block_tokens)
-    if getattr(trace, "sessions", None) is not None:      # a closed-loop workload (docs/sessions.md)
-        from policylab.core.closed_loop import attach
-        attach(engine, trace.sessions)
-    return engine
+        return engine
+    from policylab.apps.engine_build import engine_of
+    refuse_router_features(cfg, trace)
+    return engine_of(cfg, trace, build_policy(cfg.policy), dataplane or dataplane_of(cfg),
+                     getattr(trace, "sessions", None))
 
 
-def attach_gpu_clock(cfg: RunConfig, policy, plane) -> None:
-    """A policy that sets the GPU clock (`attach_clock`, e.g. energy_aware) gets one the plane follows."""
-    if not hasattr(policy, "attach_clock"):
-        return
-    if not hasattr(plane, "attach_clock") or getattr(plane, "energy_report", lambda: None)() is None:
-        raise RunError(f"policy {getattr(policy, 'name', type(policy).__name__)} sets the GPU clock: it needs a "
-                       f"plane timed by a GPU cost model with a power model (dataplane=sim, or dataplane.step_time="
-                       f"model with a GPU hardware=...), not hardware '{cfg.hardware.name}' here")
-    from policylab.dataplane.energy import GpuClock
-    try:
-        clock = GpuClock(cfg.hardware, getattr(cfg.dataplane, "gpu_clock_mhz", None))
-        policy.attach_clock(clock)
-    except ValueError as e:
-        raise RunError(str(e)) from None
-    plane.attach_clock(clock)
+def refuse_router_features(cfg: RunConfig, trace, topology: str = "engine", plane=None) -> None:
+    """A router that migrates (router=llumnix) on a run that builds no cluster: refused in the one
+    line the feature table gives (`migration` runs on replicas)."""
+    from policylab.apps.cluster_build import spec_features
+    from policylab.core.features import check_combination, features_of
+    extra = spec_features(cfg.router)
+    if extra:
+        sessions = getattr(trace, "sessions", None)
+        features = features_of(trace or [], cfg.engine, build_policy(cfg.policy), sessions, cfg.speculative.k,
+                               cfg.trace.client_timeout) | extra
+        check_combination(features, None, plane, topology, cfg.engine)
 
 
 def replay(engine: Engine, progress: bool | str = True, signals: ReplaySignals | None = None,
@@ -228,12 +213,12 @@ class ProgressLines:
 
 
 def salvage(engine: Engine, e: BaseException) -> RunResult:
-    """The engine's requests and steps so far, as a partial result."""
-    from policylab.core.forks import settle_stopped
-    error = f"interrupted ({str(e) or 'Ctrl-C'})" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
-    settle_stopped(engine.requests)
-    return RunResult(engine.trace, engine.requests, engine.steps, engine.kv.num_blocks, engine.kv.block_size,
-                     engine.policy_name, "partial", error)
+    """The engine's (or cluster's) result so far, marked partial (call it inside the `except`)."""
+    result = engine.result
+    mark_partial(result, e)
+    engine.stopped()
+    result.steps = engine.steps
+    return result
 
 
 def sweep_group() -> str | None:

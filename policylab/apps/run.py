@@ -29,13 +29,14 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, verbose: bool = True) -> dic
         return run_vllm(cfg, run_dir)
     from policylab.analysis.result_stream import ResultStream
     from policylab.analysis.tracking import open_tracker
+    from policylab.apps.settings import result_settings, tracker_settings
 
     with ReplaySignals() as signals:
         trace = load_trace(cfg.trace, seed=cfg.seed)
         engine = build_engine(cfg, trace=trace)
         loaded = measured_on_loaded_cpu(cost_model_of(engine))
-        tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
-        results = ResultStream(run_dir, engine.trace, cfg, signals.held)   # written as the run goes
+        tracker = open_tracker(tracker_settings(cfg), run_dir, sweep_group(), run_name(run_dir))
+        results = ResultStream(run_dir, engine.trace, result_settings(cfg), signals.held)   # written as the run goes
         extra = {"trace_report": trace.report.as_dict(), **({"load": load} if load else {})}
         if not hasattr(engine, "replicas"):      # (a cluster's replicas: not rebuilt from a handler)
             signals.stuck_writer = lambda why: write_stuck_replay(engine, results, extra, tracker, signals,

@@ -6,20 +6,30 @@ from pathlib import Path
 
 from policylab.apps.config import RunConfig
 from policylab.apps.jobs import RunError, run_name, sweep_group
-from policylab.core.forks import vllm_refusal
+from policylab.core.features import CombinationError, check_combination, features_of
 from policylab.traces import load_trace
 
 
-CLOSED_LOOP_REFUSED = ("dataplane=vllm replays open-loop traces only: closed-loop sessions and trace.concurrency "
-                       "run on dataplane=sim or dataplane=torch (docs/sessions.md)")
+def refuse_on_vllm(cfg: RunConfig, trace=None) -> None:
+    """The features vLLM's own engine cannot serve, refused in one line naming the feature (before
+    vLLM loads or any file is written): everything but the policy runs in vLLM, so only what vLLM's
+    engine does itself composes (docs/compatibility.md)."""
+    from policylab.apps.jobs import build_policy
+    closed_loop = cfg.trace.sessions or cfg.trace.concurrency is not None or cfg.trace.format == "sessions" \
+        or getattr(trace, "sessions", None) is not None
+    from policylab.apps.cluster_build import spec_features
+    features = features_of(trace or [], cfg.engine, build_policy(cfg.policy), object() if closed_loop else None,
+                           cfg.speculative.k, cfg.trace.client_timeout) | spec_features(cfg.router)
+    from policylab.cluster.config import is_cluster
+    topology = ("pd" if cfg.cluster.disaggregated else "replicas") if is_cluster(cfg.cluster) else "engine"
+    try:
+        check_combination(features, frozenset(), "vllm", topology)
+    except CombinationError as e:
+        raise RunError(str(e)) from None
 
 
 def vllm_setup(cfg: RunConfig):
-    if cfg.trace.sessions or cfg.trace.concurrency is not None or cfg.trace.format == "sessions":
-        raise RunError(CLOSED_LOOP_REFUSED)
-    if cfg.speculative.k:
-        from policylab.core.speculative import VLLM_REFUSAL
-        raise RunError(f"speculative.k={cfg.speculative.k}: {VLLM_REFUSAL}")
+    refuse_on_vllm(cfg)
     try:
         import vllm  # noqa: F401
     except ImportError as e:
@@ -29,25 +39,12 @@ def vllm_setup(cfg: RunConfig):
     return setup_from_config(cfg.engine, cfg.model, cfg.dataplane, cfg.seed)
 
 
-def refuse_tool_calls(trace) -> None:
-    """vLLM's engine has no request that pauses mid-generation and resumes with new tokens."""
-    calls = sum(1 for t in trace if t.tool_calls)
-    if calls:
-        raise RunError(f"dataplane=vllm does not support tool calls ({calls} requests of this trace pause for "
-                       "one): replay it with dataplane=sim or dataplane=torch (docs/tool-calls.md)")
-
-
 def replay_on_vllm(cfg: RunConfig, trace, on_request_done=None):
     """(RunResult, extra summary fields) of one replay through vLLM."""
-    if getattr(trace, "sessions", None) is not None:
-        raise RunError(CLOSED_LOOP_REFUSED)
-    refuse_tool_calls(trace)
+    refuse_on_vllm(cfg, trace)
     import vllm
 
     from policylab.integrations.vllm.replay import replay_trace
-    refusal = vllm_refusal(trace, cfg.engine.parallel_samples, cfg.engine.beam_width)
-    if refusal:
-        raise RunError(refusal)
     setup = vllm_setup(cfg)
     result = replay_trace(list(trace), dict(cfg.policy), setup, cfg.trace.prefix_block_tokens, on_request_done)
     return result, {"vllm": {"version": vllm.__version__, "model_dir": setup.model_dir, "dtype": setup.dtype}}
@@ -56,18 +53,16 @@ def replay_on_vllm(cfg: RunConfig, trace, on_request_done=None):
 def run_vllm(cfg: RunConfig, run_dir: Path) -> dict:
     from policylab.analysis.result_stream import ResultStream
     from policylab.analysis.tracking import open_tracker
+    from policylab.apps.settings import result_settings, tracker_settings
     from policylab.apps.config import plot_settings
     from policylab.apps.jobs import write_traceback
     from policylab.apps.run_report import draw_plots, report
 
     trace = load_trace(cfg.trace, seed=cfg.seed)
-    refusal = vllm_refusal(trace, cfg.engine.parallel_samples, cfg.engine.beam_width)
-    if refusal:                          # before vLLM loads or any file is written
-        raise RunError(refusal)
-    refuse_tool_calls(trace)
+    refuse_on_vllm(cfg, trace)           # before vLLM loads or any file is written
     vllm_setup(cfg)
-    tracker = open_tracker(cfg, run_dir, sweep_group(), run_name(run_dir))
-    results = ResultStream(run_dir, sorted(trace, key=lambda t: t.arrival_time), cfg)
+    tracker = open_tracker(tracker_settings(cfg), run_dir, sweep_group(), run_name(run_dir))
+    results = ResultStream(run_dir, sorted(trace, key=lambda t: t.arrival_time), result_settings(cfg))
     result, extra = replay_on_vllm(cfg, trace)
     if result.traceback:
         result.error += f" (traceback: {write_traceback(run_dir, result.traceback)})"

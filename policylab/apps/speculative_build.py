@@ -1,5 +1,5 @@
 """`speculative.*` applied to a run: the fixed-k wrapper around its policy, the drafts' pricing
-and acceptance model on its data plane (policylab.core.speculative, policylab.dataplane.speculative)."""
+and acceptance model on its data plane (policylab.core.extensions.speculation, policylab.dataplane.speculative)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,9 +42,7 @@ def speculative_parts(cfg: RunConfig, policy, plane) -> tuple:
             draft = build_cost_model(draft_model_config(spec.draft_model), cfg.hardware,
                                      SimPlaneConfig())
         base.speculation = SimSpeculation(spec, cfg.seed, draft)
-    elif hasattr(base, "speculative"):              # the torch plane: drafts by prompt lookup only
-        if spec.method != "ngram":
-            raise ConfigError("speculative.method=draft runs on the sim only; the torch plane drafts by "
-                              "n-gram lookup (speculative.method=ngram)")
-        base.speculative = spec
+    elif spec.method != "ngram":                    # the torch plane: the engine drafts by prompt lookup only
+        raise ConfigError("speculative.method=draft runs on the sim only; the torch plane drafts by "
+                          "n-gram lookup (speculative.method=ngram)")
     return policy, plane

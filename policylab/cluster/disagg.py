@@ -27,20 +27,25 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 
 from policylab.cluster.link import LinkModel
+from policylab.core.extension import Extension
 from policylab.core.routing import RouteRequest, Router
 from policylab.core.admission import predict_output
 from policylab.core.kv import blocks_for
 from policylab.core.request import Request, Status
 
 
+def front_of(t):
+    """A request as a prefill replica serves it: it ends after its first token."""
+    return replace(t, output_tokens=min(t.output_tokens, 1))
+
+
 def prefill_trace(trace: list) -> list:
     """The trace a prefill replica's engine is built on: every request ends after one token."""
-    return [replace(t, output_tokens=min(t.output_tokens, 1)) for t in trace]
+    return [front_of(t) for t in trace]
 
 
 class Disaggregation:
@@ -53,8 +58,7 @@ class Disaggregation:
         self.cluster = cluster
         self.payloads: dict = {}          # req_id -> its prompt's K/V, from a plane that holds KV
         for replica in cluster.replicas:
-            if replica.role == "prefill" and hasattr(replica.engine.dataplane, "export_kv"):
-                replica.engine.before_release = partial(self._export_kv, replica.engine)
+            replica.engine.extend(PrefillHandoff(self) if replica.role == "prefill" else DecodeHandoff())
         self.pool = [v for v in cluster.views if v.role == "decode"]
         self.pending = {v.index: deque() for v in self.pool}     # decode replica -> (req_id, since)
         self.holding = {v.index: set() for v in self.pool}       # handoffs with its blocks, not run there yet
@@ -74,9 +78,12 @@ class Disaggregation:
         return r.status is Status.FINISHED and \
             min(self.cluster.trace[r.req_id].output_tokens, r.max_tokens) > len(r.output_ids)
 
-    def _export_kv(self, engine, r: Request) -> None:
+    def export(self, kv, r: Request) -> None:
+        """A request finishing its prefill here: its prompt's K/V, copied before its blocks are freed."""
         if self._continues(r):
-            self.payloads[r.req_id] = engine.dataplane.export_kv(r.block_table)
+            payload = kv.export(r.block_table)
+            if payload is not None:
+                self.payloads[r.req_id] = payload
 
     def hand_off(self, replica, req_id: int) -> bool:
         """A prefill replica finished `req_id`: schedule its move to decode (False: it is done)."""
@@ -114,8 +121,7 @@ class Disaggregation:
                 return
             queue.popleft()
             self.holding[index].add(req_id)
-            table: list = []
-            kv.grow(table, prompt)
+            table = kv.receive(prompt)
             transfer = self.link.transfer_time(prompt * self.kv_bytes_per_token)
             cluster.placement["kv_wait"][req_id] = now - since
             cluster.placement["transfer_time"][req_id] = transfer
@@ -142,12 +148,44 @@ class Disaggregation:
                     first_scheduled_time=p.first_scheduled_time,
                     token_times=list(p.token_times), num_preemptions=p.num_preemptions,
                     num_cached_tokens_total=p.num_cached_tokens_total)
-        payload = self.payloads.pop(req_id, None)
-        if payload is not None:
-            engine.dataplane.import_kv(table, payload)
-        engine.kv.register(table, r.block_hashes, r.num_computed_tokens)    # cacheable here from now on
+        engine.kv.received(table, self.payloads.pop(req_id, None), r.block_hashes, r.num_computed_tokens)
         engine.clock.idle_until(now)
         engine.receive_prefilled(r, min(t.output_tokens, r.max_tokens))
         cluster.refresh(index)
         cluster.requests[req_id] = r
         self.in_transit.discard(req_id)
+
+
+class PrefillHandoff(Extension):
+    """The P/D hand-off's side on a prefill replica: a request that finishes its prefill there
+    leaves its prompt's K/V with the hand-off before its blocks are freed."""
+
+    name = "pd_handoff"
+
+    def __init__(self, disaggregation: Disaggregation):
+        self.pd = disaggregation
+
+    def on_finish(self, r: Request) -> None:
+        self.pd.export(self.ops.kv, r)
+
+
+class DecodeHandoff(Extension):
+    """The P/D hand-off's side on a decode replica. Handed-off requests wait holding their prompt's
+    blocks, so a policy can find every free block held by requests it would start later (a swapped
+    request at the head of its queue, say, whose blocks do not fit): when its plan is then empty
+    and nothing else can happen, the waiting hand-offs' KV goes to swap space where it has room,
+    else it is freed (they recompute their prompt here), and the policy is asked again."""
+
+    name = "pd_decode"
+
+    def on_stuck(self) -> str:
+        ops, freed = self.ops, False
+        for rid in ops.waiting_ids():
+            r = ops.request(rid)
+            if r.block_table:
+                fits = ops.kv.host_free >= -(-r.num_computed_tokens // ops.kv.block_size)
+                computed = ops.evict(r, fits)
+                if not fits:
+                    ops.kv.stats["recomputed_tokens"] += computed
+                freed = True
+        return "retry" if freed else ""

@@ -11,7 +11,6 @@ names the policy and the replica whose step broke it.
 """
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -20,18 +19,19 @@ from typing import Callable, Optional
 import numpy as np
 
 from policylab.cluster.config import policy_label
-from policylab.cluster.result import ClusterResult, ReplicaResult
+from policylab.cluster.disagg import front_of
+from policylab.cluster.result import ClusterResult, ReplicaResult, merged_sections, merged_steps
 from policylab.core.contract import ContractViolation
-from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, prompt_hash_cache, \
-    validate_route
+from policylab.core.routing import CapacityView, ClusterView, ReplicaView, RouteRequest, Router, prompt_block_keys, \
+    prompt_hash_cache, validate_route
 from policylab.core.engine import Engine
+from policylab.core.events import ARRIVAL, EVENT, INF, STEP, ArrivalSource, EventQueue
+from policylab.core.extensions.sessions import ClosedLoop
+from policylab.core.features import check_combination
 from policylab.core.gc_freeze import FrozenHeap
-from policylab.core.kv import chain_hashes
 from policylab.core.request import Request, Status, forget_done
-from policylab.core.result import STEP_FIELDS, mark_partial
-from policylab.core.synthetic_prompts import synthesize_prompt
+from policylab.core.result import mark_partial
 
-INF = math.inf
 
 
 @dataclass
@@ -47,9 +47,12 @@ class Cluster:
     MAX_IDLE_TURNS = 10_000   # turns in a row without progress before the loop is declared stuck
 
     def __init__(self, trace: list, replicas: list, router: Router, disaggregation=None,
-                 observer: Optional[Callable[["Cluster"], None]] = None):
+                 observer: Optional[Callable[["Cluster"], None]] = None, sessions=None, migration=None):
         """`trace` sorted by arrival, as every replica's engine was built on it (same indices);
-        `observer(cluster)` runs after every turn of the loop (the test harness checks invariants)."""
+        `observer(cluster)` runs after every turn of the loop (the test harness checks invariants);
+        `sessions`: a SessionPlan replayed in closed loop (its turns routed like arrivals);
+        `migration`: live migration (`policylab.cluster.migration.LiveMigration`) for a router that
+        rebalances."""
         self.observer = observer
         self._idle_turns = 0             # turns in a row that ran no step and moved no clock
         self.trace, self.replicas, self.router = trace, replicas, router
@@ -60,33 +63,82 @@ class Cluster:
         self.requests: list = [None] * n
         self.placement = {"replica": [-1] * n, "decode_replica": [-1] * n,
                           "transfer_time": [math.nan] * n, "kv_wait": [math.nan] * n}
-        self.next_arrival = self.num_done = 0
-        self.arrivals = None             # a closed-loop client (core.closed_loop): arrivals it makes
+        self.num_done = 0
+        self.events = EventQueue()       # the replay's one queue: arrivals, turns, tool returns, transfers, steps
+        self.arrivals = None             # where arrivals come from: the trace's times, or a closed-loop client
         self._forgotten = 0              # requests below this req_id were handed to a writer
-        self._events: list = []          # (time, sequence, handler, argument): P/D handoffs
-        self._sequence = 0
         self._on_done = None
         self._rooms: dict = {}           # id(pool) -> (pool tuple, tokens that fit on all of it)
         hashes = prompt_hash_cache(replicas, partial(prompt_block_keys, trace, replicas[0].engine))
         self.views = [ReplicaView(r.index, r.role, r.hardware, r.engine, hashes) for r in replicas]
         self._front = [v for v in self.views if v.role != "decode"]      # who admits arrivals
         self._engines = [r.engine for r in replicas]
-        self._times = [math.inf] * len(replicas)      # next step time per replica
+        features = set().union(*(e.features for e in self._engines)) | ({"sessions"} if sessions is not None else set()) \
+            | ({"migration"} if migration is not None else set())
+        for e in self._engines:           # refused here, in one line, if they do not compose in this topology
+            check_combination(features, e.capabilities, e.dataplane.kind,
+                              "replicas" if disaggregation is None else "pd", e.cfg)
+        self._times = [INF] * len(replicas)      # each replica's step on the queue (INF: none)
         for r in replicas:
-            r.engine.take_arrivals_from(partial(self._next_event_time, r.engine))
+            r.engine.become_replica(self.events, partial(self._next_event_time, r.engine),
+                                    partial(self.refresh, r.index))
         self.pd = disaggregation
         if self.pd is not None:
             self.pd.attach(self)
+        self.migration = migration
+        self.result = ClusterResult(self.trace, self.requests, {}, sum(e.kv.num_blocks for e in self._engines),
+                                    self._engines[0].kv.block_size, self.policy_name, router=self.router_name,
+                                    replicas=[ReplicaResult(r.index, r.role, r.hardware, r.engine.result,
+                                                            r.engine.policy_name) for r in replicas],
+                                    placement=self.placement)
+        self.result.sections.update(merged_sections([r.engine.result.sections for r in replicas]))
+        if migration is not None:
+            migration.attach(self)
+        self.client = None
+        if sessions is not None:         # a closed-loop client: its turns are this cluster's arrivals
+            self.client = ClosedLoop(sessions, replicas[0].engine.prefix_block_tokens)
+            self.client.bind(self)
+            self.result.sections["sessions"] = self.client.section()
+
+    # ------------------------------------------------------------------ what a client asks of its runner
+    def take_arrivals(self, source) -> None:
+        self.arrivals = source
+
+    def schedule_arrival(self, time: float, handler: Callable, arg=None) -> None:
+        self.events.push(time, ARRIVAL, handler, arg)
+
+    def deliver(self, i: int, t) -> None:
+        """Request i (its trace entry `t`, made now) arrives: written where every replica reads it
+        (a prefill replica's ends after its first token), then routed."""
+        self._write(i, t)
+        self._route(i)
+
+    def refuse(self, i: int, reason: str, t) -> None:
+        self._write(i, t)
+        self._reject(i, reason)
+
+    def request(self, i: int):
+        return self.requests[i]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._engines[0].dataplane.vocab_size
+
+    @property
+    def seed(self) -> int:
+        return self._engines[0].seed
+
+    def _write(self, i: int, t) -> None:
+        self.trace[i] = t
+        for rep in self.replicas:
+            rep.engine.trace[i] = front_of(t) if rep.role == "prefill" else t
 
     # ------------------------------------------------------------------ loop
     def run(self, on_request_done: Optional[Callable[[int], None]] = None) -> ClusterResult:
         self._on_done = on_request_done
-        parts = [ReplicaResult(r.index, r.role, r.hardware, r.engine.begin(partial(self._finished, r)),
-                               r.engine.policy_name) for r in self.replicas]
-        result = ClusterResult(self.trace, self.requests, {}, sum(p.result.num_blocks for p in parts),
-                               parts[0].result.block_size, self.policy_name, router=self.router_name, replicas=parts,
-                               placement=self.placement)
-        result.sessions = getattr(self.arrivals, "plan", None)
+        for r in self.replicas:
+            r.engine.begin(partial(self._finished, r))
+        result = self.result
         with FrozenHeap() as heap:
             try:
                 self._loop(heap.freeze_if_due)
@@ -94,18 +146,28 @@ class Cluster:
                     e.kv.check()
             except (KeyboardInterrupt, Exception) as e:
                 mark_partial(result, e)
-            for p, e in zip(parts, self._engines):
-                p.result.steps = e.steps
-            result.steps = merged_steps(parts)
+                self.stopped()
+            result.steps = self.steps
         return result
+
+    @property
+    def steps(self) -> dict:
+        """Every replica's steps (each replica's result holds its own), merged in clock order."""
+        for p, e in zip(self.result.replicas, self._engines):
+            p.result.steps = e.steps
+        return merged_steps(self.result.replicas)
 
     def _loop(self, freeze_if_due: Callable[[int], None]) -> None:
         """Turns until every request is done: the one loop (`_advance`), the observer called after
-        each turn. Under a router that reads no load and without P/D the replicas are independent,
-        and the same turns run grouped replica by replica (`_loop_by_replica`): an optimisation,
-        step for step the same replay."""
-        if self.pd is None and self.arrivals is None and not getattr(self.router, "reads_load", True):
+        each turn. Under a router that reads no load, with nothing but arrivals on the queue (no
+        P/D, closed loop or tool calls) the replicas are independent, and the same turns run grouped
+        replica by replica (`_loop_by_replica`): an optimisation, step for step the same replay."""
+        if self.pd is None and self.migration is None and self.arrivals is None \
+                and not getattr(self.router, "reads_load", True) \
+                and not any(e.schedules_events for e in self._engines):
             return self._loop_by_replica(freeze_if_due)
+        if self.arrivals is None:
+            self.arrivals = ArrivalSource(self.events, self.trace, self._route)
         n, observe = len(self.trace), self.observer
         while self.num_done < n:
             self._advance()
@@ -125,7 +187,8 @@ class Cluster:
         pool = [CapacityView(v, self.router_name) for v in self._front]
         own_next: list = [None] * len(engines)        # each replica's next arrival (None: no more)
         for k, e in enumerate(engines):
-            e.take_arrivals_from(partial(lambda k: None if own_next[k] is None else INF, k))
+            e.wait_for = partial(lambda k: None if own_next[k] is None else INF, k)
+            e.on_wake = None
         for start in range(0, n, self.STRETCH):
             shares: list = [[] for _ in engines]
             for i in range(start, min(start + self.STRETCH, n)):
@@ -167,59 +230,38 @@ class Cluster:
             raise self._on_replica(e, k) from None
 
     def _advance(self) -> None:
-        """One turn: the next arrival if it is due by the earliest step or event, else that event,
-        else that step. `_times` holds each replica's next step time, refreshed where it changes."""
-        times = self._times
-        t_step = min(times)
-        t_event = self._events[0][0] if self._events else INF
-        if self.arrivals is not None and self._client_turn(t_step, t_event):
-            return
-        trace, i = self.trace, self.next_arrival
-        if i < len(trace) and trace[i].arrival_time <= t_step and trace[i].arrival_time <= t_event:
-            self.next_arrival = i + 1
-            self._route(i)
-        elif t_event <= t_step and t_event < INF:
-            _, _, handle, arg = heapq.heappop(self._events)
-            handle(arg, t_event)
-        elif t_step < INF:
-            k = times.index(t_step)
-            engine = self._engines[k]
-            steps = engine.step_index
-            try:
-                engine.step()
-            except ContractViolation as e:
-                raise self._on_replica(e, k) from None
-            times[k] = engine.next_step_time()
-            if self.pd is not None:
-                self.pd.after_step(self.replicas[k])
-            self._check_progress(k, steps, t_step)
-            return
-        else:
+        """One turn: the earliest event of the queue (arrivals, then transfers, then replica steps,
+        at one instant). With nothing on it, sleeping replicas are woken: their policies must run
+        what they hold (or break work conservation)."""
+        if not self.events:
             sleeping = [k for k, e in enumerate(self._engines) if e.asleep]
             if not sleeping:
                 raise self._stalled()
-            for k in sleeping:             # nothing else will happen: their policies must run
-                self._engines[k].asleep = False      # what they hold (or break work conservation)
+            for k in sleeping:
+                self._engines[k].asleep = False
                 self.refresh(k)
-        self._idle_turns = 0
+            self._idle_turns = 0
+            return
+        time, handler, arg = self.events.pop()
+        handler(arg, time)
+        if handler != self._step:
+            self._idle_turns = 0
 
-    def take_arrivals_from(self, client) -> None:
-        """Arrivals come from a closed-loop client (`next_time`, `pop`, `finished`, `pending`),
-        not from the trace's times: each is routed when due, like a trace arrival."""
-        self.arrivals, self.next_arrival = client, len(self.trace)
-
-    def _client_turn(self, t_step: float, t_event: float) -> bool:
-        """The client's next arrival if it is due by the earliest step or event (ties: arrivals)."""
-        t = self.arrivals.next_time()
-        if t == INF or t > t_step or t > t_event:
-            return False
-        i, reason = self.arrivals.pop()
-        if reason:
-            self._reject(i, reason)
-        else:
-            self._route(i)
-        self._idle_turns = 0
-        return True
+    def _step(self, k: int, time: float) -> None:
+        """Replica k's step, if it is still the one on the queue for it (a stale entry is skipped)."""
+        if self._times[k] != time:
+            return
+        self._times[k] = INF
+        engine = self._engines[k]
+        steps = engine.step_index
+        try:
+            engine.step()
+        except ContractViolation as e:
+            raise self._on_replica(e, k) from None
+        self.refresh(k)
+        if self.pd is not None:
+            self.pd.after_step(self.replicas[k])
+        self._check_progress(k, steps, time)
 
     def _check_progress(self, k: int, steps_before: int, clock_before: float) -> None:
         """Liveness: replica k's step ran nothing and moved no clock. Turns like that in a row mean
@@ -239,12 +281,17 @@ class Cluster:
     def _stuck(self, k: int, t: float) -> RuntimeError:
         return RuntimeError(f"cluster loop made no progress: {self.MAX_IDLE_TURNS} turns in a row at t={t!r} s "
                             f"ran no step, moved no clock and routed nothing (last: {self.replicas[k].role} "
-                            f"replica {k}, next step at {self._times[k]!r} s); "
+                            f"replica {k}, next step at {self._engines[k].next_step_time()!r} s); "
                             f"{len(self.trace) - self.num_done} requests unfinished")
 
     def _stalled(self) -> RuntimeError:
         return RuntimeError(f"cluster stalled with {len(self.trace) - self.num_done} requests unfinished: "
                             "no replica has work and nothing is due to arrive")
+
+    def stopped(self) -> None:
+        """The run stopped early: every replica settles what its extensions left in flight."""
+        for e in self._engines:
+            e.stopped()
 
     def forget(self, stop: int) -> None:
         """Drop the finished and rejected requests with req_id < `stop`, here and on every replica,
@@ -256,22 +303,28 @@ class Cluster:
         self._forgotten = max(self._forgotten, stop)
 
     def refresh(self, index: int) -> None:
-        """Replica `index` got work from outside its own step (an arrival, a KV transfer)."""
-        self._times[index] = self._engines[index].next_step_time()
+        """Replica `index` may step at a new time (it stepped, or got work from outside its step):
+        its step goes on the queue (the one there before, if any, is then stale)."""
+        t = self._engines[index].next_step_time()
+        if t != self._times[index]:
+            self._times[index] = t
+            if t < INF:
+                self.events.push(t, STEP, self._step, index, order=index)
+                if self.migration is not None:      # (a rebalancer is asked while work is in flight)
+                    self.migration.wake(t)
 
     def push(self, time: float, handle: Callable, arg) -> None:
         """Schedule `handle(arg, time)` (P/D handoffs and transfers)."""
-        heapq.heappush(self._events, (time, self._sequence, handle, arg))
-        self._sequence += 1
+        self.events.push(time, EVENT, handle, arg)
 
     def _next_event_time(self, engine: Engine) -> Optional[float]:
         """For a replica whose policy waits for something to arrive: INF while anything can still
-        reach it (it sleeps until a delivery wakes it, in either loop), None when nothing can (the
-        replica broke work conservation)."""
-        if self.next_arrival < len(self.trace) or self._events or (self.arrivals and self.arrivals.pending()):
+        reach it (it sleeps until a delivery wakes it, in either loop): an event on the queue, or
+        another replica's step (it may hand a request over, or finish a session's turn). None when
+        nothing can: every other replica waits too, so this one must run what it holds (or it breaks
+        work conservation)."""
+        if self.events or any(t < INF for t, e in zip(self._times, self._engines) if e is not engine):
             return INF
-        if self.pd is not None and any(t < INF for t, e in zip(self._times, self._engines) if e is not engine):
-            return INF                   # a prefill replica may still hand a request over
         return None
 
     # --------------------------------------------------------------- routing
@@ -303,7 +356,7 @@ class Cluster:
                                                  for v in pool))
         return self._rooms[key]
 
-    def _route(self, i: int) -> None:
+    def _route(self, i: int, _time: float = 0.0) -> None:
         t, request = self.trace[i], self.route_request(i)
         needs = self.pd.front_output_tokens(i) if self.pd is not None else t.output_tokens
         why = self.pd.never_fits_decode(request) if self.pd is not None else ""
@@ -311,7 +364,6 @@ class Cluster:
         if choice is None:
             return self._reject(i, why)
         self._deliver(choice, i)
-        self.refresh(choice)
 
     def _deliver(self, k: int, i: int) -> None:
         """Request i arrives on replica k."""
@@ -334,31 +386,7 @@ class Cluster:
 
     def done(self, req_id: int) -> None:
         self.num_done += 1
-        if self.arrivals is not None:
-            self.arrivals.finished(req_id)
+        if self.client is not None:
+            self.client.on_request_done(req_id)
         if self._on_done:
             self._on_done(req_id)
-
-
-def prompt_block_keys(trace: list, engine: Engine, i: int, block_size: int) -> list:
-    """Request i's prompt block keys as every replica's engine makes them (same seed everywhere):
-    the chained hashes of its ids; none for a prompt of its own, whose blocks only it can ever
-    hit, after a preemption, on a replica it ran on (`kv.own_block_keys`): never when routed."""
-    t = trace[i]
-    if t.own_prompt:
-        return []
-    if t.prompt_ids is not None:
-        return chain_hashes(np.asarray(t.prompt_ids, dtype=np.int32), block_size)
-    ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, engine.dataplane.vocab_size, engine.seed,
-                            engine.prefix_block_tokens)
-    return chain_hashes(ids, block_size)
-
-
-def merged_steps(parts: list) -> dict:
-    """Every replica's step columns plus `replica`, in clock order (ties: replica order), as arrays
-    (joined as numpy columns: a list of Python floats per column would hold millions of objects)."""
-    columns = {k: np.concatenate([np.asarray(p.result.steps[k]) for p in parts]) for k in STEP_FIELDS}
-    columns["replica"] = np.repeat(np.array([p.index for p in parts], dtype=np.int64),
-                                   [len(p.result.steps["clock"]) for p in parts])
-    order = np.argsort(columns["clock"], kind="stable")
-    return {k: columns.pop(k)[order] for k in list(columns)}     # (each unsorted column freed once sorted)

@@ -14,12 +14,17 @@ from policylab.core.kv import blocks_for
 
 
 def never_fits(prompt_tokens: int, output_tokens: int, max_model_len: int, num_blocks: int,
-               block_size: int, max_tokens: Optional[int] = None) -> str:
+               block_size: int, max_tokens: Optional[int] = None, stop_at_limit: bool = False) -> str:
     """Why a request can never run on an engine with this context length and KV cache ("" if it can):
     prompt + the tokens it will generate, its output capped at `max_tokens` (the request's or the
-    engine's cap, when one is set)."""
+    engine's cap, when one is set). `stop_at_limit` (vLLM's way): a prompt shorter than
+    max_model_len runs, its output stopped where the two reach it (`output_cap`)."""
     if max_tokens:
         output_tokens = min(output_tokens, max_tokens)
+    if stop_at_limit:
+        if prompt_tokens >= max_model_len:
+            return f"prompt ({prompt_tokens}) tokens reach max_model_len={max_model_len}: no room for an output token"
+        output_tokens = min(output_tokens, max_model_len - prompt_tokens)
     total = prompt_tokens + output_tokens
     if total > max_model_len:
         return (f"prompt ({prompt_tokens}) + output ({output_tokens}) tokens exceed "
@@ -28,6 +33,12 @@ def never_fits(prompt_tokens: int, output_tokens: int, max_model_len: int, num_b
     if need > num_blocks:
         return f"needs {need} KV blocks, the whole cache has {num_blocks}"
     return ""
+
+
+def output_cap(prompt_tokens: int, max_model_len: int, stop_at_limit: bool):
+    """The most output tokens a request may generate before its length reaches max_model_len when
+    the engine stops it there (`engine.length_limit=stop`); None when it is rejected instead."""
+    return max(max_model_len - prompt_tokens, 0) if stop_at_limit else None
 
 
 def predict_output(cfg: EngineConfig, rng: np.random.Generator, true_len: int) -> Optional[int]:

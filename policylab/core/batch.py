@@ -24,6 +24,7 @@ class Batch:
     sampling: list = field(default_factory=list)       # SamplingParams per request
     spec_lens: list | None = None     # speculative steps: draft tokens per entry (its last query_lens)
     spec_alpha: list | None = None    # ... and the trace's acceptance rate per entry (None: the plane's)
+    decodes: int = 0                  # its first entries that are one-token decodes, every one sampled
 
     def __len__(self) -> int:
         return len(self.req_ids)
@@ -34,10 +35,10 @@ class Batch:
 
 
 def joined(a: Batch, b: Batch) -> Batch:
-    """One batch of `a`'s entries, then `b`'s (new lists: neither changes)."""
+    """One batch of `a`'s entries, then `b`'s (new lists: neither changes); `a`'s leading decodes lead."""
     return Batch(a.req_ids + b.req_ids, a.query_lens + b.query_lens, a.context_lens + b.context_lens,
                  a.block_tables + b.block_tables, a.token_ids + b.token_ids, a.sample + b.sample,
-                 a.sampling + b.sampling)
+                 a.sampling + b.sampling, decodes=a.decodes)
 
 
 @dataclass
@@ -57,9 +58,10 @@ class CommittedStep(NamedTuple):
 
 
 class DataPlane(Protocol):
+    kind: str                 # its name in messages and in `dataplane=` (sim, torch, ...)
     vocab_size: int
     eos_token_id: int | None
-    needs_token_ids: bool     # False lets the engine skip building Batch.token_ids (simulation)
+    capabilities: frozenset   # policylab.core.capabilities.Capability: what it can do beyond `execute`
 
     def execute(self, batch: Batch) -> StepResult: ...
 
@@ -71,10 +73,14 @@ class DataPlane(Protocol):
         """Called once by the engine with the block count it will manage, before the first step."""
         ...
 
-    # Optional, for a plane that holds KV contents (the torch plane; the sim holds none):
-    # `export_kv(block_table) -> payload` copies those blocks' K/V out, `import_kv(block_table,
-    # payload)` writes a payload into other blocks. P/D (`policylab.cluster.disagg`) moves a
-    # request's prompt KV with them when the plane has them.
+    # What each capability adds (policylab.core.capabilities):
+    #   KV_BYTES           kv_block_bytes(block_size) -> bytes one block holds on one device's link
+    #   KV_CONTENTS        export_kv(table) -> payload, import_kv(table, payload, first=0),
+    #                      copy_kv_blocks(src, dst): the K/V the KV manager moves
+    #   LOGPROBS           sampled_logprobs(rows, tokens) -> log-probabilities of the last step's tokens
+    #   DRAFTS             executes batches with `spec_lens`, returning `StepResult.accepted`
+    #   POSITIONAL_TOKENS  token_at(position) -> the id sampled after that position
+    #   TOKEN_IDS          reads `Batch.token_ids` (without it the engine builds none)
 
 
 def bad_duration(dataplane, batch: Batch, duration) -> ValueError:

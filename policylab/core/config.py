@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from policylab.core.prefix_tiers import check_tier_config
-from policylab.core.swap import make_link
+from policylab.core.kv.tiers import check_tier_config
+from policylab.core.kv.host import make_link
 
 
 
@@ -43,6 +43,8 @@ class EngineConfig:
     prefix_disk_path: Optional[str] = None  # torch plane: directory of the disk tier's file (None: temp dir)
     parallel_samples: int = 0               # samples per request, overriding the trace's `n` (0: the trace's)
     beam_width: int = 0                     # beams per request, overriding the trace's `beam_width` (0: the trace's)
+    length_limit: Optional[str] = None      # prompt + output beyond max_model_len: reject (on arrival) | stop
+                                            # (vLLM's: run, stop at the limit); None: the policy's, else reject
     tool_kv: str = "policy"                 # KV of a request paused for a tool call: policy (its
                                             # on_tool_call hook) | keep | free | offload (forced)
 
@@ -51,6 +53,14 @@ class EngineConfig:
 class SloConfig:
     ttft: float = 2.0      # seconds; a trace's per-request ttft_slo wins
     tpot: float = 0.2      # seconds per output token; a trace's tpot_slo wins
+
+
+@dataclass
+class QoeConfig:
+    """What a streaming user expects (Andes' QoE, policylab/analysis/qoe.py): the first token
+    within `ttft` s, then `tds` tokens/s (a reading pace: ~240 words a minute, ~1.3 tokens a word)."""
+    ttft: float = 1.0      # seconds
+    tds: float = 5.0       # tokens per second
 
 
 @dataclass
@@ -182,12 +192,18 @@ def check_engine_config(cfg: EngineConfig) -> None:
     if cfg.beam_width < 0:
         raise ValueError(f"engine.beam_width must be >= 0 (0: each request's trace `beam_width`), "
                          f"got {cfg.beam_width}")
+    if cfg.parallel_samples > 1 and cfg.beam_width > 1:
+        raise ValueError(f"engine.parallel_samples={cfg.parallel_samples} and engine.beam_width={cfg.beam_width}: "
+                         "every request would fork into samples and into beams; set one of them")
     if cfg.host_kv_blocks < 0:
         raise ValueError(f"engine.host_kv_blocks must be >= 0, got {cfg.host_kv_blocks}")
     make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
     check_tier_config(cfg)
     if cfg.tool_kv not in ("policy", "keep", "free", "offload"):
         raise ValueError(f"engine.tool_kv must be one of policy, keep, free, offload, got '{cfg.tool_kv}'")
+    if cfg.length_limit not in (None, "reject", "stop"):
+        raise ValueError(f"engine.length_limit must be 'reject' or 'stop' (or null: the policy's), got "
+                         f"'{cfg.length_limit}'")
     if cfg.clock not in ("virtual", "wall"):
         raise ValueError(f"engine.clock must be 'virtual' or 'wall', got '{cfg.clock}'")
 

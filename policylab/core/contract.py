@@ -11,14 +11,13 @@ from itertools import islice, repeat
 from operator import is_not, itemgetter
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
-from policylab.core.prefix_tiers import block_key
 from policylab.core.request import is_decoding
 from policylab.core.spec_rules import check_spec_tokens
 from policylab.core.swap_rules import check_swap
 from policylab.core.violation import ContractViolation  # noqa: F401  (raised here; importable from here)
 
 if TYPE_CHECKING:
-    from policylab.core.kv import BlockManager
+    from policylab.core.kv import KVManager
     from policylab.core.request import Request
 
 
@@ -31,7 +30,7 @@ class RequestView:
 
     __slots__ = ("_r", "_kv")
 
-    def __new__(cls, request: "Request", kv: "BlockManager"):   # (no __init__: calling it again on
+    def __new__(cls, request: "Request", kv: "KVManager"):   # (no __init__: calling it again on
         self = object.__new__(cls)                                 # a live view cannot rebind it)
         _set_request(self, request)
         _set_kv(self, kv)
@@ -67,9 +66,7 @@ class RequestView:
         """Prefix-cache blocks this request would reuse if scheduled now, from the prompt's start: a
         device block's id, or for a block on a host or disk tier of the prefix cache a negative key
         of its hash (distinct blocks, distinct keys: requests' prefixes compare by these)."""
-        kv = _kv(self)
-        hits = kv.hits(_request(self))
-        return hits if kv.tiers is None else tuple(map(block_key, hits))
+        return _kv(self).cached_keys(_request(self))
 
     @property
     def num_cached_tokens(self) -> int:
@@ -108,7 +105,7 @@ class DecodeFacts:
     """What the validator and `decode_tokens` know of the decoding requests: those whose last block
     is full (a live read-only set), their ids in running order (a list: a plan's keys compare to it
     as one list), the plan {each: 1} that `decode_tokens` copies, and `cow`: blocks the
-    copy-on-writes of every decode take (forks only, `policylab.core.forks`). The engine makes one
+    copy-on-writes of every decode take (forks only, `policylab.core.extensions.forks`). The engine makes one
     when the decoding requests change."""
 
     __slots__ = ("full", "ids", "plan", "cow", "running_ids", "prefilling")
@@ -197,6 +194,19 @@ class SchedulerView(tuple):
         """Free blocks that giving every decoding request its token takes (one per full last block)."""
         decode = _decode(self)
         return len(decode.full) + decode.cow
+
+    @property
+    def decode_needs_block(self) -> AbstractSet[int]:
+        """The decoding requests whose token, asked for alone, takes a free block: `blocks_needed(v, 1)`
+        is 1 for these and 0 for every other decode. Those whose last block is full (a live
+        read-only set, as `decoding`), and under copy-on-write those that write into a block a fork
+        shares; their number can then exceed `decode_blocks_needed`, which copies a shared block
+        once for all its writers."""
+        decode = _decode(self)
+        if not decode.cow:               # no decode writes into a shared block
+            return decode.full
+        live = self.by_id
+        return frozenset([rid for rid in decode.ids if self.blocks_needed(live[rid], 1)])
 
     def blocks_needed(self, v: RequestView, n: int) -> int:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
@@ -394,7 +404,7 @@ def _copies(view: SchedulerView, plan: StepPlan) -> int:
     if not sched:
         return 0
     kv = _kv(live[next(iter(sched))])
-    if kv.cow is None:
+    if not kv.sharing:
         return 0
-    return kv.cow.copies([(_request(live[rid]), n) for rid, n in sched.items()],
-                         [_request(live[rid]) for rid in plan.preempt])
+    return kv.write_copies([(_request(live[rid]), n) for rid, n in sched.items()],
+                           [_request(live[rid]) for rid in plan.preempt])

@@ -85,7 +85,8 @@ class DecodeBatch:
         self._first_finish = self._steps + min(map(sub, self._targets, map(len, self._outputs)), default=math.inf)
 
     def batch(self) -> Batch:
-        return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling)
+        return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling,
+                     decodes=len(self.ids))
 
     def advance(self, sampled: list, now: float, eos) -> list:
         """Apply one step's tokens; returns the members that finished (they must `leave`)."""

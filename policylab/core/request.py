@@ -17,7 +17,7 @@ class Status(str, enum.Enum):
     PENDING = "pending"      # in the trace, not yet arrived
     WAITING = "waiting"
     RUNNING = "running"
-    PAUSED = "paused"        # waiting for a tool call to return (policylab.core.tool_calls)
+    PAUSED = "paused"        # waiting for a tool call to return (policylab.core.extensions.tool_calls)
     FINISHED = "finished"
     REJECTED = "rejected"
 
@@ -53,7 +53,7 @@ class TraceRequest:
     n: int = 1                            # parallel samples (copy-on-write forks of one prompt)
     fork_output_tokens: tuple = ()        # output lengths of samples 1..n-1 (empty: output_tokens each)
     beam_width: int = 1                   # beams of a (simple, stochastic) beam search over forks
-    tool_calls: tuple = ()                # ToolCalls (policylab.core.tool_calls), by after_tokens
+    tool_calls: tuple = ()                # ToolCalls (policylab.core.extensions.tool_calls), by after_tokens
     prompt_ids: Optional[tuple] = None    # real token ids (generate); None: synthesized from the trace
 
     @property

@@ -9,97 +9,89 @@ from policylab.core.batch import Batch
 from policylab.core.request import Status
 
 
-def evict(engine, r, to_host: bool) -> int:
-    """Free a request's device KV: copied to the host tier, its computed tokens kept (`to_host`),
-    or dropped, to be recomputed. Its computed tokens before (a preemption, a tool call's pause)."""
-    computed = r.num_computed_tokens
-    if to_host:
-        engine.swap.swap_out(r, engine.kv.block_size)
-    engine._release(r)
-    r.num_computed_tokens = computed if to_host else 0
-    return computed
+class RequestSteps:
+    """The engine's steps of the entries that go one request at a time (a base of `Engine`)."""
+
+    def _commit_requests(self, sched: dict, preempt: list, reject: dict, swap: list = ()) -> tuple:
+        """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
+        (the batch of `sched`'s entries, their Requests)."""
+        now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
+        if preempt or not sched.keys().isdisjoint(self._decoding.batch_ids):   # its members change
+            self._decoding.forget_batch()
+        rs = [reqs[rid] for rid in sched]
+        waiting = self._waiting
+        starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
+        starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
+        hits = [kv.hits(r) for r in starting]      # as validated: before a release changes the cache
+        kv_hits = {r.req_id: h for r, h in zip(starting, hits) if r.swapped_blocks} if kv.host_used else {}
+        for rid, reason in reject.items():
+            self._reject(reqs[rid], f"rejected by policy: {reason}")
+        preempted = [reqs[rid] for rid in preempt]
+        swapping = set(swap)
+        for r in preempted:
+            computed = self.ops.evict(r, r.req_id in swapping)
+            if r.req_id not in swapping:
+                kv.stats["recomputed_tokens"] += computed
+            r.status = Status.WAITING
+            r.num_preemptions += 1
+        for r, blocks in zip(starting, hits):    # take every cache hit before any allocation can evict one
+            r.status = Status.RUNNING
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = now
+            if blocks:
+                kv.start(r, blocks)
+                if not r.swapped_blocks:       # (a swapped request's hits are computed tokens it has)
+                    r.num_computed_tokens = len(blocks) * bs
+                    r.num_cached_tokens_total += r.num_computed_tokens
+        if starting:
+            kv.promote_pending()                 # lower-tier hits come back to the device
+            for hook in self._on_start:
+                hook(starting)
+        ns = list(sched.values())
+        ctxs = [r.num_computed_tokens for r in rs]
+        for r, n, c in zip(rs, ns, ctxs):
+            if c + n > len(r.block_table) * bs:
+                kv.grow(r.block_table, c + n)
+            if r.swapped_blocks:
+                kv.swap_in(r, len(kv_hits[r.req_id]))
+        batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
+                      [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
+                      [r.sampling for r in rs])
+        if self._token_ids:
+            batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
+        if preempted:
+            self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
+        elif starting:                  # (rejected requests were waiting: running only grows)
+            self.running = self._running + starting
+        if preempted or reject or starting:
+            waiting.remove(starting_ids)
+            waiting.remove(reject)
+            waiting.put_back([r.req_id for r in preempted])
+        self._liveness.check(bool(reject))
+        return batch, rs
 
 
-def commit_requests(engine, sched: dict, preempt: list, reject: dict, swap: list = ()) -> tuple:
-    """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
-    (the batch of `sched`'s entries, their Requests)."""
-    now, kv, reqs, bs = engine.clock.now, engine.kv, engine.requests, engine.kv.block_size
-    if preempt or not sched.keys().isdisjoint(engine._decoding.batch_ids):   # its members change
-        engine._decoding.forget_batch()
-    rs = [reqs[rid] for rid in sched]
-    waiting = engine._waiting
-    starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
-    starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
-    hits = [kv.hits(r) for r in starting]      # as validated: before a release changes the cache
-    kv_hits = {r.req_id: h for r, h in zip(starting, hits) if r.swapped_blocks} if engine.host.num_used else {}
-    for rid, reason in reject.items():
-        engine._reject(reqs[rid], f"rejected by policy: {reason}")
-    preempted = [reqs[rid] for rid in preempt]
-    swapping = set(swap)
-    for r in preempted:
-        computed = evict(engine, r, r.req_id in swapping)
-        if r.req_id not in swapping:
-            engine.kv_stats["recomputed_tokens"] += computed
-        r.status = Status.WAITING
-        r.num_preemptions += 1
-    for r, blocks in zip(starting, hits):    # take every cache hit before any allocation can evict one
-        r.status = Status.RUNNING
-        if r.first_scheduled_time is None:
-            r.first_scheduled_time = now
-        if blocks:
-            kv.acquire(r.block_table, blocks)
-            if not r.swapped_blocks:       # (a swapped request's hits are computed tokens it has)
-                r.num_computed_tokens = len(blocks) * bs
-                r.num_cached_tokens_total += r.num_computed_tokens
-    if kv.tiers is not None:                 # lower-tier hits come back to the device
-        kv.tiers.promote_pending(kv)
-    if engine.tools is not None and starting:
-        engine.tools.started(starting)
-    ns = list(sched.values())
-    ctxs = [r.num_computed_tokens for r in rs]
-    for r, n, c in zip(rs, ns, ctxs):
-        if c + n > len(r.block_table) * bs:
-            kv.grow(r.block_table, c + n)
-        if r.swapped_blocks:
-            engine.swap.swap_in(r, len(kv_hits[r.req_id]))
-    batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
-                  [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
-                  [r.sampling for r in rs])
-    if engine.dataplane.needs_token_ids:
-        batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
-    if preempted:
-        engine.running = [r for r in engine.running if r.status is Status.RUNNING] + starting
-    elif starting:                  # (rejected requests were waiting: running only grows)
-        engine.running = engine._running + starting
-    if preempted or reject or starting:
-        waiting.remove(starting_ids)
-        waiting.remove(reject)
-        waiting.put_back([r.req_id for r in preempted])
-    engine._liveness.check(bool(reject))
-    return batch, rs
-
-
-def postprocess_requests(engine, requests: list, query_lens: list, sample: list, sampled: list) -> tuple:
-    """The entries committed request by request: (finished requests, prefill tokens, prefill requests)."""
-    now, kv, bs, eos = engine.clock.now, engine.kv, engine.kv.block_size, engine._eos
-    finished, prefill_tokens, n_prefill = [], 0, 0
-    target, decoding = engine.target_len, engine._decoding
-    sampled = iter(sampled)
-    for r, n, sample in zip(requests, query_lens, sample):
-        out, rid = r.output_ids, r.req_id
-        if n > 1 or not out:
-            prefill_tokens += n
-            n_prefill += 1
-        before = r.num_computed_tokens
-        r.num_computed_tokens = after = before + n
-        if after // bs > before // bs and before < len(r.block_hashes) * bs:
-            kv.register(r.block_table, r.block_hashes, after, before // bs)   # prompt blocks filled
-        if sample:
-            tok = next(sampled)
-            out.append(tok)
-            r.token_times.append(now)
-            if len(out) >= target[rid] or tok == eos:
-                finished.append(r)
-                continue
-        decoding.update(r)          # it begins or stops decoding, or stays
-    return finished, prefill_tokens, n_prefill
+    def _postprocess_requests(self, requests: list, query_lens: list, sample: list, sampled: list) -> tuple:
+        """The entries committed request by request: (finished requests, prefill tokens, prefill requests)."""
+        now, kv, bs, eos = self.clock.now, self.kv, self.kv.block_size, self._eos
+        finished, prefill_tokens, n_prefill = [], 0, 0
+        target, decoding = self.target_len, self._decoding
+        sampled = iter(sampled)
+        for r, n, sample in zip(requests, query_lens, sample):
+            out, rid = r.output_ids, r.req_id
+            if n > 1 or not out:
+                prefill_tokens += n
+                n_prefill += 1
+            before = r.num_computed_tokens
+            r.num_computed_tokens = after = before + n
+            if after // bs > before // bs and before < len(r.block_hashes) * bs:
+                kv.register(r.block_table, r.block_hashes, after, before // bs)   # prompt blocks filled
+            if sample:
+                tok = next(sampled)
+                out.append(tok)
+                r.token_times.append(now)
+                if len(out) >= target[rid] or tok == eos:
+                    finished.append(r)
+                    continue
+            decoding.update(r)          # it begins or stops decoding, or stays
+        return finished, prefill_tokens, n_prefill

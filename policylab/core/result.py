@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policylab.core.contract import ContractViolation
-from policylab.core.forks import settle_stopped
 
 STEP_FIELDS = ("clock", "duration", "batch_size", "prefill_tokens", "decode_tokens",
                "num_prefill_reqs", "num_decode_reqs", "kv_used_blocks", "waiting", "running",
                "preempted", "rejected")
+
+
+class Setting(float):
+    """A number in a result section that is a setting, not a counter (a client timeout): the
+    sections of a cluster's replicas share it, so their merged section reads it once, not summed."""
 
 
 @dataclass
@@ -23,12 +27,9 @@ class RunResult:
     status: str = "complete"         # complete | partial
     error: str = ""
     traceback: str = ""              # of the exception that ended a partial run (none for Ctrl-C)
-    kv_tiers: dict | None = None     # swap and KV-tier counters, when a host tier is configured
-    sessions: object | None = None   # the SessionPlan of a closed-loop replay (core.closed_loop)
-    speculative: dict | None = None  # speculative-decoding counters (core.speculative), filled as the run goes
-    forks: dict | None = None        # parallel samples' counters, when a request asks for them
-    programs: object = None          # the run's ToolCalls (per-request and run counters), when
-                                     # the trace has tool calls
+    sections: dict = field(default_factory=dict)   # feature -> what its extension reports (filled
+                                     # as the run goes): `forks`, `tool_calls`, `sessions`, `speculation`,
+                                     # `kv_tiers`; summary.json's sections are made from them
 
     @property
     def partial(self) -> bool:
@@ -38,10 +39,9 @@ class RunResult:
 def mark_partial(result: RunResult, error: BaseException) -> None:
     """A run that ended early keeps its results, with what stopped it in one line: Ctrl-C or a
     stop signal the app turned into one, a broken contract, or anything a policy or data plane
-    raised (even sys.exit; its traceback kept). Call it inside the `except` block. A request
-    whose parallel samples or beams are not all done is unfinished (`forks.settle_stopped`)."""
+    raised (even sys.exit; its traceback kept). Call it inside the `except` block (the engine then
+    settles what its extensions left in flight: `Engine.stopped`)."""
     result.status = "partial"
-    settle_stopped(result.requests)
     if isinstance(error, KeyboardInterrupt):
         result.error = f"interrupted ({str(error) or 'Ctrl-C'})"
         return

@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Callable, Optional
 
+import numpy as np
+
 from policylab.core import admission
 from policylab.core.contract import ContractViolation, hide_slot
+from policylab.core.kv import chain_hashes
+from policylab.core.synthetic_prompts import synthesize_prompt
 
 if TYPE_CHECKING:
     from policylab.core.engine import Engine
@@ -46,6 +50,25 @@ class RouteRequest:
     tpot_slo: Optional[float]
     prefix_hashes: tuple             # the trace's shared-prefix block ids
     prefilled: bool = False          # P/D: its prompt is computed, its KV moves to the chosen replica
+
+
+@dataclass(frozen=True, slots=True)
+class RunningRequest:
+    """What a rebalancing router may know of a request running on a replica."""
+    req_id: int
+    priority: int
+    num_tokens: int                  # prompt + output so far
+    num_blocks: int                  # KV blocks it holds on this replica
+    decoding: bool                   # its prompt is computed: it decodes (only these can migrate)
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """A rebalancing router's decision: move running request `req_id`'s KV from replica `source`
+    to replica `destination`, live (policylab.cluster.migration)."""
+    req_id: int
+    source: int
+    destination: int
 
 
 class ReplicaView:
@@ -97,6 +120,14 @@ class ReplicaView:
             owed = (r.predicted_output_tokens or 0) - len(r.output_ids)
             decode += owed if owed > 1 else 1
         return prefill, decode
+
+    @property
+    def running_requests(self) -> tuple:
+        """The requests running here now (RunningRequest each, in running order): what a
+        rebalancing router chooses a request to migrate from."""
+        e = _engine_of(self)
+        return tuple(RunningRequest(r.req_id, r.priority, r.num_tokens, len(r.block_table),
+                                    r.num_computed_tokens >= len(r.prompt_ids)) for r in e.running)
 
     def cached_prefix_tokens(self, request: RouteRequest) -> int:
         """Prompt tokens this request would find in this replica's prefix cache now (a lookup:
@@ -156,6 +187,7 @@ class ClusterView:
     """The replicas a router may choose from now (all of them, or one pool of a P/D cluster)."""
     clock: float
     replicas: tuple                  # ReplicaView, by replica index
+    migrating: frozenset = frozenset()   # req_ids whose migration is under way (a rebalancer's view)
 
     def least_loaded(self, among=None) -> "ReplicaView":
         """The replica with the fewest outstanding tokens (lowest index on a tie)."""
@@ -179,6 +211,10 @@ class Router:
 
     def route(self, request: RouteRequest, view: ClusterView) -> int:
         raise NotImplementedError
+
+    def rebalance(self, view: ClusterView) -> list:
+        """Running requests to move between replicas now (`Migration`s; none by default)."""
+        return []
 
 
 def validate_route(replicas: list, eligible: tuple, request: RouteRequest, choice, router: str,
@@ -212,3 +248,16 @@ def prompt_hash_cache(engines: list, compute: Callable[[int, int], list]) -> Cal
         return memo[key]
     return hashes
 
+
+def prompt_block_keys(trace: list, engine, i: int, block_size: int) -> list:
+    """Request i's prompt block keys as every replica's engine makes them (same seed everywhere):
+    the chained hashes of its ids; none for a prompt of its own, whose blocks only it can ever
+    hit, after a preemption, on a replica it ran on (`kv.own_block_keys`): never when routed."""
+    t = trace[i]
+    if t.own_prompt:
+        return []
+    if t.prompt_ids is not None:
+        return chain_hashes(np.asarray(t.prompt_ids, dtype=np.int32), block_size)
+    ids = synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, engine.dataplane.vocab_size, engine.seed,
+                            engine.prefix_block_tokens)
+    return chain_hashes(ids, block_size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from policylab.core.contract import SchedulerView, StepPlan
-from policylab.core.speculative import check_spec_tokens
+from policylab.core.extensions.speculation import check_spec_tokens
 
 
 def fill_speculation(view: SchedulerView, plan: StepPlan, k_for: Callable) -> StepPlan:
@@ -50,9 +50,14 @@ class FixedSpeculation:
     def __init__(self, inner, k: int):
         if type(k) is not int or k < 1:
             raise ValueError(f"speculative.k must be an int >= 1 to wrap a policy, got {k!r}")
+        name = getattr(inner, "name", type(inner).__name__)
+        if "speculation" in getattr(inner, "features", ()):
+            raise ValueError(f"speculative.k={k} and policy {name} both choose draft tokens (the policy sizes "
+                             "its own): set one of them")
         self.inner, self.k = inner, k
-        self.name = f"{getattr(inner, 'name', type(inner).__name__)}+spec{k}"
+        self.name = f"{name}+spec{k}"
         self.properties = tuple(getattr(inner, "properties", ()))
+        self.features = (*getattr(inner, "features", ()), "speculation")
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         plan = self.inner.schedule(view)

@@ -54,7 +54,6 @@ The per-step cost stays O(prefill chunks): decodes are priced from sums the roof
 """
 from __future__ import annotations
 
-from itertools import compress
 from math import log2
 
 from policylab.core.config import HardwareConfig, ModelConfig
@@ -132,7 +131,7 @@ class ShapedCostModel(KernelCostModel):
         requests = len(q)
         if tokens == requests:
             return self.shape.layers * self._decode(requests, sum(ctx) + tokens)
-        chunks = list(compress(range(requests), map((1).__lt__, q)))      # prefill chunks (n > 1)
+        chunks = [i for i, n in enumerate(q) if n > 1]                    # prefill chunks (n > 1)
         flop_time = prefill_tokens = prefill_ctx = query_tiles = 0
         for i in chunks:
             n, c = q[i], ctx[i]

@@ -16,12 +16,14 @@ import numpy as np
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.config import SimPlaneConfig
 from policylab.core.batch import Batch, StepResult
+from policylab.core.capabilities import Capability
 from policylab.core.rng import splitmix64
 from policylab.dataplane.energy import POWER_LIMITS, THROTTLE_STEP, clocked, meter_for
 from policylab.dataplane.precision import plane_precision
 from policylab.dataplane.roofline import ModelShape, Roofline
 from policylab.dataplane.serving_engine import ServingEngine
 
+SIM_CAPABILITIES = frozenset({Capability.KV_BYTES, Capability.DRAFTS, Capability.POSITIONAL_TOKENS})
 MIN_VOCAB = 32    # ids 0..15 and the top 16 are left out of sampled ids (special tokens)
 COST_MODELS = ("shaped", "roofline", "kernel")
 MAX_TIME_NOISE = 0.3   # relative: beyond it a step duration would often clip at 0
@@ -101,6 +103,7 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneCo
 
 
 class SimDataPlane:
+    kind = "sim"
     def __init__(self, model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneConfig, seed: int = 0):
         check_cost_parameters(model, hardware, dp)
         self.hw, self.dp, self.seed, self.model = hardware, dp, seed, model
@@ -108,11 +111,11 @@ class SimDataPlane:
         self.shape = ModelShape(model, dp.tensor_parallel, self.precision)
         self.gpus = dp.tensor_parallel * dp.pipeline_parallel
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
-        self.needs_token_ids = False
         self.cost_model = build_cost_model(model, clocked(hardware, dp.gpu_clock_mhz), dp, self.precision)
         engine = getattr(self.cost_model, "engine", None)
-        # the engine's async scheduling: an arrival joins one step later (the engine reads this)
-        self.schedules_ahead = bool(engine is not None and engine.async_scheduling)
+        # the engine's async scheduling: an arrival joins one step later (core.extensions.async_scheduling)
+        self.capabilities = SIM_CAPABILITIES | ({Capability.SCHEDULES_AHEAD} if engine is not None
+                                                and engine.async_scheduling else frozenset())
         # seconds a load generator's TTFT and E2E include beyond the engine's (fidelity-e2e adds them)
         self.client_latency = engine.cfg.client_latency if engine is not None else 0.0
         # GPU energy of every step (policylab.dataplane.energy; None where the hardware gives no power model)
@@ -241,16 +244,20 @@ class SimDataPlane:
             if self.meter is not None:
                 self.meter.step(batch, sum(batch.query_lens), len(result.sampled), result.duration)
             return result
-        ctx, tokens = batch.context_lens, sum(batch.query_lens)
-        if tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
+        ctx, tokens, d = batch.context_lens, sum(batch.query_lens), batch.decodes
+        if d == len(ctx) or tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
             positions = ctx
-        else:
-            positions = [c + n - 1 for c, n, s in zip(ctx, batch.query_lens, batch.sample) if s]
+        else:                                            # (the leading decodes' position is their context)
+            q, sample = batch.query_lens, batch.sample
+            positions = ctx[:d] + [c + n - 1 for c, n, s in zip(ctx[d:], q[d:], sample[d:]) if s] if d else \
+                [c + n - 1 for c, n, s in zip(ctx, q, sample) if s]
         try:
-            ids = list(map(self._next_token.__getitem__, positions))
+            nxt = self._next_token
+            ids = [nxt[p] for p in positions]
         except IndexError:
             self._grow_tokens(max(positions) + 1)
-            ids = list(map(self._next_token.__getitem__, positions))
+            nxt = self._next_token
+            ids = [nxt[p] for p in positions]
         duration = self._step_time(batch, tokens, len(ids))
         if self.meter is not None:
             duration = self._metered(batch, tokens, len(ids), duration)
@@ -265,7 +272,7 @@ class SimDataPlane:
     def _speculation(self):
         if self.speculation is None:           # (no speculative config given: n-gram at its defaults)
             from policylab.dataplane.speculative import SimSpeculation
-            from policylab.core.speculative import SpeculativeConfig
+            from policylab.core.extensions.speculation import SpeculativeConfig
             self.speculation = SimSpeculation(SpeculativeConfig(), self.seed)
         return self.speculation
 

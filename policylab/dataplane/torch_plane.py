@@ -28,6 +28,7 @@ from policylab.core.config import ModelConfig
 from policylab.dataplane.config import TorchPlaneConfig
 from policylab.dataplane.kv_quant import make_kv_backend
 from policylab.dataplane.cpu_host import default_threads
+from policylab.core.capabilities import Capability
 from policylab.core.batch import Batch, StepResult
 from policylab.dataplane.cuda_graphs import DecodeGraphRunner, capture_cuda_graph, cuda_graphs_wanted
 from policylab.dataplane.model import CausalLM, head_dim_of
@@ -82,14 +83,19 @@ def num_params(cfg: ModelConfig) -> int:
     return cfg.num_hidden_layers * per_layer + cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
 
 
+TORCH_CAPABILITIES = frozenset({Capability.TOKEN_IDS, Capability.KV_BYTES, Capability.KV_CONTENTS,
+                                Capability.LOGPROBS, Capability.DRAFTS})
+
+
 class TorchDataPlane:
+    kind = "torch"
     def __init__(self, model: CausalLM, cfg: ModelConfig, dp: TorchPlaneConfig, device: torch.device,
                  dtype: torch.dtype, seed: int, checkpoint: str | None = None):
         self.model, self.cfg, self.dp, self.seed = model, cfg, dp, seed
         self.device, self.dtype = device, dtype
         self.checkpoint = checkpoint           # HF dir with the tokenizer (None for random weights)
         self.vocab_size, self.eos_token_id = cfg.vocab_size, cfg.eos_token_id
-        self.needs_token_ids = True
+        self.capabilities = TORCH_CAPABILITIES
         self.backend = make_kv_backend(dp.attention, device, dp.kv_cache_dtype)
         self.kv_fp8 = dp.kv_cache_dtype == "fp8"
         self.full_precision = None             # a full-precision copy scoring every step (quality.py)
@@ -100,7 +106,6 @@ class TorchDataPlane:
         self.block_size = 0
         self.clock = time.thread_time if dp.timer == "cpu" else time.perf_counter
         self.reference: ReferenceTimer | None = None    # dataplane.timer_reference (allocate_kv builds it)
-        self.speculative = None                # SpeculativeConfig: the engine's n-gram drafts (None: defaults)
 
     def describe_cost_model(self) -> dict:
         """What produced this run's step times (recorded in summary.json)."""
@@ -313,7 +318,8 @@ class TorchDataPlane:
     def _execute_once(self, batch: Batch) -> StepResult:
         if batch.spec_lens is not None:              # drafts to verify, greedily
             from policylab.dataplane.speculative import verify_greedy
-            return verify_greedy(self, batch)
+            result, self._last_logits = verify_greedy(self, batch)    # (the rows its tokens were sampled from)
+            return result
         start = self.clock()
         logits = self.forward(batch)
         self._last_logits = logits              # (a reference: beam search may ask its log-probabilities)

@@ -16,6 +16,7 @@ from typing import Optional
 from policylab.cluster import Cluster, ClusterResult, LinkConfig, Replica
 from policylab.cluster.disagg import Disaggregation, prefill_trace
 from policylab.cluster.link import LinkModel
+from policylab.cluster.migration import LiveMigration
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
 from policylab.core.engine import Engine
 from policylab.core.request import Status
@@ -32,12 +33,14 @@ def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: in
                   decode: int = 0, decode_router_factory=None, hardware: Optional[list] = None,
                   link: LinkConfig = LinkConfig(), seed: int = 0, prefix_block_tokens: int = 32,
                   checked: bool = False, prefill_policy=None, decode_policy=None,
-                  model: Optional[ModelConfig] = None) -> Cluster:
+                  model: Optional[ModelConfig] = None, sessions=None, observer=None) -> Cluster:
     """A sim cluster: `replicas` colocated engines, or `prefill` + `decode` ones (P/D); the tiny
     model (unless `model`) at a fixed 4 ms per step unless `hardware` says otherwise (as the
-    other scenarios).
+    other scenarios); `sessions`: a SessionPlan over `trace`, replayed in closed loop.
     Every replica runs `policy`, except that under P/D `prefill_policy` / `decode_policy` (any
-    spec `policy_factory` takes) give a pool its own."""
+    spec `policy_factory` takes) give a pool its own. A router that rebalances
+    (`rebalance_interval`) migrates over `link`; `observer(cluster)`: called after every turn
+    (after the checks when `checked`)."""
     trace = sorted(trace, key=lambda t: t.arrival_time)
     roles = ["prefill"] * prefill + ["decode"] * decode if prefill else ["colocated"] * replicas
     hardware = hardware or [SCENARIO_HARDWARE] * len(roles)    # a fixed 4 ms a step, as every scenario
@@ -50,7 +53,12 @@ def build_cluster(trace, policy, router_factory, cfg: EngineConfig, replicas: in
              for k, (role, hw) in enumerate(zip(roles, hardware))]
     pd = Disaggregation((decode_router_factory or router_factory)(), LinkModel(link),
                         ModelShape(model).kv_bytes_per_token, seed) if prefill else None
-    return Cluster(trace, built, router_factory(), pd, observer=check_turn if checked else None)
+    router = router_factory()
+    migration = LiveMigration(LinkModel(link), ModelShape(model).kv_bytes_per_token,
+                              getattr(router, "stop_copy_blocks", 1), getattr(router, "max_stages", 8)) \
+        if getattr(router, "rebalance_interval", None) else None
+    watch = (lambda c: (check_turn(c), observer(c))) if checked and observer else check_turn if checked else observer
+    return Cluster(trace, built, router, pd, observer=watch, sessions=sessions, migration=migration)
 
 
 def check_turn(cluster: Cluster) -> None:
@@ -63,6 +71,8 @@ def check_turn(cluster: Cluster) -> None:
                                          f"{live[r.req_id]} and {rep.index} at once", cluster.router_name)
             live[r.req_id] = rep.index
     transit = set() if cluster.pd is None else cluster.pd.in_transit
+    if cluster.migration is not None:             # (in its stop-and-copy: in no replica's batch or queue)
+        transit = transit | {rid for rid, f in cluster.migration.flights.items() if "stop" in f.log}
     arrived = [r for r in cluster.requests if r is not None]      # (replica by replica: not a prefix)
     done = sum(1 for r in arrived if r.status in (Status.FINISHED, Status.REJECTED) and r.req_id not in transit)
     if len(arrived) != done + len(live) + len(transit):

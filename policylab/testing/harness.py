@@ -16,10 +16,9 @@ from pathlib import Path
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
-from policylab.core.closed_loop import attach
 from policylab.core.engine import Engine
 from policylab.core.result import RunResult
-from policylab.core.tool_calls import default_tool_kv
+from policylab.core.extensions.tool_calls import default_tool_kv
 from policylab.testing.invariants import StepChecker
 from policylab.testing.loader import policy_factory
 from policylab.testing.session_invariants import check_sessions
@@ -34,7 +33,7 @@ class Scenario:
     engine: EngineConfig
     seed: int = 0
     prefix_block_tokens: int = 32
-    sessions: object = None          # a SessionPlan over `trace`: replayed in closed loop (core.closed_loop)
+    sessions: object = None          # a SessionPlan over `trace`: replayed in closed loop (core.extensions.sessions)
 
     def describe(self) -> str:
         """One line: the requests in short, the engine settings that differ from the defaults, the seed."""
@@ -61,6 +60,7 @@ class _RecordingPolicy:
     def __init__(self, inner, checker: "StepChecker"):
         self._inner, self._checker = inner, checker
         self.name = getattr(inner, "name", type(inner).__name__)
+        self.features = tuple(getattr(inner, "features", ()))
 
     def schedule(self, view):
         self._checker.before_schedule(view)
@@ -81,16 +81,10 @@ class _RecordingDataPlane:
     def __init__(self, inner, checker: "StepChecker"):
         self._inner, self._checker = inner, checker
         self.vocab_size, self.eos_token_id = inner.vocab_size, inner.eos_token_id
-        self.needs_token_ids = getattr(inner, "needs_token_ids", True)
+        self.capabilities = inner.capabilities
 
-    def num_kv_blocks(self, block_size: int) -> int:
-        return self._inner.num_kv_blocks(block_size)
-
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        self._inner.allocate_kv(num_blocks, block_size)
-
-    def kv_block_bytes(self, block_size: int) -> float:
-        return self._inner.kv_block_bytes(block_size)
+    def __getattr__(self, name):      # the plane's other methods (num_kv_blocks, kv_block_bytes, export_kv, ...)
+        return getattr(self._inner, name)
 
     def execute(self, batch):
         self._checker.batch = batch
@@ -130,9 +124,8 @@ def run_checked(policy, scenario: Scenario, max_steps: int | None = None,
     checker = StepChecker(instance, cfg, scenario.trace, max_steps, properties)
     engine = CheckedEngine(checker, list(scenario.trace), _RecordingPolicy(instance, checker),
                            _RecordingDataPlane(_dataplane(scenario.seed), checker), cfg,
-                           seed=scenario.seed, prefix_block_tokens=scenario.prefix_block_tokens)
-    if scenario.sessions is not None:
-        attach(engine, scenario.sessions)
+                           seed=scenario.seed, prefix_block_tokens=scenario.prefix_block_tokens,
+                           sessions=scenario.sessions)
     result = engine.run()
     checker.finish(engine, result)
     if scenario.sessions is not None:

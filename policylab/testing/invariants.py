@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from policylab.core.config import EngineConfig
 from policylab.core.contract import StepPlan
 from policylab.core.engine import Engine
-from policylab.core.forks import fork_plan
+from policylab.core.extensions.forks import fork_plan
 from policylab.core.kv import blocks_for
 from policylab.core.result import RunResult
 from policylab.core.request import Status
@@ -27,10 +27,8 @@ EPS = 1e-9
 
 
 def arrived(engine: Engine) -> list:
-    """The requests that have arrived: a prefix of the trace, or under a closed-loop client
-    (whose turns arrive as earlier ones finish, in no trace order) every one that exists; forks included."""
-    if engine.arrivals is None:            # (forks of a request's samples follow the trace's requests)
-        return engine.requests[:engine.next_arrival] + engine.requests[len(engine.trace):]
+    """The requests that have arrived: every one that exists (a request exists from its arrival;
+    under a closed-loop client turns arrive as earlier ones finish, in no trace order); forks included."""
     return [r for r in engine.requests if r is not None]
 
 
@@ -99,7 +97,7 @@ class StepChecker:
     def _decode_copies(self, decoding: set) -> int:
         """Copy-on-writes every decode takes: of W decodes writing a block held R times, min(W, R - 1)."""
         engine = self.engine
-        if engine is None or engine.forks is None:
+        if engine is None or engine.extension("forks") is None:
             return 0
         refs, bs, writers = engine.kv.refs, engine.kv.block_size, Counter()
         for rid in decoding:
@@ -148,7 +146,7 @@ class StepChecker:
         self.clock = now
         if self.batch is not None:
             self._check_batch(engine)
-        if engine.forks is not None:
+        if engine.extension("forks") is not None:
             self._new_forks(engine)
         self._check_lifecycle(engine)
         self._check_conservation(engine)
@@ -269,7 +267,7 @@ class StepChecker:
     def _check_swapped_out(self, engine: Engine, r) -> None:
         """A swap victim holds no device block, keeps its computed tokens, and the host tier holds
         exactly its computed blocks."""
-        host, bs = engine.host, engine.kv.block_size
+        host, bs = engine.kv.host, engine.kv.block_size
         if r.block_table or not host.holds(r.req_id) or r.swapped_blocks != host.blocks_of(r.req_id) \
                 or r.swapped_blocks != -(-r.num_computed_tokens // bs):
             self.fail("swap", f"swapped request {r.req_id}: {len(r.block_table)} device blocks, "
@@ -298,7 +296,8 @@ class StepChecker:
         for queue, status in ((engine.waiting, Status.WAITING), (engine.running, Status.RUNNING)):
             if len(queue) != count[status] or any(r.status is not status for r in queue):
                 self.fail("request_conservation", f"the {status.value} queue disagrees with request states")
-        if engine.arrivals is None and any(r is not None for r in engine.requests[engine.next_arrival:len(engine.trace)]):
+        now = engine.clock.now
+        if any(r is not None and r.arrival_time > now + EPS for r in engine.requests[:len(engine.trace)]):
             self.fail("request_conservation", "a request exists before its arrival")
 
     def _check_kv(self, engine: Engine) -> None:
@@ -322,7 +321,7 @@ class StepChecker:
     def _check_host_tier(self, engine: Engine) -> None:
         """Conservation on the host tier: used + free = total, and what it holds is exactly the
         swapped-out waiting requests' blocks."""
-        host = engine.host
+        host = engine.kv.host
         held = host.swapped()
         owners = {r.req_id: r.swapped_blocks for r in engine.waiting if r.swapped_blocks}
         owners.update(self.tools.host_owners(engine))
@@ -359,8 +358,8 @@ class StepChecker:
         kv = engine.kv
         if any(kv.refs) or kv.num_free != kv.num_blocks:
             self.fail("no_leak", f"{kv.num_used} KV blocks still held at drain")
-        if engine.host.num_used or engine.host.num_free != engine.host.num_blocks:
-            self.fail("no_leak", f"{engine.host.num_used} host-tier KV blocks still held at drain")
+        if engine.kv.host.num_used or engine.kv.host.num_free != engine.kv.host.num_blocks:
+            self.fail("no_leak", f"{engine.kv.host.num_used} host-tier KV blocks still held at drain")
         if engine.kv.tiers is not None:
             check_prefix_tiers(self, engine)
         for r in result.requests:

@@ -18,7 +18,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
-from policylab.core.config import FairnessConfig, SloConfig
+from policylab.core.config import FairnessConfig, QoeConfig, SloConfig
 
 CONFIG_DIR = Path(str(files("policylab.configs")))   # the repository's configs/, shipped in the wheel
 POLICY_CONFIG_DIR = CONFIG_DIR / "policy"
@@ -120,10 +120,10 @@ def _load_yaml(path: Path):
 
 
 def _instantiate(cfg):
-    """Build a policy from a `_target_` config, resolving ${slo.*}/${fairness.*} like a run does."""
+    """Build a policy from a `_target_` config, resolving ${slo.*}/${fairness.*}/${qoe.*} like a run does."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
-    root = OmegaConf.create({"slo": asdict(SloConfig()), "fairness": asdict(FairnessConfig()),
+    root = OmegaConf.create({"slo": asdict(SloConfig()), "fairness": asdict(FairnessConfig()), "qoe": asdict(QoeConfig()),
                              "policy": OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg})
     try:
         return instantiate(root.policy)

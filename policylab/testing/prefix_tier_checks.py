@@ -1,5 +1,5 @@
 """The prefix cache's tiers (device, host, disk) under the invariant harness, after every step and
-at drain: what `policylab.core.prefix_tiers` promises, checked from outside it."""
+at drain: what `policylab.core.kv.tiers` promises, checked from outside it."""
 from __future__ import annotations
 
 

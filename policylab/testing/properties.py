@@ -185,7 +185,7 @@ class VtcFairness(Property):
 
     def after_step(self, engine):
         p = self.policy
-        for r in engine.requests[:engine.next_arrival]:
+        for r in engine.requests[:len(engine.trace)]:
             if r is None or r.first_scheduled_time is None:     # (closed loop: not arrived yet)
                 continue
             seen = self.outputs.get(r.req_id)

@@ -20,7 +20,7 @@ class SpecChecks:
 
     def check_step(self, engine, batch, snaps: dict, plan) -> dict:
         """Batch row -> (drafts verified, tokens the request gained) for each verification row."""
-        fail, spec = self.checker.fail, engine.speculation
+        fail, spec = self.checker.fail, engine.extension("speculation")
         before, now = self.stats or dict.fromkeys(spec.stats, 0), dict(spec.stats)
         self.stats = now
         delta = {key: now[key] - before[key] for key in now}

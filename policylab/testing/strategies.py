@@ -74,14 +74,15 @@ def scenarios(draw, max_requests: int = 30, max_prompt: int = 200, max_output: i
 
 
 @st.composite
-def lever_scenarios(draw, max_requests: int = 30, max_prompt: int = 200, max_output: int = 24) -> Scenario:
+def lever_scenarios(draw, max_requests: int = 30, max_prompt: int = 200, max_output: int = 24,
+                    host_blocks: tuple = (0, 4, 64)) -> Scenario:
     """`scenarios` with the KV hierarchy's levers drawn too: a host tier for swap preemption (none,
-    small, ample), the prefix index (chained-hash map or radix tree) and the prefix cache's host
-    and disk tiers (none, small, ample; a disk under a host tier or not)."""
+    small, ample: `host_blocks`), the prefix index (chained-hash map or radix tree) and the prefix
+    cache's host and disk tiers (none, small, ample; a disk under a host tier or not)."""
     import dataclasses
     scenario = draw(scenarios(max_requests, max_prompt, max_output))
     prefix_host = draw(st.sampled_from([0, 4, 64])) if scenario.engine.enable_prefix_caching else 0
-    engine = dataclasses.replace(scenario.engine, host_kv_blocks=draw(st.sampled_from([0, 4, 64])),
+    engine = dataclasses.replace(scenario.engine, host_kv_blocks=draw(st.sampled_from(host_blocks)),
                                  prefix_cache=draw(st.sampled_from(["hash", "radix"])),
                                  swap_overlap=draw(st.booleans()), prefix_host_blocks=prefix_host,
                                  prefix_disk_blocks=draw(st.sampled_from([0, 8])) if prefix_host else 0)

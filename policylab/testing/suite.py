@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 
 from policylab.core.config import EngineConfig
 from policylab.core.request import TraceRequest
-from policylab.core.tool_calls import ToolCall
+from policylab.core.extensions.tool_calls import ToolCall
 from policylab.core.violation import ContractViolation
 from policylab.testing.harness import Scenario, check_policy, failure_report
 from policylab.testing.properties import InvariantViolation
@@ -163,6 +163,6 @@ def test_invariants_with_swap_preemption_forced(policy_spec):
             scenario = pressure_scenario(seed)
             engine = dataclasses.replace(scenario.engine, host_kv_blocks=48, prefix_cache=index)
             result = checked(swap_every_victim(policy_spec), dataclasses.replace(scenario, engine=engine))
-            swaps += result.kv_tiers["swap_outs"]
+            swaps += result.sections["kv_tiers"]["swap_outs"]
             preemptions += sum(r.num_preemptions for r in result.requests)
         assert swaps > 0 or preemptions == 0, f"{index}: {preemptions} preemptions, none swapped"

@@ -8,7 +8,7 @@ and resumes, no earlier than its tool returns, with exactly its tokens plus the 
 from __future__ import annotations
 
 from policylab.core.request import Status
-from policylab.core.tool_calls import tool_result_ids
+from policylab.core.extensions.tool_calls import tool_result_ids
 
 EPS = 1e-9
 
@@ -34,7 +34,7 @@ class ToolCallChecks:
     def paused_now(self, engine, r) -> None:
         """RUNNING -> PAUSED: its KV is what the choice says, its tokens are recorded."""
         rid = r.req_id
-        entry = engine.tools.paused.get(rid)
+        entry = engine.extension("tool_calls").paused.get(rid)
         if entry is None:
             self.fail("tool_calls", f"request {rid} is paused but the engine has no tool call for it")
         _, choice, computed = entry
@@ -43,13 +43,13 @@ class ToolCallChecks:
             self.fail("tool_calls", f"request {rid}: engine.tool_kv={mode} but its KV was {choice}")
         self._holds_its_choice(engine, r, choice, computed)
         tokens = tuple(int(x) for x in r.token_ids(0, r.num_tokens))     # (the reference on resume)
-        k = engine.tools.reached[rid] - 1
+        k = engine.extension("tool_calls").reached[rid] - 1
         back = engine.clock.now + engine.trace[rid].tool_calls[k].duration_s
         self.paused[rid] = (choice, tuple(r.block_table), tokens, computed, back, k)
         self.kept_waiting.discard(rid)
 
     def _holds_its_choice(self, engine, r, choice: str, computed: int) -> None:
-        rid, bs, host = r.req_id, engine.kv.block_size, engine.host
+        rid, bs, host = r.req_id, engine.kv.block_size, engine.kv.host
         blocks = -(-computed // bs)
         if choice == "keep":
             ok = len(r.block_table) >= blocks and r.num_computed_tokens == computed and \
@@ -66,7 +66,7 @@ class ToolCallChecks:
     def still_paused(self, engine, r) -> None:
         """Every step of the pause: the same KV as when it paused (kept: the very same blocks)."""
         choice, table, _, computed, _, k = self.paused[r.req_id]
-        if engine.tools.reached[r.req_id] - 1 != k:      # resumed, ran and paused again in one step
+        if engine.extension("tool_calls").reached[r.req_id] - 1 != k:      # resumed, ran and paused again in one step
             self.resumed(engine, r, check_kv=False)
             self.paused_now(engine, r)
             return True
@@ -87,7 +87,7 @@ class ToolCallChecks:
         have = tuple(int(x) for x in r.token_ids(0, min(r.num_tokens, len(want))))
         if have != want:
             self.fail("tool_calls", f"request {rid} resumed with other tokens than its own and the tool's")
-        released = rid in engine.tools._to_recompute   # (release_kept: the replay could not go on)
+        released = rid in engine.extension("tool_calls")._to_recompute   # (release_kept: the replay could not go on)
         if check_kv and choice == "keep" and not released and r.block_table[:len(table)] != list(table):
             self.fail("tool_calls", f"request {rid} resumed without the blocks it kept")
         if choice == "keep" and r.status is Status.WAITING:

@@ -101,7 +101,8 @@ class _UnitSteps:
 
     def __init__(self, seed: int = 0):
         self.inner = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"), seed=seed)
-        self.vocab_size, self.eos_token_id, self.needs_token_ids = self.inner.vocab_size, None, False
+        self.vocab_size, self.eos_token_id, self.capabilities = self.inner.vocab_size, None, frozenset()
+        self.kind = "vllm_unit_steps"
 
     def num_kv_blocks(self, block_size: int) -> int:
         return self.inner.num_kv_blocks(block_size)

@@ -16,6 +16,8 @@ class TraceConfig:
     load: Optional[float] = None             # offered load, a fraction of the estimated capacity: sets
                                              # rate_scale before the run (policylab/apps/offered_load.py)
     repeat: int = 1                          # tile the trace N times (a longer steady state at high load)
+    client_timeout: Optional[float] = None   # s: a request not finished this long after it arrived is
+                                             # abandoned by its client (rejected, its KV freed); None: never
     replicate: int = 0                       # 0: the trace as read; K >= 1: K-th block-bootstrap resample
     max_requests: Optional[int] = None       # keep the first N requests (after window and sampling)
     start_time: Optional[float] = None       # time window [start_time, end_time) in trace seconds

@@ -78,7 +78,7 @@ def load_trace(cfg, seed: int = 0) -> LoadedTrace:
         fmt = detect_format(path, name) if cfg.format == "auto" else cfg.format
         if is_closed_loop(cfg, fmt):
             return load_closed_loop(cfg, path, name, fmt, _plain(cfg.extra),
-                                    lambda: load_trace(replace(cfg, concurrency=None, format=fmt), seed))
+                                    lambda: load_trace(replace(cfg, concurrency=None, format=fmt), seed), seed)
         report = TraceReport(name, fmt, skipped=Counter())
         client_column = cfg.client_column if cfg.client_assignment == "column" else None
         raw = list(read_requests(path, name, fmt, report.skipped, client_column, _plain(cfg.extra)))

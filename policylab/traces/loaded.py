@@ -9,4 +9,4 @@ class LoadedTrace(list):
     """A list of TraceRequest (arrival order) that also carries its TraceReport as `.report`."""
 
     report: TraceReport
-    sessions = None                  # a closed-loop workload's SessionPlan (core.closed_loop); None: open loop
+    sessions = None                  # a closed-loop workload's SessionPlan (core.extensions.sessions); None: open loop

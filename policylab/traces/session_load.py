@@ -1,7 +1,7 @@
 """Loading a closed-loop workload: a session trace, the sessions of a public trace
 (`trace.sessions=true`), or any trace run by `trace.concurrency` users (docs/sessions.md).
 
-The result is the engines' trace (one placeholder request per turn, see core.closed_loop)
+The result is the engines' trace (one placeholder request per turn, see core.extensions.sessions)
 carrying its `SessionPlan` as `.sessions`; only the transforms that mean something for a
 conversation apply to sessions (`rate_scale` on session starts, `max_requests` as whole
 sessions, length clipping per turn); the others are refused with a message.
@@ -12,15 +12,18 @@ import inspect
 from collections import Counter
 from dataclasses import replace
 
+import numpy as np
+
 from policylab.core.request import MAX_ARRIVAL_S
 from policylab.traces.config import TraceConfig
 from policylab.traces.errors import TraceError
 from policylab.traces.loaded import LoadedTrace
 from policylab.traces.session_sources import read_burstgpt_sessions, read_mooncake_sessions
 from policylab.traces.sessions import FORMAT, clip_sessions, one_turn_sessions, plan_of, read_sessions
+from policylab.traces.tool_calls import add_tool_calls
 from policylab.traces.transforms import TraceReport
 
-SESSION_TRANSFORMS = ("rate_scale", "max_requests", "max_prompt_tokens", "max_output_tokens")
+SESSION_TRANSFORMS = ("rate_scale", "max_requests", "max_prompt_tokens", "max_output_tokens", "tool_calls")
 NOT_FOR_SESSIONS = ("start_time", "end_time", "sample_fraction", "repeat", "replicate", "client_assignment",
                     "slo_by_client", "slo_ratio")
 READERS = {FORMAT: lambda path, name, skipped: read_sessions(path, name),
@@ -49,7 +52,7 @@ def check_session_config(cfg: TraceConfig, fmt: str) -> None:
                              f"is kept whole); session traces take {', '.join(SESSION_TRANSFORMS)}")
 
 
-def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict, open_loop=None):
+def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict, open_loop=None, seed: int = 0):
     """(the engines' trace, its report): sessions read from `path`, or `open_loop()` (the trace as
     `load_trace` reads it) as one-turn sessions for `trace.concurrency` users."""
     check_session_config(cfg, fmt)
@@ -63,7 +66,7 @@ def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict,
                                  f"(it takes: {', '.join(accepted) or 'none'})")
         sessions = reader(path, name, report.skipped, **options)
         report.read = sum(len(s.turns) for s in sessions)
-        sessions = _transformed(sessions, cfg, report)
+        sessions = _transformed(sessions, cfg, report, seed)
     else:
         trace = open_loop()
         report = trace.report
@@ -77,7 +80,7 @@ def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict,
     return out
 
 
-def _transformed(sessions: list, cfg: TraceConfig, report: TraceReport) -> list:
+def _transformed(sessions: list, cfg: TraceConfig, report: TraceReport, seed: int) -> list:
     origin = min(s.start for s in sessions) if sessions else 0.0
     sessions = [replace(s, start=(s.start - origin) / cfg.rate_scale) for s in sorted(sessions, key=lambda s: s.start)]
     if sessions and sessions[-1].start > MAX_ARRIVAL_S:
@@ -95,5 +98,11 @@ def _transformed(sessions: list, cfg: TraceConfig, report: TraceReport) -> list:
         sessions = kept
     sessions, (report.clipped_prompts, report.clipped_outputs) = clip_sessions(
         sessions, cfg.max_prompt_tokens, cfg.max_output_tokens)
+    if cfg.tool_calls:               # a turn pauses for tools as any request does (seeded per turn)
+        turns = [t for s in sessions for t in s.turns]
+        calls = iter(add_tool_calls([t.output_tokens for t in turns], dict(cfg.tool_calls),
+                                    np.random.default_rng([seed, 5])))
+        sessions = [replace(s, turns=tuple(t if t.tool_calls else replace(t, tool_calls=next(calls))
+                                           for t in s.turns)) for s in sessions]
     return sessions
 

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 import policylab.traces.fields as F
-from policylab.core.closed_loop import SessionPlan
+from policylab.core.extensions.sessions import SessionPlan
 from policylab.core.request import TraceRequest
 from policylab.traces.errors import TraceError
+from policylab.traces.tool_calls import clip_tool_calls
 
 FORMAT = "sessions"
 REQUIRED = ("session", "turn", "new_tokens", "output_tokens")
@@ -40,6 +41,15 @@ class Turn:
     ttft_slo: Optional[float] = None
     tpot_slo: Optional[float] = None
     max_tokens: Optional[int] = None
+    # what a request of any trace may also ask for, kept when a turn becomes a request
+    n: int = 1                       # parallel samples (copy-on-write forks)
+    fork_output_tokens: tuple = ()
+    beam_width: int = 1
+    tool_calls: tuple = ()           # ToolCalls it pauses for
+    spec_acceptance: Optional[float] = None
+
+
+FEATURE_FIELDS = ("n", "fork_output_tokens", "beam_width", "tool_calls", "spec_acceptance")
 
 
 @dataclass(frozen=True)
@@ -145,7 +155,8 @@ def write_sessions(path, sessions: Iterable[Session]) -> int:
 def one_turn_sessions(trace: list) -> list:
     """An open-loop trace as sessions of one turn each (what `trace.concurrency` users send)."""
     return [Session(str(i), t.arrival_time, (Turn(t.prompt_tokens, t.output_tokens, 0.0, t.client, t.priority,
-                                                   t.ttft_slo, t.tpot_slo, t.max_tokens),), t.prefix_hashes)
+                                                   t.ttft_slo, t.tpot_slo, t.max_tokens,
+                                                   **{k: getattr(t, k) for k in FEATURE_FIELDS}),), t.prefix_hashes)
             for i, t in enumerate(trace)]
 
 
@@ -159,7 +170,8 @@ def plan_of(sessions: list, concurrency: Optional[int] = None) -> SessionPlan:
         for k, t in enumerate(s.turns):
             prompt = context + t.new_tokens
             trace.append(TraceRequest(s.start, prompt, t.output_tokens, t.client or s.id, t.priority, t.ttft_slo,
-                                      t.tpot_slo, s.prefix_hashes if k == 0 else (), t.max_tokens))
+                                      t.tpot_slo, s.prefix_hashes if k == 0 else (), t.max_tokens,
+                                      **{f: getattr(t, f) for f in FEATURE_FIELDS}))
             session.append(s.id)
             turn.append(k)
             think.append(t.think_time if k else 0.0)
@@ -177,7 +189,7 @@ def clip_sessions(sessions: list, max_new: Optional[int], max_output: Optional[i
         out = t.output_tokens if max_output is None else min(t.output_tokens, max_output)
         clipped[0] += new < t.new_tokens
         clipped[1] += out < t.output_tokens
-        return replace(t, new_tokens=new, output_tokens=out)
+        return replace(t, new_tokens=new, output_tokens=out, tool_calls=clip_tool_calls(t.tool_calls, out))
     if max_new is None and max_output is None:
         return sessions, (0, 0)
     out = [replace(s, turns=tuple(clip(t) for t in s.turns)) for s in sessions]

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from policylab.core.request import MAX_ARRIVAL_S
-from policylab.core.tool_calls import ToolCall
+from policylab.core.extensions.tool_calls import ToolCall
 from policylab.traces.errors import TraceError, shown
 
 KEYS = ("after_tokens", "duration_s", "result_tokens")

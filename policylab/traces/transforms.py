@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policylab.core.request import MAX_ARRIVAL_S
 from policylab.core.request import TraceRequest
 from policylab.traces.errors import TraceError
 from policylab.traces.replicate import physical_memory, resample, tile
@@ -64,6 +65,11 @@ def check_config(cfg) -> None:
         raise _bad("rate_scale", f"must be > 0, got {cfg.rate_scale}")
     if cfg.max_requests is not None and cfg.max_requests < 1:
         raise _bad("max_requests", f"must be >= 1 or null, got {cfg.max_requests}")
+    if cfg.client_timeout is not None and (isinstance(cfg.client_timeout, bool) or
+                                           not isinstance(cfg.client_timeout, (int, float)) or
+                                           not 0 < cfg.client_timeout <= MAX_ARRIVAL_S):
+        raise _bad("client_timeout", f"must be a number of seconds in (0, {MAX_ARRIVAL_S:g}] or null, "
+                   f"got {cfg.client_timeout!r}")
     if cfg.start_time is not None and cfg.end_time is not None and cfg.end_time <= cfg.start_time:
         raise _bad("end_time", f"must be after start_time ({cfg.start_time}), got {cfg.end_time}")
     for name in ("max_prompt_tokens", "max_output_tokens"):

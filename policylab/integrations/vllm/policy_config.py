@@ -22,12 +22,12 @@ from pathlib import Path
 
 import yaml
 
-from policylab.core.config import FairnessConfig, SloConfig
+from policylab.core.config import FairnessConfig, QoeConfig, SloConfig
 from policylab.core.policy import Policy
 
 POLICY_ENV = "POLICYLAB_POLICY"
 DEFAULT_POLICY = "chunked"
-_INTERPOLATION = re.compile(r"^\$\{(slo|fairness)\.(\w+)\}$")
+_INTERPOLATION = re.compile(r"^\$\{(slo|fairness|qoe)\.(\w+)\}$")
 
 
 class PolicyConfigError(ValueError):
@@ -86,7 +86,7 @@ def _resolve(value):
         m = _INTERPOLATION.match(value)
         if m:
             group, key = m.groups()
-            defaults = {"slo": SloConfig(), "fairness": FairnessConfig()}[group]
+            defaults = {"slo": SloConfig(), "fairness": FairnessConfig(), "qoe": QoeConfig()}[group]
             if key not in {f.name for f in fields(defaults)}:
                 raise PolicyConfigError(f"unknown interpolation {value}")
             env = os.environ.get(f"POLICYLAB_{group.upper()}_{key.upper()}")

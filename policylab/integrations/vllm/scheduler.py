@@ -112,7 +112,7 @@ class PolicyScheduler(Scheduler):
         self._views[rid] = new_request_view(live, self._kv)
         self._int_id[request.request_id] = rid
         reason = never_fits(request.num_prompt_tokens, request.max_tokens, self.max_model_len, self._kv.num_blocks,
-                            self.block_size)
+                            self.block_size, stop_at_limit=True)    # (vLLM stops a long one at max_model_len)
         if reason:                       # as policylab's engine: refused on arrival, no policy sees it
             self._views.pop(rid)
             self._reject(live, reason)
@@ -163,7 +163,7 @@ class PolicyScheduler(Scheduler):
         plan = self.policylab_policy.schedule(view)
         self._sampled, self._arrived = [], []
         if any((getattr(plan, "spec_tokens", None) or {}).values()):
-            from policylab.core.speculative import VLLM_REFUSAL
+            from policylab.core.extensions.speculation import VLLM_REFUSAL
             raise ContractViolation(self.policy_name, "spec_unsupported", VLLM_REFUSAL)
         validate_plan(view, plan, self.policy_name)
         return self._apply(view, plan, now)

@@ -3,7 +3,7 @@
 A policy reads requests through `RequestView`s and the cache through a block manager; both
 are read here straight from vLLM: `LiveRequest` stands where the engine's `Request` stands
 (its fields are properties over vLLM's `Request` and its block list), `LiveKV` where the
-`BlockManager` stands (free blocks, reference counts and prefix-cache lookups of vLLM's
+`KVManager` stands (free blocks, reference counts and prefix-cache lookups of vLLM's
 block pool). So the view of a step costs what the policy reads, and `validate_plan` checks a
 plan against exactly the numbers vLLM will allocate from.
 
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from policylab.core.contract import DecodeFacts, RequestView, SchedulerView
-from policylab.core.kv import new_blocks, plan_cost
+from policylab.core.kv.blocks import new_blocks, plan_cost
 from policylab.core.request import Status
 
 _EMPTY = ()
@@ -44,7 +44,7 @@ class BlockIds:
 
 
 class RefCounts:
-    """vLLM's live reference counts by block id, indexed as `BlockManager`'s own list is."""
+    """vLLM's live reference counts by block id, indexed as `KVManager`'s own list is."""
 
     __slots__ = ("_blocks",)
 
@@ -76,14 +76,14 @@ class CacheMap(Mapping):
 
 
 class LiveKV:
-    """policylab's `BlockManager` cost queries, answered by vLLM's KV cache manager.
+    """policylab's `KVManager` cost queries, answered by vLLM's KV cache manager.
 
     vLLM keeps block 0 as a null block that no request ever holds, so the usable total is one
     less than the pool. A prefix-cache lookup is vLLM's own (`find_longest_cache_hit` of the
     single full-attention group) and is remembered until the next step starts (`new_step`):
     nothing between a plan and its execution evicts a cached block (preempting or rejecting
     only frees blocks, which keep their hashes), so the scheduler adopts exactly the blocks the
-    policy planned with. Every answer has `BlockManager`'s meaning, read from vLLM's reference
+    policy planned with. Every answer has `KVManager`'s meaning, read from vLLM's reference
     counts and free-block count, so `validate_plan` checks a plan against the numbers vLLM
     allocates from.
     """
@@ -95,7 +95,7 @@ class LiveKV:
         self.block_size = block_size
         self.num_blocks = self.pool.num_gpu_blocks - 1
         self.prefix_caching = bool(kv_cache_manager.enable_caching)
-        self.cow = self.tiers = None    # vLLM serves no copy-on-write forks or prefix tiers here (refused before
+        self.sharing = False            # vLLM serves no copy-on-write forks or prefix tiers here (refused before
                                         # it starts)
         self._blocks = self.pool.blocks
         self._ref_counts = RefCounts(self._blocks)
@@ -140,6 +140,14 @@ class LiveKV:
         if blocks is None:
             blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, (r.num_tokens - 1) // self.block_size)
         return blocks
+
+    def cached_keys(self, r) -> tuple:
+        """`hits(r)` as policies compare them: vLLM's block ids."""
+        return self.hits(r)
+
+    def write_copies(self, writes, preempted=()) -> int:
+        """No block is shared by forks here: no copy-on-write."""
+        return 0
 
     def blocks_needed(self, r, n: int) -> int:
         """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included:

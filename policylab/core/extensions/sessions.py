@@ -9,25 +9,21 @@ session: the later turns are rejected with a reason naming it. With `concurrency
 sessions (an open-loop trace: one turn each) are run by N users, each starting its next
 session the moment its last one ended; the recorded start times are then not used.
 
-The client drives an `Engine` (`attach`: the engine's `_admit` takes its due arrivals, its
-`_done` reports completions) or a `Cluster` (its loop routes the client's arrivals at their
-time, its `done` reports completions): one event order for both, so a one-replica cluster and
-an engine replay a closed loop alike.
+The client is an extension of whoever replays it: an engine (its turns delivered to the engine)
+or a cluster (routed at their time like any arrival). Its turns are events of the replay's one
+queue in both, so a one-replica cluster and an engine replay a closed loop alike.
 """
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from policylab.core.request import Status, TraceRequest
+from policylab.core.extension import Extension
+from policylab.core.request import Status
 from policylab.core.synthetic_prompts import synthesize_prompt
-
-INF = math.inf
 
 
 @dataclass
@@ -65,20 +61,27 @@ class SessionPlan:
                "after the previous one finished"
 
 
-class ClosedLoopClient:
-    """The arrival source of a closed-loop replay (see the module docstring)."""
+class ClosedLoop(Extension):
+    """The arrival source of a closed-loop replay (see the module docstring): its turns are events
+    of the replay's queue, delivered to the runner it is bound to (an engine's operations, or a
+    cluster: `schedule_arrival`, `deliver`, `refuse`, `request`, `vocab_size`, `seed`)."""
 
-    def __init__(self, plan: SessionPlan, vocab_size: int, seed: int, prefix_block_tokens: int):
-        self.plan, self.vocab_size, self.seed, self.pbt = plan, vocab_size, seed, prefix_block_tokens
-        self._due: list = []             # (time, sequence, req_id, reason): turns due to arrive or be refused
-        self._sequence = 0
+    name = "sessions"
+
+    def __init__(self, plan: SessionPlan, prefix_block_tokens: int):
+        self.plan, self.pbt = plan, prefix_block_tokens
         self._in_flight = 0              # delivered turns not done yet
         self._refused: set = set()       # turns refused (their session ended), not yet reported done
         self._conversation: dict = {}    # req_id of the next turn -> ids of the conversation before it
         self._ended: dict = {}           # session -> why it ended early (its later turns are refused)
-        self._holders: list = []         # (trace list, transform) to write an arriving turn into
-        self._requests = None            # req_id -> Request (the engine's or the cluster's list)
         self._queue = list(plan.firsts)  # sessions not started yet (start order)
+        self._scheduled = 0              # turns on the queue, not yet due
+
+    def bind(self, runner) -> None:
+        """Become the arrival source of `runner`, and put the first turns on its queue."""
+        super().bind(runner)
+        runner.take_arrivals(self)
+        plan = self.plan
         if plan.concurrency is None:
             for i in self._queue:
                 self._push(plan.trace[i].arrival_time, i)
@@ -88,57 +91,36 @@ class ClosedLoopClient:
             for _ in range(min(plan.concurrency, len(self._queue))):
                 self._push(0.0, self._queue.pop())
 
-    # ------------------------------------------------------------- wiring
-    def bind(self, requests: list, holders: list) -> None:
-        """`requests`: the driver's req_id -> Request list; `holders`: (trace list, transform)
-        pairs every arriving turn's TraceRequest is written into (the driver's and each engine's)."""
-        self._requests, self._holders = requests, holders
-
-    # ------------------------------------------------------------- driver side
-    def next_time(self) -> float:
-        """When the next turn is due (INF: none is scheduled yet)."""
-        return self._due[0][0] if self._due else INF
+    def section(self):
+        return self.plan
 
     def pending(self) -> bool:
         """More turns can still arrive (scheduled, or after a turn in flight finishes)."""
-        return bool(self._due) or self._in_flight > 0
+        return self._scheduled > 0 or self._in_flight > 0
 
-    def next_arrival_time(self) -> Optional[float]:
-        """For a single engine whose policy waits: the next due time, or None when no turn is
-        scheduled (what is in flight runs on this engine, so only its policy can make more come)."""
-        t = self.next_time()
-        return None if t == INF else t
+    # ------------------------------------------------------------- events
+    def _push(self, time: float, i: int, reason: str = "") -> None:
+        self._scheduled += 1
+        self.ops.schedule_arrival(time, self._turn, (i, reason))
 
-    def pop(self) -> tuple:
-        """(req_id, reason) of the turn due first: reason "" to deliver it (its TraceRequest, with
-        its arrival time and prompt, now written into every holder), else why it is refused."""
-        time, _, i, reason = heapq.heappop(self._due)
+    def _turn(self, arg: tuple, time: float) -> None:
+        """Turn i is due: delivered (its TraceRequest written now, with its arrival time and the
+        conversation as its prompt), or refused with `reason`."""
+        i, reason = arg
+        self._scheduled -= 1
         t = self.plan.trace[i]
         if reason:
-            t = dataclasses.replace(t, arrival_time=time)
             self._refused.add(i)
-        else:
-            self._in_flight += 1
-            ids = self._prompt_ids(i)
-            t = dataclasses.replace(t, arrival_time=time) if ids is None else \
-                dataclasses.replace(t, arrival_time=time, prompt_tokens=len(ids), prompt_ids=ids)
-        for trace, transform in self._holders:
-            trace[i] = transform(t) if transform else t
-        return i, reason
+            return self.ops.refuse(i, reason, dataclasses.replace(t, arrival_time=time))
+        self._in_flight += 1
+        ids = self._prompt_ids(i)
+        t = dataclasses.replace(t, arrival_time=time) if ids is None else \
+            dataclasses.replace(t, arrival_time=time, prompt_tokens=len(ids), prompt_ids=ids)
+        self.ops.deliver(i, t)
 
-    def admit(self, engine) -> None:
-        """A single engine's admission: every turn due by its clock arrives (or is refused)."""
-        now = engine.clock.now
-        while self._due and self._due[0][0] <= now:
-            i, reason = self.pop()
-            if reason:
-                engine.refuse(i, reason)
-            else:
-                engine.deliver(i)
-
-    def finished(self, req_id: int) -> None:
+    def on_request_done(self, req_id: int) -> None:
         """Request `req_id` is done (finished or rejected): schedule what follows it."""
-        r, plan = self._requests[req_id], self.plan
+        r, plan = self.ops.request(req_id), self.plan
         if r is None:
             return
         session = plan.session[req_id]
@@ -161,44 +143,15 @@ class ClosedLoopClient:
         if self._queue:                  # (closed-loop users only) this user starts its next session
             self._push(now, self._queue.pop())
 
-    # ------------------------------------------------------------- internals
-    def _push(self, time: float, i: int, reason: str = "") -> None:
-        heapq.heappush(self._due, (time, self._sequence, i, reason))
-        self._sequence += 1
-
     def _prompt_ids(self, i: int) -> Optional[np.ndarray]:
         """The prompt of turn i: the conversation before it plus its new tokens (a session's turn 0:
         its own tokens, real ids so that its KV blocks are hashed for the next turn). None: a
         one-turn session keeps the engine's own prompt synthesis (an open-loop request's prompt)."""
-        plan, t = self.plan, self.plan.trace[i]
+        plan, t, ops = self.plan, self.plan.trace[i], self.ops
         before = self._conversation.pop(i, None)
         if before is None:
             if not plan.has_next(i):
                 return None
-            return synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, self.vocab_size, self.seed, self.pbt)
-        new = synthesize_prompt(i, plan.new_tokens[i], (), self.vocab_size, self.seed, self.pbt)
+            return synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes, ops.vocab_size, ops.seed, self.pbt)
+        new = synthesize_prompt(i, plan.new_tokens[i], (), ops.vocab_size, ops.seed, self.pbt)
         return np.concatenate([before, new])
-
-
-def attach(runner, plan: SessionPlan) -> ClosedLoopClient:
-    """Make `runner` (an Engine or a Cluster built on `plan.trace`) replay `plan` in closed loop;
-    its `run()` then replays the sessions. Returns the client (also `runner.arrivals`)."""
-    replicas = getattr(runner, "replicas", None)
-    engines = [rep.engine for rep in replicas] if replicas is not None else [runner]
-    if any(len(e.trace) != len(plan.trace) for e in engines):
-        raise ValueError("closed loop: the engines were not built on the session plan's trace")
-    first = engines[0]
-    client = ClosedLoopClient(plan, first.dataplane.vocab_size, first.seed, first.prefix_block_tokens)
-    holders = [(rep.engine.trace, _front if rep.role == "prefill" else None) for rep in replicas or ()]
-    client.bind(runner.requests, holders + [(runner.trace, None)])
-    if replicas is not None:
-        runner.take_arrivals_from(client)
-    else:
-        runner.arrivals = client
-        runner.take_arrivals_from(client.next_arrival_time)
-    return client
-
-
-def _front(t: TraceRequest) -> TraceRequest:
-    """A prefill replica's view of a request: it ends after its first token (cluster.disagg)."""
-    return dataclasses.replace(t, output_tokens=min(t.output_tokens, 1))

@@ -1,7 +1,7 @@
 """Host and disk tiers under the device prefix cache: a cached block the device evicts is offloaded,
 not lost (SGLang's HiCache, LMCache, vLLM's CPU offloading).
 
-When `BlockManager` evicts a free, hashed block to reuse it, its KV is copied to the host tier
+When the block pool evicts a free, hashed block to reuse it, its KV is copied to the host tier
 (`engine.prefix_host_blocks`); when the host tier is full its least recently offloaded block
 moves down to the disk tier (`engine.prefix_disk_blocks`), and the disk tier's least recent one
 is dropped. A prompt's lookup continues below the device: a block found on the host or the disk
@@ -19,9 +19,8 @@ import os
 import tempfile
 from collections import OrderedDict
 
-from policylab.core.batch import StepResult
-from policylab.core.disk_space import check_free, reserve
-from policylab.core.swap import make_link
+from policylab.core.kv.disk_space import check_free, reserve
+from policylab.core.kv.host import make_link
 
 # (read bytes/s, write bytes/s, latency s per step that touches the disk): sustained sequential rates.
 DISK_PRESETS = {
@@ -189,21 +188,16 @@ class PrefixTiers:
     """The engine's host and disk tiers for prefix-cache blocks: offload on eviction, lower-tier
     hits, promotion at a request's start, transfer time charged to the next executed step."""
 
-    def __init__(self, cfg, dataplane, stats: dict):
+    def __init__(self, cfg, plane, stats: dict):
         check_tier_config(cfg)
         self.block_size = cfg.block_size
         self.host = TierStore("host", cfg.prefix_host_blocks)
         self.disk = DiskStore(cfg.prefix_disk_blocks, cfg.prefix_disk_path)
         self.link = make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
         self.disk_read, self.disk_write, self.disk_latency = DISK_PRESETS[cfg.prefix_disk]
-        if not hasattr(dataplane, "kv_block_bytes"):
-            raise ValueError(f"engine.prefix_host_blocks={cfg.prefix_host_blocks}: data plane "
-                             f"{type(dataplane).__name__} cannot say how many bytes a KV block holds")
-        self.block_bytes = float(dataplane.kv_block_bytes(cfg.block_size))
-        self._export = getattr(dataplane, "export_kv", None)
-        if self._export is not None and self.disk.capacity:     # (payloads: the disk tier has a file)
+        self.plane, self.block_bytes = plane, plane.block_bytes
+        if plane.holds_contents and self.disk.capacity:      # (payloads: the disk tier has a file)
             self.disk.check_space(self.block_bytes)
-        self._import = getattr(dataplane, "import_kv", None)
         self.verify = cfg.check_invariants
         self._pending: list = []         # (table, its lower-tier hits) deferred by acquire
         self._link_blocks = self._disk_reads = self._disk_writes = 0   # since the last executed step
@@ -217,7 +211,7 @@ class PrefixTiers:
     def offload(self, b: int, h) -> None:
         """The device evicts cached block `b` (hash `h`) to reuse it: its KV goes to the host tier
         (read before the block is overwritten: its new owner computes only when the step runs)."""
-        payload = self._export([b]).to("cpu") if self._export is not None else None
+        payload = self.plane.export([b])
         self._link_blocks += 1
         self.stats["host_offloaded_blocks"] += 1
         out = self.host.put(h, payload)
@@ -308,11 +302,9 @@ class PrefixTiers:
         bs = self.block_size
         kv.grow(table, (len(table) + 1) * bs)        # may evict (and offload) a free cached block
         b = table[-1]
-        if payload is not None and self._import is not None:
-            self._import([b], payload)
-            if self.verify:
-                assert self._export([b]).to("cpu").equal(payload.to("cpu")), \
-                    f"prefix tiers: block {b} promoted from the {tier} tier with other content"
+        self.plane.restore([b], payload)
+        if self.verify:
+            assert self.plane.equal([b], payload), f"prefix tiers: block {b} promoted from the {tier} tier with other content"
         kv.register(table, hit.hashes, len(table) * bs, len(table) - 1)
         self._link_blocks += 1
         if tier == "disk":
@@ -326,8 +318,8 @@ class PrefixTiers:
     def moved(self) -> bool:
         return bool(self._link_blocks or self._disk_reads or self._disk_writes)
 
-    def with_transfer(self, result: StepResult) -> StepResult:
-        """The step's result with the tiers' copies in its duration (disk, then the link: in series)."""
+    def transfer_times(self) -> tuple:
+        """(link seconds, disk seconds) of the copies since the last executed step, counted and reset."""
         nbytes = self.block_bytes
         host_time = self.link.transfer_time(self._link_blocks, nbytes)
         disk_time = self.disk_latency + nbytes * (self._disk_reads / self.disk_read + self._disk_writes /
@@ -338,8 +330,7 @@ class PrefixTiers:
         s["host_transfer_time"] += host_time
         s["disk_transfer_time"] += disk_time
         self._link_blocks = self._disk_reads = self._disk_writes = 0
-        return StepResult(result.sampled, self.link.step_duration(result.duration, host_time + disk_time),
-                          result.accepted)
+        return host_time, disk_time
 
     # ------------------------------------------------------------------ checks
     def check(self, kv) -> None:
@@ -349,8 +340,3 @@ class PrefixTiers:
         device, host, disk = set(kv.cache_map), set(self.host.hashes()), set(self.disk.hashes())
         assert not (device & host or device & disk or host & disk), "prefix tiers: a block cached on two tiers"
         assert not self._pending, "prefix tiers: promotions left pending"
-
-
-def make_prefix_tiers(cfg, dataplane, stats: dict):
-    """The tiers when `engine.prefix_host_blocks` > 0 (None: the device cache alone, as before)."""
-    return PrefixTiers(cfg, dataplane, stats) if cfg.prefix_host_blocks and cfg.enable_prefix_caching else None

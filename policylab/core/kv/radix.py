@@ -5,7 +5,7 @@ Each node is one cached block; its edge from the parent is labelled by the block
 path walked from the root while its blocks' labels match: block-granular matching, as SGLang's
 tree with a page size equal to the block size (block_size=1 matches token by token).
 
-What the tree adds over the flat hash map is its shape: `BlockManager` evicts *leaves* first
+What the tree adds over the flat hash map is its shape: the block pool evicts *leaves* first
 (least recently freed leaf), so a shared prefix is never evicted while a cached continuation of
 it is still reachable. When a block's parent is evicted anyway (no free leaf is left), its
 children are kept aside under the parent's label and re-attached if that label is cached again,

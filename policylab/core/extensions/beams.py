@@ -8,18 +8,22 @@ log-probabilities; on the sim, which samples no distribution, a seeded draw of l
 in (0, 1]). Whenever every beam of a request is running and all have the same number of tokens
 (a round), the w // 2 lowest-scoring beams are replaced by copies of the best one: a loser drops
 its blocks, takes a reference on each of the best beam's, its tokens and its score. The blocks
-they then share are copied when either writes into them (`policylab.core.forks`).
+they then share are copied when either writes into them (`policylab.core.extensions.forks`).
 
 This is a stochastic beam (each beam samples one continuation and the worst are resampled from
 the best), not the top-w expansion of every beam's candidates: it exercises forking running
 sequences on the fly and copy-on-write at every round, which is the KV behaviour of beam search.
-A round is skipped while some beam is preempted or not yet in step with the others.
+A round is skipped while some beam is preempted, recomputing its KV (running, but not decoding)
+or not yet in step with the others.
+Under speculative decoding a beam's step emits its accepted drafts and one sampled token: the
+score adds that sampled token's log-probability (the drafts' are not asked for), and beams that
+accept different numbers of drafts fall out of step until a round finds them level again.
 """
 from __future__ import annotations
 
 import math
 
-from policylab.core.request import Request, Status
+from policylab.core.request import Request, Status, is_decoding
 from policylab.core.rng import hash_key
 
 _UNIT = 2.0 ** -53
@@ -33,11 +37,10 @@ def beam_width_of(t, override: int) -> int:
 class BeamSearch:
     """Scores of each beam, and the round at which each request's beams last compared."""
 
-    def __init__(self, engine, seed: int, stats: dict):
-        self.engine, self.seed, self.stats = engine, seed, stats
+    def __init__(self, ops, seed: int, stats: dict):
+        self.ops, self.seed, self.stats = ops, seed, stats
         self.score: dict = {}            # req_id of a beam -> its log-probability so far
         self.round: dict = {}            # req_id of a beam request -> tokens when last compared
-        self.logprobs = getattr(engine.dataplane, "sampled_logprobs", None)
 
     def start(self, parent: Request, forks: list) -> None:
         """The beams of `parent` begin from its first token, which they share (not scored)."""
@@ -48,22 +51,20 @@ class BeamSearch:
 
     def after_step(self, sampled_ids: list, sampled: list) -> None:
         """Score this step's tokens of beams, then compare the beams of each request in step."""
-        score, reqs = self.score, self.engine.requests
-        rows = [i for i, rid in enumerate(sampled_ids) if rid in score and len(reqs[rid].output_ids) > 1]
+        score, request = self.score, self.ops.request
+        rows = [i for i, rid in enumerate(sampled_ids) if rid in score and len(request(rid).output_ids) > 1]
         if not rows:
             return
-        if self.logprobs is not None:
-            values = self.logprobs(rows, [sampled[i] for i in rows])
-        else:
-            values = [self._sim_logprob(sampled_ids[i], len(reqs[sampled_ids[i]].output_ids)) for i in rows]
+        values = self.ops.logprobs(rows, [sampled[i] for i in rows])
+        if values is None:           # (a plane that samples no distribution)
+            values = [self._sim_logprob(sampled_ids[i], len(request(sampled_ids[i]).output_ids)) for i in rows]
         parents = {}
         for i, lp in zip(rows, values):
             rid = sampled_ids[i]
             score[rid] = score.get(rid, 0.0) + lp
-            r = reqs[rid]
-            parents[r.trace_id] = None
+            parents[request(rid).trace_id] = None
         for pid in parents:
-            self._compare(reqs[pid])
+            self._compare(request(pid))
 
     def _sim_logprob(self, rid: int, position: int) -> float:
         u = ((hash_key("beam", self.seed, rid, position) >> 11) + 1) * _UNIT
@@ -73,10 +74,11 @@ class BeamSearch:
         beams = (parent, *(parent.forks or ()))
         length = len(parent.output_ids)
         if len(beams) < 2 or length <= self.round.get(parent.req_id, length) or any(
-                b.status is not Status.RUNNING or len(b.output_ids) != length for b in beams):
-            return
+                b.status is not Status.RUNNING or len(b.output_ids) != length or not is_decoding(b) for b in beams):
+            return          # (a beam recomputing its KV is running and in step, but its table holds
+                            # fewer tokens than it claims: no copy of it, and none made of it, until it decodes)
         self.round[parent.req_id] = length
-        if length >= self.engine.target_len[parent.req_id]:
+        if length >= self.ops.target(parent.req_id):
             return
         score = self.score
         ranked = sorted(beams, key=lambda b: (-score.get(b.req_id, 0.0), b.req_id))
@@ -87,9 +89,8 @@ class BeamSearch:
     def _replace(self, loser: Request, best: Request) -> None:
         """`loser` becomes a copy of `best` (same computed tokens): its tables and token lists are
         changed in place, so the engine's decode batch, which holds them, stays valid."""
-        kv = self.engine.kv
-        kv.release(loser.block_table)
-        kv.acquire(loser.block_table, best.block_table)
+        kv = self.ops.kv
+        kv.adopt(loser.block_table, best.block_table)
         loser.output_ids[:] = best.output_ids
         del loser.block_hashes[len(loser.prompt_ids) // kv.block_size:]   # its output blocks: new content
         self.score[loser.req_id] = self.score.get(best.req_id, 0.0)

@@ -1,17 +1,17 @@
-"""Swap preemption's host tier and the link KV crosses to reach it.
+"""Swap space: the host-memory KV of swapped-out requests, and the link KV crosses to reach it.
 
 A plan may preempt a running request by swap instead of recompute (`StepPlan.swap`): its
 computed blocks are copied to host memory, its device blocks are freed, and it waits with its
 computed tokens intact. When the policy schedules it again, it takes as many device blocks,
 its KV is copied back, and it continues where it stopped. The copies are not free: the step
 that moves them lasts longer by the link's transfer time (`TransferLink`), hidden behind the
-step's compute when the link overlaps it.
+step's compute when the link overlaps it. The prefix tiers (`policylab.core.kv.tiers`) cross
+the same link; the KV manager charges both to the step once (`KVManager.timed`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-
-from policylab.core.batch import StepResult
 
 # (bandwidth in bytes/s one way, latency in s per transfer): effective one-direction rates.
 LINK_PRESETS = {
@@ -43,9 +43,9 @@ def make_link(preset: str, bandwidth: float | None, latency: float | None, overl
     bw, lat = LINK_PRESETS[preset]
     bw = bw if bandwidth is None else bandwidth
     lat = lat if latency is None else latency
-    if not 0 < bw < float("inf"):
+    if not 0 < bw < math.inf:
         raise ValueError(f"engine.swap_bandwidth must be a finite number of bytes/s > 0, got {bw}")
-    if not 0 <= lat < float("inf"):
+    if not 0 <= lat < math.inf:
         raise ValueError(f"engine.swap_latency must be a finite number of seconds >= 0, got {lat}")
     return TransferLink(float(bw), float(lat), bool(overlap))
 
@@ -107,28 +107,23 @@ class HostTier:
         assert len(set(held) | set(self._free)) == self.num_blocks, "host tier: a block is lost or counted twice"
 
 
-class Swapper:
-    """The engine's side of swap preemption: the host tier, the link, the blocks moved since the
-    last executed step (their transfer is charged to the next one) and the run's counters."""
+SWAP_STATS = ("swap_outs", "swap_ins", "swapped_out_blocks", "swapped_in_blocks", "swap_in_cached_blocks",
+              "transfer_time", "recomputed_tokens")
 
-    def __init__(self, cfg, dataplane):
-        self.host = HostTier(cfg.host_kv_blocks)
-        self.link = make_link(cfg.swap_link, cfg.swap_bandwidth, cfg.swap_latency, cfg.swap_overlap)
-        self.dataplane, self.block_bytes, self.moved_blocks = dataplane, 0.0, 0
-        if cfg.host_kv_blocks:
-            if not hasattr(dataplane, "kv_block_bytes"):
-                raise ValueError(f"engine.host_kv_blocks={cfg.host_kv_blocks}: data plane "
-                                 f"{type(dataplane).__name__} cannot say how many bytes a KV block holds")
-            self.block_bytes = float(dataplane.kv_block_bytes(cfg.block_size))
-        self.stats = {"swap_outs": 0, "swap_ins": 0, "swapped_out_blocks": 0, "swapped_in_blocks": 0,
-                      "swap_in_cached_blocks": 0, "transfer_time": 0.0, "recomputed_tokens": 0}
+
+class SwapSpace:
+    """The KV manager's swap strategy: the host tier, and the blocks moved over the link since the
+    last executed step (their transfer is charged to the next one)."""
+
+    def __init__(self, num_blocks: int, plane, stats: dict):
+        self.host = HostTier(num_blocks)
+        self.plane, self.stats, self.moved_blocks = plane, stats, 0
 
     def swap_out(self, r, block_size: int) -> None:
-        """Copy a preempted request's computed blocks to the host tier (the engine then frees its
-        device KV; it keeps its computed tokens and resumes exactly there)."""
+        """Copy a preempted request's computed blocks to the host tier (the KV manager then frees
+        its device KV; it keeps its computed tokens and resumes exactly there)."""
         n = -(-r.num_computed_tokens // block_size)
-        export = getattr(self.dataplane, "export_kv", None)
-        payload = export(r.block_table[:n]).to("cpu") if export is not None else None
+        payload = self.plane.export(r.block_table[:n])
         self.host.put(r.req_id, n, payload, r.num_computed_tokens)
         r.swapped_blocks = n
         self.moved_blocks += n
@@ -139,8 +134,8 @@ class Swapper:
         """Copy a swapped request's KV from the host tier into the device blocks just taken for it;
         its first `cached` blocks were still in the device's prefix cache (taken as hits): not copied."""
         n, payload = r.swapped_blocks, self.host.take(r.req_id)
-        if payload is not None and n > cached:
-            self.dataplane.import_kv(r.block_table[cached:n], payload, cached)
+        if n > cached:
+            self.plane.restore(r.block_table[cached:n], payload, cached)
         r.swapped_blocks = 0
         self.moved_blocks += n - cached
         self.stats["swap_ins"] += 1
@@ -151,10 +146,3 @@ class Swapper:
         """A swapped request leaves without running again (rejected): its host blocks are freed."""
         self.host.take(r.req_id)
         r.swapped_blocks = 0
-
-    def with_transfer(self, result: StepResult) -> StepResult:
-        """The step's result with the swap copies' transfer time in its duration."""
-        transfer = self.link.transfer_time(self.moved_blocks, self.block_bytes)
-        self.moved_blocks = 0
-        self.stats["transfer_time"] += transfer
-        return StepResult(result.sampled, self.link.step_duration(result.duration, transfer), result.accepted)

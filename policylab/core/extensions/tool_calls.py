@@ -25,7 +25,6 @@ everything after it), but they are not output: they have no token time, and metr
 """
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
@@ -33,9 +32,9 @@ import numpy as np
 
 from policylab.core.admission import never_fits
 from policylab.core.contract import ContractViolation
+from policylab.core.extension import Extension
 from policylab.core.kv import blocks_for
 from policylab.core.request import Status
-from policylab.core.request_steps import evict
 
 KV_CHOICES = ("keep", "free", "offload")
 TOOL_KV_MODES = ("policy",) + KV_CHOICES
@@ -98,67 +97,71 @@ def tool_result_ids(seed: int, req_id: int, index: int, n: int, vocab_size: int)
     return rng.integers(1, max(vocab_size, 2), size=n, dtype=np.int32)
 
 
-class ToolCalls:
-    """The engine's side of tool calls: the paused requests, when each tool returns, and the
-    program-level counters. Made only for traces with tool calls (else the engine holds None)."""
+class ToolCalls(Extension):
+    """The engine's side of tool calls: the paused requests, their returns (events of the replay's
+    queue) and the program-level counters. Made only for traces with tool calls."""
 
-    def __init__(self, engine):
-        self.engine, cfg = engine, engine.cfg
-        self.mode = cfg.tool_kv
+    name = "tool_calls"
+    schedules_events = True
+
+    def __init__(self, trace: list, mode: str, host_kv_blocks: int):
+        self.mode = mode
         if self.mode not in TOOL_KV_MODES:
             raise ValueError(f"engine.tool_kv must be one of {', '.join(TOOL_KV_MODES)}, got '{self.mode}'")
-        if self.mode == "offload" and not cfg.host_kv_blocks:
+        if self.mode == "offload" and not host_kv_blocks:
             raise ValueError("engine.tool_kv=offload needs a host tier: set engine.host_kv_blocks > 0")
-        for i, t in enumerate(engine.trace):
+        for i, t in enumerate(trace):
             if t.tool_calls:
                 check_tool_calls(t.tool_calls, t.output_tokens, f"trace request {i}")
         self.reached: dict = {}      # req_id -> calls begun so far
         self.tool_tokens: dict = {}  # req_id -> tool result tokens appended
         self.paused: dict = {}       # req_id -> (its view, KV choice, computed tokens at the pause)
-        self._returns: list = []     # heap of (return time, req_id)
         self._to_recompute: dict = {}   # req_id -> computed tokens freed at its pause (until it restarts)
         self.per_request: dict = {}  # req_id -> [calls, seconds paused, tokens recomputed, kept KV released]
         self.stats = {"tool_calls": 0, "kept": 0, "freed": 0, "offloaded": 0, "offload_fallbacks": 0,
                       "recomputed_tokens": 0, "offloaded_blocks": 0, "paused_time": 0.0, "kept_released": 0}
 
-    # ------------------------------------------------------------- engine hooks
-    def never_fits(self, t, cfg, kv) -> str:
-        """Why a request with its tool tokens can never run ("" if it can)."""
-        return never_fits(t.prompt_tokens, t.output_tokens + t.tool_tokens, cfg.max_model_len,
-                          kv.num_blocks, kv.block_size) if t.tool_calls else ""
+    def section(self):
+        return self
 
-    def arrived(self, i: int) -> None:
+    # ------------------------------------------------------------- engine hooks
+    def admission(self, t) -> str:
+        """Why a request with its tool tokens can never run ("" if it can)."""
+        if not t.tool_calls:
+            return ""
+        kv, cfg = self.ops.kv, self.ops.cfg
+        check_tool_calls(t.tool_calls, t.output_tokens, "a tool-calling request")
+        return never_fits(t.prompt_tokens, t.output_tokens + t.tool_tokens, cfg.max_model_len,
+                          kv.num_blocks, kv.block_size)
+
+    def on_arrival(self, r) -> None:
         """A request arrived: its hidden target is its first pause point."""
-        t = self.engine.trace[i]
-        if t.tool_calls:
+        i = r.req_id
+        if self.ops.trace_request(i).tool_calls:
             self.reached[i] = self.tool_tokens[i] = 0
             self.per_request[i] = [0, 0.0, 0, 0]
-            self.engine.target_len[i] = self._next_target(i)
+            self.ops.set_target(i, self._next_target(i))
 
     def _next_target(self, i: int) -> int:
         """Output ids (tool tokens included) at the request's next pause, or at its end."""
-        e, k = self.engine, self.reached[i]
-        r, calls = e.requests[i], e.trace[i].tool_calls
-        end = min(e.trace[i].output_tokens, r.max_tokens)
+        ops, k = self.ops, self.reached[i]
+        r, t = ops.request(i), ops.trace_request(i)
+        end = min(t.output_tokens, r.max_tokens)
+        calls = t.tool_calls
         stop = calls[k].after_tokens if k < len(calls) and calls[k].after_tokens < end else end
         return stop + self.tool_tokens[i]
 
-    def next_event(self) -> float | None:
-        """When more work can come: the next arrival of the trace or the next tool return."""
-        t = self.engine._next_trace_arrival()
-        if self._returns:
-            return self._returns[0][0] if t is None else min(t, self._returns[0][0])
-        return t
-
-    def pause_at_calls(self, finished: list, now: float) -> list:
+    def on_tokens(self, requests: list, finished: list, now: float) -> list:
         """Of the requests that reached their target this step, those at a tool call pause (their
         KV kept, freed or offloaded, they leave running); the others really finished (returned)."""
-        e, done, paused = self.engine, [], []
-        eos = e._eos
+        if not finished:
+            return finished
+        ops, done, paused = self.ops, [], []
+        eos = ops.eos
         for r in finished:
             rid = r.req_id
             k = self.reached.get(rid)
-            calls = e.trace[rid].tool_calls if k is not None else ()
+            calls = ops.trace_request(rid).tool_calls if k is not None else ()
             if k is None or k >= len(calls) or len(r.token_times) != calls[k].after_tokens \
                     or r.output_ids[-1] == eos:
                 done.append(r)
@@ -166,95 +169,82 @@ class ToolCalls:
             self._pause(r, calls[k], now)
             paused.append(r)
         if paused:
-            gone = set(paused)
-            e.running = [r for r in e._running if r not in gone]
+            ops.leave_running(paused)
         return done
 
     def _pause(self, r, call: ToolCall, now: float) -> None:
-        e, rid = self.engine, r.req_id
-        view = e.views[rid]
-        choice = self.mode if self.mode != "policy" else self._ask_policy(view, call)
-        if choice == "offload" and e.host.num_free < blocks_for(r.num_computed_tokens, e.kv.block_size):
+        ops, rid = self.ops, r.req_id
+        choice = self.mode if self.mode != "policy" else self._ask_policy(rid, call)
+        if choice == "offload" and ops.kv.host_free < blocks_for(r.num_computed_tokens, ops.kv.block_size):
             choice = "free"              # (no host tier, or no room on it)
             self.stats["offload_fallbacks"] += 1
         computed = r.num_computed_tokens
-        e._decoding.discard(rid)
+        ops.stop_decoding(rid)
         if choice != "keep":
-            evict(e, r, choice == "offload")
+            ops.evict(r, choice == "offload")
         if choice == "offload":
             self.stats["offloaded_blocks"] += r.swapped_blocks
         elif choice == "free":
             self._to_recompute[rid] = computed
         r.status = Status.PAUSED
-        del e.views[rid]
-        self.paused[rid] = (view, choice, computed)
+        self.paused[rid] = (ops.hide(rid), choice, computed)
         self.reached[rid] += 1
         self.per_request[rid][0] += 1
         self.per_request[rid][1] += call.duration_s
         self.stats["tool_calls"] += 1
         self.stats[{"keep": "kept", "free": "freed", "offload": "offloaded"}[choice]] += 1
         self.stats["paused_time"] += call.duration_s
-        heapq.heappush(self._returns, (now + call.duration_s, rid))
+        ops.schedule(now + call.duration_s, self._resume, rid)
 
-    def _ask_policy(self, view, call: ToolCall) -> str:
-        e = self.engine
-        hook = getattr(e.policy, "on_tool_call", None)
-        choice = (hook or default_tool_kv)(e._view(), view, call)
+    def _ask_policy(self, rid: int, call: ToolCall) -> str:
+        ops = self.ops
+        hook = ops.policy_hook("on_tool_call") or default_tool_kv
+        view = ops.view()
+        choice = hook(view, view.by_id[rid], call)
         if choice not in KV_CHOICES:
-            raise ContractViolation(e.policy_name, "tool_kv", f"on_tool_call must return one of "
+            raise ContractViolation(ops.policy_name, "tool_kv", f"on_tool_call must return one of "
                                     f"{', '.join(KV_CHOICES)}, got {choice!r}")
         return choice
 
-    def resume_due(self, now: float) -> None:
-        """Requests whose tool has returned by `now` take its tokens and join the waiting queue in
+    def _resume(self, rid: int, _time: float) -> None:
+        """The tool has returned: the request takes its tokens and joins the waiting queue in
         front, as preempted requests do (work begun goes first; kept KV is memory only that
         request can use): the policy schedules the prefill of the tool's tokens like any work."""
-        e, returns, back = self.engine, self._returns, []
-        while returns and returns[0][0] <= now:
-            _, rid = heapq.heappop(returns)
-            view, _, _ = self.paused.pop(rid)
-            r, call = e.requests[rid], e.trace[rid].tool_calls[self.reached[rid] - 1]
-            ids = tool_result_ids(e.seed, rid, self.reached[rid] - 1, call.result_tokens,
-                                  e.dataplane.vocab_size)
-            r.output_ids.extend(int(x) for x in ids)
-            self.tool_tokens[rid] += call.result_tokens
-            e.target_len[rid] = self._next_target(rid)
-            e.views[rid] = view
-            r.status = Status.WAITING
-            back.append(rid)
-            e._arrived.append(rid)
-            e.asleep = False
-        if back:
-            e._waiting.put_back(back)
+        ops = self.ops
+        view, _, _ = self.paused.pop(rid)
+        r, call = ops.request(rid), ops.trace_request(rid).tool_calls[self.reached[rid] - 1]
+        ids = tool_result_ids(ops.seed, rid, self.reached[rid] - 1, call.result_tokens, ops.vocab_size)
+        r.output_ids.extend(int(x) for x in ids)
+        self.tool_tokens[rid] += call.result_tokens
+        ops.set_target(rid, self._next_target(rid))
+        ops.show(rid, view)
+        r.status = Status.WAITING
+        ops.requeue([rid])
 
-    def unstick(self) -> bool:
+    def on_stuck(self) -> str:
         """The policy's plan is empty with requests running, or with nothing more to arrive:
-        free the KV that waiting requests kept (`release_kept`), else, while paused requests hold
-        the memory the running ones need, wait for the next tool to return. Whether the replay
-        can go on."""
+        free the KV that waiting requests kept (`release_kept`: ask again), else, while paused
+        requests hold the memory the running ones need, wait for the next tool to return."""
         if self.release_kept():
-            return True
-        if self._returns:
-            self.engine.clock.idle_until(self._returns[0][0])
-            return True
-        return False
+            return "retry"
+        return "wait" if self.paused else ""
 
     def release_kept(self) -> bool:
         """Free the KV that waiting requests kept through their tool call (they recompute what the
         prefix cache loses), when the policy's plan is empty and the replay could not go on
         otherwise: a policy that never schedules them cannot hold that memory forever. Whether
         anything was freed."""
-        e, released = self.engine, False
-        for rid in list(e._waiting.ids()):
-            r = e.requests[rid]
+        ops, released = self.ops, False
+        for rid in ops.waiting_ids():
+            r = ops.request(rid)
             if r.block_table and rid in self.reached:
-                self._to_recompute[rid] = self._to_recompute.get(rid, 0) + evict(e, r, False)
+                self._to_recompute[rid] = self._to_recompute.get(rid, 0) + ops.evict(r, False)
                 self.stats["kept_released"] += 1
                 self.per_request[rid][3] += 1
                 released = True
         return released
 
-    def started(self, starting: list) -> None:
+    def on_start(self, starting: list) -> None:
         """Requests just started: those freed at a tool call recompute what the cache lost."""
         for r in starting:
             lost = self._to_recompute.pop(r.req_id, None)

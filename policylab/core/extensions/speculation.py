@@ -20,8 +20,10 @@ from typing import Optional
 
 import numpy as np
 
-from policylab.core.spec_rules import check_spec_tokens  # noqa: F401  (the contract's rules of drafts)
+from policylab.core.capabilities import Capability
+from policylab.core.extension import Extension
 from policylab.core.kv import blocks_for
+from policylab.core.spec_rules import check_spec_tokens  # noqa: F401  (the contract's rules of drafts)
 
 METHODS = ("ngram", "draft")
 VLLM_REFUSAL = ("speculative decoding (StepPlan.spec_tokens, speculative.k) runs on dataplane=sim and "
@@ -71,31 +73,37 @@ def ngram_drafts(tokens: np.ndarray, k: int, n_min: int = 1, n_max: int = 3) -> 
 
 
 # ------------------------------------------------------------------- engine
-class Speculation:
-    """The engine's speculative steps and the run's counters (`stats`, summary.json's `speculative`)."""
+class Speculation(Extension):
+    """The engine's speculative steps (a plan's `spec_tokens`) and the run's counters (summary.json's
+    `speculative`)."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    name = "speculation"
+    plan_field = "spec_tokens"
+
+    def __init__(self, config: Optional[SpeculativeConfig] = None):
+        self.config = config or SpeculativeConfig()
         self.stats = {"proposed_tokens": 0, "accepted_tokens": 0, "rejected_tokens": 0, "verifications": 0,
                       "emitted_tokens": 0, "released_blocks": 0}
         self.rows: list = []            # the committed step's rows grown for drafts
         self.last_step: list = []       # (req_id, proposed, accepted, emitted, blocks freed) of the last step
 
-    @staticmethod
-    def planned(spec: dict) -> dict:
-        """The entries of a valid `spec_tokens` with k > 0."""
-        return {rid: k for rid, k in spec.items() if k}
+    def section(self) -> dict:
+        return self.stats
+
+    def claim(self, spec: dict) -> dict:
+        """The entries of a valid `spec_tokens` with k > 0 (none: the plan is a plain one)."""
+        return {rid: k for rid, k in spec.items() if k} if spec else spec
 
     @staticmethod
-    def widened(chunks: dict, spec: dict) -> dict:
+    def widen(chunks: dict, spec: dict) -> dict:
         """The scheduled tokens with each speculating decode's k drafts added (KV grown for all)."""
         return {rid: n + spec.get(rid, 0) for rid, n in chunks.items()}
 
-    def commit(self, batch, requests: list, spec: dict) -> None:
+    def mark(self, batch, requests: list, spec: dict) -> None:
         """Make the widened entries verification entries: sampled, their drafts in `token_ids`
         (proposed here on a plane that reads ids) and `spec_lens`, the trace's acceptance rates."""
-        engine = self.engine
-        cfg = getattr(engine.dataplane, "speculative", None) or SpeculativeConfig()
+        ops, cfg = self.ops, self.config
+        reads_ids = Capability.TOKEN_IDS in ops.capabilities
         lens, alphas = [0] * len(requests), [None] * len(requests)
         self.rows = []                  # batch rows whose KV was grown for drafts
         for i, r in enumerate(requests):
@@ -103,23 +111,23 @@ class Speculation:
             if not k:
                 continue
             self.rows.append(i)
-            if engine.dataplane.needs_token_ids:
+            if reads_ids:
                 tokens = r.token_ids(0, r.num_tokens)
                 drafts = ngram_drafts(np.asarray(tokens), k, cfg.ngram_min, cfg.ngram_max)
                 batch.token_ids[i] = np.concatenate([np.asarray(tokens[-1:], np.int32), drafts.astype(np.int32)])
                 k = len(drafts)
             batch.query_lens[i] = 1 + k
             batch.sample[i] = True
-            lens[i], alphas[i] = k, engine.trace[r.trace_id].spec_acceptance
+            lens[i], alphas[i] = k, ops.trace_request(r.trace_id).spec_acceptance
         batch.spec_lens, batch.spec_alpha = lens, alphas
 
-    def postprocess(self, requests: list, batch, result, now: float) -> tuple:
+    def verify(self, requests: list, batch, result, now: float) -> tuple:
         """Apply each verification: its accepted drafts (clamped to the hidden output length and to
         EOS) join the outputs at `now`, the rejected drafts' blocks are freed. Returns the query
         lengths and sampled tokens with which the rest of postprocess sees every entry as a plain
         one-token decode that sampled the step's last emitted token."""
-        engine, stats = self.engine, self.stats
-        kv, bs, target, eos = engine.kv, engine.kv.block_size, engine.target_len, engine._eos
+        ops, stats = self.ops, self.stats
+        kv, bs, eos = ops.kv, ops.kv.block_size, ops.eos
         accepted = result.accepted or {}
         query_lens, sampled = list(batch.query_lens), list(result.sampled)
         self.last_step = []
@@ -128,7 +136,7 @@ class Speculation:
             if not s:
                 continue
             if i in rows:
-                emitted = [*accepted.get(i, ()), sampled[j]][:target[r.req_id] - len(r.output_ids)]
+                emitted = [*accepted.get(i, ()), sampled[j]][:ops.target(r.req_id) - len(r.output_ids)]
                 if eos is not None and eos in emitted:
                     emitted = emitted[:emitted.index(eos) + 1]
                 extra = len(emitted) - 1
@@ -136,12 +144,7 @@ class Speculation:
                 r.token_times.extend([now] * extra)
                 r.num_computed_tokens += extra
                 sampled[j], query_lens[i] = emitted[-1], 1
-                table, keep = r.block_table, blocks_for(batch.context_lens[i] + len(emitted), bs)
-                freed = 0
-                if len(table) > keep:
-                    tail = table[keep:]
-                    del table[keep:]
-                    freed = kv.release(tail)
+                freed = kv.trim(r.block_table, blocks_for(batch.context_lens[i] + len(emitted), bs))
                 stats["released_blocks"] += freed
                 self.last_step.append((r.req_id, k, extra, len(emitted), freed))
                 if k:

@@ -41,7 +41,7 @@ def own_block_keys(seed: int, index: int, start: int, stop: int) -> range:
     (request, block) gives the cache exactly those hits without reading a token (the sim plane
     keeps no prompt ids, and hashing them is a real part of a large replay), and the engine makes
     the keys only when the request is preempted: until then no request could hit its blocks,
-    and once it finishes none ever can (`BlockManager.release(table, unhittable)`). Keys are a 63-bit
+    and once it finishes none ever can (`BlockPool.release(table, unhittable)`). Keys are a 63-bit
     mix of (seed, request) plus the block's index: spread over the hash table like hashes, and
     as unlikely to meet another request's keys or a chained hash as two chained hashes are to
     meet each other.

@@ -1,4 +1,4 @@
-"""Paged KV-cache accounting: blocks as pages, block tables as page tables (DESIGN §4).
+"""The block pool under the KV manager: blocks as pages, block tables as page tables (DESIGN §4).
 
 Full blocks carry a prefix hash (of every token up to the block's end, DESIGN §4's chained
 hash) so identical prefixes share physical blocks. Freed blocks keep their hash and sit in an
@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from types import MappingProxyType
 
-from policylab.core.block_hashes import chain_hashes, own_block_keys  # noqa: F401  (importable from here)
-from policylab.core.prefix_tiers import TierRefs
-from policylab.core.radix import RadixTree
+from policylab.core.kv.radix import RadixTree
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -20,7 +18,6 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-UNHITTABLE = object()   # block_hash of a free block in the LRU that no request can ever hit
 
 
 def new_blocks(r, n: int, hits: tuple, block_size: int) -> int:
@@ -53,7 +50,15 @@ def plan_cost(ref, num_free: int, block_size: int, hits, preempted: list, chunks
     return needed + len(reclaimed), available
 
 
-class BlockManager:
+class BlockPool:
+    """Reference counts, the free lists, the prefix index and the LRU of free cached blocks. Request-level
+    operations and the strategies above the pool (swap, tiers, copy-on-write) are `KVManager`'s.
+
+    Blocks move in bulk: a request takes tens of blocks at once, sliced off the free list. A finished
+    prompt of its own frees blocks nobody can ever hit (`release(..., unhittable)`): they enter the
+    LRU as one entry, a run taken from its front by the slice as blocks are needed, where hashed
+    blocks enter one by one (a hit takes a hashed block out of the middle of the LRU)."""
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  index: str = "hash"):
         if num_blocks < 1 or block_size < 1:
@@ -66,24 +71,24 @@ class BlockManager:
         self._ref = [0] * num_blocks
         self._block_hash: list = [None] * num_blocks
         self._cached: dict = {}                  # hash -> block id
-        self._free_plain = deque(range(num_blocks))   # free, no reusable content
-        # Free, hashed blocks, least recently freed first. A cache hit takes a block out of the
-        # middle: its entry stays and is skipped later (`_stale`), so freeing and reusing a block
-        # touch only the ends of a deque, not an ordered hash table (a cache miss per block).
+        self._plain = list(range(num_blocks))    # free, no reusable content: a FIFO from _plain_head on
+        self._plain_head = 0
+        # Free cached blocks, least recently freed first: a hashed block's id, or a list (a run of
+        # blocks nobody can hit). A cache hit takes a hashed block out of the middle: its entry
+        # stays and is skipped later (`_stale`), so freeing and reusing touch only the deque's ends.
         self._free_cached: deque = deque()
         self._stale = [0] * num_blocks           # per block: its older entries in free_cached
         self._num_free_cached = 0
         self._hits: dict = {}                    # req_id -> its cache hits, until the cache changes
-        self.tiers = None                        # host/disk tiers below the cache (core.prefix_tiers)
-        self.cow = None                          # forks' SharedWrites (policylab.core.forks): None, no forks
+        self._tiers = None                       # host/disk tiers below the cache (KVManager's strategy)
 
     @property
     def num_free(self) -> int:
-        return len(self._free_plain) + self._num_free_cached
+        return len(self._plain) - self._plain_head + self._num_free_cached
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free_plain) - self._num_free_cached   # (every step)
+        return self.num_blocks - self.num_free    # (every step)
 
     def lookup(self, hashes: list, max_blocks: int) -> tuple:
         """Longest run of cached blocks matching the chain `hashes` (at most max_blocks)."""
@@ -102,44 +107,8 @@ class BlockManager:
 
     def reclaim_cost(self, blocks) -> int:
         """How many free blocks taking `blocks` (cache hits) consumes: those nobody holds."""
-        ref = self._ref if self.tiers is None else TierRefs(self._ref)   # (a lower-tier hit: held by nobody)
-        return sum(1 for b in blocks if ref[b] == 0)
-
-    # ---------------------------------------------- cost questions (the view and the validator ask)
-    def hits(self, r) -> tuple:
-        """Prefix-cache blocks request `r` would reuse if it started now (none once it holds KV or
-        has computed tokens, unless swapped out: then its computed blocks still on the device need
-        no copy back; its last known token is always left to compute). Remembered until the
-        cache changes."""
-        if r.block_table or r.num_computed_tokens and not r.swapped_blocks:
-            return ()
-        blocks = self._hits.get(r.req_id)
-        if blocks is None:
-            most = r.num_computed_tokens // self.block_size if r.swapped_blocks else \
-                (r.num_tokens - 1) // self.block_size
-            blocks = self._hits[r.req_id] = self.lookup(r.block_hashes, most)
-            if self.tiers is not None and not r.swapped_blocks:     # continued on the host/disk tiers
-                blocks = self._hits[r.req_id] = self.tiers.extend(self._cached, r.block_hashes, blocks, most)
-        return blocks
-
-    def blocks_needed(self, r, n: int) -> int:
-        """Free blocks that giving `n` more tokens to request `r` consumes (its cache hits included)."""
-        if r.block_table:        # running: no cache lookup, just the tail of its table, and the
-            copies = self.cow.blocks_for_write(r, n) if self.cow is not None else 0   # copies of blocks
-            return new_blocks(r, n, (), self.block_size) + copies                      # its forks share
-        hits = self.hits(r)
-        return new_blocks(r, n, hits, self.block_size) + (self.reclaim_cost(hits) if hits else 0)
-
-    def freed_by(self, r) -> int:
-        """Blocks that releasing request `r`'s table frees: those no other request holds."""
         ref = self._ref
-        return sum(1 for b in r.block_table if ref[b] == 1)
-
-    def plan_cost(self, preempted: list, chunks) -> tuple:
-        """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
-        once the `preempted` requests have released their tables (the module-level `plan_cost`)."""
-        ref = self._ref if self.tiers is None else TierRefs(self._ref)
-        return plan_cost(ref, self.num_free, self.block_size, self.hits, preempted, chunks)
+        return sum(1 for b in blocks if ref[b] == 0)
 
     # ------------------------------------------------------------------ read-only state for checks
     @property
@@ -158,8 +127,8 @@ class BlockManager:
 
     def acquire(self, table: list, blocks) -> None:
         """Append cache-hit blocks to a block table, taking a reference on each."""
-        if self.tiers is not None:               # lower-tier hits wait for tiers.promote_pending
-            blocks = self.tiers.defer(table, blocks)
+        if self._tiers is not None:               # lower-tier hits wait for tiers.promote_pending
+            blocks = self._tiers.defer(table, blocks)
         ref = self._ref
         for b in blocks:
             if ref[b] == 0:                      # free: its entry in free_cached goes stale
@@ -168,7 +137,7 @@ class BlockManager:
             ref[b] += 1
             table.append(b)
         if len(self._free_cached) > 2 * self.num_blocks:     # mostly stale entries: drop them
-            self._free_cached = deque(self.free_cached_blocks())
+            self._free_cached = deque(self._live_entries())
             self._stale = [0] * self.num_blocks
 
     def grow(self, table: list, num_tokens: int) -> None:
@@ -180,10 +149,15 @@ class BlockManager:
 
     def grow_one(self, table: list) -> None:
         """One more block for a table whose last block is full (a decode crossing a block boundary)."""
-        if self._free_plain:
-            b = self._free_plain.popleft()
+        head = self._plain_head
+        if head < len(self._plain):
+            b = self._plain[head]
+            self._plain_head = head + 1
             self._ref[b] = 1
             table.append(b)
+            if head > 4096 and 2 * head > len(self._plain):   # (the consumed front, dropped now and then)
+                del self._plain[:head + 1]
+                self._plain_head = 0
         elif self._num_free_cached:
             self._take(table, 1)
         else:
@@ -203,55 +177,74 @@ class BlockManager:
 
     def _take(self, table: list, need: int) -> None:
         """Plain free blocks first, then the least recently freed cached ones (evicting their
-        hashes). Every block a request ever holds passes here and through release(): locals."""
-        plain, ref = self._free_plain, self._ref
-        from_plain = min(need, len(plain))
-        for _ in range(from_plain):
-            b = plain.popleft()
-            ref[b] = 1
-            table.append(b)
-        if need > from_plain:
-            oldest, stale = self._free_cached.popleft, self._stale
-            cached, block_hash = self._cached, self._block_hash
-            self._num_free_cached -= need - from_plain
-            for _ in range(need - from_plain):
-                if self._tree is None:
-                    b = oldest()
-                    while stale[b]:              # an entry older than the block's reuse: skip it
-                        stale[b] -= 1
-                        b = oldest()
-                else:
-                    b = self._oldest_leaf()
-                h = block_hash[b]
-                if h is not UNHITTABLE:
-                    if self.tiers is not None:   # offloaded to the host tier, not lost
-                        self.tiers.offload(b, h)
-                    del cached[h]
-                    if self._tree is not None:
-                        self._tree.remove(h)
-                    self._hits.clear()
-                block_hash[b] = None
+        hashes). Every block a request ever holds passes here and through release()."""
+        plain, head, ref = self._plain, self._plain_head, self._ref
+        k = min(need, len(plain) - head)
+        if k:
+            taken = plain[head:head + k]
+            head += k
+            if head > 4096 and 2 * head > len(plain):          # (the consumed front, dropped now and then)
+                del plain[:head]
+                head = 0
+            self._plain_head = head
+            for b in taken:
                 ref[b] = 1
-                table.append(b)
+            table += taken
+        if need > k:
+            self._num_free_cached -= need - k
+            self._take_cached(table, need - k)
 
-    def _oldest_leaf(self) -> int:
-        """Take the least recently freed cached block that no cached block continues (radix
-        leaf-LRU); the least recently freed one when every free cached block has a continuation."""
-        lru, stale, block_hash, tree = self._free_cached, self._stale, self._block_hash, self._tree
-        passed = []
-        while lru:
-            b = lru.popleft()
-            if stale[b]:
+    def _take_cached(self, table: list, need: int) -> None:
+        """`need` blocks off the front of the LRU: runs of unhittable blocks by the slice, hashed
+        blocks one by one (their hashes evicted; the tiers below take their K/V)."""
+        lru, stale, ref = self._free_cached, self._stale, self._ref
+        cached, block_hash, tree = self._cached, self._block_hash, self._tree
+        while need:
+            entry = lru.popleft() if tree is None else self._oldest_leaf()
+            if type(entry) is list:
+                if len(entry) > need:
+                    lru.appendleft(entry[need:])
+                    entry = entry[:need]
+                for b in entry:
+                    ref[b] = 1
+                table += entry
+                need -= len(entry)
+                continue
+            b = entry
+            if stale[b]:                         # an entry older than the block's reuse: skip it
                 stale[b] -= 1
                 continue
             h = block_hash[b]
-            if h is UNHITTABLE or tree.is_leaf(h):
-                lru.extendleft(reversed(passed))
-                return b
-            passed.append(b)
-        b = passed.pop(0)
+            if self._tiers is not None:          # offloaded to the host tier, not lost
+                self._tiers.offload(b, h)
+            del cached[h]
+            if tree is not None:
+                tree.remove(h)
+            self._hits.clear()
+            block_hash[b] = None
+            ref[b] = 1
+            table.append(b)
+            need -= 1
+
+    def _oldest_leaf(self):
+        """The least recently freed LRU entry that no cached block continues (radix leaf-LRU: a run
+        of unhittable blocks, or a hashed block that is a leaf), else the least recently freed one."""
+        lru, stale, block_hash, tree = self._free_cached, self._stale, self._block_hash, self._tree
+        passed = []
+        while lru:
+            entry = lru.popleft()
+            if type(entry) is not list:
+                if stale[entry]:
+                    stale[entry] -= 1
+                    continue
+                if not tree.is_leaf(block_hash[entry]):
+                    passed.append(entry)
+                    continue
+            lru.extendleft(reversed(passed))
+            return entry
+        entry = passed.pop(0)
         lru.extendleft(reversed(passed))
-        return b
+        return entry
 
     def register(self, table: list, hashes: list, num_computed: int, start: int = 0) -> int:
         """Publish full, computed blocks of a table in the prefix cache; returns blocks done."""
@@ -273,82 +266,84 @@ class BlockManager:
                     block_hash[b] = h
                     if self._hits:
                         self._hits.clear()
-        if self.tiers is not None:               # a copy on a lower tier is superseded
-            self.tiers.discard(hashes[start:full])
+        if self._tiers is not None:               # a copy on a lower tier is superseded
+            self._tiers.discard(hashes[start:full])
         return max(full, start)
 
     def release(self, table: list, unhittable: int = 0) -> int:
         """Drop a table's references (tail first, so tails are evicted before shared heads).
 
         `unhittable`: its first blocks that no request can ever hit (a finished prompt of its own,
-        `own_block_keys`): unless already published, they go to the LRU exactly where hashed
-        ones would, marked UNHITTABLE: the same eviction order, with no hash map entry."""
-        ref, block_hash, plain, lru = self._ref, self._block_hash, self._free_plain, self._free_cached
-        if unhittable and self.prefix_caching:
-            for b in table[:unhittable]:
-                if block_hash[b] is None:
-                    block_hash[b] = UNHITTABLE
+        `own_block_keys`): unless already published, they go to the LRU exactly where hashed ones
+        would, as runs (one entry each): the same eviction order, with no hash map entry."""
         if self._hits:
             self._hits.clear()
-        freed, plain_before = 0, len(plain)
-        for b in reversed(table):
+        ref, block_hash, plain, lru = self._ref, self._block_hash, self._plain, self._free_cached
+        unhittable = unhittable if self.prefix_caching else 0
+        freed, to_lru, run = 0, 0, []
+        for i in range(len(table) - 1, -1, -1):
+            b = table[i]
             left = ref[b] - 1
             ref[b] = left
-            if not left:
-                freed += 1
-                if block_hash[b] is None:
-                    plain.append(b)
-                else:
-                    lru.append(b)
-        self._num_free_cached += freed - (len(plain) - plain_before)
+            if left:
+                continue
+            freed += 1
+            if block_hash[b] is not None:          # hashed: to the LRU on its own (a hit may take it)
+                if run:
+                    lru.append(run)
+                    to_lru += len(run)
+                    run = []
+                lru.append(b)
+                to_lru += 1
+            elif i < unhittable:                   # nobody can hit it: into the run
+                run.append(b)
+            else:
+                plain.append(b)
+        if run:
+            lru.append(run)
+            to_lru += len(run)
+        self._num_free_cached += to_lru
         table.clear()
         return freed
 
-    def release_request(self, r, seed: int, finished_own_prompt: bool = False) -> int:
-        """Publish request `r`'s computed full blocks in the prefix cache, then free its table.
-
-        Prompt blocks are published as they fill; blocks holding output tokens are hashed here,
-        once, instead of on every decode step (no other request can hit them while it runs).
-        A prompt of its own (`own_block_keys`) can only ever hit its own blocks, after a
-        preemption: its blocks are keyed and published when it is preempted, and when it has
-        finished (`finished_own_prompt`) they are freed unpublished, in the same LRU order.
-        """
-        bs = self.block_size
-        if finished_own_prompt:
-            return self.release(r.block_table, r.num_computed_tokens // bs)
-        have, full = len(r.block_hashes), r.num_tokens // bs
-        if self.prefix_caching and (full > have or r.own_prompt):    # (its prompt blocks too: unpublished)
-            if full > have:
-                r.block_hashes.extend(own_block_keys(seed, r.req_id, have, full) if r.own_prompt else
-                                      chain_hashes(r.token_ids(have * bs, full * bs), bs,
-                                                   r.block_hashes[-1] if have else None, have * bs))
-            self.register(r.block_table, r.block_hashes, r.num_computed_tokens, 0 if r.own_prompt else have)
-        return self.release(r.block_table)
+    def _live_entries(self) -> list:
+        """The LRU's entries without stale ones (runs kept whole), least recently freed first."""
+        stale, live = list(self._stale), []
+        for entry in self._free_cached:
+            if type(entry) is not list and stale[entry]:
+                stale[entry] -= 1
+            else:
+                live.append(entry)
+        return live
 
     def free_cached_blocks(self) -> list:
-        """The free, hashed blocks, least recently freed first (free_cached without stale entries)."""
-        stale, live = list(self._stale), []
-        for b in self._free_cached:
-            if stale[b]:
-                stale[b] -= 1
+        """The free cached blocks, least recently freed first (runs of unhittable ones expanded)."""
+        out = []
+        for entry in self._live_entries():
+            if type(entry) is list:
+                out += entry
             else:
-                live.append(b)
-        return live
+                out.append(entry)
+        return out
 
     def check(self) -> None:
         """Assert the accounting invariants; used by tests and at drain."""
         used = sum(1 for r in self._ref if r > 0)
         assert min(self._ref) >= 0, "negative reference count"
         assert used + self.num_free == self.num_blocks, (used, self.num_free, self.num_blocks)
-        assert all(self._ref[b] == 0 for b in self._free_plain), "held block in free list"
+        plain = self._plain[self._plain_head:]
+        assert all(self._ref[b] == 0 and self._block_hash[b] is None for b in plain), "held block in free list"
+        entries = self._live_entries()
         lru = self.free_cached_blocks()
         assert len(lru) == self._num_free_cached, "free cached count out of sync"
-        assert all(self._ref[b] == 0 and self._block_hash[b] is not None for b in lru), "held block in LRU"
-        assert len(set(self._free_plain)) == len(self._free_plain), "block freed twice"
-        assert len(set(lru)) == len(lru), "block in the LRU twice"
+        assert all(self._ref[b] == 0 for b in lru), "held block in LRU"
+        assert all(type(e) is list and e and all(self._block_hash[b] is None for b in e) or
+                   type(e) is not list and self._block_hash[e] is not None for e in entries), "LRU entry of a wrong kind"
+        assert len(set(plain)) == len(plain), "block freed twice"
+        assert len(set(lru)) == len(lru) and not set(lru) & set(plain), "block in the LRU twice"
         for h, b in self._cached.items():
             assert self._block_hash[b] == h, "hash map out of sync"
         if self._tree is not None:
             self._tree.check(self._cached)
-        if self.tiers is not None:
-            self.tiers.check(self)
+        if self._tiers is not None:
+            self._tiers.check(self)
