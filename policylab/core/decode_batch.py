@@ -9,7 +9,9 @@ exactly one token to every member, so the step on which a member reaches its out
 length, and the steps on which its last block fills, follow from its counts when it joins.
 Members join at the end (a prefill just completed) and leave (finished) without the batch
 being rebuilt; lists are replaced, never changed in place, so a batch already sent stays
-as it ran.
+as it ran. Every member's token times are the same steps' times: the batch keeps them once
+and extends a member's `token_times` when it leaves, when the batch is cleared or when the
+engine settles (`settle`), so a step records one time, not one per member.
 """
 from __future__ import annotations
 
@@ -32,7 +34,10 @@ class DecodeBatch:
         """Start over, empty (with new lists: batches already sent keep theirs)."""
         self.ids: list = []
         self.requests: list = []
-        self._outputs, self._times, self._targets, self._context = [], [], [], []
+        self.settle()
+        self._outputs, self._targets, self._context = [], [], []
+        self._step_times: list = []               # each step's time since the batch formed
+        self._pending: dict = {}                  # member req_id -> its first step time not in its token_times
         self._tables, self._sampling = [], []
         self._steps = 0                           # steps decoded since the batch formed
         self._by_phase: dict = {}                 # (computed - steps) % block_size -> member ids
@@ -56,7 +61,7 @@ class DecodeBatch:
         self.ids, self.requests = self.ids + ids, self.requests + rs
         self._outputs = self._outputs + [r.output_ids for r in rs]
         self._targets = self._targets + list(map(self._target_len.__getitem__, ids))
-        self._times = self._times + [r.token_times for r in rs]
+        self._pending.update(dict.fromkeys(ids, len(self._step_times)))
         self._context = self._context + context
         self._tables = self._tables + [r.block_table for r in rs]
         self._sampling = self._sampling + [r.sampling for r in rs]
@@ -69,11 +74,13 @@ class DecodeBatch:
         gone = set(finished)
         keep = [r not in gone for r in self.requests]
         self.ids, self.requests = list(compress(self.ids, keep)), list(compress(self.requests, keep))
-        self._outputs, self._times = list(compress(self._outputs, keep)), list(compress(self._times, keep))
+        self._outputs = list(compress(self._outputs, keep))
         self._targets, self._context = list(compress(self._targets, keep)), list(compress(self._context, keep))
         self._tables, self._sampling = list(compress(self._tables, keep)), list(compress(self._sampling, keep))
         self._members_changed()
+        times, pending = self._step_times, self._pending
         for r in finished:
+            r.token_times += times[pending.pop(r.req_id):]
             phase = (r.num_computed_tokens - self._steps) % self.block_size
             self._by_phase[phase] = [rid for rid in self._by_phase[phase] if rid != r.req_id]
 
@@ -93,15 +100,27 @@ class DecodeBatch:
         self._steps += 1
         self._context = context = []          # a fresh list: batches stay as sent
         add = context.append
-        for r, out, times, token in zip(self.requests, self._outputs, self._times, sampled):
+        self._step_times.append(now)
+        for r, out, token in zip(self.requests, self._outputs, sampled):
             out.append(token)
-            times.append(now)
             r.num_computed_tokens = c = r.num_computed_tokens + 1
             add(c)
         if self._steps < self._first_finish and (eos is None or eos not in sampled):
             return []
         return [r for r, out, target in zip(self.requests, self._outputs, self._targets)
                 if len(out) >= target or out[-1] == eos]
+
+    def settle(self, rid=None) -> None:
+        """Bring the members' `token_times` (only request `rid`'s, when given) up to date."""
+        pending = getattr(self, "_pending", None)
+        if not pending:
+            return
+        times, now = self._step_times, len(self._step_times)
+        for i in (pending if rid is None else (rid,) if rid in pending else ()):
+            since = pending[i]
+            if since < now:
+                self._all[i].token_times += times[since:]
+                pending[i] = now
 
     def full_last_block(self) -> list:
         """Members whose last KV block is full now: their next token takes a new block."""
