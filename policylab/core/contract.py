@@ -78,8 +78,8 @@ class RequestView:
     def remaining_tokens(self) -> int:
         """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
         r = _request(self)
-        return r.num_tokens - max(r.num_computed_tokens, self.num_cached_tokens)   # (a swapped request's
-                                         # hits are among its computed tokens)
+        computed, cached = r.num_computed_tokens, self.num_cached_tokens     # (a swapped request's hits
+        return r.num_tokens - (cached if cached > computed else computed)   # are among its computed tokens)
 
     def __repr__(self) -> str:
         return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "

@@ -15,9 +15,7 @@ engine settles (`settle`), so a step records one time, not one per member.
 """
 from __future__ import annotations
 
-import math
 from itertools import compress
-from operator import sub
 
 from policylab.core.batch import Batch
 
@@ -41,6 +39,8 @@ class DecodeBatch:
         self._tables, self._sampling = [], []
         self._steps = 0                           # steps decoded since the batch formed
         self._by_phase: dict = {}                 # (computed - steps) % block_size -> member ids
+        self._finish_at: dict = {}                # step -> members that reach their output length on it
+        self._due: dict = {}                      # member req_id -> that step
         self._members_changed()
 
     def become(self, ids: list) -> None:
@@ -66,8 +66,12 @@ class DecodeBatch:
         self._tables = self._tables + [r.block_table for r in rs]
         self._sampling = self._sampling + [r.sampling for r in rs]
         self._members_changed()
-        for rid, c in zip(ids, context):
-            self._by_phase.setdefault((c - self._steps) % self.block_size, []).append(rid)
+        steps, due = self._steps, self._due
+        for r, rid, c, target in zip(rs, ids, context, self._targets[-len(ids):]):
+            self._by_phase.setdefault((c - steps) % self.block_size, []).append(rid)
+            left = target - len(r.output_ids)                               # (one token a step)
+            due[rid] = step = steps + (left if left > 1 else 1)
+            self._finish_at.setdefault(step, []).append(r)
 
     def leave(self, finished: list) -> None:
         """Drop finished members."""
@@ -81,15 +85,16 @@ class DecodeBatch:
         times, pending = self._step_times, self._pending
         for r in finished:
             r.token_times += times[pending.pop(r.req_id):]
+            early = self._finish_at.get(self._due.pop(r.req_id))      # (stopped at EOS before it)
+            if early:
+                early.remove(r)
             phase = (r.num_computed_tokens - self._steps) % self.block_size
             self._by_phase[phase] = [rid for rid in self._by_phase[phase] if rid != r.req_id]
 
     def _members_changed(self) -> None:
-        """Per-member constants (one token each, every one sampled), and `_first_finish`: the step
-        on which the first member can reach its output length."""
+        """Per-member constants: one token each, every one sampled."""
         n = len(self.ids)
         self._query_lens, self._sample = [1] * n, [True] * n
-        self._first_finish = self._steps + min(map(sub, self._targets, map(len, self._outputs)), default=math.inf)
 
     def batch(self) -> Batch:
         return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling,
@@ -105,10 +110,10 @@ class DecodeBatch:
             out.append(token)
             r.num_computed_tokens = c = r.num_computed_tokens + 1
             add(c)
-        if self._steps < self._first_finish and (eos is None or eos not in sampled):
-            return []
-        return [r for r, out, target in zip(self.requests, self._outputs, self._targets)
-                if len(out) >= target or out[-1] == eos]
+        if eos is not None and eos in sampled:        # any member may stop at EOS
+            return [r for r, out, target in zip(self.requests, self._outputs, self._targets)
+                    if len(out) >= target or out[-1] == eos]
+        return self._finish_at.pop(self._steps, [])    # (in batch order: members join at the end)
 
     def settle(self, rid=None) -> None:
         """Bring the members' `token_times` (only request `rid`'s, when given) up to date."""

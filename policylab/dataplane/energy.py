@@ -139,11 +139,15 @@ class StepWork:
                   + (self.link.all_gather(sampled * self.vocab_bytes) if sampled else 0.0))
         return t
 
-    def of(self, q, ctx, tokens: int, sampled: int) -> tuple:
-        """(GEMM FLOPs, other FLOPs at the BF16 peak, bytes) of a step."""
+    def of(self, q, ctx, tokens: int, sampled: int, leading: int = 0) -> tuple:
+        """(GEMM FLOPs, other FLOPs at the BF16 peak, bytes) of a step whose first `leading` entries
+        are one-token decodes (their terms of the sums are their context and 1: the same integers)."""
         context = sum(ctx)
         if tokens == len(q):
             pairs = context + tokens
+        elif leading:
+            q, rest = q[leading:], ctx[leading:]
+            pairs = context - sum(rest) + sum(map(mul, q, rest)) + (leading + sum(map(mul, q, q)) + tokens) // 2
         else:
             pairs = sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
         memory = (self.static_bytes + self.kv_bytes_token * (context + tokens) + self.token_bytes * tokens
@@ -178,7 +182,7 @@ class EnergyMeter:
     def demand(self, batch, tokens: int, sampled: int, duration: float, ratio: float, work=None) -> tuple:
         """(watts per GPU the step would draw without the board limit, its (u_c, u_m, busy)) at clock
         ratio `ratio`; `work` is the step's StepWork.of, when the caller has it."""
-        gemm, other, memory = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled)
+        gemm, other, memory = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes)
         peak = self.hw.peak_flops * ratio
         u_c = (gemm / (peak * self.gemm_speedup) + other / peak) / duration
         u_m = memory / (self._bw * duration)
@@ -195,7 +199,8 @@ class EnergyMeter:
             return 0.0
         ratio = self.ratio if ratio is None else ratio
         power, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work)
-        energy = min(power, self.hw.max_power) * duration * self.gpus
+        cap = self.hw.max_power
+        energy = (cap if cap < power else power) * duration * self.gpus
         if self.record is not None:
             self.record.append((duration, u_c, u_m, sampled, busy, ratio))
         if ratio != self.ratio:

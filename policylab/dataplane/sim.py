@@ -172,7 +172,7 @@ class SimDataPlane:
         if not self._throttle or duration <= 0:
             meter.step(batch, tokens, sampled, duration)
             return duration
-        work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled)
+        work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes)
         ratio = meter.ratio
         if meter.demand(batch, tokens, sampled, duration, ratio, work)[0] > self.hw.max_power:
             low = (self.hw.min_clock_mhz or self.hw.max_clock_mhz) / self.hw.max_clock_mhz

@@ -179,7 +179,8 @@ class BlockPool:
         """Plain free blocks first, then the least recently freed cached ones (evicting their
         hashes). Every block a request ever holds passes here and through release()."""
         plain, head, ref = self._plain, self._plain_head, self._ref
-        k = min(need, len(plain) - head)
+        k = len(plain) - head
+        k = k if k < need else need                            # (min(): a builtin call, every allocation)
         if k:
             taken = plain[head:head + k]
             head += k
