@@ -78,7 +78,10 @@ class RequestView:
     def remaining_tokens(self) -> int:
         """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
         r = _request(self)
-        computed, cached = r.num_computed_tokens, self.num_cached_tokens     # (a swapped request's hits
+        computed = r.num_computed_tokens
+        if r.block_table:                # (holding KV, it hits nothing: `num_cached_tokens` is 0)
+            return r.num_tokens - computed
+        cached = self.num_cached_tokens                                     # (a swapped request's hits
         return r.num_tokens - (cached if cached > computed else computed)   # are among its computed tokens)
 
     def __repr__(self) -> str:

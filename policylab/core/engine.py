@@ -295,7 +295,8 @@ class Engine(Lifecycle, RequestSteps):
             self.running = running
         if sampled:
             self._liveness.stalled = 0
-        self._sampled = list(compress(batch.req_ids, batch.sample)) if step.requests else batch.req_ids
+        self._sampled = batch.req_ids[:n] + list(compress(batch.req_ids[n:], batch.sample[n:])) if step.requests \
+            else batch.req_ids                       # (the leading decodes are all sampled)
         for hook in self._after_step:
             hook(self._sampled, sampled)
         size = len(batch.req_ids)
