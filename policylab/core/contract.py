@@ -180,8 +180,10 @@ class SchedulerView(tuple):
             return ()
         decode = _decode(self)      # (facts belong to one state of running and decoding: the
         if decode.prefilling is None:   # engine's last until either changes; so does the answer)
-            ids = decode.running_ids or [v.req_id for v in running]
-            if len(running) - len(decoding) <= _FEW:   # a few: by set difference, put in running order
+            ids, k = decode.running_ids or [v.req_id for v in running], len(decode.ids)
+            if k == len(decoding) and ids[:k] == decode.ids:    # the decodes first (those started
+                decode.prefilling = tuple(running[k:])        # last still prefill): the rest
+            elif len(running) - len(decoding) <= _FEW:   # a few: by set difference, put in running order
                 decode.prefilling = tuple(map(running.__getitem__, sorted(map(ids.index, set(ids).difference(decoding)))))
             else:
                 decode.prefilling = tuple([v for v, rid in zip(running, ids) if rid not in decoding])
