@@ -10,6 +10,7 @@ Sampled tokens are deterministic ids, so the engine path is identical to a real 
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 
 import numpy as np
 
@@ -251,9 +252,9 @@ class SimDataPlane:
             q, sample = batch.query_lens, batch.sample
             positions = ctx[:d] + [c + n - 1 for c, n, s in zip(ctx[d:], q[d:], sample[d:]) if s] if d else \
                 [c + n - 1 for c, n, s in zip(ctx, q, sample) if s]
-        try:
-            nxt = self._next_token
-            ids = [nxt[p] for p in positions]
+        try:                                             # (one C-level gather)
+            ids = list(itemgetter(*positions)(self._next_token)) if len(positions) > 1 else \
+                [self._next_token[p] for p in positions]
         except IndexError:
             self._grow_tokens(max(positions) + 1)
             nxt = self._next_token

@@ -32,16 +32,19 @@ def new_blocks(r, n: int, hits: tuple, block_size: int) -> int:
     return need if need > 0 else 0
 
 
+_NONE_RELEASED = Counter()       # (plan_cost without preemptions: never changed)
+
+
 def plan_cost(ref, num_free: int, block_size: int, hits, preempted: list, chunks) -> tuple:
     """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
     once the `preempted` requests have released their tables, over reference counts `ref` (block
     id -> count) and a prefix-cache lookup `hits` (request -> cached block ids). A block is
     available when every reference to it is a preempted one; a cache hit on a block that nobody
     holds after the preemptions takes a free block, counted once however many requests hit it."""
-    released = Counter()
+    released = Counter() if preempted else _NONE_RELEASED
     for r in preempted:
         released.update(r.block_table)
-    available = num_free + sum(1 for b, k in released.items() if ref[b] == k)
+    available = num_free + sum(1 for b, k in released.items() if ref[b] == k) if preempted else num_free
     needed, reclaimed = 0, set()
     for r, n in chunks:
         cached = () if r.block_table else hits(r)
