@@ -323,7 +323,7 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> i
     decode_ids = decode.ids
     k = len(decode_ids)
     leading = k if k and len(sched) >= k and not plan.preempt and not plan.reject and not plan.swap \
-        and (list(sched) if len(sched) == k else list(islice(sched, k))) == decode_ids \
+        and (list(sched) if len(sched) == k else list(sched)[:k]) == decode_ids \
         and not any(map(is_not, islice(sched.values(), k), repeat(1))) else 0
     if leading and leading == len(sched):   # every decode, in running order, each the int 1: only the totals
         total, blocks, free = len(sched), len(decode.full) + decode.cow, view.num_free_blocks

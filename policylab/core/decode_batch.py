@@ -15,8 +15,6 @@ engine settles (`settle`), so a step records one time, not one per member.
 """
 from __future__ import annotations
 
-from itertools import compress
-
 from policylab.core.batch import Batch
 
 
@@ -73,14 +71,21 @@ class DecodeBatch:
             due[rid] = step = steps + (left if left > 1 else 1)
             self._finish_at.setdefault(step, []).append(r)
 
+    def has_any(self, ids) -> bool:
+        """Some of `ids` (a dict or set) are members (the smaller side is the one looked through)."""
+        return not self._pending.keys().isdisjoint(ids.keys() if isinstance(ids, dict) else ids)
+
     def leave(self, finished: list) -> None:
         """Drop finished members."""
-        gone = set(finished)
-        keep = [r not in gone for r in self.requests]
-        self.ids, self.requests = list(compress(self.ids, keep)), list(compress(self.requests, keep))
-        self._outputs = list(compress(self._outputs, keep))
-        self._targets, self._context = list(compress(self._targets, keep)), list(compress(self._context, keep))
-        self._tables, self._sampling = list(compress(self._tables, keep)), list(compress(self._sampling, keep))
+        at = sorted(map(self.requests.index, finished), reverse=True)     # (a few, out of many)
+        kept = []
+        for members in (self.ids, self.requests, self._outputs, self._targets, self._context, self._tables,
+                        self._sampling):
+            members = members.copy()                  # (new lists: batches already sent keep theirs)
+            for i in at:
+                del members[i]
+            kept.append(members)
+        self.ids, self.requests, self._outputs, self._targets, self._context, self._tables, self._sampling = kept
         self._members_changed()
         times, pending = self._step_times, self._pending
         for r in finished:

@@ -42,6 +42,10 @@ class Decoding:
         """The cached decode batch's members, in batch order."""
         return self._batch.ids
 
+    def in_batch(self, ids) -> bool:
+        """Some of `ids` (a dict or set of req_ids) are members of the cached decode batch."""
+        return self._batch.has_any(ids)
+
     @property
     def batch_requests(self) -> list:
         return self._batch.requests
