@@ -113,8 +113,11 @@ class DecodeFacts:
 
     __slots__ = ("full", "ids", "plan", "cow", "running_ids", "prefilling")
 
-    def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None):
-        self.full, self.ids, self.plan, self.cow = full, list(ids), dict.fromkeys(ids, 1), cow
+    def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None,
+                 plan: dict | None = None):
+        """`plan`: {each of `ids`: 1} in their order, when the caller has one to give away."""
+        self.full, self.ids, self.cow = full, list(ids), cow
+        self.plan = dict.fromkeys(ids, 1) if plan is None else plan
         self.running_ids = running_ids    # every running req_id in running order (None: read off the views)
         self.prefilling = None            # `SchedulerView.prefilling`, once asked
 
