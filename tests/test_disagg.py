@@ -40,6 +40,27 @@ def test_ttft_ends_prefill_and_the_transfer_is_its_own_column():
     assert one_token.status.value == "finished" and len(one_token.output_ids) == 1
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("latency", [0.0, 0.5])
+def test_the_transfer_delays_decode_by_the_link_time(latency):
+    """One request, idle replicas, an empty decode cache (no KV wait): its KV leaves the prefill
+    replica with its first token and the decode replica's first step starts exactly when it lands,
+    latency + prompt KV bytes / bandwidth later; that step's end is the second token."""
+    bandwidth, prompt = 1e9, 160
+    trace = [TraceRequest(0.0, prompt, 3)]
+    cluster = build_cluster(trace, "prefill_first", RoundRobin, CFG, prefill=1, decode=1,
+                            link=LinkConfig(bandwidth=bandwidth, latency=latency))
+    result = cluster.run()
+    assert result.status == "complete"
+    transfer = latency + prompt * ModelShape(ModelConfig()).kv_bytes_per_token / bandwidth
+    assert result.placement["kv_wait"][0] == 0
+    decode = result.steps["replica"] == 1
+    start, duration = result.steps["clock"][decode][0], result.steps["duration"][decode][0]
+    r = result.requests[0]
+    assert start == pytest.approx(r.token_times[0] + transfer, abs=1e-12)
+    assert r.token_times[1] == pytest.approx(start + duration, abs=1e-12)
+
+
 def test_a_full_decode_replica_makes_the_handoff_wait_and_counts_it():
     trace = [TraceRequest(0.0, 200, 120), TraceRequest(0.001, 200, 120), TraceRequest(0.002, 200, 120)]
     small = dataclasses.replace(CFG, num_blocks=36)      # 2 requests' prompts fit, not 3 with their outputs

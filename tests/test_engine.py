@@ -2,6 +2,7 @@
 import dataclasses
 from unittest import mock
 
+import pytest
 from hypothesis import given
 
 from policies.chunked import Chunked
@@ -84,6 +85,41 @@ def test_output_blocks_are_published_when_a_request_finishes_and_a_follow_up_hit
     result = second.run()
     assert result.status == "complete"
     assert result.requests[1].num_cached_tokens_total == 12    # the 3 published blocks
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("a_first", [[4, 4, 4], [8, 4]])
+def test_a_prompt_prefilled_in_chunks_publishes_each_block_as_it_fills(a_first):
+    """A's 16-token prompt goes in chunks of one block (or two, then one); B has the same prompt and waits.
+    Each full block is published by the step that fills it, so B, started once A has computed 12
+    tokens, takes A's 3 full blocks as hits (its last token is always computed) while A is still
+    prefilling: 12 cached tokens, the same physical blocks."""
+    from policylab.core.config import HardwareConfig, ModelConfig
+    from policylab.core.contract import StepPlan
+    from policylab.core.policy import Policy
+    from policylab.dataplane.config import DataplaneConfig
+    from policylab.dataplane.sim import SimDataPlane
+
+    bs, prompt = 4, tuple(range(100, 116))
+
+    class Scripted(Policy):
+        def schedule(self, view):
+            if view.step < len(a_first):
+                return StepPlan({0: a_first[view.step]})
+            if view.step == len(a_first):
+                assert view.by_id[1].num_cached_tokens == 12 and 0 not in view.decoding
+                return StepPlan({0: 4, 1: view.by_id[1].remaining_tokens})
+            return StepPlan({rid: 1 for rid in view.decoding})
+
+    cfg = EngineConfig(block_size=bs, num_blocks=16, max_num_batched_tokens=64, max_num_seqs=4)
+    plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    engine = Engine([T(0.0, 16, 2, prompt_ids=prompt), T(0.0, 16, 2, prompt_ids=prompt)], Scripted("scripted"),
+                    plane, cfg)
+    for _ in range(len(a_first) + 1):
+        engine.step()
+    a, b = engine.requests
+    assert b.num_cached_tokens_total == 12 and b.block_table[:3] == a.block_table[:3]
+    assert engine.kv.num_used == 4 + 1                   # A's 4 blocks, B's own last one
 
 
 def test_a_batch_is_never_changed_after_its_step_even_when_the_steady_batch_is_reused():

@@ -11,6 +11,7 @@ import pytest
 
 from policies.chunked import Chunked
 from policylab.core.config import EngineConfig, check_engine_config
+from policylab.core.contract import StepPlan
 from policylab.core.engine import Engine
 from policylab.core.features import CombinationError, check_combination, features_of
 from policylab.core.request import SamplingParams, Status, TraceRequest
@@ -186,6 +187,64 @@ def test_beams_fork_sharing_every_block_and_the_worst_become_copies_of_the_best(
     assert result.sections["forks"]["beam_replacements"] > 5
     one = run_checked(lambda: Chunked(chunk_size=64), Scenario((TraceRequest(0.0, 10, 1, beam_width=3),), CFG))
     assert one.requests[0].forks is None and one.requests[0].status is Status.FINISHED   # one token: one beam
+
+
+class _RecomputesTheLeadingBeam(Chunked):
+    """Beams a, b, c of request 0 (a filler, request 1, waits): all decode (a round at 2 tokens);
+    a and b decode a third token while c idles; the better-scoring of a and b is preempted and
+    recomputed, and comes back with a 16-token chunk (of its 33 tokens: not decoding) in the step
+    where c decodes its third token. Then every request runs to its end."""
+
+    def __init__(self, scores):
+        super().__init__(chunk_size=64)
+        self.scores, self.victim = scores, None
+
+    def schedule(self, view):
+        step, beams = view.step, sorted(rid for rid in view.by_id if rid != 1)
+        if step in (1, 2, 3, 4):
+            a, b, c = beams
+        if step == 0:
+            return StepPlan({0: 30})
+        if step == 1:
+            return StepPlan({a: 1, b: 1, c: 1})
+        if step == 2:
+            return StepPlan({a: 1, b: 1})
+        if step == 3:
+            self.victim = max((a, b), key=lambda rid: (self.scores()[rid], -rid))
+            return StepPlan({1: 4}, preempt=[self.victim])
+        if step == 4:
+            return StepPlan({c: 1, self.victim: 16})
+        return super().schedule(view)
+
+
+@pytest.mark.timeout(30)
+def test_beams_compare_only_when_every_beam_decodes():
+    """In step 4 the beams are in step (3 tokens each, all running) but one is recomputing its KV:
+    16 of its 32 computed tokens are back. No round then (a copy of it would take a table that does
+    not hold the tokens it claims, and one made of it would lose its KV); the next round comes once
+    it decodes again, and every beam's table always covers its computed tokens."""
+    from policylab.core.request import is_decoding
+    cfg = dataclasses.replace(CFG, enable_prefix_caching=False, check_invariants=True)
+    holder = {}
+    policy = _RecomputesTheLeadingBeam(lambda: holder["engine"].extension("forks").beams.score)
+    engine = holder["engine"] = Engine([TraceRequest(0.0, 30, 12, beam_width=3), TraceRequest(0.0, 20, 2)],
+                                       policy, _dataplane(0), cfg)
+    stats, bs = engine.extension("forks").stats, cfg.block_size
+    for _ in range(4):
+        engine.step()
+    before = stats["beam_replacements"]
+    assert before == 1                                 # the round at 2 tokens
+    engine.step()                                      # c's third token; the victim recomputes
+    parent = engine.requests[0]
+    beams = (parent, *parent.forks)
+    victim = engine.requests[policy.victim]
+    assert all(len(b.output_ids) == 3 and b.status is Status.RUNNING for b in beams)
+    assert victim.num_computed_tokens == 16 and not is_decoding(victim)
+    assert stats["beam_replacements"] == before        # no round with a beam recomputing
+    assert all(len(b.block_table) * bs >= b.num_computed_tokens for b in beams)
+    result = engine.run()
+    assert result.status == "complete" and stats["beam_replacements"] > before
+    assert all(len(b.output_ids) == 12 for b in beams)
 
 
 def test_beam_trace_field_and_override():

@@ -4,7 +4,8 @@ The model tracks reference counts, which hash each block publishes, the plain fr
 the cached free blocks in least-recently-freed order. After every operation the manager must
 agree with it exactly (free + used == total, ref counts, prefix lookups), allocation must take
 plain free blocks before evicting cached ones and evict the least recently freed first, and
-at drain every reference count is 0.
+at drain every reference count is 0. The KV manager's cost questions (blocks a preemption frees,
+a plan's blocks with cache hits on released blocks) are checked against what committing really takes.
 """
 import math
 
@@ -272,3 +273,63 @@ def test_unhittable_blocks_are_freed_into_the_lru_where_hashed_ones_would_be():
     published, unpublished = replay(False), replay(True)
     assert published[0] == unpublished[0]
     assert (published[1], unpublished[1]) == (4, 2) and published[2] == unpublished[2] == {}
+
+
+# ------------------------------------------------------------------ the KV manager's cost questions
+def _manager_with_a_shared_prefix():
+    """Block size 4, 10 blocks. A computed its 12-token prompt (3 blocks, published); B has the same
+    prompt, started on A's first 2 blocks (its last token is always computed) and took a third of
+    its own: A and B hold 2 blocks together, 1 block each alone; 6 blocks are free. C and D have
+    the same prompt and wait."""
+    from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+    from policylab.core.kv.manager import KVManager
+    from policylab.core.request import Request
+    from policylab.dataplane.config import DataplaneConfig
+    from policylab.dataplane.sim import SimDataPlane
+
+    bs, prompt = 4, np.arange(500, 512, dtype=np.int32)
+    plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    kv = KVManager(10, EngineConfig(block_size=bs, num_blocks=10), plane)
+    a, b, c, d = (Request(rid, 0.0, prompt, 8, block_hashes=chain_hashes(prompt, bs)) for rid in range(4))
+    kv.grow(a.block_table, 12)
+    a.num_computed_tokens = 12
+    kv.register(a.block_table, a.block_hashes, 12)
+    kv.start(b, kv.hits(b))
+    kv.grow(b.block_table, 12)
+    b.num_computed_tokens = 12
+    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
+    assert kv.num_free == 10 - 4
+    return kv, a, b, c, d
+
+
+@pytest.mark.timeout(10)
+def test_freed_by_counts_only_the_blocks_nobody_else_holds():
+    kv, a, b, _, _ = _manager_with_a_shared_prefix()
+    assert (kv.freed_by(a), kv.freed_by(b)) == (1, 1)     # each its own third block, not the 2 shared
+    assert kv.release(a.block_table) == 1                 # what releasing really frees
+    assert kv.freed_by(b) == 3                            # now B alone holds all of its blocks
+    assert kv.release(b.block_table) == 3 and kv.num_free == 10
+    kv.check()
+
+
+@pytest.mark.timeout(10)
+def test_plan_cost_counts_cache_hits_on_blocks_the_preemptions_release_once_and_equals_the_commit():
+    """Preempting A and B releases all 4 of their blocks (available: 6 + 4). C and D each reuse the
+    2 shared blocks and compute 4 tokens into 1 new block: 1 + 1 new, plus the 2 hit blocks, which
+    nobody holds once A and B are gone and so take free blocks, counted once for both: 4 needed."""
+    kv, a, b, c, d = _manager_with_a_shared_prefix()
+    hits = {r.req_id: kv.hits(r) for r in (c, d)}           # as validated: before the release
+    assert hits[2] == hits[3] == tuple(a.block_table[:2])
+    needed, available = kv.plan_cost([a, b], [(c, 4), (d, 4)])
+    assert (needed, available) == (1 + 1 + 2, 6 + 4)
+    assert kv.plan_cost([], [(c, 4), (d, 4)]) == (2, 6)     # held by A and B: hits take no free block
+    kv.release(a.block_table)
+    kv.release(b.block_table)
+    assert kv.num_free == available
+    for r in (c, d):                                         # the commit: hits first, then allocations
+        kv.start(r, hits[r.req_id])
+        r.num_computed_tokens = 8
+    for r in (c, d):
+        kv.grow(r.block_table, 12)
+    assert kv.num_free == available - needed
+    kv.check()

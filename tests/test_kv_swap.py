@@ -195,3 +195,20 @@ def test_the_view_shows_the_host_tier_and_replace_keeps_it():
     replay("swap", policy=lambda: Watching(chunk_size=64, preempt_mode="swap"))
     assert all(total == 64 and again == free and free + held == 64 for free, total, again, held in seen)
     assert any(held for *_, held in seen)
+
+
+@pytest.mark.timeout(30)
+def test_swap_in_copies_back_only_the_blocks_the_device_cache_lost():
+    """Blocks still in the device's prefix cache at swap-in are hits, not copies: over a link with
+    no latency the transfer time is exactly (blocks swapped out + blocks copied back) x the bytes
+    of a block / the bandwidth, and the cached ones add nothing."""
+    from policylab.core.config import ModelConfig
+    bandwidth = 1e9
+    result = replay("swap", dataclasses.replace(PRESSURE, swap_latency=0.0, swap_bandwidth=bandwidth))
+    stats = result.sections.get("kv_tiers")
+    assert stats["swap_in_cached_blocks"] > 0 and stats["swapped_in_blocks"] > 0   # both kinds occur
+    m = ModelConfig()
+    head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
+    block_bytes = 2 * m.num_hidden_layers * m.num_key_value_heads * head_dim * m.dtype_bytes * PRESSURE.block_size
+    copied = stats["swapped_out_blocks"] + stats["swapped_in_blocks"]
+    assert stats["transfer_time"] == pytest.approx(copied * block_bytes / bandwidth, rel=1e-12)

@@ -24,6 +24,19 @@ def test_counters_charge_prompt_and_output_tokens_divided_by_weight():
     assert policy.counters["b"] == pytest.approx(60 + 2 * 20)
 
 
+@pytest.mark.timeout(30)
+def test_a_prompt_longer_than_the_chunk_is_charged_whole_once():
+    """A 100-token prompt admitted in chunks of 32 (4 steps) costs its client all 100 prompt tokens,
+    once, as a prompt that fits in one chunk does: VTC charges service, not the first step's share."""
+    trace = [T(0.0, 100, 10, client="a"), T(0.0, 60, 20, client="b")]
+    policy = Fairness(chunk_size=32, w_in=1.0, w_out=2.0, weights={"a": 2})
+    result, records = replay(policy, trace, ONE_AT_A_TIME)
+    chunks = [r.plan.num_scheduled_tokens.get(0) for r in records if r.plan.num_scheduled_tokens.get(0, 1) > 1]
+    assert chunks == [32, 32, 32, 4]                                 # a's prompt really went in chunks
+    assert policy.counters["a"] == pytest.approx((100 + 2 * 10) / 2)
+    assert policy.counters["b"] == pytest.approx(60 + 2 * 20)
+
+
 def test_admits_from_the_backlogged_client_with_the_smallest_counter():
     trace = [T(0.0, 50, 5, client="a") for _ in range(4)] + [T(0.0, 50, 5, client="b") for _ in range(2)]
     fair, _ = replay(Fairness(), trace, ONE_AT_A_TIME)

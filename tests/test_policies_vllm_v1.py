@@ -24,6 +24,23 @@ def test_admission_reserves_the_whole_prompt_unless_told_not_to():
     assert first_chunk[0].plan.num_scheduled_tokens == {0: 40, 1: 24}
 
 
+@pytest.mark.timeout(30)
+def test_the_watermark_holds_back_admissions_only_while_a_request_runs():
+    """10 blocks of 16, watermark 0.5: int(0.5 x (10 + 1 null block)) = 5 blocks kept free once
+    anything runs. With nothing running A's 100-token prompt takes 7 blocks though that leaves only 3
+    (vLLM's has_scheduled_reqs); B's 1 block beside it would leave 2 < 5, so B waits for A to finish."""
+    trace = [T(0.0, 100, 5), T(0.0, 16, 5)]
+    cfg = EngineConfig(block_size=16, num_blocks=10, max_num_batched_tokens=256, max_num_seqs=4)
+    reserve = int(0.5 * (cfg.num_blocks + 1))
+    a_blocks, b_blocks = -(-100 // 16), 1
+    assert a_blocks + reserve > cfg.num_blocks >= a_blocks          # A fits only without the watermark
+    assert cfg.num_blocks - a_blocks < b_blocks + reserve           # B beside A breaks it
+    _, records = replay(VllmV1(watermark=0.5), trace, cfg)
+    assert records[0].plan.num_scheduled_tokens == {0: 100}
+    b_starts = next(r for r in records if 1 in r.plan.num_scheduled_tokens)
+    assert b_starts.plan.num_scheduled_tokens == {1: 16} and 0 not in b_starts.running
+
+
 def test_a_chunk_that_does_not_fit_preempts_instead_of_shrinking():
     """9 blocks of 16. Step 2 leaves B 28 tokens in 2 blocks and no block free; step 3 asks B's full
     chunk (63 tokens, 4 more blocks): B, the tail of running, is preempted. chunked shrinks it."""

@@ -134,3 +134,24 @@ def test_a_quantised_model_shape_is_priced_on_tensor_parallel_shards_too():
     whole = plane(weight_dtype="fp8", compute_dtype="fp8")
     assert tp.shape.weight_bytes == whole.shape.weight_bytes and tp.num_kv_blocks(16) > whole.num_kv_blocks(16)
     assert replace(tp.precision) == whole.precision
+
+
+def test_the_kv_manager_moves_a_block_at_the_kv_dtype_s_bytes():
+    """Every KV move the engine prices (here swap preemption over a latency-free link) costs a
+    block's bytes at the KV dtype: fp8 moves each block in half bf16's time."""
+    from policies.chunked import Chunked
+    from policylab.core.config import EngineConfig
+    from policylab.core.engine import Engine
+    from policylab.core.request import TraceRequest
+    trace = [TraceRequest(0.001 * i, 3000 + 500 * i, 400) for i in range(12)]
+    engine = EngineConfig(block_size=16, num_blocks=1200, max_num_batched_tokens=2048, max_num_seqs=12,
+                          host_kv_blocks=4000, swap_latency=0.0, swap_bandwidth=25e9)
+    per_block = {}
+    for dtype in ("auto", "fp8"):
+        p = plane(kv_cache_dtype=dtype)
+        kv = Engine(trace, Chunked(chunk_size=2048, preempt_mode="swap"), p, engine, seed=0).run().sections.get("kv_tiers")
+        moved = kv["swapped_out_blocks"] + kv["swapped_in_blocks"]
+        assert moved > 0
+        per_block[dtype] = kv["transfer_time"] / moved
+        assert per_block[dtype] == pytest.approx(p.kv_block_bytes(16) / 25e9, rel=1e-9)
+    assert per_block["fp8"] == pytest.approx(per_block["auto"] / 2, rel=1e-9)

@@ -57,3 +57,25 @@ def test_the_defaults_are_the_h100_file_and_the_h200_carries_the_h100_efficienci
     assert asdict(HardwareConfig()) == h100
     for field in ("flops_efficiency", "bw_efficiency", "kernel_latency"):
         assert h200[field] == h100[field]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_tensor_parallel_pays_two_ring_all_reduces_of_the_hidden_state_per_layer(tp):
+    """Between two links that differ only in their numbers, every shard's kernels cost the same: the
+    step's difference is two ring all-reduces (attention output, MLP down) of the n tokens' hidden
+    state per layer, and one for the vocabulary-parallel embedding, each collective latency + 2(tp-1) hops + 2(tp-1)/tp of the bytes over the
+    bandwidth (NCCL's ring). One GPU has no collective: the link does not matter."""
+    from dataclasses import replace
+    model = ModelConfig()
+    fast = HardwareConfig(link_bandwidth=100e9, link_latency=1e-6, collective_latency=20e-6)
+    slow = replace(fast, link_bandwidth=25e9, link_latency=3e-6, collective_latency=50e-6)
+
+    def ring(hw, size):
+        return hw.collective_latency + 2 * (tp - 1) * hw.link_latency + 2 * (tp - 1) / tp * size / hw.link_bandwidth
+
+    on_fast, on_slow = Roofline(model, fast, tp=tp), Roofline(model, slow, tp=tp)
+    for n in (1, 512):
+        size = n * model.hidden_size * model.dtype_bytes
+        want = (2 * model.num_hidden_layers + 1) * (ring(slow, size) - ring(fast, size)) if tp > 1 else 0.0
+        assert on_slow.dense_time(n) - on_fast.dense_time(n) == pytest.approx(want, rel=1e-9, abs=1e-15)

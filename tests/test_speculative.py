@@ -76,6 +76,27 @@ def test_the_rules_of_check_spec_tokens_all_have_a_breaking_plan():
     assert rules <= set(BAD) and len(rules) == 4
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("k", [3, 4])
+def test_drafts_take_the_kv_of_their_token_plus_k_across_a_block_boundary(k):
+    """After step 0 request 0 holds its 8 computed tokens in 2 full blocks and 1 block is free.
+    Its token and k drafts write positions 8 .. 8 + k: k = 3 fills the free block exactly and runs;
+    k = 4 puts a fifth token into a block that is not there and is refused (k drafts alone would fit)."""
+    engine = Engine(TRACE, Scripted(lambda: StepPlan({0: 1}, spec_tokens={0: k})), sim(alpha=1.0), CFG)
+    engine.step()
+    r, bs = engine.requests[0], CFG.block_size
+    assert (r.num_computed_tokens, len(r.block_table), engine.kv.num_free) == (8, 2, 1)
+    needed = blocks_for(r.num_computed_tokens + 1 + k, bs) - len(r.block_table)
+    assert blocks_for(r.num_computed_tokens + k, bs) - len(r.block_table) <= engine.kv.num_free
+    if needed <= engine.kv.num_free:
+        engine.step()
+        assert engine.extension("speculation").stats["proposed_tokens"] == k
+    else:
+        with pytest.raises(ContractViolation) as caught:
+            engine.step()
+        assert caught.value.rule == "kv_capacity" and f"needs {needed} KV blocks" in caught.value.detail
+
+
 def test_a_plan_that_fits_its_drafts_runs_and_a_zero_k_is_a_plain_decode():
     trace, cfg = [TraceRequest(0.0, 8, 8, max_tokens=8)], dataclasses.replace(CFG, num_blocks=4)
     engine = Engine(trace, Scripted(lambda: StepPlan({0: 1}, spec_tokens={0: 3})), sim(alpha=1.0), cfg)

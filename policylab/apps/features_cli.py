@@ -2,7 +2,7 @@
 
 The table is made from the declarations (`policylab.core.features`) and the planes' declared
 capabilities, the very ones a run is checked against before it starts; docs/compatibility.md is
-its output (`features --markdown`), and a test keeps the two equal.
+its output (`python -m policylab features`), and a test keeps the two equal.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ def refuse_on_vllm(cfg: RunConfig, trace=None) -> None:
     closed_loop = cfg.trace.sessions or cfg.trace.concurrency is not None or cfg.trace.format == "sessions" \
         or getattr(trace, "sessions", None) is not None
     features = features_of(trace or [], cfg.engine, build_policy(cfg.policy), object() if closed_loop else None,
-                           cfg.speculative.k)
+                           cfg.speculative.k, cfg.trace.client_timeout)
     from policylab.cluster.config import is_cluster
     topology = ("pd" if cfg.cluster.disaggregated else "replicas") if is_cluster(cfg.cluster) else "engine"
     try:

@@ -1,7 +1,7 @@
 """What a data plane can do beyond executing a batch, declared in its type (`DataPlane.capabilities`).
 
 The engine and its extensions ask these, never `hasattr`: a feature that needs a capability the
-run's plane lacks is refused before the run (`policylab.core.compose`), naming both.
+run's plane lacks is refused before the run (`policylab.core.features`), naming both.
 """
 from __future__ import annotations
 

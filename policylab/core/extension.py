@@ -6,7 +6,7 @@ it was built with, in their order, at fixed points of its loop, and names no fea
 extension changes engine state only through the engine's operations (`EngineOps`), and KV only
 through the engine's KV manager. What it needs of the data plane, which other features it
 composes with and where it runs (one engine, replicas, P/D) are declared once, in
-`policylab.core.compose`, and a run is checked against them before it starts.
+`policylab.core.features`, and a run is checked against them before it starts.
 
 Hooks (a class overrides what it needs; the engine collects only the overridden ones):
 
@@ -43,7 +43,7 @@ HOOKS = ("admission_horizon", "admission", "on_arrival", "on_start", "on_tokens"
 
 
 class Extension:
-    name = ""                  # its feature's name (policylab.core.compose.FEATURES)
+    name = ""                  # its feature's name (policylab.core.features.FEATURES)
     plan_field = None          # a StepPlan field it carries out (None: none): see `claim`
     shares_kv = False          # its requests share KV blocks (the KV manager copies them on write)
     schedules_events = False   # it puts events of its own on the replay's queue

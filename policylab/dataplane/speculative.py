@@ -81,10 +81,11 @@ class SimSpeculation:
                 "acceptance_rate": self.cfg.acceptance_rate}
 
 
-def verify_greedy(plane, batch: Batch) -> StepResult:
+def verify_greedy(plane, batch: Batch) -> tuple:
     """The torch plane's verification: one forward over every token; a draft is accepted while it
     equals the target's argmax at its position; the token after the accepted ones is the argmax
-    there. Entries without drafts sample as usual."""
+    there. Entries without drafts sample as usual. (the StepResult, the logits of the rows each
+    sampled token came from, in the order of `sampled`: the plane's log-probabilities of this step)"""
     import torch
     from policylab.dataplane.sampling import sample
     start = plane.clock()
@@ -94,12 +95,13 @@ def verify_greedy(plane, batch: Batch) -> StepResult:
     plain_tokens = iter(sample(logits[torch.as_tensor(rows[1:][plain] - 1, dtype=torch.long)],
                                [batch.sampling[i] for i in plain], [batch.req_ids[i] for i in plain],
                                [batch.context_lens[i] + batch.query_lens[i] for i in plain], plane.seed))
-    ids, accepted = [], {}
+    ids, accepted, sampled_rows = [], {}, []
     for i, (s, k) in enumerate(zip(batch.sample, batch.spec_lens)):
         if not s:
             continue
         if not k:
             ids.append(next(plain_tokens))
+            sampled_rows.append(int(rows[i + 1]) - 1)
             continue
         if batch.sampling[i].temperature != 0:
             raise ValueError(f"request {batch.req_ids[i]}: speculative decoding on the torch plane verifies "
@@ -112,6 +114,9 @@ def verify_greedy(plane, batch: Batch) -> StepResult:
             a += 1
         accepted[i] = drafts[:a]
         ids.append(greedy[a])
+        sampled_rows.append(int(rows[i]) + a)
     if plane.device.type == "cuda":
         torch.cuda.synchronize(plane.device)
-    return StepResult(ids, plane.clock() - start, accepted)
+    duration = plane.clock() - start
+    return StepResult(ids, duration, accepted), logits[torch.as_tensor(sampled_rows, dtype=torch.long,
+                                                                       device=logits.device)]

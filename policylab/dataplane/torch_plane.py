@@ -318,7 +318,8 @@ class TorchDataPlane:
     def _execute_once(self, batch: Batch) -> StepResult:
         if batch.spec_lens is not None:              # drafts to verify, greedily
             from policylab.dataplane.speculative import verify_greedy
-            return verify_greedy(self, batch)
+            result, self._last_logits = verify_greedy(self, batch)    # (the rows its tokens were sampled from)
+            return result
         start = self.clock()
         logits = self.forward(batch)
         self._last_logits = logits              # (a reference: beam search may ask its log-probabilities)

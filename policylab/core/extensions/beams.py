@@ -13,13 +13,17 @@ they then share are copied when either writes into them (`policylab.core.extensi
 This is a stochastic beam (each beam samples one continuation and the worst are resampled from
 the best), not the top-w expansion of every beam's candidates: it exercises forking running
 sequences on the fly and copy-on-write at every round, which is the KV behaviour of beam search.
-A round is skipped while some beam is preempted or not yet in step with the others.
+A round is skipped while some beam is preempted, recomputing its KV (running, but not decoding)
+or not yet in step with the others.
+Under speculative decoding a beam's step emits its accepted drafts and one sampled token: the
+score adds that sampled token's log-probability (the drafts' are not asked for), and beams that
+accept different numbers of drafts fall out of step until a round finds them level again.
 """
 from __future__ import annotations
 
 import math
 
-from policylab.core.request import Request, Status
+from policylab.core.request import Request, Status, is_decoding
 from policylab.core.rng import hash_key
 
 _UNIT = 2.0 ** -53
@@ -70,8 +74,9 @@ class BeamSearch:
         beams = (parent, *(parent.forks or ()))
         length = len(parent.output_ids)
         if len(beams) < 2 or length <= self.round.get(parent.req_id, length) or any(
-                b.status is not Status.RUNNING or len(b.output_ids) != length for b in beams):
-            return
+                b.status is not Status.RUNNING or len(b.output_ids) != length or not is_decoding(b) for b in beams):
+            return          # (a beam recomputing its KV is running and in step, but its table holds
+                            # fewer tokens than it claims: no copy of it, and none made of it, until it decodes)
         self.round[parent.req_id] = length
         if length >= self.ops.target(parent.req_id):
             return
