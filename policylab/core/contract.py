@@ -78,11 +78,8 @@ class RequestView:
     def remaining_tokens(self) -> int:
         """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
         r = _request(self)
-        computed = r.num_computed_tokens
-        if r.block_table:                # (holding KV, it hits nothing: `num_cached_tokens` is 0)
-            return r.num_tokens - computed
-        cached = self.num_cached_tokens                                     # (a swapped request's hits
-        return r.num_tokens - (cached if cached > computed else computed)   # are among its computed tokens)
+        cached, computed = 0 if r.block_table else self.num_cached_tokens, r.num_computed_tokens   # (no hit while it
+        return r.num_tokens - (cached if cached > computed else computed)   # holds KV; a swapped one's are computed)
 
     def __repr__(self) -> str:
         return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "
@@ -113,10 +110,8 @@ class DecodeFacts:
 
     __slots__ = ("full", "ids", "plan", "cow", "running_ids", "prefilling")
 
-    def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None,
-                 plan: dict | None = None):
-        """`plan`: {each of `ids`: 1} in their order, when the caller has one to give away."""
-        self.full, self.ids, self.cow = full, list(ids), cow
+    def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None, plan=None):
+        self.full, self.ids, self.cow = full, list(ids), cow     # (`plan`: {each: 1} in order, to give away)
         self.plan = dict.fromkeys(ids, 1) if plan is None else plan
         self.running_ids = running_ids    # every running req_id in running order (None: read off the views)
         self.prefilling = None            # `SchedulerView.prefilling`, once asked

@@ -24,6 +24,7 @@ class DecodeBatch:
 
     def __init__(self, requests: list, target_len: dict, block_size: int):
         self._all, self._target_len, self.block_size = requests, target_len, block_size
+        self._step_times, self._pending = [], {}
         self.clear()
 
     def clear(self) -> None:
@@ -122,10 +123,7 @@ class DecodeBatch:
 
     def settle(self, rid=None) -> None:
         """Bring the members' `token_times` (only request `rid`'s, when given) up to date."""
-        pending = getattr(self, "_pending", None)
-        if not pending:
-            return
-        times, now = self._step_times, len(self._step_times)
+        pending, times, now = self._pending, self._step_times, len(self._step_times)
         for i in (pending if rid is None else (rid,) if rid in pending else ()):
             since = pending[i]
             if since < now:

@@ -182,7 +182,8 @@ class EnergyMeter:
     def demand(self, batch, tokens: int, sampled: int, duration: float, ratio: float, work=None) -> tuple:
         """(watts per GPU the step would draw without the board limit, its (u_c, u_m, busy)) at clock
         ratio `ratio`; `work` is the step's StepWork.of, when the caller has it."""
-        gemm, other, memory = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes)
+        gemm, other, memory = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled,
+                                                   batch.decodes)
         peak = self.hw.peak_flops * ratio
         u_c = (gemm / (peak * self.gemm_speedup) + other / peak) / duration
         u_m = memory / (self._bw * duration)
