@@ -9,9 +9,7 @@ exactly one token to every member, so the step on which a member reaches its out
 length, and the steps on which its last block fills, follow from its counts when it joins.
 Members join at the end (a prefill just completed) and leave (finished) without the batch
 being rebuilt; lists are replaced, never changed in place, so a batch already sent stays
-as it ran. Every member's token times are the same steps' times: the batch keeps them once
-and extends a member's `token_times` when it leaves, when the batch is cleared or when the
-engine settles (`settle`), so a step records one time, not one per member.
+as it ran.
 """
 from __future__ import annotations
 
@@ -24,17 +22,14 @@ class DecodeBatch:
 
     def __init__(self, requests: list, target_len: dict, block_size: int):
         self._all, self._target_len, self.block_size = requests, target_len, block_size
-        self._step_times, self._pending = [], {}
         self.clear()
 
     def clear(self) -> None:
         """Start over, empty (with new lists: batches already sent keep theirs)."""
         self.ids: list = []
         self.requests: list = []
-        self.settle()
-        self._outputs, self._targets, self._context = [], [], []
-        self._step_times: list = []               # each step's time since the batch formed
-        self._pending: dict = {}                  # member req_id -> its first step time not in its token_times
+        self._outputs, self._times, self._targets, self._context = [], [], [], []
+        self._members: dict = {}                  # member req_id -> None: the members as a set
         self._tables, self._sampling = [], []
         self._steps = 0                           # steps decoded since the batch formed
         self._by_phase: dict = {}                 # (computed - steps) % block_size -> member ids
@@ -60,7 +55,8 @@ class DecodeBatch:
         self.ids, self.requests = self.ids + ids, self.requests + rs
         self._outputs = self._outputs + [r.output_ids for r in rs]
         self._targets = self._targets + list(map(self._target_len.__getitem__, ids))
-        self._pending.update(dict.fromkeys(ids, len(self._step_times)))
+        self._times = self._times + [r.token_times for r in rs]
+        self._members.update(dict.fromkeys(ids))
         self._context = self._context + context
         self._tables = self._tables + [r.block_table for r in rs]
         self._sampling = self._sampling + [r.sampling for r in rs]
@@ -74,23 +70,23 @@ class DecodeBatch:
 
     def has_any(self, ids) -> bool:
         """Some of `ids` (a dict or set) are members (the smaller side is the one looked through)."""
-        return not self._pending.keys().isdisjoint(ids.keys() if isinstance(ids, dict) else ids)
+        return not self._members.keys().isdisjoint(ids.keys() if isinstance(ids, dict) else ids)
 
     def leave(self, finished: list) -> None:
         """Drop finished members."""
         at = sorted(map(self.requests.index, finished), reverse=True)     # (a few, out of many)
         kept = []
-        for members in (self.ids, self.requests, self._outputs, self._targets, self._context, self._tables,
-                        self._sampling):
+        for members in (self.ids, self.requests, self._outputs, self._times, self._targets, self._context,
+                        self._tables, self._sampling):
             members = members.copy()                  # (new lists: batches already sent keep theirs)
             for i in at:
                 del members[i]
             kept.append(members)
-        self.ids, self.requests, self._outputs, self._targets, self._context, self._tables, self._sampling = kept
+        self.ids, self.requests, self._outputs, self._times, self._targets, self._context, self._tables, \
+            self._sampling = kept
         self._members_changed()
-        times, pending = self._step_times, self._pending
         for r in finished:
-            r.token_times += times[pending.pop(r.req_id):]
+            del self._members[r.req_id]
             early = self._finish_at.get(self._due.pop(r.req_id))      # (stopped at EOS before it)
             if early:
                 early.remove(r)
@@ -111,24 +107,15 @@ class DecodeBatch:
         self._steps += 1
         self._context = context = []          # a fresh list: batches stay as sent
         add = context.append
-        self._step_times.append(now)
-        for r, out, token in zip(self.requests, self._outputs, sampled):
+        for r, out, times, token in zip(self.requests, self._outputs, self._times, sampled):
             out.append(token)
+            times.append(now)
             r.num_computed_tokens = c = r.num_computed_tokens + 1
             add(c)
         if eos is not None and eos in sampled:        # any member may stop at EOS
             return [r for r, out, target in zip(self.requests, self._outputs, self._targets)
                     if len(out) >= target or out[-1] == eos]
         return self._finish_at.pop(self._steps, [])    # (in batch order: members join at the end)
-
-    def settle(self, rid=None) -> None:
-        """Bring the members' `token_times` (only request `rid`'s, when given) up to date."""
-        pending, times, now = self._pending, self._step_times, len(self._step_times)
-        for i in (pending if rid is None else (rid,) if rid in pending else ()):
-            since = pending[i]
-            if since < now:
-                self._all[i].token_times += times[since:]
-                pending[i] = now
 
     def full_last_block(self) -> list:
         """Members whose last KV block is full now: their next token takes a new block."""

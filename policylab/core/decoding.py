@@ -81,7 +81,6 @@ class Decoding:
 
     def discard(self, rid: int) -> None:
         """The request no longer decodes (its KV released, or a step left it in prefill)."""
-        self._batch.settle(rid)
         self._full.pop(rid, None)
         if self._ids.pop(rid, None) is not None:
             self.facts, self._batch_is_facts = None, False
@@ -97,10 +96,6 @@ class Decoding:
         if not decodes or len(decodes) == len(sched):
             return decodes, {} if decodes else sched
         return decodes, {rid: n for rid, n in sched.items() if rid not in ids}
-
-    def settle(self) -> None:
-        """Every decoding request's `token_times` complete now (the batch records a step's time once)."""
-        self._batch.settle()
 
     def forget_batch(self) -> None:
         """Its members change outside `commit` (a preemption, or one of them committed one by one)."""

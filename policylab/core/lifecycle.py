@@ -98,7 +98,6 @@ class Lifecycle:
 
     def stopped(self) -> None:
         """The run stopped early: the extensions settle what they left in flight."""
-        self._decoding.settle()
         for hook in self._on_stopped:
             hook()
 
