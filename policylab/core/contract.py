@@ -245,11 +245,16 @@ class SchedulerView(tuple):
                 f"running={len(self.running)}, decoding={len(self.decoding)}, free_blocks={self.num_free_blocks})")
 
 
+try:                                     # (read-only field descriptors, as namedtuple's: C-level where
+    from _collections import _tuplegetter   # CPython has them)
+except ImportError:
+    def _tuplegetter(index: int, doc: str):
+        return property(itemgetter(index), doc=doc)
 for _i, _name in enumerate(_FACTS):
-    setattr(SchedulerView, _name, property(itemgetter(_i), doc=f"the view's `{_name}`"))
+    setattr(SchedulerView, _name, _tuplegetter(_i, f"the view's `{_name}`"))
 _decode = itemgetter(len(_FACTS))        # the view's DecodeFacts
-SchedulerView.num_free_host_blocks = property(itemgetter(len(_FACTS) + 1), doc="free host-tier KV blocks")
-SchedulerView.num_total_host_blocks = property(itemgetter(len(_FACTS) + 2), doc="engine.host_kv_blocks")
+SchedulerView.num_free_host_blocks = _tuplegetter(len(_FACTS) + 1, "free host-tier KV blocks")
+SchedulerView.num_total_host_blocks = _tuplegetter(len(_FACTS) + 2, "engine.host_kv_blocks")
 
 
 @dataclass
