@@ -349,7 +349,7 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: in
     """validate_plan's rules for any other plan, entry by entry: (total tokens, blocks needed,
     blocks available)."""
     live, sched = view.by_id, plan.num_scheduled_tokens
-    rest = dict(islice(sched.items(), leading, None)) if leading else sched   # (the leading decodes
+    rest = entries_after(sched, leading) if leading else sched               # (the leading decodes
     if not set(map(type, rest.values())) <= {int}:                            # are checked)
         rid, n = next((rid, n) for rid, n in rest.items() if type(n) is not int)
         raise ContractViolation(policy, "chunk_type",
@@ -404,6 +404,11 @@ def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: in
         needed, available = _kv(live[next(iter(sched))]).plan_cost([], chunks)
         return leading + sum(rest.values()), needed + len(_decode(view).full) + _copies(view, plan), available
     return sum(sched.values()), *view.plan_kv(plan)
+
+
+def entries_after(sched: dict, leading: int) -> dict:
+    """The entries of `sched` after its first `leading`, in order (read from the end: few follow many)."""
+    return dict(reversed(list(islice(reversed(sched.items()), len(sched) - leading))))
 
 
 def _copies(view: SchedulerView, plan: StepPlan) -> int:
