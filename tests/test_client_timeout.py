@@ -60,3 +60,16 @@ def test_with_forks_it_is_refused_before_the_run():
     trace = [TraceRequest(0.0, 40, 10, n=2)]
     with pytest.raises(ValueError, match="^client_timeout and forks do not compose"):
         replay(trace, timeout=1.0)
+
+
+def test_replicas_count_their_abandoned_requests_and_report_the_timeout_once(tmp_path):
+    import json
+
+    import policylab
+    policylab.replay(None, None, "policy=chunked", "trace=poisson", "trace.max_requests=60", "trace.rate_scale=30",
+                     "cluster.replicas=2", "trace.client_timeout=0.5", "logger=none", "plots=false", "progress=false",
+                     dir=tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    requests = __import__("pandas").read_parquet(tmp_path / "run" / "requests.parquet")
+    abandoned = int(requests["reason"].fillna("").str.startswith("abandoned by its client").sum())
+    assert summary["client_timeout"] == {"abandoned": abandoned, "timeout_s": 0.5} and abandoned > 0

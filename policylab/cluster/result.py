@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policylab.core.result import STEP_FIELDS, RunResult
+from policylab.core.result import STEP_FIELDS, RunResult, Setting
 
 PLACEMENT_FIELDS = ("replica", "decode_replica", "transfer_time", "kv_wait")
 
@@ -39,13 +39,15 @@ class ClusterResult(RunResult):
 
 
 class SummedStats(Mapping):
-    """Several replicas' counters of one section, summed when read (live: they keep counting)."""
+    """Several replicas' counters of one section, summed when read (live: they keep counting); a
+    `Setting` read from the first (every replica has the same)."""
 
     def __init__(self, parts: list):
         self._parts = parts
 
     def __getitem__(self, key):
-        return sum(p[key] for p in self._parts)
+        first = self._parts[0][key]
+        return first if isinstance(first, Setting) else sum(p[key] for p in self._parts)
 
     def __iter__(self):
         return iter(self._parts[0])

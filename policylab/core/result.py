@@ -11,6 +11,11 @@ STEP_FIELDS = ("clock", "duration", "batch_size", "prefill_tokens", "decode_toke
                "preempted", "rejected")
 
 
+class Setting(float):
+    """A number in a result section that is a setting, not a counter (a client timeout): the
+    sections of a cluster's replicas share it, so their merged section reads it once, not summed."""
+
+
 @dataclass
 class RunResult:
     trace: list                      # TraceRequest, arrival order

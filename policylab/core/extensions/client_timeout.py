@@ -9,6 +9,7 @@ an overloaded run compares with the real one at all (`trace.client_timeout`).
 from __future__ import annotations
 
 from policylab.core.extension import Extension
+from policylab.core.result import Setting
 
 
 class ClientTimeout(Extension):
@@ -19,7 +20,7 @@ class ClientTimeout(Extension):
         if not 0 < timeout < float("inf"):
             raise ValueError(f"trace.client_timeout must be a finite number of seconds > 0, got {timeout!r}")
         self.timeout = float(timeout)
-        self.stats = {"abandoned": 0, "timeout_s": self.timeout}
+        self.stats = {"abandoned": 0, "timeout_s": Setting(self.timeout)}
 
     def section(self) -> dict:
         return self.stats
