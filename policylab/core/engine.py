@@ -20,8 +20,7 @@ from policylab.core.batch import CommittedStep, DataPlane, StepResult, bad_durat
 from policylab.core.capabilities import Capability
 from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
-from policylab.core.contract import (ContractViolation, DecodeFacts, SchedulerView, check_plan, entries_after,
-                                     private_copy)
+from policylab.core.contract import ContractViolation, DecodeFacts, SchedulerView, private_copy
 from policylab.core.decoding import Decoding
 from policylab.core.engine_ops import EngineOps
 from policylab.core.events import INF, ArrivalSource, EventQueue
@@ -32,6 +31,7 @@ from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import KVManager
 from policylab.core.lifecycle import Lifecycle
 from policylab.core.liveness import Liveness
+from policylab.core.plan_rules import check_plan, entries_after
 from policylab.core.policy import Policy
 from policylab.core.request import SamplingParams, Status, check_arrivals
 from policylab.core.request_steps import RequestSteps
