@@ -9,7 +9,8 @@ import pytest
 
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
 from policylab.dataplane.config import DataplaneConfig
-from policylab.core.contract import ContractViolation, RequestView, StepPlan, validate_plan
+from policylab.core.contract import ContractViolation, RequestView, StepPlan
+from policylab.core.plan_rules import validate_plan
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
 from policylab.core.policy import Policy
@@ -74,8 +75,8 @@ def test_each_broken_rule_is_named_and_nothing_is_committed(rule):
 
 
 def test_every_rule_of_validate_plan_has_a_breaking_plan():
-    from policylab.core import contract
-    source = inspect.getsource(contract.check_plan) + inspect.getsource(contract._check_entries)
+    from policylab.core import plan_rules
+    source = inspect.getsource(plan_rules.check_plan) + inspect.getsource(plan_rules._check_entries)
     rules = set(re.findall(r'ContractViolation\(policy, "(\w+)"', source))
     assert rules == set(BAD_PLANS)
 

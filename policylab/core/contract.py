@@ -1,19 +1,16 @@
 """The step contract between a scheduling policy and the engine (DESIGN §3).
 
 A policy receives a read-only `SchedulerView` of facts and returns a `StepPlan`. The engine
-validates every plan with `validate_plan` before touching any state; a broken rule raises
-`ContractViolation` naming the policy and the rule. Nothing is silently fixed.
+validates every plan (`policylab.core.plan_rules.validate_plan`) before touching any state; a
+broken rule raises `ContractViolation` naming the policy and the rule. Nothing is silently fixed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import islice, repeat
-from operator import is_not, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING, AbstractSet, Mapping, Sequence
 
 from policylab.core.request import is_decoding
-from policylab.core.spec_rules import check_spec_tokens
-from policylab.core.swap_rules import check_swap
 from policylab.core.violation import ContractViolation  # noqa: F401  (raised here; importable from here)
 
 if TYPE_CHECKING:
@@ -78,8 +75,8 @@ class RequestView:
     def remaining_tokens(self) -> int:
         """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
         r = _request(self)
-        return r.num_tokens - max(r.num_computed_tokens, self.num_cached_tokens)   # (a swapped request's
-                                         # hits are among its computed tokens)
+        cached, computed = 0 if r.block_table else self.num_cached_tokens, r.num_computed_tokens   # (no hit while it
+        return r.num_tokens - (cached if cached > computed else computed)   # holds KV; a swapped one's are computed)
 
     def __repr__(self) -> str:
         return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "
@@ -110,8 +107,9 @@ class DecodeFacts:
 
     __slots__ = ("full", "ids", "plan", "cow", "running_ids", "prefilling")
 
-    def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None):
-        self.full, self.ids, self.plan, self.cow = full, list(ids), dict.fromkeys(ids, 1), cow
+    def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None, plan=None):
+        self.full, self.ids, self.cow = full, list(ids), cow     # (`plan`: {each: 1} in order, to give away)
+        self.plan = dict.fromkeys(ids, 1) if plan is None else plan
         self.running_ids = running_ids    # every running req_id in running order (None: read off the views)
         self.prefilling = None            # `SchedulerView.prefilling`, once asked
 
@@ -177,8 +175,10 @@ class SchedulerView(tuple):
             return ()
         decode = _decode(self)      # (facts belong to one state of running and decoding: the
         if decode.prefilling is None:   # engine's last until either changes; so does the answer)
-            ids = decode.running_ids or [v.req_id for v in running]
-            if len(running) - len(decoding) <= _FEW:   # a few: by set difference, put in running order
+            ids, k = decode.running_ids or [v.req_id for v in running], len(decode.ids)
+            if k == len(decoding) and ids[:k] == decode.ids:    # the decodes first (those started
+                decode.prefilling = tuple(running[k:])        # last still prefill): the rest
+            elif len(running) - len(decoding) <= _FEW:   # a few: by set difference, put in running order
                 decode.prefilling = tuple(map(running.__getitem__, sorted(map(ids.index, set(ids).difference(decoding)))))
             else:
                 decode.prefilling = tuple([v for v, rid in zip(running, ids) if rid not in decoding])
@@ -242,11 +242,16 @@ class SchedulerView(tuple):
                 f"running={len(self.running)}, decoding={len(self.decoding)}, free_blocks={self.num_free_blocks})")
 
 
+try:                                     # (read-only field descriptors, as namedtuple's: C-level where
+    from _collections import _tuplegetter   # CPython has them)
+except ImportError:
+    def _tuplegetter(index: int, doc: str):
+        return property(itemgetter(index), doc=doc)
 for _i, _name in enumerate(_FACTS):
-    setattr(SchedulerView, _name, property(itemgetter(_i), doc=f"the view's `{_name}`"))
+    setattr(SchedulerView, _name, _tuplegetter(_i, f"the view's `{_name}`"))
 _decode = itemgetter(len(_FACTS))        # the view's DecodeFacts
-SchedulerView.num_free_host_blocks = property(itemgetter(len(_FACTS) + 1), doc="free host-tier KV blocks")
-SchedulerView.num_total_host_blocks = property(itemgetter(len(_FACTS) + 2), doc="engine.host_kv_blocks")
+SchedulerView.num_free_host_blocks = _tuplegetter(len(_FACTS) + 1, "free host-tier KV blocks")
+SchedulerView.num_total_host_blocks = _tuplegetter(len(_FACTS) + 2, "engine.host_kv_blocks")
 
 
 @dataclass
@@ -294,108 +299,6 @@ def private_copy(plan, policy: str) -> StepPlan:
     except (TypeError, ValueError) as e:
         raise ContractViolation(policy, "plan_type", f"the plan's fields must be a mapping, a list and a "
                                 f"mapping (spec_tokens: a mapping): {e}") from None
-
-
-def validate_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> None:
-    """Check every rule of DESIGN §3 against the view's facts; raise ContractViolation on the first
-    broken one. Pure: reads the plan's values only, changes nothing."""
-    check_plan(view, plan, policy)
-
-
-def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> int:
-    """`validate_plan`, saying what it found on the way: how many of the plan's first entries give
-    every decoding request its one token, in running order, in a plan that neither preempts nor
-    rejects (0: not so). The engine commits those on its persistent decode batch without looking
-    at them again; when they are the whole plan it is the steady state."""
-    if not isinstance(plan, StepPlan):
-        raise ContractViolation(policy, "plan_type",
-                                f"schedule() must return a StepPlan, got {type(plan).__name__}")
-    sched = plan.num_scheduled_tokens
-    if len(sched) > view.max_num_seqs:
-        raise ContractViolation(policy, "seq_cap",
-                                f"{len(sched)} requests scheduled > max_num_seqs={view.max_num_seqs}")
-    decode = _decode(view)
-    decode_ids = decode.ids
-    k = len(decode_ids)
-    leading = k if k and len(sched) >= k and not plan.preempt and not plan.reject and not plan.swap \
-        and (list(sched) if len(sched) == k else list(islice(sched, k))) == decode_ids \
-        and not any(map(is_not, islice(sched.values(), k), repeat(1))) else 0
-    if leading and leading == len(sched):   # every decode, in running order, each the int 1: only the totals
-        total, blocks, free = len(sched), len(decode.full) + decode.cow, view.num_free_blocks
-    else:
-        total, blocks, free = _check_entries(view, plan, policy, leading)
-    if plan.spec_tokens:              # k drafts: k more tokens of the budget, the KV of k + 1 tokens
-        extra_tokens, extra_blocks = check_spec_tokens(view, plan, policy)
-        total, blocks = total + extra_tokens, blocks + extra_blocks
-    if total > view.max_num_batched_tokens:
-        raise ContractViolation(policy, "token_budget",
-                                f"{total} tokens scheduled > "
-                                f"max_num_batched_tokens={view.max_num_batched_tokens}")
-    if blocks > free:
-        raise ContractViolation(policy, "kv_capacity",
-                                f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
-    return leading
-
-
-def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: int = 0) -> tuple:
-    """validate_plan's rules for any other plan, entry by entry: (total tokens, blocks needed,
-    blocks available)."""
-    live, sched = view.by_id, plan.num_scheduled_tokens
-    rest = dict(islice(sched.items(), leading, None)) if leading else sched   # (the leading decodes
-    if not set(map(type, rest.values())) <= {int}:                            # are checked)
-        rid, n = next((rid, n) for rid, n in rest.items() if type(n) is not int)
-        raise ContractViolation(policy, "chunk_type",
-                                f"request {rid}: token count must be int, got {n!r}")
-    preempt_set = set(plan.preempt)
-    if len(preempt_set) != len(plan.preempt):
-        raise ContractViolation(policy, "unique",
-                                f"a request appears twice in the preempt list {plan.preempt}")
-    for rid in plan.preempt:
-        v = live.get(rid)
-        if v is None or v.status != "running":
-            raise ContractViolation(policy, "preempt_running",
-                                    f"request {rid} is not running and cannot be preempted")
-        if rid in sched:
-            raise ContractViolation(policy, "preempted_scheduled",
-                                    f"request {rid} is both preempted and scheduled")
-    if plan.swap:
-        check_swap(view, plan, preempt_set, policy)
-    for rid, reason in plan.reject.items():
-        v = live.get(rid)
-        if v is None or v.status != "waiting":
-            raise ContractViolation(policy, "reject_waiting",
-                                    f"request {rid} is not waiting and cannot be rejected")
-        if rid in sched:
-            raise ContractViolation(policy, "rejected_scheduled",
-                                    f"request {rid} is both rejected and scheduled")
-        if not reason or not isinstance(reason, str):
-            raise ContractViolation(policy, "reject_reason", f"request {rid} rejected without a reason")
-    if not rest.keys() <= live.keys():
-        rid = next(rid for rid in rest if rid not in live)
-        raise ContractViolation(policy, "unknown_request",
-                                f"request {rid} is neither waiting nor running")
-    decoding = view.decoding
-    all_decodes = rest.keys() <= decoding
-    if not (all_decodes and set(rest.values()) <= {1}):    # else every entry is a decode's one token
-        for rid, n in rest.items():
-            r = _request(live[rid])
-            if rid in decoding or is_decoding(r):
-                if n != 1:
-                    raise ContractViolation(policy, "decode_one",
-                                            f"request {rid} is decoding and must get exactly 1 token, got {n}")
-            elif not 1 <= n <= live[rid].remaining_tokens:
-                raise ContractViolation(policy, "chunk_bounds",
-                                        f"request {rid} in prefill got {n} tokens, "
-                                        f"allowed 1..{live[rid].remaining_tokens}")
-    if all_decodes and not plan.preempt:
-        full = _decode(view).full
-        blocks = len(full) if len(sched) == len(decoding) else len(full & sched.keys())
-        return len(sched), blocks + _copies(view, plan), view.num_free_blocks
-    if leading:          # every decode leads, the other entries are prefill chunks
-        chunks = [(_request(live[rid]), n) for rid, n in rest.items()]
-        needed, available = _kv(live[next(iter(sched))]).plan_cost([], chunks)
-        return leading + sum(rest.values()), needed + len(_decode(view).full) + _copies(view, plan), available
-    return sum(sched.values()), *view.plan_kv(plan)
 
 
 def _copies(view: SchedulerView, plan: StepPlan) -> int:

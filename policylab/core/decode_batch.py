@@ -13,10 +13,6 @@ as it ran.
 """
 from __future__ import annotations
 
-import math
-from itertools import compress
-from operator import sub
-
 from policylab.core.batch import Batch
 
 
@@ -33,9 +29,12 @@ class DecodeBatch:
         self.ids: list = []
         self.requests: list = []
         self._outputs, self._times, self._targets, self._context = [], [], [], []
+        self._members: dict = {}                  # member req_id -> None: the members as a set
         self._tables, self._sampling = [], []
         self._steps = 0                           # steps decoded since the batch formed
         self._by_phase: dict = {}                 # (computed - steps) % block_size -> member ids
+        self._finish_at: dict = {}                # step -> members that reach their output length on it
+        self._due: dict = {}                      # member req_id -> that step
         self._members_changed()
 
     def become(self, ids: list) -> None:
@@ -57,32 +56,47 @@ class DecodeBatch:
         self._outputs = self._outputs + [r.output_ids for r in rs]
         self._targets = self._targets + list(map(self._target_len.__getitem__, ids))
         self._times = self._times + [r.token_times for r in rs]
+        self._members.update(dict.fromkeys(ids))
         self._context = self._context + context
         self._tables = self._tables + [r.block_table for r in rs]
         self._sampling = self._sampling + [r.sampling for r in rs]
         self._members_changed()
-        for rid, c in zip(ids, context):
-            self._by_phase.setdefault((c - self._steps) % self.block_size, []).append(rid)
+        steps, due = self._steps, self._due
+        for r, rid, c, target in zip(rs, ids, context, self._targets[-len(ids):]):
+            self._by_phase.setdefault((c - steps) % self.block_size, []).append(rid)
+            left = target - len(r.output_ids)                               # (one token a step)
+            due[rid] = step = steps + (left if left > 1 else 1)
+            self._finish_at.setdefault(step, []).append(r)
+
+    def has_any(self, ids) -> bool:
+        """Some of `ids` (a dict or set) are members (the smaller side is the one looked through)."""
+        return not self._members.keys().isdisjoint(ids.keys() if isinstance(ids, dict) else ids)
 
     def leave(self, finished: list) -> None:
         """Drop finished members."""
-        gone = set(finished)
-        keep = [r not in gone for r in self.requests]
-        self.ids, self.requests = list(compress(self.ids, keep)), list(compress(self.requests, keep))
-        self._outputs, self._times = list(compress(self._outputs, keep)), list(compress(self._times, keep))
-        self._targets, self._context = list(compress(self._targets, keep)), list(compress(self._context, keep))
-        self._tables, self._sampling = list(compress(self._tables, keep)), list(compress(self._sampling, keep))
+        at = sorted(map(self.requests.index, finished), reverse=True)     # (a few, out of many)
+        kept = []
+        for members in (self.ids, self.requests, self._outputs, self._times, self._targets, self._context,
+                        self._tables, self._sampling):
+            members = members.copy()                  # (new lists: batches already sent keep theirs)
+            for i in at:
+                del members[i]
+            kept.append(members)
+        self.ids, self.requests, self._outputs, self._times, self._targets, self._context, self._tables, \
+            self._sampling = kept
         self._members_changed()
         for r in finished:
+            del self._members[r.req_id]
+            early = self._finish_at.get(self._due.pop(r.req_id))      # (stopped at EOS before it)
+            if early:
+                early.remove(r)
             phase = (r.num_computed_tokens - self._steps) % self.block_size
             self._by_phase[phase] = [rid for rid in self._by_phase[phase] if rid != r.req_id]
 
     def _members_changed(self) -> None:
-        """Per-member constants (one token each, every one sampled), and `_first_finish`: the step
-        on which the first member can reach its output length."""
+        """Per-member constants: one token each, every one sampled."""
         n = len(self.ids)
         self._query_lens, self._sample = [1] * n, [True] * n
-        self._first_finish = self._steps + min(map(sub, self._targets, map(len, self._outputs)), default=math.inf)
 
     def batch(self) -> Batch:
         return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling,
@@ -98,10 +112,10 @@ class DecodeBatch:
             times.append(now)
             r.num_computed_tokens = c = r.num_computed_tokens + 1
             add(c)
-        if self._steps < self._first_finish and (eos is None or eos not in sampled):
-            return []
-        return [r for r, out, target in zip(self.requests, self._outputs, self._targets)
-                if len(out) >= target or out[-1] == eos]
+        if eos is not None and eos in sampled:        # any member may stop at EOS
+            return [r for r, out, target in zip(self.requests, self._outputs, self._targets)
+                    if len(out) >= target or out[-1] == eos]
+        return self._finish_at.pop(self._steps, [])    # (in batch order: members join at the end)
 
     def full_last_block(self) -> list:
         """Members whose last KV block is full now: their next token takes a new block."""

@@ -23,7 +23,7 @@ class Decoding:
 
     def __init__(self, requests: list, target_len: list, block_size: int):
         self._requests, self.block_size = requests, block_size
-        self._ids: dict = {}          # req_id -> None: an ordered set
+        self._ids: dict = {}          # req_id -> 1: an ordered set (and the plan {each: 1} when in running order)
         self._full: dict = {}         # req_id -> None: decoding ones whose last block is full
         self.ids = MappingProxyType(self._ids).keys()      # live read-only sets (the view's facts)
         self.full = MappingProxyType(self._full).keys()
@@ -42,6 +42,10 @@ class Decoding:
         """The cached decode batch's members, in batch order."""
         return self._batch.ids
 
+    def in_batch(self, ids) -> bool:
+        """Some of `ids` (a dict or set of req_ids) are members of the cached decode batch."""
+        return self._batch.has_any(ids)
+
     @property
     def batch_requests(self) -> list:
         return self._batch.requests
@@ -49,8 +53,12 @@ class Decoding:
     def make_facts(self, ids: list) -> DecodeFacts:
         """What the view states of them, from every running req_id in running order (`ids`): their
         ids in running order, and those with a full last block."""
-        self.facts = DecodeFacts(self.full, ids if len(ids) == len(self._ids) else list(filter(self._ids.__contains__, ids)),
-                                 running_ids=ids)
+        order = list(self._ids)
+        if order == ids[:len(order)]:       # they decode in running order, ahead of the prefills (mostly):
+            self.facts = DecodeFacts(self.full, order, running_ids=ids, plan=self._ids.copy())   # a copy
+        else:
+            self.facts = DecodeFacts(self.full, ids if len(ids) == len(order) else
+                                     list(filter(self._ids.__contains__, ids)), running_ids=ids)
         return self.facts
 
     def running_changed(self) -> None:
@@ -67,13 +75,14 @@ class Decoding:
         else:
             self._full.pop(rid, None)
         if rid not in self._ids:
-            self._ids[rid] = self.facts = None
+            self._ids[rid] = 1
+            self.facts = None
             self._batch_is_facts = False
 
     def discard(self, rid: int) -> None:
         """The request no longer decodes (its KV released, or a step left it in prefill)."""
         self._full.pop(rid, None)
-        if self._ids.pop(rid, 0) is None:
+        if self._ids.pop(rid, None) is not None:
             self.facts, self._batch_is_facts = None, False
 
     def split(self, plan) -> tuple:

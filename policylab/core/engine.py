@@ -10,7 +10,7 @@ a raising policy, Ctrl-C) returns what it has, marked partial.
 from __future__ import annotations
 
 import math
-from itertools import compress, islice
+from itertools import compress
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -20,7 +20,7 @@ from policylab.core.batch import CommittedStep, DataPlane, StepResult, bad_durat
 from policylab.core.capabilities import Capability
 from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
-from policylab.core.contract import ContractViolation, DecodeFacts, SchedulerView, check_plan, private_copy
+from policylab.core.contract import ContractViolation, DecodeFacts, SchedulerView, private_copy
 from policylab.core.decoding import Decoding
 from policylab.core.engine_ops import EngineOps
 from policylab.core.events import INF, ArrivalSource, EventQueue
@@ -31,6 +31,7 @@ from policylab.core.gc_freeze import FrozenHeap
 from policylab.core.kv import KVManager
 from policylab.core.lifecycle import Lifecycle
 from policylab.core.liveness import Liveness
+from policylab.core.plan_rules import check_plan, entries_after
 from policylab.core.policy import Policy
 from policylab.core.request import SamplingParams, Status, check_arrivals
 from policylab.core.request_steps import RequestSteps
@@ -245,7 +246,7 @@ class Engine(Lifecycle, RequestSteps):
         self._owner = owner
         if leading and owner is None:
             decodes = self._decoding.facts.ids       # every decode, in running order
-            chunks = dict(islice(sched.items(), leading, None)) if leading < len(sched) else {}
+            chunks = entries_after(sched, leading) if leading < len(sched) else {}
             parts = self._commit_requests(chunks, [], {}) if chunks else None
         else:
             decodes, chunks = ([], sched) if owner is not None else self._decoding.split(plan)
@@ -295,7 +296,8 @@ class Engine(Lifecycle, RequestSteps):
             self.running = running
         if sampled:
             self._liveness.stalled = 0
-        self._sampled = list(compress(batch.req_ids, batch.sample)) if step.requests else batch.req_ids
+        self._sampled = batch.req_ids[:n] + list(compress(batch.req_ids[n:], batch.sample[n:])) if step.requests \
+            else batch.req_ids                       # (the leading decodes are all sampled)
         for hook in self._after_step:
             hook(self._sampled, sampled)
         size = len(batch.req_ids)

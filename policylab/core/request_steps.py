@@ -16,7 +16,7 @@ class RequestSteps:
         """Rejections, then preemptions, then each scheduled request's KV (cache hits first):
         (the batch of `sched`'s entries, their Requests)."""
         now, kv, reqs, bs = self.clock.now, self.kv, self.requests, self.kv.block_size
-        if preempt or not sched.keys().isdisjoint(self._decoding.batch_ids):   # its members change
+        if preempt or self._decoding.in_batch(sched):    # the decode batch's members change
             self._decoding.forget_batch()
         rs = [reqs[rid] for rid in sched]
         waiting = self._waiting

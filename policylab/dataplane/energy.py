@@ -139,11 +139,15 @@ class StepWork:
                   + (self.link.all_gather(sampled * self.vocab_bytes) if sampled else 0.0))
         return t
 
-    def of(self, q, ctx, tokens: int, sampled: int) -> tuple:
-        """(GEMM FLOPs, other FLOPs at the BF16 peak, bytes) of a step."""
+    def of(self, q, ctx, tokens: int, sampled: int, leading: int = 0) -> tuple:
+        """(GEMM FLOPs, other FLOPs at the BF16 peak, bytes) of a step whose first `leading` entries
+        are one-token decodes (their terms of the sums are their context and 1: the same integers)."""
         context = sum(ctx)
         if tokens == len(q):
             pairs = context + tokens
+        elif leading:
+            q, rest = q[leading:], ctx[leading:]
+            pairs = context - sum(rest) + sum(map(mul, q, rest)) + (leading + sum(map(mul, q, q)) + tokens) // 2
         else:
             pairs = sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
         memory = (self.static_bytes + self.kv_bytes_token * (context + tokens) + self.token_bytes * tokens
@@ -162,7 +166,7 @@ class EnergyMeter:
         self.hw, self.gpus, self.work = hw, gpus, StepWork(shape, pp, hw, engine)
         self.gemm_speedup = gemm_speedup
         self.busy_j = self.busy_s = self.throttled_s = 0.0
-        self.per_request: dict = {}
+        self._charged: list = []      # req_id -> J charged so far (0.0: nothing yet; every charge is > 0)
         self.record: list | None = None   # a list: each step's (duration, u_compute, u_memory, sampled, busy, clock ratio)
         self._run_ids = None          # decode-only steps on the same request list: their shares pending
         self._run_share = 0.0
@@ -178,7 +182,8 @@ class EnergyMeter:
     def demand(self, batch, tokens: int, sampled: int, duration: float, ratio: float, work=None) -> tuple:
         """(watts per GPU the step would draw without the board limit, its (u_c, u_m, busy)) at clock
         ratio `ratio`; `work` is the step's StepWork.of, when the caller has it."""
-        gemm, other, memory = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled)
+        gemm, other, memory = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled,
+                                                   batch.decodes)
         peak = self.hw.peak_flops * ratio
         u_c = (gemm / (peak * self.gemm_speedup) + other / peak) / duration
         u_m = memory / (self._bw * duration)
@@ -195,7 +200,8 @@ class EnergyMeter:
             return 0.0
         ratio = self.ratio if ratio is None else ratio
         power, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work)
-        energy = min(power, self.hw.max_power) * duration * self.gpus
+        cap = self.hw.max_power
+        energy = (cap if cap < power else power) * duration * self.gpus
         if self.record is not None:
             self.record.append((duration, u_c, u_m, sampled, busy, ratio))
         if ratio != self.ratio:
@@ -214,16 +220,31 @@ class EnergyMeter:
             self._run_share += energy / len(ids)
             return
         self._flush()
-        acc, per_token = self.per_request, energy / tokens
-        for r, n in zip(ids, batch.query_lens):
-            acc[r] = acc.get(r, 0.0) + per_token * n
+        acc, per_token, d = self._room(ids), energy / tokens, batch.decodes
+        for r in ids[:d]:                              # (leading decodes: one token, per_token * 1)
+            acc[r] += per_token
+        for r, n in zip(ids[d:], batch.query_lens[d:]):
+            acc[r] += per_token * n
 
     def _flush(self) -> None:
         if self._run_ids is not None:
-            acc, share = self.per_request, self._run_share
+            acc, share = self._room(self._run_ids), self._run_share
             for r in self._run_ids:
-                acc[r] = acc.get(r, 0.0) + share
+                acc[r] += share
         self._run_ids, self._run_share = None, 0.0
+
+    def _room(self, ids: list) -> list:
+        """The per-request charges, long enough to index by every one of `ids`."""
+        acc = self._charged
+        top = max(ids, default=-1)
+        if top >= len(acc):
+            acc += [0.0] * max(top + 1 - len(acc), len(acc))
+        return acc
+
+    @property
+    def per_request(self) -> dict:
+        """req_id -> J charged so far (requests charged nothing left out)."""
+        return {i: j for i, j in enumerate(self._charged) if j}
 
     def report(self) -> dict:
         """What `energy_summary` turns into the run's energy metrics (plain values; summary.json's `energy_meter`)."""
@@ -231,7 +252,7 @@ class EnergyMeter:
         return {"busy_energy_j": self.busy_j, "busy_time_s": self.busy_s, "busy_gpu_s": self.busy_s * self.gpus,
                 "throttled_time_s": self.throttled_s, "gpus": self.gpus,
                 "idle_power_w": self.hw.idle_power, "max_power_w": self.hw.max_power,
-                "gpu_clock_mhz": self.mhz, "per_request_j": dict(self.per_request)}
+                "gpu_clock_mhz": self.mhz, "per_request_j": self.per_request}
 
 
 class GpuClock:

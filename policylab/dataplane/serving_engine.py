@@ -166,5 +166,6 @@ class ServingEngine:
     def step(self, gpu: float, launches: float, host: float) -> float:
         """A step's duration from its kernel time, its launch time and its other host work."""
         if self.async_scheduling:
-            return max(gpu, launches + host)
-        return host + max(gpu, launches)
+            busy = launches + host
+            return busy if busy > gpu else gpu
+        return host + (launches if launches > gpu else gpu)

@@ -131,7 +131,9 @@ class ShapedCostModel(KernelCostModel):
         requests = len(q)
         if tokens == requests:
             return self.shape.layers * self._decode(requests, sum(ctx) + tokens)
-        chunks = [i for i, n in enumerate(q) if n > 1]                    # prefill chunks (n > 1)
+        ones = q.count(1)                                                 # prefill chunks (n > 1): after
+        chunks = [i for i in range(ones, requests) if q[i] > 1] if q[:ones].count(1) == ones else \
+            [i for i, n in enumerate(q) if n > 1]                         # the leading decodes, mostly
         flop_time = prefill_tokens = prefill_ctx = query_tiles = 0
         for i in chunks:
             n, c = q[i], ctx[i]
@@ -153,7 +155,7 @@ class ShapedCostModel(KernelCostModel):
             compute = flop_time * self._pair_flops / self._attn_flops
         memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
                   + prefill_ctx * self._kv_bytes_layer) / self.bw
-        t += self.floor + max(compute, memory) + self.latency       # + the cache write's launch
+        t += self.floor + (memory if memory > compute else compute) + self.latency   # + the cache write's launch
         return self.shape.layers * t
 
     def _decode(self, requests: int, context: int) -> float:
@@ -161,7 +163,8 @@ class ShapedCostModel(KernelCostModel):
         memory = (context * self._kv_bytes_layer + requests * (self._qo_bytes_token + self._kv_bytes_layer)) / self.bw
         if not self._split_kv:
             memory /= min(1.0, requests * self._kv_heads_per_sm)
-        return self.decode_floor + max(memory, context * self._pair_flops / self._attn_flops) + self.latency
+        compute = context * self._pair_flops / self._attn_flops
+        return self.decode_floor + (compute if compute > memory else memory) + self.latency
 
     def describe(self) -> dict:
         out = {"kind": "shaped", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,

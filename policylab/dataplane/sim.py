@@ -10,6 +10,7 @@ Sampled tokens are deterministic ids, so the engine path is identical to a real 
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 
 import numpy as np
 
@@ -172,7 +173,7 @@ class SimDataPlane:
         if not self._throttle or duration <= 0:
             meter.step(batch, tokens, sampled, duration)
             return duration
-        work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled)
+        work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes)
         ratio = meter.ratio
         if meter.demand(batch, tokens, sampled, duration, ratio, work)[0] > self.hw.max_power:
             low = (self.hw.min_clock_mhz or self.hw.max_clock_mhz) / self.hw.max_clock_mhz
@@ -251,9 +252,9 @@ class SimDataPlane:
             q, sample = batch.query_lens, batch.sample
             positions = ctx[:d] + [c + n - 1 for c, n, s in zip(ctx[d:], q[d:], sample[d:]) if s] if d else \
                 [c + n - 1 for c, n, s in zip(ctx, q, sample) if s]
-        try:
-            nxt = self._next_token
-            ids = [nxt[p] for p in positions]
+        try:                                             # (one C-level gather)
+            ids = list(itemgetter(*positions)(self._next_token)) if len(positions) > 1 else \
+                [self._next_token[p] for p in positions]
         except IndexError:
             self._grow_tokens(max(positions) + 1)
             nxt = self._next_token

@@ -8,6 +8,7 @@ Invariant: free + used == total, and at drain every reference count is 0.
 from __future__ import annotations
 
 from collections import Counter, deque
+from operator import itemgetter
 from types import MappingProxyType
 
 from policylab.core.kv.radix import RadixTree
@@ -31,16 +32,19 @@ def new_blocks(r, n: int, hits: tuple, block_size: int) -> int:
     return need if need > 0 else 0
 
 
+_NONE_RELEASED = Counter()       # (plan_cost without preemptions: never changed)
+
+
 def plan_cost(ref, num_free: int, block_size: int, hits, preempted: list, chunks) -> tuple:
     """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
     once the `preempted` requests have released their tables, over reference counts `ref` (block
     id -> count) and a prefix-cache lookup `hits` (request -> cached block ids). A block is
     available when every reference to it is a preempted one; a cache hit on a block that nobody
     holds after the preemptions takes a free block, counted once however many requests hit it."""
-    released = Counter()
+    released = Counter() if preempted else _NONE_RELEASED
     for r in preempted:
         released.update(r.block_table)
-    available = num_free + sum(1 for b, k in released.items() if ref[b] == k)
+    available = num_free + sum(1 for b, k in released.items() if ref[b] == k) if preempted else num_free
     needed, reclaimed = 0, set()
     for r, n in chunks:
         cached = () if r.block_table else hits(r)
@@ -179,7 +183,8 @@ class BlockPool:
         """Plain free blocks first, then the least recently freed cached ones (evicting their
         hashes). Every block a request ever holds passes here and through release()."""
         plain, head, ref = self._plain, self._plain_head, self._ref
-        k = min(need, len(plain) - head)
+        k = len(plain) - head
+        k = k if k < need else need                            # (min(): a builtin call, every allocation)
         if k:
             taken = plain[head:head + k]
             head += k
@@ -280,6 +285,22 @@ class BlockPool:
             self._hits.clear()
         ref, block_hash, plain, lru = self._ref, self._block_hash, self._plain, self._free_cached
         unhittable = unhittable if self.prefix_caching else 0
+        n = len(table)
+        if n > 1:                        # a table nobody shares, none of it published (the common case):
+            held = itemgetter(*table)    # the same moves as the loop below, by the slice
+            if held(ref).count(1) == n and held(block_hash).count(None) == n:
+                for b in table:
+                    ref[b] = 0
+                tail = table[unhittable:]
+                tail.reverse()
+                plain += tail
+                if unhittable:
+                    run = table[:unhittable]
+                    run.reverse()
+                    lru.append(run)
+                    self._num_free_cached += len(run)
+                table.clear()
+                return n
         freed, to_lru, run = 0, 0, []
         for i in range(len(table) - 1, -1, -1):
             b = table[i]

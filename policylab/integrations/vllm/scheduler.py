@@ -35,7 +35,8 @@ from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutp
 from vllm.v1.request import RequestStatus
 
 from policylab.core.admission import never_fits
-from policylab.core.contract import ContractViolation, validate_plan
+from policylab.core.contract import ContractViolation
+from policylab.core.plan_rules import validate_plan
 from policylab.core.result import STEP_FIELDS
 from policylab.integrations.vllm.policy_config import load_policy, policy_spec_from_env
 from policylab.integrations.vllm.support import check_supported
