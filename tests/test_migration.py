@@ -178,8 +178,17 @@ def test_a_migrated_request_generates_the_tokens_of_an_unmigrated_run_on_the_tor
     from policylab.cluster import Cluster, Replica
     from policylab.cluster.link import LinkModel
     from policylab.cluster.migration import LiveMigration
+    from policylab.dataplane.torch_plane import TorchDataPlane
     from tests.test_cluster_real import CFG as REAL_CFG
-    from tests.test_cluster_real import TRACE, engine
+    from policylab.core.engine import Engine
+    from policylab.testing.loader import load_policy
+    from tests.test_cluster_real import TRACE
+    from tests.test_dataplane_model import BS, SMALL, dataplane
+
+    def engine():        # steps timed by the cost model: when the move commits is this machine's speed-free
+        plane = TorchDataPlane.from_config(dataplane(step_time="model"), SMALL, 0)
+        plane.allocate_kv(64, BS)
+        return Engine(TRACE, load_policy("chunked"), plane, REAL_CFG, prefix_block_tokens=32)
 
     def migrated():
         router = Scripted({i: i % 2 for i in range(len(TRACE))}, move=1, after=12, interval=0.001)
@@ -194,7 +203,6 @@ def test_a_migrated_request_generates_the_tokens_of_an_unmigrated_run_on_the_tor
     assert cluster.migration.stats["committed"] == 1
     assert [r.output_ids for r in result.requests] == [r.output_ids for r in alone.requests]
     # without the copy the destination attends to blocks nobody wrote: the move is what carries the KV
-    from policylab.dataplane.torch_plane import TorchDataPlane
     monkeypatch.setattr(TorchDataPlane, "import_kv", lambda self, table, payload, first=0: None)
     _, unmoved = migrated()
     assert [r.output_ids for r in unmoved.requests] != [r.output_ids for r in alone.requests]
