@@ -119,11 +119,12 @@ def run_bare(scheduler, requests: list, duration: Callable[[int, object], float]
              max_steps: int = 100_000) -> BareRun:
     """Replay `requests` ((arrival, vLLM Request), in arrival order) through `scheduler` on a virtual
     clock: arrivals join when the clock passes them, each executed step lasts `duration(step, output)`
-    seconds, an empty step waits for the next arrival. `clock` is a one-element list the scheduler's
+    seconds, an empty step waits for the next arrival (one that only preempts is followed at once by
+    the next schedule, at the same time). `clock` is a one-element list the scheduler's
     clock reads (PolicyScheduler.with_policy(..., clock=lambda: box[0])), set here."""
     box = clock if clock is not None else [0.0]
     run = BareRun(scheduler=scheduler)
-    nxt, step = 0, 0
+    nxt, step, idle = 0, 0, 0
     known: dict = {}
     while nxt < len(requests) or scheduler.has_unfinished_requests():
         while nxt < len(requests) and requests[nxt][0] <= box[0]:
@@ -134,6 +135,9 @@ def run_bare(scheduler, requests: list, duration: Callable[[int, object], float]
         output = scheduler.schedule()
         if not output.num_scheduled_tokens:
             scheduler.update_from_output(output, fake_output(output, scheduler))
+            if output.preempted_req_ids and idle < max_steps:   # a step that only preempts: schedule
+                idle += 1                                       # again at once, as vLLM's engine loop does
+                continue
             if nxt >= len(requests):
                 if scheduler.has_unfinished_requests():
                     run.unfinished = scheduler.get_num_unfinished_requests()
