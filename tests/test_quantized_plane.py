@@ -23,7 +23,8 @@ TINY = load_group("model", "tiny", ModelConfig)
 
 
 def torch_plane(**keys):
-    dp = DataplaneConfig(kind="torch", device="cpu", threads=1, step_time="measured", **keys)
+    # steps timed by the cost model: which requests share a batch never depends on this machine's speed
+    dp = DataplaneConfig(kind="torch", device="cpu", threads=1, step_time="model", **keys)
     return TorchDataPlane.from_config(dp, TINY, seed=0)
 
 
