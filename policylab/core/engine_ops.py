@@ -58,6 +58,10 @@ class EngineOps:
     def num_running(self) -> int:
         return len(self._e._running)
 
+    @property
+    def num_waiting(self) -> int:
+        return len(self._e._waiting)
+
     def logprobs(self, rows: list, tokens: list):
         """The log-probabilities the plane gave the last step's sampled `tokens` (at batch `rows`);
         None on a plane that samples no distribution."""
