@@ -164,10 +164,6 @@ class EngineOps:
         e.wake()
         return True
 
-    def decoding_changed(self, r: Request) -> None:
-        """Request `r`'s tokens changed outside a step (a beam replaced): it decodes or not."""
-        self._e._decoding.update(r)
-
     def stop_decoding(self, i: int) -> None:
         self._e._decoding.discard(i)
 
