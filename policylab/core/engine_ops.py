@@ -156,7 +156,7 @@ class EngineOps:
             return False
         if r.status is Status.RUNNING:
             e._decoding.forget_batch()
-            e.running = [x for x in e._running if x is not r]
+            self.leave_running([r])
             e.release(r)
         else:
             e._waiting.remove((i,))
