@@ -18,8 +18,3 @@ class Capability(str, Enum):
                                        # depends on the position only (the sim), so decodes need no list
     SCHEDULES_AHEAD = "schedules_ahead"   # the engine it models plans a step while the last one runs
                                        # (vLLM's async scheduling): arrivals are seen a step later
-
-
-def capabilities_of(plane) -> frozenset:
-    """The plane's declared capabilities (a plane that declares none has none)."""
-    return frozenset(getattr(plane, "capabilities", ()))

@@ -102,14 +102,10 @@ class Engine(Lifecycle, RequestSteps):
         self.ops = EngineOps(self)
         self._owner = None               # the extension carrying out the plan being committed
         self._collect_hooks()
-        for ext in self.extensions:
-            ext.bind(self.ops)
         self.result = RunResult(self.trace, self.requests, {}, self.kv.num_blocks, self.kv.block_size,
                                 self.policy_name)      # filled as the run goes (a results stream reads it)
         for ext in self.extensions:
-            section = ext.section()
-            if section is not None:
-                self.result.sections[ext.name] = section
+            self._attach(ext)
         if self.kv.host_blocks or self.kv.has_tiers:
             self.result.sections["kv_tiers"] = self.kv.stats
 

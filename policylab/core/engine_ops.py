@@ -58,6 +58,10 @@ class EngineOps:
     def num_running(self) -> int:
         return len(self._e._running)
 
+    @property
+    def num_waiting(self) -> int:
+        return len(self._e._waiting)
+
     def logprobs(self, rows: list, tokens: list):
         """The log-probabilities the plane gave the last step's sampled `tokens` (at batch `rows`);
         None on a plane that samples no distribution."""
@@ -152,17 +156,13 @@ class EngineOps:
             return False
         if r.status is Status.RUNNING:
             e._decoding.forget_batch()
-            e.running = [x for x in e._running if x is not r]
+            self.leave_running([r])
             e.release(r)
         else:
             e._waiting.remove((i,))
         e._reject(r, reason)
         e.wake()
         return True
-
-    def decoding_changed(self, r: Request) -> None:
-        """Request `r`'s tokens changed outside a step (a beam replaced): it decodes or not."""
-        self._e._decoding.update(r)
 
     def stop_decoding(self, i: int) -> None:
         self._e._decoding.discard(i)

@@ -38,13 +38,6 @@ class EventQueue:
         """When the earliest event is due (INF: none is scheduled)."""
         return self._heap[0][0] if self._heap else INF
 
-    def peek(self) -> tuple:
-        """(time, rank) of the earliest event, or (INF, STEP) when none is scheduled."""
-        if not self._heap:
-            return INF, STEP
-        head = self._heap[0]
-        return head[0], head[1]
-
     def pop(self) -> tuple:
         """(time, handler, arg) of the earliest event, taken off the queue."""
         time, _, _, _, handler, arg = heappop(self._heap)

@@ -39,6 +39,10 @@ class Lifecycle:
         """Run one more extension (a driver's, before the run starts: the P/D hand-off)."""
         self.extensions += (ext,)
         self._collect_hooks()
+        self._attach(ext)
+
+    def _attach(self, ext) -> None:
+        """Bind `ext` to this engine's ops; its section of the result, if it reports one."""
         ext.bind(self.ops)
         section = ext.section()
         if section is not None:

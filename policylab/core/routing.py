@@ -84,7 +84,7 @@ class ReplicaView:
         _set_engine(self, engine)
         _set_prompt_hashes(self, prompt_hashes)
 
-    num_waiting = property(lambda s: len(_engine_of(s)._waiting))
+    num_waiting = property(lambda s: _engine_of(s).ops.num_waiting)
     num_running = property(lambda s: len(_engine_of(s).running))
     num_free_blocks = property(lambda s: _engine_of(s).kv.num_free)
     num_total_blocks = property(lambda s: _engine_of(s).kv.num_blocks)
@@ -110,10 +110,10 @@ class ReplicaView:
 
     def _outstanding(self) -> tuple:
         """(prefill, decode) tokens outstanding, in one pass over the waiting and running requests
-        (the queue read in place: `engine.waiting` builds a list; a router asks at every arrival)."""
+        (the queue's ids through the engine's ops, not `engine.waiting`'s list of requests)."""
         e = _engine_of(self)
         prefill = decode = 0
-        for r in chain(map(e.requests.__getitem__, e._waiting.ids()), e.running):
+        for r in chain(map(e.requests.__getitem__, e.ops.waiting_ids()), e.running):
             prompt, computed = len(r.prompt_ids), r.num_computed_tokens
             if computed < prompt:
                 prefill += prompt - computed

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from policylab.core.kv.blocks import blocks_for
+
 # (bandwidth in bytes/s one way, latency in s per transfer): effective one-direction rates.
 LINK_PRESETS = {
     "pcie4": (25e9, 10e-6),       # PCIe 4.0 x16: 32 GB/s raw, about 25 GB/s achieved by pinned copies
@@ -122,7 +124,7 @@ class SwapSpace:
     def swap_out(self, r, block_size: int) -> None:
         """Copy a preempted request's computed blocks to the host tier (the KV manager then frees
         its device KV; it keeps its computed tokens and resumes exactly there)."""
-        n = -(-r.num_computed_tokens // block_size)
+        n = blocks_for(r.num_computed_tokens, block_size)
         payload = self.plane.export(r.block_table[:n])
         self.host.put(r.req_id, n, payload, r.num_computed_tokens)
         r.swapped_blocks = n
