@@ -2,8 +2,9 @@
 Mooncake trace, against colocated serving."""
 from __future__ import annotations
 
+from policylab.apps.reproduce.arms import ArmResults, curve_panel
 from policylab.apps.reproduce.entry import Claim, Comparison, Entry, Outcome, Panel, Paper
-from policylab.apps.reproduce.stats import Measure, Verdict, direction, magnitude, ratio
+from policylab.apps.reproduce.stats import Measure, Verdict, direction, magnitude
 
 TTFT_SLO, TPOT_SLO, TARGET = 5.0, 0.1, 0.9
 TRACE_RATE = 3.907          # req/s: the public synthetic trace's own mean rate (3,993 requests over 1,022 s)
@@ -18,26 +19,27 @@ ARMS = {"colocated ×4, round robin (vLLM)": ["policy=prefill_first", "cluster.r
 
 def measure(ctx) -> Outcome:
     n = 200 if ctx.quick else 500
-    capacity = {arm: [] for arm in ARMS}
+    results = ArmResults()           # as `capacities` keeps it (a trace window per replicate, not a workload file)
     hits = {arm: [] for arm in ARMS}
-    curves = {}
     for k in range(1, ctx.replicates + 1):
         window = [f"trace.max_requests={n}", f"trace.replicate={k}"]
         for arm, own in ARMS.items():
             found = ctx.capacity([*BASE, *window, *own], arm, k, lambda s: s["slo_attainment"] >= TARGET,
                                  lo=0.5, hi=4.0, iters=4, partial_misses=True)
-            capacity[arm].append(None if found.rate_scale is None else found.rate_scale * TRACE_RATE)
+            results.capacity.setdefault(arm, []).append(
+                None if found.rate_scale is None else found.rate_scale * TRACE_RATE)
+            results.status.setdefault(arm, []).append(found.status)
             at = max(found.rows, key=lambda r: (r[2], r[0]))[1]          # the capacity's own replay
             hits[arm].append(at["prefix_cache_hit_rate"] or 0.0)
             if k == 1:
-                curves[arm] = ([s * TRACE_RATE for s, _, _ in found.rows], [s["slo_attainment"] for _, s, _ in found.rows])
+                results.curves[arm] = [(s * TRACE_RATE, summary, ok) for s, summary, ok in found.rows]
     base, colocated_prefix, mooncake = ARMS
-    gain = ratio("capacity, Mooncake-style P/D / colocated round robin", capacity[mooncake], capacity[base])
-    routing = ratio("capacity, prefix-aware colocated / round robin", capacity[colocated_prefix], capacity[base])
+    gain = results.gain(mooncake, base, "capacity, Mooncake-style P/D / colocated round robin")
+    routing = results.gain(colocated_prefix, base, "capacity, prefix-aware colocated / round robin")
     comparisons = [Comparison("requests served within the SLOs, Mooncake-style / vLLM-style (public trace)", 1.75,
                               gain, "+75 % (real workload); up to +525 % (simulated)"),
                    Comparison("the same with prefix-aware routing alone (colocated)", None, routing, "—")]
-    measures = [*(Measure(f"capacity at {TARGET:.0%} attainment, {arm}", "req/s", capacity[arm]) for arm in ARMS),
+    measures = [*(results.measure(arm, f"capacity at {TARGET:.0%} attainment, {arm}") for arm in ARMS),
                 *(Measure(f"prefix cache hit rate at capacity, {arm}", "", hits[arm]) for arm in ARMS)]
     d = direction(gain)
     verdict = Verdict(d, magnitude(gain.mean, 1.75, matched=False),
@@ -48,8 +50,8 @@ def measure(ctx) -> Outcome:
                       "a P/D split gives only three of the four GPUs to prefill on a prefill-heavy trace.")
     panels = [Panel(f"capacity at {TARGET:.0%} SLO attainment (TTFT ≤ {TTFT_SLO:g} s, TPOT ≤ {TPOT_SLO:g} s)",
                     "req/s", bars={arm: m for arm, m in zip(ARMS, measures)}),
-              Panel("SLO attainment against load (replicate 1)", "SLO attainment", lines=curves,
-                    xlabel="offered load (req/s)", hlines={"target": TARGET})]
+              curve_panel("SLO attainment against load (replicate 1)", "SLO attainment", results,
+                          lambda s: s["slo_attainment"], TARGET, "target")]
     return Outcome(comparisons, verdict, measures, panels, ctx.partial_note())
 
 
