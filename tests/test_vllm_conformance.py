@@ -123,6 +123,23 @@ def test_shared_prefix_hits_identically():
     assert result.cached_tokens >= 6 * 96 - 32                   # the all-cached one recomputes its last block
 
 
+@pytest.mark.parametrize("budget", [2048, 160])
+def test_a_burst_sharing_a_system_prompt_hits_it_in_the_step_that_computes_it(budget):
+    """Eight requests at t=0 sharing a 4-block system prompt: vLLM caches the prompt's blocks as it
+    schedules the first request, so the other seven hit them in that same step (with the budget
+    cut, in the steps that follow while the first is still computing). Identical step for step,
+    with no allowance for the caches."""
+    system = tuple(range(500, 628))                                # four blocks of 32
+    requests = tuple(VllmRequest(0, system + tuple(1000 * (i + 1) + k for k in range(40 + 9 * i)), 6)
+                     for i in range(8))
+    with time_limit(120):
+        result = check_conformance(VllmScenario(requests=requests, num_blocks=80, enable_prefix_caching=True,
+                                                max_num_batched_tokens=budget))
+    assert result.cached_tokens == 7 * len(system)                # computed once, hit by the seven others
+    first = result.policylab[0]
+    assert len(first.tokens) == (8 if budget == 2048 else 1)
+
+
 def test_loose_kv_chunked_equals_vllm():
     """With KV to spare, chunked (no chunk cap, one partial prefill) schedules as vLLM does."""
     with time_limit(120):
