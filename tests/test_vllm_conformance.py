@@ -68,7 +68,7 @@ def scenarios(draw) -> "VllmScenario":
 
 
 COVERAGE = {"scenarios": 0, "identical": 0, "preempted": 0, "prefix_hits": 0, "stopped_at_kv_difference": 0,
-            "livelocked": 0}
+            "livelocked": 0, "kv: same-step hit": 0, "kv: cache contents": 0}
 # (preempted, prefix_hits: among the scenarios identical to the end)
 
 
@@ -76,14 +76,16 @@ COVERAGE = {"scenarios": 0, "identical": 0, "preempted": 0, "prefix_hits": 0, "s
 @given(scenarios())
 def test_vllm_v1_equals_vllm_scheduler(scenario):
     """Identical steps; a scenario may stop being comparable only where the two engines' prefix
-    caches part ways (vLLM publishes a block once scheduled, policylab once computed: a request
-    admitted in the step that computes a block it shares), never where the schedulers do."""
+    caches part ways (vLLM evicts free cached blocks in its own order, and while allocating, a
+    block a request admitted later in the step would have hit), never where the schedulers do."""
     with time_limit(120):
         result = check_conformance(scenario, allow_kv_differences=True)
     COVERAGE["scenarios"] += 1
     identical = result.divergence is None
     COVERAGE["identical"] += identical
     COVERAGE["stopped_at_kv_difference"] += not identical
+    if not identical:
+        COVERAGE[result.divergence.cause] += 1
     COVERAGE["preempted"] += identical and result.preemptions[1] > 0
     COVERAGE["prefix_hits"] += identical and result.cached_tokens > 0
     COVERAGE["livelocked"] += result.livelocked
@@ -97,7 +99,7 @@ def test_generated_scenarios_reached_preemption_and_prefix_hits():
         pytest.skip("asserted over the deep profile's hundreds of scenarios (HYPOTHESIS_PROFILE=deep); "
                     "in CI the fixed cases below cover preemption and prefix hits")
     assert COVERAGE["preempted"] > 0 and COVERAGE["prefix_hits"] > 0, COVERAGE
-    assert COVERAGE["identical"] >= 0.6 * COVERAGE["scenarios"], COVERAGE
+    assert COVERAGE["identical"] >= 0.9 * COVERAGE["scenarios"], COVERAGE
 
 
 # ------------------------------------------------------------------------- fixed scenarios
