@@ -42,7 +42,10 @@ One token budget per step (`max_num_batched_tokens`), no phases:
 8. Prefix caching (`engine.enable_prefix_caching`) is counted as vLLM counts it: the longest
    block-aligned cached prefix, capped at num_tokens - 1 so the last prompt token is always
    recomputed (`kv_cache_manager.py`, `KVCacheManager.get_computed_blocks`); the view's
-   `remaining_tokens` and `cached_blocks` give exactly that.
+   `remaining_tokens` and `cached_blocks` give exactly that. vLLM caches a prompt's full blocks as
+   soon as it schedules them (`allocate_slots` caches up to the tokens just scheduled), so a
+   request admitted later in the same step hits a prefix still being computed: this policy turns
+   on `engine.publish_on_schedule` and asks `view.remaining_tokens_after(plan, v)`.
 9. Preempted requests go back to the front of waiting in the order vLLM leaves them (the last
    one preempted first), so the plan lists them last-preempted first.
 10. The running order is vLLM's `Scheduler.running` list: admitted requests appended in the order
@@ -75,7 +78,8 @@ from policylab import Policy, RequestView, SchedulerView, StepPlan
 
 
 class VllmV1(Policy):
-    engine_defaults = {"length_limit": "stop"}    # vLLM runs a prompt shorter than max_model_len, stopping it there
+    engine_defaults = {"length_limit": "stop",    # vLLM runs a prompt shorter than max_model_len, stopping it there,
+                       "publish_on_schedule": True}   # and caches a prompt block as soon as it schedules it
     properties = ()         # not stall-free: a long prefill ahead in running order can take the budget
 
     def __init__(self, name: str | None = None, enable_chunked_prefill: bool = True,
@@ -277,7 +281,7 @@ class VllmV1(Policy):
         for v in self._waiting_order(view):
             if budget <= 0 or seqs >= view.max_num_seqs:
                 return
-            whole = v.remaining_tokens
+            whole = view.remaining_tokens_after(plan, v)       # (blocks this step publishes count as hits)
             n = threshold if 0 < threshold < whole else whole
             if not self.enable_chunked_prefill and n > budget:
                 return

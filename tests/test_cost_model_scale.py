@@ -184,6 +184,24 @@ def test_sim_check_prices_whole_steps_and_names_bad_cells(tmp_path, capsys):
     assert "no configs/hardware/h1000.yaml (did you mean h100?)" in capsys.readouterr().err
 
 
+def test_sim_check_prices_a_mixed_step_as_one_batch_of_decodes_and_a_prefill_chunk(tmp_path, capsys):
+    """A mixed row (a chunked-prefill step: `batch` decodes and one fresh chunk) costs more than
+    either part alone and less than the two as separate steps: the weights are read once."""
+    header = "model,gpu,tp,dtype,phase,batch,tokens_per_request,context,measured_ms\n"
+    rows = {phase: f"llama3-8b,h100,1,bf16,{phase},{b},{n},{c},10.0\n" for phase, b, n, c in
+            (("mixed", 32, 512, 1500), ("decode", 32, 1, 1500), ("prefill", 1, 512, 0))}
+    predicted = {}
+    for phase, row in rows.items():
+        path = tmp_path / f"{phase}.csv"
+        path.write_text(header + row)
+        assert sim_check.main([str(path), "--serving-engine", "vllm"]) == 0
+        line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {phase} | 1 |"))
+        bias = float(line.split("|")[4].strip().rstrip(" %"))      # predicted / 10 ms - 1, in %
+        predicted[phase] = 10.0 * (1 + bias / 100)
+    assert max(predicted["decode"], predicted["prefill"]) < predicted["mixed"] \
+        < predicted["decode"] + predicted["prefill"]
+
+
 def test_each_data_plane_has_its_own_config_and_refuses_the_other_planes_keys():
     from policylab.dataplane.config import DataplaneConfig, SimPlaneConfig, TorchPlaneConfig, plane_config
     assert isinstance(DataplaneConfig(kind="sim", tensor_parallel=2), SimPlaneConfig)

@@ -45,6 +45,9 @@ class EngineConfig:
     beam_width: int = 0                     # beams per request, overriding the trace's `beam_width` (0: the trace's)
     length_limit: Optional[str] = None      # prompt + output beyond max_model_len: reject (on arrival) | stop
                                             # (vLLM's: run, stop at the limit); None: the policy's, else reject
+    publish_on_schedule: Optional[bool] = None  # a prompt's full blocks enter the prefix cache when
+                                            # scheduled (vLLM's way: requests admitted in the same step
+                                            # hit them), not once computed; None: the policy's, else off
     tool_kv: str = "policy"                 # KV of a request paused for a tool call: policy (its
                                             # on_tool_call hook) | keep | free | offload (forced)
 
@@ -204,6 +207,9 @@ def check_engine_config(cfg: EngineConfig) -> None:
     if cfg.length_limit not in (None, "reject", "stop"):
         raise ValueError(f"engine.length_limit must be 'reject' or 'stop' (or null: the policy's), got "
                          f"'{cfg.length_limit}'")
+    if cfg.publish_on_schedule is not None and not isinstance(cfg.publish_on_schedule, bool):
+        raise ValueError(f"engine.publish_on_schedule must be true or false (or null: the policy's), got "
+                         f"'{cfg.publish_on_schedule}'")
     if cfg.clock not in ("virtual", "wall"):
         raise ValueError(f"engine.clock must be 'virtual' or 'wall', got '{cfg.clock}'")
 

@@ -208,6 +208,23 @@ class SchedulerView(tuple):
         live = self.by_id
         return frozenset([rid for rid in decode.ids if self.blocks_needed(live[rid], 1)])
 
+    def remaining_tokens_after(self, plan: "StepPlan", v: RequestView) -> int:
+        """`v.remaining_tokens` if `v` is scheduled after `plan`'s entries. Under
+        `engine.publish_on_schedule` (vLLM's way) the prompt blocks those entries compute this step
+        are in the prefix cache by then, so a waiting request that shares them has that much less
+        to compute (and takes no free block for them: `blocks_needed` is unchanged); otherwise
+        `v.remaining_tokens`."""
+        r, kv = _request(v), _kv(v)
+        sched = plan.num_scheduled_tokens
+        if not kv.publishes_on_schedule or not sched or r.block_table or not r.block_hashes:
+            return v.remaining_tokens
+        live, decoding = self.by_id, self.decoding       # (a decode completes no prompt block)
+        entries = [(_request(live[rid]), n) for rid, n in sched.items() if rid not in decoding and rid != v.req_id]
+        taken = kv.same_step_hits(entries + [(r, 1)]).get(v.req_id) if entries else None
+        if not taken:
+            return v.remaining_tokens
+        return r.num_tokens - (len(kv.hits(r)) + len(taken)) * kv.block_size
+
     def blocks_needed(self, v: RequestView, n: int) -> int:
         """Free blocks that giving `n` more tokens to this request consumes (cache hits included)."""
         return _kv(v).blocks_needed(_request(v), n)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.contract import StepPlan
 from policylab.dataplane.config import DataplaneConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
@@ -115,6 +116,20 @@ class _UnitSteps:
         return replace(result, duration=1.0)
 
 
+def _admitted_hits(view, plan, hits: dict) -> dict:
+    """The prefix-cache hit (tokens) each waiting request of the plan starts on: its hit before the
+    step, plus under publish-on-schedule the blocks the entries before it compute this step."""
+    admitted, before = {}, StepPlan({})
+    for rid, n in plan.num_scheduled_tokens.items():
+        if rid in hits:
+            v = view.by_id[rid]
+            hit = hits[rid] + v.remaining_tokens - view.remaining_tokens_after(before, v)
+            if hit:
+                admitted[rid] = hit
+        before.num_scheduled_tokens[rid] = n
+    return admitted
+
+
 class _Recorder:
     """Wraps the policy: records each non-empty plan with the view it was made from."""
 
@@ -129,7 +144,7 @@ class _Recorder:
                 view.clock, dict(plan.num_scheduled_tokens), tuple(sorted(plan.preempt)),
                 waiting=tuple(hits), running=tuple((v.req_id, v.num_computed_tokens) for v in view.running),
                 free_blocks=view.num_free_blocks, hits_before={r: n for r, n in hits.items() if n},
-                hits={r: hits[r] for r in plan.num_scheduled_tokens if hits.get(r)}))
+                hits=_admitted_hits(view, plan, hits)))
         return plan
 
     def on_finished(self, view) -> None:
@@ -144,7 +159,7 @@ def engine_config(s: VllmScenario) -> EngineConfig:
     return EngineConfig(block_size=s.block_size, num_blocks=s.num_blocks,
                         max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
                         max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
-                        check_invariants=True, max_stall_steps=STALL_STEPS)
+                        publish_on_schedule=True, check_invariants=True, max_stall_steps=STALL_STEPS)
 
 
 def run_policylab(s: VllmScenario, policy=None) -> tuple:

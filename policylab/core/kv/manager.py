@@ -9,7 +9,9 @@ attached from outside:
 - the prefix index: chained hashes or a radix tree (`engine.prefix_cache`);
 - swap space: the host tier swapped-out requests wait on (`engine.host_kv_blocks`);
 - prefix tiers: host and disk tiers under the prefix cache (`engine.prefix_host_blocks`);
-- copy-on-write: blocks that forks share (`sharing`: a run that forks requests).
+- copy-on-write: blocks that forks share (`sharing`: a run that forks requests);
+- when a prompt block is published: once computed, or once scheduled (`engine.publish_on_schedule`,
+  vLLM's way: `policylab.core.kv.same_step`).
 
 Swap and the tiers cross one device-host link: their copies since the last executed step are
 charged to the next one, once, in series (`timed`).
@@ -21,6 +23,7 @@ from policylab.core.kv.cow import SharedWrites
 from policylab.core.kv.hashes import chain_hashes, own_block_keys
 from policylab.core.kv.host import SWAP_STATS, HostTier, SwapSpace, make_link
 from policylab.core.kv.plane import PlaneKV
+from policylab.core.kv.same_step import same_step_hits
 from policylab.core.kv.tiers import PrefixTiers, TierRefs, block_key
 
 
@@ -45,6 +48,7 @@ class KVManager(BlockPool):
         self._cow = SharedWrites(self._ref, cfg.block_size) if sharing else None
         self.uses_link = self._swap is not None or self._tiers is not None
         self.host_blocks = cfg.host_kv_blocks
+        self.publishes_on_schedule = bool(cfg.publish_on_schedule) and cfg.enable_prefix_caching
 
     # ------------------------------------------------------------------ facts
     @property
@@ -120,6 +124,12 @@ class KVManager(BlockPool):
         ref = self._ref if self._tiers is None else TierRefs(self._ref)
         return plan_cost(ref, self.num_free, self.block_size, self.hits, preempted, chunks)
 
+    def same_step_hits(self, entries) -> dict:
+        """Under publish-on-schedule, the prompt blocks each request starting in `entries` ((request,
+        tokens) pairs in plan order) takes beyond its cache hits because earlier entries compute
+        them this step: {req_id: their hashes} (`policylab.core.kv.same_step`; {} otherwise)."""
+        return same_step_hits(entries, self.hits, self.block_size) if self.publishes_on_schedule else {}
+
     def write_copies(self, writes, preempted=()) -> int:
         """Blocks the copy-on-writes of `writes` ((request, tokens) pairs of one step) take (0 when
         no block is shared)."""
@@ -130,6 +140,27 @@ class KVManager(BlockPool):
         """Request `r` starts on its cache hits `blocks` (taken before any allocation can evict one;
         hits on a lower tier come up with `promote_pending`)."""
         self.acquire(r.block_table, blocks)
+
+    def take_published(self, r, hashes) -> int:
+        """Request `r`, just started on its cache hits, also takes the blocks of `hashes` that entries
+        committed before it in this step have published and hold (`same_step_hits`); tokens taken."""
+        cached, ref, blocks = self._cached, self._ref, []
+        for h in hashes:
+            b = cached.get(h)
+            if b is None or not ref[b]:
+                break
+            blocks.append(b)
+        if blocks:
+            self.acquire(r.block_table, blocks)
+        return len(blocks) * self.block_size
+
+    def publish_scheduled(self, r, end: int) -> None:
+        """Publish request `r`'s full prompt blocks up to token `end` as they are scheduled (under
+        publish-on-schedule; otherwise the engine publishes them once computed)."""
+        bs = self.block_size
+        first = r.num_computed_tokens // bs
+        if end // bs > first and first < len(r.block_hashes):
+            self.register(r.block_table, r.block_hashes, end, first)
 
     def promote_pending(self) -> None:
         """Bring the lower tiers' hits of the requests just started to the device."""
