@@ -15,6 +15,12 @@ measured ones: error = predicted / measured - 1.
     python experiments/check_energy_mlenergy.py --fit h100       # fit active/compute/memory power on Llama-3.1-8B
     python experiments/check_energy_mlenergy.py --models llama-3.1-8b --gpus h100
     python experiments/check_energy_mlenergy.py --v2-a100        # the A100 rows of benchmark v2.0 (vLLM 0.5.4)
+    python experiments/check_energy_mlenergy.py --fit-host b200  # fit the testbed's host time on Llama-3.1-8B
+    python experiments/check_energy_mlenergy.py --host none      # without the testbed's host time (kernels + vllm engine)
+
+Every replay runs on the benchmark's host (`--host`, default configs/host/mlenergy_v3.yaml: the
+host work of vLLM 0.11.1 and its OpenAI server on the ML.ENERGY testbed, per step and per running
+request, hidden behind the GPU under async scheduling unless it is longer), the same on both GPUs.
 """
 from __future__ import annotations
 
@@ -39,6 +45,16 @@ from policylab.dataplane.sim import SimDataPlane  # noqa: E402
 
 FIT_MODEL = "llama-3.1-8b"
 MAX_OUTPUT = 4096
+HOST = "mlenergy_v3"
+HOST_KEYS = ("step_overhead", "host_per_request", "host_per_token")
+
+
+def on_host(hw: HardwareConfig, host: str) -> HardwareConfig:
+    """`hw` with configs/host/HOST.yaml's host time (as `host=HOST` composes it; `none`: kernel time only)."""
+    from omegaconf import OmegaConf
+    from policylab.apps.config import CONFIG_DIR
+    node = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "host" / f"{host}.yaml"))
+    return replace(hw, host=node.get("host"), **{k: float(node.get(k, 0.0)) for k in HOST_KEYS})
 
 
 def workload(batch: int, out_mean: float, prompt_mean: float, seed: int = 0) -> list:
@@ -126,6 +142,27 @@ def fit(gpu: str, runs: list, hw: HardwareConfig) -> HardwareConfig:
     return replace(hw, active_power=active, compute_power=compute, memory_power=memory)
 
 
+def fit_host(gpu: str, hw: HardwareConfig, prompt_mean: float, engine: str) -> None:
+    """Grid search of the host's time per step and per running request (on top of the serving engine's)
+    for the least mean |log(simulated / measured throughput)| over FIT_MODEL's configurations on `gpu`
+    (absolute, not squared: one published configuration is out of line with its neighbours)."""
+    rows = [r for r in MLENERGY_V3 if r[0] == FIT_MODEL and r[1] == gpu]
+    best = None
+    for step in (2e-3, 3e-3, 4e-3):
+        for per_request in (60e-6, 70e-6, 80e-6, 90e-6):
+            h = replace(hw, host="fit", step_overhead=step, host_per_request=per_request, host_per_token=0.0)
+            errors = []
+            for row in rows:
+                steps, _ = replay(row[0], gpu, row[2], row[3], row[5], prompt_mean, h, engine)
+                errors.append(np.log(steps[:, 3].sum() / steps[:, 0].sum() / row[8]))
+            mean = float(np.mean(np.abs(errors)))
+            print(f"step_overhead {step * 1e3:.0f} ms, host_per_request {per_request * 1e6:.0f} us: mean |log "
+                  f"throughput error| {mean:.3f} ({' '.join(f'{np.expm1(e):+.0%}' for e in errors)})", flush=True)
+            best = min(best or (mean, step, per_request), (mean, step, per_request))
+    print(f"fit on {len(rows)} {FIT_MODEL} configurations on {gpu}: step_overhead {best[1] * 1e3:g} ms, "
+          f"host_per_request {best[2] * 1e6:g} us (mean |log throughput error| {best[0]:.3f})")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", choices=("h100", "b200"), help="fit the power constants of this GPU on Llama-3.1-8B")
@@ -136,10 +173,15 @@ def main(argv=None) -> None:
     ap.add_argument("--power-limit", default="cap", choices=("cap", "throttle"),
                     help="at the board limit: the clock drops (throttle, as GPUs do) or only the power is held (cap)")
     ap.add_argument("--v2-a100", action="store_true", help="the A100 rows of benchmark v2.0 (vLLM 0.5.4) instead")
+    ap.add_argument("--host", default=HOST, help="a configs/host/ preset: the testbed's host time (none: kernels only)")
+    ap.add_argument("--fit-host", choices=("h100", "b200"), help="fit the host time on Llama-3.1-8B on this GPU")
     args = ap.parse_args(argv)
     if args.v2_a100:
         return check_v2_a100(args)
-    hardware = {g: load_group("hardware", g, HardwareConfig) for g in ("h100", "b200")}
+    if args.fit_host:
+        return fit_host(args.fit_host, load_group("hardware", args.fit_host, HardwareConfig), args.prompt_mean,
+                        args.serving_engine)
+    hardware = {g: on_host(load_group("hardware", g, HardwareConfig), args.host) for g in ("h100", "b200")}
     limit = "cap" if args.fit else args.power_limit      # (a fit reads utilisations at the measured time)
     runs = [(row, replay(row[0], row[1], row[2], row[3], row[5], args.prompt_mean, hardware[row[1]],
                          args.serving_engine, limit)[0]) for row in rows_of(args)]
