@@ -11,8 +11,48 @@ n x k token-expert pairs do 2 x 3 x hidden x width FLOPs each. A decode step of 
 k experts, of 64 tokens nearly all of them: MoE decode cost grows with batch as on hardware,
 where a dense model's stays flat until the GEMMs turn compute-bound. The two grouped GEMMs
 (gate+up, down; a fused-MoE kernel each) join compute and memory as the dense GEMMs do.
+
+Fused-MoE tiles (`serving_engine.fused_moe_tiles`, on under the vllm presets): vLLM's Triton kernel
+sorts the token-expert pairs by expert and pads each expert's count up to a multiple of its row tile
+BLOCK_SIZE_M (moe_align_block_size), which its tuned configuration picks by token count (16 rows for
+a few tokens, 32 up to ~100, 64 up to ~500, 128 beyond); every padded row costs tensor-core work. So
+the FLOPs are those of E x E[ceil(n_e / BLOCK_M) x BLOCK_M] rows, n_e ~ Binomial(n, k / E), not of
+n x k pairs: at 128 decode tokens of Mixtral (top-2 of 8, ~32 a expert, 64-row tiles) twice the
+pairs. The weights are still read once per touched expert: an expert's second row tile reuses its
+weight tiles from L2 (the tuned configurations group row tiles, GROUP_SIZE_M, wherever one expert
+needs several). The padding shows where the kernel is compute-bound (prefill chunks, large decode
+batches of fine-grained experts), not in a weight-streaming decode step.
 """
 from __future__ import annotations
+
+from math import exp, lgamma, log, sqrt
+
+# BLOCK_SIZE_M of vLLM's fused-MoE Triton kernel by token count: its tuned configuration for Mixtral-8x7B at
+# TP 2 on H100 (vllm/model_executor/layers/fused_moe/configs/E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3.json;
+# the entry of the nearest M: 16 rows up to 32 tokens, 32 up to 96, 64 up to 512, 128 beyond), as
+# (largest token count, rows): the boundaries are the midpoints between its keys.
+FUSED_MOE_BLOCK_M = ((40, 16), (111, 32), (767, 64), (1 << 62, 128))
+
+
+def fused_moe_block_m(tokens: int) -> int:
+    """The fused-MoE kernel's row tile for a batch of `tokens` tokens (FUSED_MOE_BLOCK_M)."""
+    return next(rows for largest, rows in FUSED_MOE_BLOCK_M if tokens <= largest)
+
+
+def padded_pairs(tokens: int, experts: int, top_k: int, block_m: int) -> float:
+    """Expected token-expert rows the fused-MoE kernel computes: each expert's count, Binomial(tokens,
+    top_k / experts) under uniform routing, padded up to a multiple of `block_m` (moe_align_block_size)."""
+    if tokens <= 0 or experts <= 0:
+        return 0.0
+    p = min(1.0, top_k / experts)
+    if p >= 1.0:
+        return experts * -(-tokens // block_m) * block_m
+    mean, sd = tokens * p, sqrt(tokens * p * (1 - p))
+    lo, hi = max(0, int(mean - 12 * sd) - 1), min(tokens, int(mean + 12 * sd) + 2)
+    base, lp, lq = lgamma(tokens + 1), log(p), log(1 - p)
+    rows = sum(exp(base - lgamma(j + 1) - lgamma(tokens - j + 1) + j * lp + (tokens - j) * lq) * -(-j // block_m)
+               for j in range(max(lo, 1), hi + 1))
+    return experts * block_m * rows
 
 
 def experts_touched(tokens: int, experts: int, top_k: int) -> float:
@@ -23,12 +63,14 @@ def experts_touched(tokens: int, experts: int, top_k: int) -> float:
 
 
 def expert_gemm_terms(tokens: int, hidden: int, width: int, experts: int, top_k: int, dtype_bytes: int,
-                      weight_bytes=None):
+                      weight_bytes=None, fused_tiles: bool = False):
     """(FLOPs, bytes) of the two grouped expert GEMMs for `tokens` tokens (one GPU's shard of width);
-    `weight_bytes` per expert weight (default: `dtype_bytes`, the activations')."""
+    `weight_bytes` per expert weight (default: `dtype_bytes`, the activations'); `fused_tiles`: the
+    FLOPs of the fused-MoE kernel's padded row tiles (module doc)."""
     touched = experts_touched(tokens, experts, top_k)
     pairs = tokens * top_k
-    flops = 2.0 * pairs * hidden * 3 * width
+    rows = padded_pairs(tokens, experts, top_k, fused_moe_block_m(tokens)) if fused_tiles else pairs
+    flops = 2.0 * rows * hidden * 3 * width
     weights = touched * 3 * hidden * width
     activations = pairs * (hidden + 2 * width) + pairs * (width + hidden)    # in and out of each GEMM
     if weight_bytes is None or weight_bytes == dtype_bytes:

@@ -120,7 +120,8 @@ class Roofline:
         """One MoE layer: attention GEMMs, router, shared experts, the routed experts touched."""
         s, b = self.shape, self.shape.dtype_bytes
         gemm = sum(self.gemm_time(n, k, m) for k, m in s.moe_gemms)
-        flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b, s.weight_elem_bytes)
+        flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b, s.weight_elem_bytes,
+                                           self.engine.cfg.fused_moe_tiles)
         experts = self.expert_time(flops, traffic)
         return gemm + experts + self.elementwise_time(n, self._moe_elementwise_elems) + self._moe_layer_launches
 

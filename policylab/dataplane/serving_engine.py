@@ -29,7 +29,12 @@ Terms (`ServingEngine`):
   engine reads).
 - **Kernels the engine chooses**: `gemm_split_k` (a GEMM whose output tiles fill less than one wave
   of SMs splits K over the idle SMs, as cuBLAS's split-K and stream-K kernels do, instead of
-  running a partly empty wave); `flash_prefill` (prefill attention priced as FlashAttention's
+  running a partly empty wave); `gemm_persistent` (on a GPU whose libraries have persistent,
+  stream-K GEMM kernels, `hardware.persistent_gemm_efficiency` set: a GEMM of at least one wave of
+  tiles runs at that share of peak with its last partial wave costing only its share, as cuBLAS's
+  Hopper kernels spread the remainder over every SM); `fused_moe_tiles` (MoE experts priced on
+  vLLM's fused-MoE kernel's row tiles, each expert's tokens padded up to BLOCK_SIZE_M:
+  policylab.dataplane.moe); `flash_prefill` (prefill attention priced as FlashAttention's
   tiles: a query tile of 128 tokens costs its keys' work plus `prefill_attention_tile_overhead`
   keys' worth of fixed work (loading Q, the softmax epilogue, writing O), so efficiency is
   `prefill_attention_efficiency` x K / (K + overhead) for K keys per query tile, and the kernel's
@@ -78,6 +83,8 @@ class ServingEngineConfig:
     prefill_attention_efficiency: float = 0.68     # flash_prefill: share of peak FLOP/s with long key spans
     prefill_attention_tile_overhead: float = 385.0  # flash_prefill: keys' worth of fixed work per query tile
     gemm_split_k: bool = False              # GEMMs of less than one wave of tiles split K to fill the SMs
+    gemm_persistent: bool = False           # GEMMs of at least one wave run persistent: no partial-wave penalty
+    fused_moe_tiles: bool = False           # MoE expert FLOPs on vLLM's fused-MoE row tiles (padded per expert)
     all_reduce: str = "nccl"                # nccl | custom (vLLM's one-shot / two-shot kernels)
     custom_all_reduce_max_bytes: float = 8 * 2 ** 20   # larger messages go to NCCL
     one_shot_max_bytes_4: float = 512 * 2 ** 10        # 3-4 GPUs: one-shot below this, else two-shot

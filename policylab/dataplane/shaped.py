@@ -79,7 +79,7 @@ class ShapedCostModel(KernelCostModel):
         e = self.engine.cfg
         self.half_m, self.slope = hw.gemm_half_m, hw.attention_length_slope
         self.decode_floor = hw.decode_attention_floor if e.decode_attention_floor is None else e.decode_attention_floor
-        self.curve_eff = hw.curve_efficiency
+        self.curve_eff, self.persistent_eff = hw.curve_efficiency, hw.persistent_gemm_efficiency
         s = self.shape
         self.elementwise_eff, self.elementwise_latency = hw.elementwise_bw_efficiency, hw.elementwise_latency
         self._elementwise_bw = hw.mem_bandwidth * hw.elementwise_bw_efficiency
@@ -93,9 +93,13 @@ class ShapedCostModel(KernelCostModel):
         self._flash_flops = hw.peak_flops * e.prefill_attention_efficiency
         self._tile_overhead, self._heads_per_sm = e.prefill_attention_tile_overhead, s.heads / hw.num_sms
         self._cols_per_wave = hw.num_sms * COLUMN_TILE
+        # persistent (stream-K) library GEMMs from one full wave up, where the engine's libraries and the GPU have them
+        self._persistent = e.gemm_persistent and hw.persistent_gemm_efficiency is not None
         self._gemm_flops = hw.peak_flops * hw.curve_efficiency
+        self._wave_flops = hw.peak_flops * (hw.persistent_gemm_efficiency if self._persistent else hw.curve_efficiency)
         if precision is not None and not precision.native:                # the GEMMs' dtype
             self._gemm_flops *= precision.gemm_speedup
+            self._wave_flops *= precision.gemm_speedup
         self.tile_m, self.tile_n = int(hw.gemm_wave_tile_m), int(hw.gemm_wave_tile_n)
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
@@ -103,11 +107,15 @@ class ShapedCostModel(KernelCostModel):
         tiles = -(-n // tm) * -(-m // self.tile_n)
         full, rest = divmod(tiles, self.sms)
         splits = min(self.sms // tiles, k // SPLIT_K_MIN) if self._split_k and not full else 1
-        # less than one wave: split K over the idle SMs (each of the tiles x splits items does K / splits),
-        # else a partly empty last wave at sqrt of its share
-        waves = 1 / splits if splits > 1 else full + (rest / self.sms) ** PARTIAL_WAVE_EXPONENT
+        # less than one wave: split K over the idle SMs (each of the tiles x splits items does K / splits);
+        # a persistent kernel spreads a last partial wave over every SM; else it runs at sqrt of its share
+        if full and self._persistent:
+            waves, flops = tiles / self.sms, self._wave_flops
+        else:
+            waves = 1 / splits if splits > 1 else full + (rest / self.sms) ** PARTIAL_WAVE_EXPONENT
+            flops = self._wave_flops if self._persistent else self._gemm_flops
         work = waves * tm * self.tile_n * self.sms + self.half_m * m * min(1.0, self._cols_per_wave / m)
-        compute = 2 * k * work / self._gemm_flops
+        compute = 2 * k * work / flops
         memory = self.shape.gemm_bytes(n, k, m) / self.bw
         return (compute ** GEMM_P_NORM + memory ** GEMM_P_NORM) ** (1 / GEMM_P_NORM)
 
@@ -170,6 +178,7 @@ class ShapedCostModel(KernelCostModel):
         out = {"kind": "shaped", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,
                "kernel_latency": self.latency, "step_overhead": self.overhead,
                "curve_efficiency": self.curve_eff, "gemm_half_m": self.half_m, "p_norm": GEMM_P_NORM,
+               **({"persistent_gemm_efficiency": self.persistent_eff} if self._persistent else {}),
                "gemm_wave_tile": [self.tile_m, self.tile_n], "partial_wave_exponent": PARTIAL_WAVE_EXPONENT,
                "elementwise_bw_efficiency": self.elementwise_eff, "elementwise_latency": self.elementwise_latency,
                "attention_efficiency": self.attn_eff, "attention_length_slope": self.slope,
