@@ -12,7 +12,8 @@ wave's prefill) the sim's energy per output token, power and throughput are comp
 measured ones: error = predicted / measured - 1.
 
     python experiments/check_energy_mlenergy.py                  # every configuration, errors by model/GPU pair
-    python experiments/check_energy_mlenergy.py --fit h100       # fit active/compute/memory power on Llama-3.1-8B
+    python experiments/check_energy_mlenergy.py --fit h100       # fit active/compute power on Llama-3.1-8B
+    python experiments/check_energy_mlenergy.py --fit b200       # fit active/compute power on Qwen3-32B
     python experiments/check_energy_mlenergy.py --models llama-3.1-8b --gpus h100
     python experiments/check_energy_mlenergy.py --v2-a100        # the A100 rows of benchmark v2.0 (vLLM 0.5.4)
     python experiments/check_energy_mlenergy.py --fit-host b200  # fit the testbed's host time on Llama-3.1-8B
@@ -43,9 +44,13 @@ from policylab.dataplane.config import DataplaneConfig  # noqa: E402
 from policylab.dataplane.energy import PowerModel  # noqa: E402
 from policylab.dataplane.sim import SimDataPlane  # noqa: E402
 
-FIT_MODEL = "llama-3.1-8b"
+FIT_MODEL = "llama-3.1-8b"        # the host time's fit pair (on the B200)
+# each GPU's power fit pair: on the H100 Llama-3.1-8B; on the B200 Qwen3-32B, the one model the B200 keeps
+# busy at every batch size (its kernels fill the step), so the fit sees the kernels' power, not the host's waits
+POWER_FIT = {"h100": "llama-3.1-8b", "b200": "qwen3-32b"}
 MAX_OUTPUT = 4096
 HOST = "mlenergy_v3"
+HOST_V2 = "mlenergy_v2"
 HOST_KEYS = ("step_overhead", "host_per_request", "host_per_token")
 
 
@@ -109,16 +114,23 @@ def predicted(steps: np.ndarray, pm: PowerModel, gpus: int, measured_tput: float
         stretch = (sampled.sum() / t.sum()) / measured_tput
         t, uc, um = t * stretch, uc / stretch, um / stretch
         busy = 1 - (1 - busy) / stretch                 # the waiting seconds stay as they were
-    sm = ratio ** exponent
-    power = np.minimum(pm.max_power, pm.idle + sm * (pm.active * np.clip(busy, 0, 1) + pm.compute * uc)
-                       + pm.memory * um) * gpus
+    power = step_power(pm, uc, um, busy, ratio ** exponent) * gpus
     energy = (power * t).sum()
     return energy / sampled.sum(), energy / t.sum(), sampled.sum() / t.sum()
 
 
+def step_power(pm: PowerModel, uc, um, busy, sm) -> np.ndarray:
+    """PowerModel.power over arrays of steps: the kernels' power, capped at the board limit, for the
+    busy share of each step, idle power for the rest."""
+    busy = np.clip(busy, 0.0, 1.0)
+    on = np.maximum(busy, 1e-12)
+    running = np.minimum(pm.max_power, pm.idle + sm * (pm.active + pm.compute * uc / on) + pm.memory * um / on)
+    return pm.idle + busy * (running - pm.idle)
+
+
 def rows_of(args) -> list:
     rows = [r for r in MLENERGY_V3 if (not args.models or r[0] in args.models) and (not args.gpus or r[1] in args.gpus)]
-    return [r for r in rows if r[0] == FIT_MODEL and r[1] == args.fit] if args.fit else rows
+    return [r for r in rows if r[0] == POWER_FIT[args.fit] and r[1] == args.fit] if args.fit else rows
 
 
 HBM_PJ_PER_BIT = 3.97     # HBM2 access energy (O'Connor et al., "Fine-Grained DRAM", MICRO 2017): memory_power
@@ -137,7 +149,7 @@ def fit(gpu: str, runs: list, hw: HardwareConfig) -> HardwareConfig:
         return float(np.sum(np.square(errors)))
     best = minimize(loss, x0=[200.0, 300.0], bounds=[(0, hw.max_power), (0, 4 * hw.max_power)], method="L-BFGS-B")
     active, compute = (round(float(v), 0) for v in best.x)
-    print(f"fit on {len(runs)} {FIT_MODEL} configurations on {gpu}: active_power {active:g} W, compute_power "
+    print(f"fit on {len(runs)} {POWER_FIT[gpu]} configurations on {gpu}: active_power {active:g} W, compute_power "
           f"{compute:g} W, memory_power {memory:g} W (rms power error {np.sqrt(best.fun / len(runs)):.1%})")
     return replace(hw, active_power=active, compute_power=compute, memory_power=memory)
 
@@ -145,11 +157,17 @@ def fit(gpu: str, runs: list, hw: HardwareConfig) -> HardwareConfig:
 def fit_host(gpu: str, hw: HardwareConfig, prompt_mean: float, engine: str) -> None:
     """Grid search of the host's time per step and per running request (on top of the serving engine's)
     for the least mean |log(simulated / measured throughput)| over FIT_MODEL's configurations on `gpu`
-    (absolute, not squared: one published configuration is out of line with its neighbours)."""
-    rows = [r for r in MLENERGY_V3 if r[0] == FIT_MODEL and r[1] == gpu]
+    (absolute, not squared: one published configuration is out of line with its neighbours). On the A100:
+    benchmark v2.0's rows (vLLM 0.5.4, synchronous: `--serving-engine eager_nccl`)."""
+    if gpu == "a100":
+        rows = [(r[0], r[1], r[2], r[3], r[4], r[5], None, r[6], r[7]) for r in MLENERGY_V2_A100 if r[0] == FIT_MODEL]
+        grid = ((0.0, 1e-3, 2e-3), (325e-6, 350e-6, 375e-6, 400e-6, 425e-6))
+    else:
+        rows = [r for r in MLENERGY_V3 if r[0] == FIT_MODEL and r[1] == gpu]
+        grid = ((2e-3, 3e-3, 4e-3), (60e-6, 70e-6, 80e-6, 90e-6))
     best = None
-    for step in (2e-3, 3e-3, 4e-3):
-        for per_request in (60e-6, 70e-6, 80e-6, 90e-6):
+    for step in grid[0]:
+        for per_request in grid[1]:
             h = replace(hw, host="fit", step_overhead=step, host_per_request=per_request, host_per_token=0.0)
             errors = []
             for row in rows:
@@ -165,7 +183,7 @@ def fit_host(gpu: str, hw: HardwareConfig, prompt_mean: float, engine: str) -> N
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", choices=("h100", "b200"), help="fit the power constants of this GPU on Llama-3.1-8B")
+    ap.add_argument("--fit", choices=("h100", "b200"), help="fit the power constants of this GPU on its POWER_FIT model")
     ap.add_argument("--models", nargs="*", help="only these models (mlenergy_data.SHAPES)")
     ap.add_argument("--gpus", nargs="*", help="only these GPUs (h100, b200)")
     ap.add_argument("--prompt-mean", type=float, default=250.0, help="mean prompt tokens (assumed; see the doc)")
@@ -173,11 +191,13 @@ def main(argv=None) -> None:
     ap.add_argument("--power-limit", default="cap", choices=("cap", "throttle"),
                     help="at the board limit: the clock drops (throttle, as GPUs do) or only the power is held (cap)")
     ap.add_argument("--v2-a100", action="store_true", help="the A100 rows of benchmark v2.0 (vLLM 0.5.4) instead")
-    ap.add_argument("--host", default=HOST, help="a configs/host/ preset: the testbed's host time (none: kernels only)")
-    ap.add_argument("--fit-host", choices=("h100", "b200"), help="fit the host time on Llama-3.1-8B on this GPU")
+    ap.add_argument("--host", help="a configs/host/ preset: the testbed's host time (none: kernels only; default "
+                    f"{HOST}, with --v2-a100 {HOST_V2})")
+    ap.add_argument("--fit-host", choices=("h100", "b200", "a100"), help="fit the host time on Llama-3.1-8B on this GPU")
     args = ap.parse_args(argv)
     if args.v2_a100:
         return check_v2_a100(args)
+    args.host = args.host or HOST
     if args.fit_host:
         return fit_host(args.fit_host, load_group("hardware", args.fit_host, HardwareConfig), args.prompt_mean,
                         args.serving_engine)
@@ -199,7 +219,7 @@ def main(argv=None) -> None:
         pairs.setdefault((model, gpu), []).append((e, alone, pt / tput - 1))
         print(f"{model:15} {gpu:5} {tp:>2} {batch:>5} | {jpt:>10.4f} {pj:>7.4f} {e:>+7.1%} | {power:>7.0f} {pw:>7.0f} "
               f"{pw / power - 1:>+7.1%} | {tput:>10.0f} {pt:>7.0f} {pt / tput - 1:>+7.1%} | {alone:>+13.1%}")
-    print(f"\nJ per output token by model/GPU pair ({len(pairs)} pairs; power fitted on {FIT_MODEL}): the sim "
+    print(f"\nJ per output token by model/GPU pair ({len(pairs)} pairs; power fitted on {POWER_FIT}): the sim "
           "end to end, and the power model at the measured throughput")
     print(f"{'model':15} {'GPU':5} {'configs':>7} | {'MAPE':>6} {'bias':>7} {'worst':>7} {'<=25%':>5} | {'tok/s MAPE':>10} "
           f"| {'power model MAPE':>16} {'worst':>7} {'<=25%':>5}")
@@ -213,6 +233,7 @@ def main(argv=None) -> None:
 
 def check_v2_a100(args) -> None:
     hw = load_group("hardware", "a100", HardwareConfig)
+    hw = on_host(hw, args.host or HOST_V2)
     print(f"{'model':15} {'TP':>2} {'batch':>5} | {'J/tok meas':>10} {'sim':>7} {'error':>7} | {'tok/s meas':>10} "
           f"{'sim':>7} {'error':>7}")
     for model, gpu, tp, batch, _, out, jpt, tput in MLENERGY_V2_A100:

@@ -79,3 +79,42 @@ def test_the_testbed_host_and_the_b200_power_constants_load_and_are_cited():
                 "gemm_efficiency", "kernel_latency"):
         assert re.search(rf"\b{key}\b", b200_comments), f"b200.yaml: {key} has no source in a comment"
         assert getattr(B200, key) > 0
+    # the power constants: the datasheet's board limit, a public idle reading, the fit pair named and the rest held out
+    energy = b200_comments[b200_comments.index("Energy:"):]
+    assert "datasheet" in energy.split("idle_power")[0] and f"{B200.max_power:,.0f} W" in energy
+    assert re.search(r"idle_power \d+ W: .*(github\.com|ASSUMED)", energy)
+    assert "FITTED" in energy and "held out" in energy
+    assert B200.idle_power < B200.active_power + B200.idle_power <= B200.max_power
+
+
+def long_decode(n: int) -> Batch:
+    return decode(n, context=1000)
+
+
+def test_a_host_bound_step_draws_idle_power_while_its_gpu_waits():
+    """The same kernels in a step the host stretches: the extra seconds cost idle power and nothing else."""
+    for hw in (B200, H100):
+        gpu_bound, host_bound = plane(hw), plane(hw, True)
+        batch = long_decode(1024)
+        t_gpu = gpu_bound.step_time(batch)
+        assert gpu_bound.cost_model.kernel_share == 1.0          # (precondition: the kernels fill this step)
+        e_gpu = gpu_bound.meter.busy_j
+        t_host = host_bound.step_time(batch)
+        share = host_bound.cost_model.kernel_share
+        assert t_host > 1.2 * t_gpu and share == pytest.approx(t_gpu / t_host)
+        e_host = host_bound.meter.busy_j
+        assert e_host - e_gpu == pytest.approx(hw.idle_power * (t_host - t_gpu), rel=1e-9)
+        # so its mean power falls towards idle as the host stretches it, and stays above idle
+        assert hw.idle_power < e_host / t_host < e_gpu / t_gpu
+
+
+def test_every_step_s_energy_lies_between_idle_and_the_board_limit_times_its_duration():
+    batches = [decode(n, c) for n in (1, 8, 256, 2048) for c in (10, 4000)]
+    batches += [Batch(req_ids=[0, 1], query_lens=[8192, 1], context_lens=[0, 300], sample=[True, True])]
+    for hw in (B200, H100):
+        for p in (plane(hw), plane(hw, True)):
+            for b in batches:
+                before = p.meter.busy_j
+                t = p.step_time(b)
+                energy = p.meter.busy_j - before
+                assert hw.idle_power * t * (1 - 1e-12) <= energy <= hw.max_power * t * (1 + 1e-12)

@@ -46,6 +46,22 @@ def test_power_is_idle_plus_the_clocked_sms_compute_and_memory_capped_at_the_boa
     assert half.power(0.0, 0.0) == H100.idle_power + 0.5 * H100.active_power
 
 
+def test_a_step_whose_gpu_waits_is_its_kernels_energy_plus_idle_power_for_the_wait():
+    """Kernels that run G seconds of a T-second step (utilisations over T): the kernels' energy, as if
+    they made a step of their own, plus idle power x (T - G); never below idle, never above the limit."""
+    pm = PowerModel(idle=70, max_power=700, active=300, compute=1000, memory=100)
+    for u_c, u_m in ((0.05, 0.6), (0.4, 0.3), (0.9, 0.9)):                 # the last one at the board limit
+        for kernels, step in ((0.01, 0.01), (0.01, 0.03), (0.004, 0.1)):
+            r = kernels / step
+            assert pm.power(u_c * r, u_m * r, busy=r) * step == pytest.approx(
+                pm.power(u_c, u_m) * kernels + pm.idle * (step - kernels))
+    for u_c in (0.0, 0.3, 1.0):
+        for u_m in (0.0, 0.5, 1.0):
+            for busy in (0.0, 0.2, 1.0, 1.3):
+                assert pm.idle <= pm.power(u_c, u_m, busy) <= pm.max_power
+    assert pm.power(0.5, 0.5, busy=0.0) == pm.idle                        # all waiting: idle
+
+
 def test_a_step_s_work_is_the_shape_s_flops_and_bytes():
     shape = ModelShape(LLAMA)
     work = StepWork(shape)

@@ -46,7 +46,7 @@ def test_with_slack_the_clock_drops_and_energy_falls_at_the_same_slo_attainment(
     saver = run_policy(tmp_path / "energy_aware", policy)
     assert base["slo_attainment"] == saver["slo_attainment"] == 1.0
     assert 0 < policy.low_steps < policy.steps                     # both clocks used
-    assert saver["energy"]["per_output_token_j"] < 0.85 * base["energy"]["per_output_token_j"]
+    assert saver["energy"]["per_output_token_j"] < 0.9 * base["energy"]["per_output_token_j"]
     assert saver["tpot"]["p50"] > base["tpot"]["p50"]              # what the saving costs: slower steps
 
 

@@ -98,9 +98,23 @@ class PowerModel:
         return cls(hw.idle_power, hw.max_power, hw.active_power, hw.compute_power, hw.memory_power,
                    ratio ** hw.clock_power_exponent)
 
+    def running(self, u_compute: float, u_memory: float, busy: float = 1.0) -> float:
+        """Watts while the step's kernels run (`busy` of the step; utilisations over the whole step),
+        before the board limit: what the GPU's power management holds to max_power."""
+        if busy <= 0:
+            return self.idle
+        return self.idle + self.sm_share * (self.active + self.compute * u_compute / busy) + self.memory * u_memory / busy
+
     def power(self, u_compute: float, u_memory: float, busy: float = 1.0) -> float:
-        p = self.idle + self.sm_share * (self.active * busy + self.compute * u_compute) + self.memory * u_memory
-        return p if p < self.max_power else self.max_power
+        """Mean watts over the step: the kernels' power, capped at the board limit, for the share
+        `busy` of the step they run, and idle power for the rest (the GPU waiting on the host or on
+        its peers' collectives). Between idle_power and max_power whatever the utilisations."""
+        if busy <= 0:
+            return self.idle
+        if busy > 1:
+            busy = 1.0
+        p = self.running(u_compute, u_memory, busy)
+        return self.idle + busy * ((p if p < self.max_power else self.max_power) - self.idle)
 
 
 class StepWork:
@@ -128,12 +142,18 @@ class StepWork:
         self.kv_bytes_token = s.kv_bytes_per_token / pp
         self.token_bytes = (s.layers * s.elementwise_elems + 2 * s.hidden) * a / pp      # elementwise + embedding
 
-    def waiting(self, requests: int, tokens: int, sampled: int) -> float:
-        """Seconds of a step its GPUs spend waiting: serial host time and tensor-parallel collectives."""
-        t = self.host(requests, tokens) if self.host is not None else 0.0
-        e = self.engine_host
-        if e is not None:
-            t += e.host_per_step + e.host_per_request * requests + e.host_per_token * tokens
+    def waiting(self, requests: int, tokens: int, sampled: int, duration: float = 0.0,
+                kernel_share: float | None = None) -> float:
+        """Seconds of a step its GPUs spend waiting: on the host (the part of the step the cost model's
+        `kernel_share` leaves over, serial or not; without one, the serial host time) and on the
+        tensor-parallel collectives."""
+        if kernel_share is not None:
+            t = (1.0 - kernel_share) * duration
+        else:
+            t = self.host(requests, tokens) if self.host is not None else 0.0
+            e = self.engine_host
+            if e is not None:
+                t += e.host_per_step + e.host_per_request * requests + e.host_per_token * tokens
         if self.link is not None:
             t += ((2 * self.layers + 1) * self.link.all_reduce(tokens * self.hidden_bytes)
                   + (self.link.all_gather(sampled * self.vocab_bytes) if sampled else 0.0))
@@ -179,29 +199,34 @@ class EnergyMeter:
         self._gemm_peak = self._peak * self.gemm_speedup
         self._bw = self.hw.mem_bandwidth
 
-    def demand(self, batch, tokens: int, sampled: int, duration: float, ratio: float, work=None) -> tuple:
-        """(watts per GPU the step would draw without the board limit, its (u_c, u_m, busy)) at clock
-        ratio `ratio`; `work` is the step's StepWork.of, when the caller has it."""
+    def demand(self, batch, tokens: int, sampled: int, duration: float, ratio: float, work=None,
+               kernel_share: float | None = None) -> tuple:
+        """(watts per GPU the step's kernels would draw without the board limit, its (u_c, u_m, busy))
+        at clock ratio `ratio`; `work` is the step's StepWork.of, when the caller has it; `kernel_share`
+        the share of the step the cost model has the GPUs run kernels (None: all but serial host time)."""
         gemm, other, memory = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled,
                                                    batch.decodes)
         peak = self.hw.peak_flops * ratio
         u_c = (gemm / (peak * self.gemm_speedup) + other / peak) / duration
         u_m = memory / (self._bw * duration)
         u_c, u_m = (u_c if u_c < 1 else 1.0), (u_m if u_m < 1 else 1.0)
-        busy = 1.0 - self.work.waiting(len(batch.query_lens), tokens, sampled) / duration
+        busy = 1.0 - self.work.waiting(len(batch.query_lens), tokens, sampled, duration, kernel_share) / duration
         busy = busy if busy > 0 else 0.0
-        pm = self.power_model if ratio == self.ratio else PowerModel.of(self.hw, ratio)
-        return pm.idle + pm.sm_share * (pm.active * busy + pm.compute * u_c) + pm.memory * u_m, (u_c, u_m, busy)
+        return self._power_model(ratio).running(u_c, u_m, busy), (u_c, u_m, busy)
 
-    def step(self, batch, tokens: int, sampled: int, duration: float, ratio: float | None = None, work=None) -> float:
+    def _power_model(self, ratio: float) -> PowerModel:
+        return self.power_model if ratio == self.ratio else PowerModel.of(self.hw, ratio)
+
+    def step(self, batch, tokens: int, sampled: int, duration: float, ratio: float | None = None, work=None,
+             kernel_share: float | None = None) -> float:
         """Charge one step of `duration` seconds (at clock ratio `ratio`: a power-limited step ran
-        below the set clock); its energy over all GPUs (J)."""
+        below the set clock; its kernels running `kernel_share` of it, as the cost model gives it:
+        the rest at idle power); its energy over all GPUs (J)."""
         if duration <= 0:
             return 0.0
         ratio = self.ratio if ratio is None else ratio
-        power, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work)
-        cap = self.hw.max_power
-        energy = (cap if cap < power else power) * duration * self.gpus
+        _, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work, kernel_share)
+        energy = self._power_model(ratio).power(u_c, u_m, busy) * duration * self.gpus
         if self.record is not None:
             self.record.append((duration, u_c, u_m, sampled, busy, ratio))
         if ratio != self.ratio:

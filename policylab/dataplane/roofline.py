@@ -62,6 +62,11 @@ def smooth_max(a: float, b: float) -> float:
 class Roofline:
     """Step time of a batch from the shape and the hardware (seconds); dense part cached per token count."""
 
+    # the share of the last step the GPUs ran kernels (and collectives), the rest waiting on the host or
+    # on launches (what the energy meter charges idle power for); None where step_time is kernels +
+    # step_overhead only (the meter then takes the step_overhead as the wait)
+    kernel_share: float | None = None
+
     def __init__(self, model: ModelConfig, hw: HardwareConfig, tp: int = 1, pp: int = 1,
                  engine: ServingEngine | None = None, precision: Precision | None = None):
         check_parallel(tp, pp, model.num_attention_heads, model.num_hidden_layers)
@@ -209,7 +214,9 @@ class Roofline:
             gpu = embedding + pipelined(layers / self.pp, handoff, self.pp, m) + self.lm_head_time(sampled)
         launches = e.launches(self._step_kernels, tokens, tokens == requests, self._attention_kernels) \
             if e.launch else 0.0
-        return e.step(gpu, launches, host)
+        step = e.step(gpu, launches, host)
+        self.kernel_share = gpu / step if step > 0 else 1.0
+        return step
 
     def describe(self) -> dict:
         out = {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,

@@ -169,20 +169,22 @@ class SimDataPlane:
     def _metered(self, batch: Batch, tokens: int, sampled: int, duration: float) -> float:
         """Charge the step's energy; with power_limit=throttle a step that would draw more than the
         board limit runs at the highest clock level where it fits, and takes that clock's time."""
-        meter = self.meter
+        meter, share = self.meter, getattr(self.cost_model, "kernel_share", None)
         if not self._throttle or duration <= 0:
-            meter.step(batch, tokens, sampled, duration)
+            meter.step(batch, tokens, sampled, duration, kernel_share=share)
             return duration
         work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes)
         ratio = meter.ratio
-        if meter.demand(batch, tokens, sampled, duration, ratio, work)[0] > self.hw.max_power:
+        if meter.demand(batch, tokens, sampled, duration, ratio, work, share)[0] > self.hw.max_power:
             low = (self.hw.min_clock_mhz or self.hw.max_clock_mhz) / self.hw.max_clock_mhz
             while ratio - THROTTLE_STEP >= low - 1e-9:
                 ratio = round(ratio - THROTTLE_STEP, 6)
-                duration = self._model_at(ratio).step_time(batch.query_lens, batch.context_lens, tokens, sampled)
-                if meter.demand(batch, tokens, sampled, duration, ratio, work)[0] <= self.hw.max_power:
+                model = self._model_at(ratio)
+                duration = model.step_time(batch.query_lens, batch.context_lens, tokens, sampled)
+                share = getattr(model, "kernel_share", None)
+                if meter.demand(batch, tokens, sampled, duration, ratio, work, share)[0] <= self.hw.max_power:
                     break
-        meter.step(batch, tokens, sampled, duration, ratio, work)
+        meter.step(batch, tokens, sampled, duration, ratio, work, share)
         return duration
 
     def _model_at(self, ratio: float):
@@ -242,8 +244,9 @@ class SimDataPlane:
             self._follow_clock()
         if batch.spec_lens is not None:               # drafts to verify: the acceptance model
             result = self._speculation().execute(self, batch)
-            if self.meter is not None:
-                self.meter.step(batch, sum(batch.query_lens), len(result.sampled), result.duration)
+            if self.meter is not None:        # (the draft's steps taken at the target step's kernel share)
+                self.meter.step(batch, sum(batch.query_lens), len(result.sampled), result.duration,
+                                kernel_share=getattr(self.cost_model, "kernel_share", None))
             return result
         ctx, tokens, d = batch.context_lens, sum(batch.query_lens), batch.decodes
         if d == len(ctx) or tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
