@@ -141,8 +141,9 @@ class HardwareConfig:
     gemm_half_m: float = 0.0        # each GEMM's fixed pipeline fill, in tokens of work
     gemm_wave_tile_m: int = 128     # output tile the shaped GEMM's waves are made of: rows (tokens) ...
     gemm_wave_tile_n: int = 128     # ... and columns
-    persistent_gemm_efficiency: Optional[float] = 0.78   # share of peak FLOP/s of the persistent (stream-K)
-                                    # GEMMs recent libraries run from one full wave up (None: the GPU has none)
+    persistent_gemm_efficiency: Optional[float] = None   # share of peak FLOP/s of the persistent (stream-K)
+                                    # GEMMs recent libraries run from one full wave up (None, the default: the GPU has none
+                                    # unless its preset declares them)
     decode_attention_floor: float = 20e-6   # seconds a paged-decode attention kernel takes however little it does
     attention_length_slope: float = 0.065   # prefill attention efficiency lost per halving of the chunk below 16k
     elementwise_bw_efficiency: float = 0.56  # achieved share of peak bandwidth of the norms, RoPE, activation, adds
