@@ -18,18 +18,21 @@ Attention: one layer's attention kernel against
 grouped by phase and work (decode: requests x context; prefill: chunk length). The kernel and
 shaped models' cache-write launch is left out (the rows time the attention kernel alone).
 
-    python experiments/check_cost_terms.py [VIDUR_PROFILING_ROOT]
+    python experiments/check_cost_terms.py [VIDUR_PROFILING_ROOT] [--hardware FIELD=VALUE ...]
+
+(`--hardware persistent_gemm_efficiency=null`: the H100's GEMMs as Vidur's profiling stack ran
+them, in waves, without the persistent kernels of the default; docs/fidelity.md.)
 """
 from __future__ import annotations
 
+import argparse
 import csv
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from check_attention_kernels import VLLM_43232_FLASH_ATTN_DECODE
-from vidur_profiles import ELEMENTWISE, ROOT, cases, hardware
+from vidur_profiles import ELEMENTWISE, ROOT, cases, hardware, override_hardware
 from policylab.apps.sim_check import load_group
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.kernel_model import KernelCostModel
@@ -48,10 +51,12 @@ def stats(err) -> tuple:
     return len(e), float(np.mean(np.abs(e))), float(np.mean(e)), float(e[np.argmax(np.abs(e))])
 
 
-def gemm_errors(root: Path) -> dict:
+def gemm_errors(root: Path, overrides=()) -> dict:
     """(cost model, GPU, m range) -> relative errors of every profiled GEMM."""
     out: dict = {}
-    for case in cases(root):
+    found = cases(root)
+    override_hardware(found, overrides)
+    for case in found:
         n = case.column("num_tokens").astype(int)
         built = {name: cls(case.model, case.hardware) for name, cls in MODELS.items()}
         for op, (k, m) in case.gemm_shapes().items():
@@ -149,8 +154,13 @@ def overall(groups: dict) -> str:
 
 
 def main() -> None:
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else SAMPLE
-    gemms = gemm_errors(root)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("root", nargs="?", type=Path, default=SAMPLE, help="Vidur's data/profiling")
+    ap.add_argument("--hardware", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="override hardware fields of every profiled GPU's GEMMs (null: unset)")
+    args = ap.parse_args()
+    root = args.root
+    gemms = gemm_errors(root, args.hardware)
     gemms = {(m, gpu, f"{lo:,}-{hi:,}" if hi < 1 << 20 else f">= {lo:,}"): v for (m, gpu, (lo, hi)), v in gemms.items()}
     print(f"GEMMs ({root}), predicted / measured - 1:\n")
     print(table(gemms, ("GPU", "m")))

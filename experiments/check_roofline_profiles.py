@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vidur_profiles import cases
+from vidur_profiles import cases, override_hardware
 from policylab.dataplane.profile import LAYER_OPS, PARALLEL_LAYER_OPS
 from policylab.dataplane.profile_csv import floats, read_table
 from policylab.dataplane.kernel_model import KernelCostModel
@@ -113,10 +113,7 @@ def main() -> None:
     global Model
     Model = COST_MODEL[args.cost_model]
     found = cases(args.root, args.gpus)
-    for case in found:
-        for item in args.hardware:
-            field, value = item.split("=", 1)
-            setattr(case.hardware, field, float(value))
+    override_hardware(found, args.hardware)
     print("Dense step (all layers + embedding), roofline vs profile, step_overhead 0:\n")
     print("| GPU | model | decode 1-4,096: worst | prefill 512-16,384: worst | median, all points |")
     print("|---|---|---|---|---|")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from vidur_profiles import cases
+from vidur_profiles import cases, override_hardware
 from policylab.dataplane.kernel_model import KernelCostModel
 from policylab.dataplane.profile import LAYER_OPS
 from policylab.dataplane.roofline import Roofline
@@ -47,9 +47,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("root", type=Path)
     ap.add_argument("--cost-model", choices=sorted(MODELS), default="roofline")
+    ap.add_argument("--hardware", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="override hardware fields on every GPU (null: unset)")
     args = ap.parse_args()
     cls = MODELS[args.cost_model]
     found = [c for c in cases(args.root) if c.model.architecture != "phi"]
+    override_hardware(found, args.hardware)
     print(f"Per-GPU shard, {args.cost_model} vs Vidur's TP rows (worst |error| / median |error| at powers of two):\n")
     print("| GPU | model | TP 2 | TP 4 | TP 8 |\n|---|---|---|---|---|")
     every = []

@@ -86,6 +86,15 @@ def model_of(name: str, table: dict, path: Path) -> ModelConfig:
                        tie_word_embeddings=False)
 
 
+def override_hardware(found: list, items) -> None:
+    """Set FIELD=VALUE on every case's hardware (`null`: the field unset, e.g.
+    persistent_gemm_efficiency=null prices a GPU's GEMMs with the wave model alone)."""
+    for item in items:
+        field, value = item.split("=", 1)
+        for case in found:
+            setattr(case.hardware, field, None if value.lower() in ("null", "none") else float(value))
+
+
 def cases(root: Path, gpus=None) -> list:
     """Every <gpu>/<org>/<model>/mlp.csv under the root whose GPU has a configs/hardware file."""
     found = []

@@ -42,7 +42,8 @@ def run_policy(tmp_path, policy, rate=8.0, n=150):
 
 def test_with_slack_the_clock_drops_and_energy_falls_at_the_same_slo_attainment(tmp_path):
     base = run_policy(tmp_path / "chunked", Chunked())
-    policy = EnergyAware(ttft_slo=0.5, tpot_slo=0.05)
+    # slack 0.4: at 8 req/s the H100's persistent GEMMs leave every step within half of the SLOs
+    policy = EnergyAware(ttft_slo=0.5, tpot_slo=0.05, slack=0.4)
     saver = run_policy(tmp_path / "energy_aware", policy)
     assert base["slo_attainment"] == saver["slo_attainment"] == 1.0
     assert 0 < policy.low_steps < policy.steps                     # both clocks used

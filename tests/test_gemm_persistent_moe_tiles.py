@@ -1,4 +1,5 @@
-"""Persistent (stream-K) Hopper GEMMs and the fused-MoE kernel's padded row tiles (docs/cost-model.md)."""
+"""Persistent (stream-K) Hopper GEMMs, a property of the GPU under every serving engine, and the
+fused-MoE kernel's padded row tiles (docs/cost-model.md)."""
 from __future__ import annotations
 
 import random
@@ -6,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from policylab.apps.sim_check import load_group
+from policylab.apps.sim_check import load_group, predict
 from policylab.core.config import HardwareConfig, ModelConfig
+from policylab.dataplane.kernel_model import KernelCostModel
 from policylab.dataplane.moe import expert_gemm_terms, fused_moe_block_m, padded_pairs
 from policylab.dataplane.serving_engine import ServingEngine, ServingEngineConfig
 from policylab.dataplane.shaped import ShapedCostModel
@@ -18,31 +20,73 @@ H100 = load_group("hardware", "h100", HardwareConfig)
 A100 = load_group("hardware", "a100", HardwareConfig)
 
 
-def _model(hw, **engine):
+ENGINES = ("none", "vllm", "vllm_eager", "eager_nccl")          # every shipped serving-engine preset
+
+
+def _engine(name):
+    return ServingEngine(load_group("serving_engine", name, ServingEngineConfig))
+
+
+def _model(hw, engine="none", cost_model=ShapedCostModel):
     compute_only = replace(hw, mem_bandwidth=1e18)          # the compute term alone
-    return ShapedCostModel(LLAMA, compute_only, 1, 1, ServingEngine(ServingEngineConfig(**engine)))
+    return cost_model(LLAMA, compute_only, 1, 1, _engine(engine))
 
 
 def _efficiency(cost, hw, n, k, m):
     return 2 * n * k * m / cost.gemm_time(n, k, m) / hw.peak_flops
 
 
+WAVES = replace(H100, persistent_gemm_efficiency=None)      # the same GPU priced by the wave model
+
+
 @pytest.mark.timeout(30)
-def test_persistent_hopper_gemms_are_flat_from_one_full_wave():
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("cost_model", [ShapedCostModel, KernelCostModel], ids=["shaped", "kernel"])
+def test_hopper_gemms_are_flat_from_one_full_wave_under_every_serving_engine(engine, cost_model):
+    """A property of the GPU's libraries: kernel time alone (`serving_engine=none`, what sim-check and a
+    single-kernel check price) included."""
     k, m = 4096, 4096                                         # 32 column tiles of 128: 132 SMs hold 4.1 rows
-    persistent, waves = _model(H100, gemm_persistent=True), _model(H100)
+    persistent, waves = _model(H100, engine, cost_model), _model(WAVES, engine, cost_model)
     for n in (640, 768, 1024, 1280, 4096):                   # from just past one wave of tiles up
         assert _efficiency(persistent, H100, n, k, m) == pytest.approx(H100.persistent_gemm_efficiency, rel=1e-3)
     # the wave model steps down after a wave boundary; the persistent one does not
-    assert _efficiency(waves, H100, 640, k, m) < 0.9 * _efficiency(persistent, H100, 640, k, m)
+    assert _efficiency(waves, H100, 640, k, m) < 0.95 * _efficiency(persistent, H100, 640, k, m)
 
 
 @pytest.mark.timeout(30)
-def test_persistent_gemms_need_a_gpu_whose_libraries_have_them():
+def test_from_one_wave_up_the_gemm_is_the_same_in_every_engine_below_it_split_k_is_the_engines():
+    k, m = 4096, 4096
+    models = {e: _model(H100, e) for e in ENGINES}
+    for n in (640, 1000, 4096):
+        times = {models[e].gemm_time(n, k, m) for e in ENGINES}
+        assert len(times) == 1
+    # 16 tokens: 32 tiles, a quarter of the SMs; vllm splits K over the idle ones, none does not
+    assert models["vllm"].gemm_time(16, k, m) < 0.6 * models["none"].gemm_time(16, k, m)
+
+
+@pytest.mark.timeout(30)
+def test_sim_check_prices_h100_kernels_with_persistent_gemms():
+    """`sim-check` (kernel time, no serving engine) predicts an H100 dense step with the GPU's GEMMs."""
+    row = {"model": "llama3-8b", "gpu": "h100", "tp": 1, "dtype_bytes": 2, "batch": 1,
+           "tokens_per_request": 640, "context": 0, "phase": "dense"}
+    predicted = predict(row, "shaped", None, {})
+    persistent = ShapedCostModel(LLAMA, H100, 1, 1, _engine("none"))
+    assert predicted == pytest.approx(1e3 * persistent.dense_time(640))
+    # 640 tokens: 5 rows of tiles, past one wave of the 4,096-column GEMMs: the wave model's partial wave costs more
+    assert predicted < 0.95 * 1e3 * ShapedCostModel(LLAMA, WAVES, 1, 1, _engine("none")).dense_time(640)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("cost_model", [ShapedCostModel, KernelCostModel], ids=["shaped", "kernel"])
+def test_persistent_gemms_need_a_gpu_whose_libraries_have_them(cost_model):
     assert A100.persistent_gemm_efficiency is None
-    on, off = _model(A100, gemm_persistent=True), _model(A100)
-    for n in (16, 640, 4096):
-        assert on.gemm_time(n, 4096, 4096) == pytest.approx(off.gemm_time(n, 4096, 4096))
+    for engine in ENGINES:                                   # the A100's GEMMs stay the wave model's
+        cost = _model(A100, engine, cost_model)
+        if cost_model is KernelCostModel:
+            assert "persistent_gemm_efficiency" not in cost.describe()
+        m = 108 * 128                                        # one row of 128-wide tiles fills the 108 SMs ...
+        full = cost.gemm_time(128, 4096, m)
+        assert cost.gemm_time(129, 4096, m) > 1.3 * full    # ... one token more starts a new wave
 
 
 @pytest.mark.timeout(30)

@@ -16,27 +16,27 @@ from policylab.apps.cli import main
 from run_digest import replay_digest
 
 DIGESTS = {
-    "chunked/bursty": "83e640290856095a",
-    "chunked/multitenant": "484e8f7c42d5048d",
-    "chunked/poisson": "7e350e982ad6bc30",
-    "decode_first/bursty": "57247186b21e6305",
-    "decode_first/multitenant": "ad15711a7384c2f4",
-    "decode_first/poisson": "677f0858550fb2ce",
-    "fairness/bursty": "760d80b714b73530",
-    "fairness/multitenant": "48b3406a6a1c2657",
-    "fairness/poisson": "76ea20f5020736ef",
-    "prefill_first/bursty": "3401c9b74b33c9f1",
-    "prefill_first/multitenant": "4a6b718d3faa77c0",
-    "prefill_first/poisson": "ece685dcdd8cc459",
-    "priority/bursty": "e6f98dcbe67d3be7",
-    "priority/multitenant": "46644883d9fb1a5f",
-    "priority/poisson": "66a1622d8888341a",
-    "sjf/bursty": "a5fd4a27311b2665",
-    "sjf/multitenant": "35a3564758872a5c",
-    "sjf/poisson": "f38a8597bcfb7041",
-    "slo_aware/bursty": "eb302818267b7020",
-    "slo_aware/multitenant": "a10598d7e8bbac1b",
-    "slo_aware/poisson": "c3122cdefe2dc9da"
+    "chunked/bursty": "0dd748c99fd6c6f3",
+    "chunked/multitenant": "7801259e90b3e74a",
+    "chunked/poisson": "af8e25118d976735",
+    "decode_first/bursty": "62c9ee31670dc2c4",
+    "decode_first/multitenant": "75af909b31419f4c",
+    "decode_first/poisson": "4a05dea943bc41b8",
+    "fairness/bursty": "b0b9107a6c9dcb1a",
+    "fairness/multitenant": "31150442663ba2cc",
+    "fairness/poisson": "492ff0f371722c96",
+    "prefill_first/bursty": "58a8a74485722577",
+    "prefill_first/multitenant": "a54f7b8d39c1b386",
+    "prefill_first/poisson": "4f5bb3ee6d062173",
+    "priority/bursty": "347427fce70262ca",
+    "priority/multitenant": "bb866d4973f1eadd",
+    "priority/poisson": "ddd4b9e64249a060",
+    "sjf/bursty": "dfeb05077763d9ba",
+    "sjf/multitenant": "d1901aeb722f9b53",
+    "sjf/poisson": "7cf8069a2a24a1be",
+    "slo_aware/bursty": "cfe0758ad8761772",
+    "slo_aware/multitenant": "5cba4a5660485cda",
+    "slo_aware/poisson": "4714f3792a462c6c"
 }
 
 
@@ -51,8 +51,9 @@ ROOFLINE_DIGESTS = {
 }
 
 
-# recorded with the shaped model before serving engines: `serving_engine=none` (kernel time only) is that
-# model number for number
+# recorded with the shaped model before serving engines and before the H100's persistent GEMMs:
+# `serving_engine=none` (kernel time only) with the wave model's GEMMs on the H100
+# (`hardware.persistent_gemm_efficiency=null`) is that model number for number
 SHAPED_WITHOUT_ENGINE_DIGESTS = {
     "chunked/poisson": "747f6600ac7d36c0",
     "prefill_first/bursty": "bb24bcc879a5dae5",
@@ -81,7 +82,8 @@ def test_the_roofline_reproduces_results_recorded_before_the_shaped_default(case
 def test_the_none_engine_reproduces_results_recorded_before_serving_engines(case, tmp_path):
     policy, trace = case.split("/")
     main(["run", f"policy={policy}", *PINNED.get(policy, []), f"trace={trace}", "dataplane=sim", "serving_engine=none",
-          "logger=none", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"])
+          "hardware.persistent_gemm_efficiency=null", "logger=none", "plots=false", "progress=false",
+          f"hydra.run.dir={tmp_path}"])
     assert replay_digest(tmp_path) == SHAPED_WITHOUT_ENGINE_DIGESTS[case]
 
 

@@ -169,7 +169,7 @@ def test_split_k_fills_the_sms_of_a_sub_wave_gemm_with_large_k():
     split = ShapedCostModel(LLAMA, replace(H100, mem_bandwidth=1e18), 1, 1,
                             ServingEngine(ServingEngineConfig(gemm_split_k=True)))
     n, k, m = 128, 8192, 2560            # 1 x 20 tiles of 128 x 128 on 132 SMs: 6 splits of K
-    flops = H100.peak_flops * H100.curve_efficiency
+    flops = H100.peak_flops * H100.persistent_gemm_efficiency       # the H100's GEMM rate, in every engine
     assert split.gemm_time(n, k, m) == pytest.approx(2 * k * (128 * 128 * 132 / 6) / flops, rel=1e-6)
     assert plain.gemm_time(n, k, m) == pytest.approx(2 * k * ((20 / 132) ** 0.5 * 128 * 128 * 132) / flops, rel=1e-6)
     assert split.gemm_time(n, 1024, m) == pytest.approx(plain.gemm_time(n, 1024, m))   # K too small to split

@@ -142,7 +142,8 @@ class HardwareConfig:
     gemm_wave_tile_m: int = 128     # output tile the shaped GEMM's waves are made of: rows (tokens) ...
     gemm_wave_tile_n: int = 128     # ... and columns
     persistent_gemm_efficiency: Optional[float] = None   # share of peak FLOP/s of the persistent (stream-K)
-                                    # GEMMs recent libraries run from one full wave up (None: the GPU has none)
+                                    # GEMMs recent libraries run from one full wave up (None, the default: the GPU has none
+                                    # unless its preset declares them)
     decode_attention_floor: float = 20e-6   # seconds a paged-decode attention kernel takes however little it does
     attention_length_slope: float = 0.065   # prefill attention efficiency lost per halving of the chunk below 16k
     elementwise_bw_efficiency: float = 0.56  # achieved share of peak bandwidth of the norms, RoPE, activation, adds
@@ -154,8 +155,8 @@ class HardwareConfig:
     min_clock_mhz: Optional[float] = 990     # lowest SM clock the knob accepts
     idle_power: Optional[float] = 70         # W drawn with nothing running (None: no energy model)
     max_power: Optional[float] = 700         # W the board is limited to (TDP)
-    active_power: float = 317                # W the clocked SMs add while they run kernels, at max clock
-    compute_power: float = 1643              # W more at full tensor-core utilisation, at max clock
+    active_power: float = 291                # W the clocked SMs add while they run kernels, at max clock
+    compute_power: float = 2598             # W more at full tensor-core utilisation, at max clock
     memory_power: float = 106                # W more at full memory-bandwidth utilisation
     clock_power_exponent: float = 1.0        # SM-side power scales as (clock / max_clock) ** this
 

@@ -12,7 +12,11 @@ waves, at `gemm_efficiency` of peak (what a large GEMM that fills every SM reach
 
     t_compute = waves x 2 x tm x tn x (K / splits) / (peak x gemm_efficiency / num_sms)
 
-so efficiency rises with m in steps (wave quantisation) instead of being one number. Memory
+so efficiency rises with m in steps (wave quantisation) instead of being one number. On a GPU
+whose preset sets `persistent_gemm_efficiency` (H100, H200: cuBLAS's and CUTLASS's persistent,
+warp-specialised kernels with a tile scheduler), work items of at least one full wave run at that
+share of peak with no step at a wave boundary (waves = items / num_sms), under every serving
+engine: a property of the GPU's libraries, not of the engine. Memory
 time is the roofline's (weights, activations in and out at `bw_efficiency`); the two join by
 the roofline's p-norm (on Vidur's 20 profiles p = 3 has a smaller worst error than a max:
 21 % against 28 %, experiments/check_roofline_profiles.py --cost-model kernel).
@@ -58,8 +62,14 @@ class KernelCostModel(Roofline):
         self.sms, self.tile_m, self.tile_n = hw.num_sms, hw.gemm_tile_m, hw.gemm_tile_n
         self.gemm_eff, self.attn_eff, self.floor = hw.gemm_efficiency, hw.attention_efficiency, hw.attention_floor
         self._tile_flops = hw.peak_flops * hw.gemm_efficiency / hw.num_sms       # FLOP/s of one SM
+        # persistent GEMMs from one full wave up, where the GPU's libraries have them (module doc)
+        self.persistent_eff = hw.persistent_gemm_efficiency
+        self._persistent_tile_flops = (hw.peak_flops * self.persistent_eff / hw.num_sms
+                                       if self.persistent_eff is not None else None)
         if precision is not None and not precision.native:                       # the GEMMs' dtype
             self._tile_flops *= precision.gemm_speedup
+            if self._persistent_tile_flops is not None:
+                self._persistent_tile_flops *= precision.gemm_speedup
         self._attn_flops = hw.peak_flops * hw.attention_efficiency
         s = self.shape
         self._pair_flops = s.attn_flops_per_pair                                 # per layer
@@ -75,8 +85,11 @@ class KernelCostModel(Roofline):
         return smooth_max(compute, memory)
 
     def _tile_compute(self, n, k, m, tm, tn, rate, splits) -> float:
-        """Whole waves of (tm x tn x k/splits) work items at `rate` of a full tile's speed."""
+        """Whole waves of (tm x tn x k/splits) work items at `rate` of a full tile's speed; from one
+        full wave up on a GPU with persistent GEMMs, the items spread over every SM at its rate."""
         items = -(-n // tm) * -(-m // tn) * splits
+        if self._persistent_tile_flops is not None and items >= self.sms:
+            return items / self.sms * 2 * tm * tn * (k / splits) / (self._persistent_tile_flops * rate)
         waves = -(-items // self.sms)
         return waves * 2 * tm * tn * (k / splits) / (self._tile_flops * rate)
 
@@ -118,6 +131,7 @@ class KernelCostModel(Roofline):
         out = {"kind": "kernel", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,
                "kernel_latency": self.latency, "step_overhead": self.overhead, "gemm_efficiency": self.gemm_eff,
                "gemm_tile": [self.tile_m, self.tile_n], "num_sms": self.sms,
+               **({"persistent_gemm_efficiency": self.persistent_eff} if self.persistent_eff is not None else {}),
                "attention_efficiency": self.attn_eff, "attention_floor": self.floor,
                "flops_efficiency": self.flops_eff}
         return {**out, **self.parallel_description(), "host_time": self.host.describe(), **self.precision_description()}

@@ -29,10 +29,8 @@ Terms (`ServingEngine`):
   engine reads).
 - **Kernels the engine chooses**: `gemm_split_k` (a GEMM whose output tiles fill less than one wave
   of SMs splits K over the idle SMs, as cuBLAS's split-K and stream-K kernels do, instead of
-  running a partly empty wave); `gemm_persistent` (on a GPU whose libraries have persistent,
-  stream-K GEMM kernels, `hardware.persistent_gemm_efficiency` set: a GEMM of at least one wave of
-  tiles runs at that share of peak with its last partial wave costing only its share, as cuBLAS's
-  Hopper kernels spread the remainder over every SM); `fused_moe_tiles` (MoE experts priced on
+  running a partly empty wave; from one full wave up, GEMMs are the GPU's own, priced by its
+  hardware preset: `hardware.persistent_gemm_efficiency`); `fused_moe_tiles` (MoE experts priced on
   vLLM's fused-MoE kernel's row tiles, each expert's tokens padded up to BLOCK_SIZE_M:
   policylab.dataplane.moe); `flash_prefill` (prefill attention priced as FlashAttention's
   tiles: a query tile of 128 tokens costs its keys' work plus `prefill_attention_tile_overhead`
@@ -83,7 +81,6 @@ class ServingEngineConfig:
     prefill_attention_efficiency: float = 0.68     # flash_prefill: share of peak FLOP/s with long key spans
     prefill_attention_tile_overhead: float = 385.0  # flash_prefill: keys' worth of fixed work per query tile
     gemm_split_k: bool = False              # GEMMs of less than one wave of tiles split K to fill the SMs
-    gemm_persistent: bool = False           # GEMMs of at least one wave run persistent: no partial-wave penalty
     fused_moe_tiles: bool = False           # MoE expert FLOPs on vLLM's fused-MoE row tiles (padded per expert)
     all_reduce: str = "nccl"                # nccl | custom (vLLM's one-shot / two-shot kernels)
     custom_all_reduce_max_bytes: float = 8 * 2 ** 20   # larger messages go to NCCL
