@@ -25,10 +25,11 @@ def new_blocks(r, n: int, hits: tuple, block_size: int) -> int:
     """Blocks beyond its table (running) or its cache hits `hits` (waiting) that giving `n` more
     tokens to request `r` takes."""
     table = r.block_table
-    if table:
-        need = blocks_for(r.num_computed_tokens + n, block_size) - len(table)
+    if table:                            # (blocks_for, inline: called for every chunk of every plan)
+        need = -(-(r.num_computed_tokens + n) // block_size) - len(table)
     else:
-        need = blocks_for(max(r.num_computed_tokens, len(hits) * block_size) + n, block_size) - len(hits)
+        computed, hit = r.num_computed_tokens, len(hits) * block_size
+        need = -(-((computed if computed > hit else hit) + n) // block_size) - len(hits)
     return need if need > 0 else 0
 
 
@@ -163,7 +164,17 @@ class BlockPool:
                 del self._plain[:head + 1]
                 self._plain_head = 0
         elif self._num_free_cached:
-            self._take(table, 1)
+            lru = self._free_cached
+            run = lru[0] if self._tree is None else None
+            if type(run) is list:                     # (a run of unhittable blocks: its last is next)
+                b = run.pop()
+                if not run:
+                    lru.popleft()
+                self._num_free_cached -= 1
+                self._ref[b] = 1
+                table.append(b)
+            else:
+                self._take(table, 1)
         else:
             raise MemoryError("KV cache exhausted: need 1 block, 0 free")
 
