@@ -49,8 +49,10 @@ def make_run_dir(run_dir, n=60, rate=40.0, seed=0, num_blocks=96, ttft_slo=0.5, 
 
 
 def test_itl_pools_gaps_within_each_request_only():
-    requests = pd.DataFrame({"token_times": [[0.0, 1.0, 3.0], [5.0], [], [2.0, 2.5]]})
-    assert list(itl_values(requests)) == [1.0, 2.0, 0.5]
+    times = [[0.0, 1.0, 3.0], [5.0], [], [2.0, 2.5]]
+    assert list(itl_values(pd.DataFrame({"token_times": times}))) == [1.0, 2.0, 0.5]
+    read_back = pd.DataFrame({"token_times": [np.array(t) for t in times]})    # as a results file gives them
+    assert list(itl_values(read_back)) == [1.0, 2.0, 0.5]
 
 
 def test_downsample_steps_buckets_consecutive_steps():
