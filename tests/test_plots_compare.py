@@ -15,7 +15,7 @@ from policylab.core.config import EngineConfig, FairnessConfig, HardwareConfig, 
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.sim import SimDataPlane
 from policylab.core.engine import Engine
-from policylab.analysis.plots import downsample_steps, itl_values, write_run_plots
+from policylab.analysis.plots import cdf_points, downsample_steps, itl_values, write_run_plots
 from policylab.core.request import TraceRequest
 from policylab.analysis.results import write_results
 from policylab.analysis.result_files import ResultSettings
@@ -49,8 +49,21 @@ def make_run_dir(run_dir, n=60, rate=40.0, seed=0, num_blocks=96, ttft_slo=0.5, 
 
 
 def test_itl_pools_gaps_within_each_request_only():
-    requests = pd.DataFrame({"token_times": [[0.0, 1.0, 3.0], [5.0], [], [2.0, 2.5]]})
-    assert list(itl_values(requests)) == [1.0, 2.0, 0.5]
+    times = [[0.0, 1.0, 3.0], [5.0], [], [2.0, 2.5]]
+    assert list(itl_values(pd.DataFrame({"token_times": times}))) == [1.0, 2.0, 0.5]
+    read_back = pd.DataFrame({"token_times": [np.array(t) for t in times]})    # as a results file gives them
+    assert list(itl_values(read_back)) == [1.0, 2.0, 0.5]
+
+
+def test_a_thinned_cdf_keeps_exact_points_of_the_whole_sample_ends_included():
+    samples = np.random.default_rng(0).random(10_001)
+    values, shares = cdf_points(samples, max_points=100)
+    whole = np.sort(samples)
+    at = np.searchsorted(whole, values)
+    assert len(values) == 100 and values[0] == whole[0] and values[-1] == whole[-1] and shares[-1] == 1.0
+    assert np.array_equal(values, whole[at]) and np.array_equal(shares, (at + 1) / whole.size)
+    few, few_shares = cdf_points(samples[:3])
+    assert list(few) == sorted(samples[:3]) and list(few_shares) == [1 / 3, 2 / 3, 1.0]
 
 
 def test_downsample_steps_buckets_consecutive_steps():

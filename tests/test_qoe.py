@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from policylab.analysis.metrics import flat_token_times
-from policylab.analysis.qoe import check_qoe_config, qoe_of, request_qoe
+from policylab.analysis.qoe import _running_max, check_qoe_config, qoe_of, request_qoe
 from policylab.core.config import QoeConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,6 +57,17 @@ def test_the_whole_table_equals_the_definition_request_by_request():
     np.testing.assert_allclose(got[:-1], want, rtol=1e-9, atol=1e-12)
     assert got[-1] == 0.0
     assert ((got >= 0) & (got <= 1)).all()
+
+
+def test_the_running_maximum_restarts_at_every_stream_exactly():
+    rng = np.random.default_rng(3)
+    count = rng.integers(0, 40, 200)
+    count[::7] = 0                                     # streams with no token between others
+    first = np.concatenate([[0], np.cumsum(count)[:-1]])
+    values = rng.standard_normal(int(count.sum()))
+    expected = np.concatenate([np.maximum.accumulate(values[f:f + c]) for f, c in zip(first, count) if c])
+    assert np.array_equal(_running_max(values, first, count), expected)
+    assert _running_max(np.zeros(0), np.zeros(3, int), np.zeros(3, int)).size == 0
 
 
 def test_bad_settings_are_refused_by_name():

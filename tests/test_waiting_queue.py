@@ -37,3 +37,23 @@ def test_the_view_is_live_and_reads_like_a_tuple():
         view[0]
     with pytest.raises(TypeError):
         view[0] = "x"
+
+
+@pytest.mark.timeout(60)
+def test_a_long_queue_served_from_its_front_keeps_its_order_through_compaction():
+    views = {rid: f"view{rid}" for rid in range(30_000)}
+    q = WaitingQueue(views)
+    view = QueueView(q)
+    for rid in range(20_000):
+        q.append(rid)
+    expected = list(range(20_000))
+    compacted = False
+    for start in range(0, 12_000, 3):                   # the oldest start first, arrivals keep coming
+        q.remove([start, start + 1])
+        q.append(20_000 + start // 3)
+        expected.append(20_000 + start // 3)
+        compacted |= q._holes == 0                       # (its removed slots dropped, live ones kept)
+    expected = [rid for rid in expected if not (rid < 12_000 and rid % 3 != 2)]
+    assert compacted and list(q.ids()) == expected and len(q) == len(expected)
+    assert view[0] == f"view{expected[0]}" and q.in_queue_order([expected[-1], expected[0]]) == \
+        [expected[0], expected[-1]]

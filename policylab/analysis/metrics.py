@@ -150,8 +150,14 @@ def distribution(values) -> dict:
 def flat_token_times(token_times) -> tuple[np.ndarray, np.ndarray]:
     """(every output token's time, its row) from a list column, in row then token order."""
     lengths = np.fromiter(map(len, token_times), dtype=np.int64, count=len(token_times))
-    times = np.fromiter(chain.from_iterable(token_times), dtype=np.float64, count=int(lengths.sum()))
-    return times, np.repeat(np.arange(len(lengths)), lengths)
+    return flat_times(token_times, int(lengths.sum())), np.repeat(np.arange(len(lengths)), lengths)
+
+
+def flat_times(token_times, count: int = -1) -> np.ndarray:
+    """Every output token's time from a list column, in row then token order (`count`: how many)."""
+    if len(token_times) and type(token_times[0]) is np.ndarray:      # read back from a results file: the
+        return np.concatenate(token_times).astype(np.float64, copy=False)   # arrays whole, not token by token
+    return np.fromiter(chain.from_iterable(token_times), dtype=np.float64, count=count)
 
 
 class TokenFacts(NamedTuple):

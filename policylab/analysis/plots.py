@@ -18,11 +18,14 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from policylab.analysis.metrics import flat_token_times
+from policylab.analysis.metrics import flat_times
 
 MAX_CDF_POINTS = 4000      # drawn points per CDF line (each one exact)
 MAX_TIMELINE_POINTS = 2000
 MAX_PLOTTED_REQUESTS = 50_000   # scatter points; requests whose token times feed the ITL CDF
+PLOTTED_REQUEST_COLUMNS = ("status", "arrival_time", "ttft", "tpot", "e2e", "slo_met", "ttft_slo", "tpot_slo")
+PLOTTED_STEP_COLUMNS = ("step", "clock", "duration", "prefill_tokens", "decode_tokens", "waiting", "running",
+                        "kv_utilization", "preempted", "replica")    # (timeline_figure, cluster_timeline_figure)
 TOKEN_RATE_BINS = 200
 # (column label, to-display factor, unit) of the three CDF panels
 CDF_METRICS = {"TTFT": (1.0, "s"), "TPOT": (1e3, "ms"), "ITL": (1e3, "ms")}
@@ -49,8 +52,10 @@ def write_run_plots(run_dir, settings: PlotSettings = PlotSettings()) -> list[Pa
     """Write latency_cdf, latency_over_time and timeline (and cluster_timeline for a cluster run)
     into `run_dir`, each in every format of `settings`."""
     run_dir = Path(run_dir)
-    requests, with_tokens = read_requests(run_dir / "requests.parquet")
-    steps = pd.read_parquet(run_dir / "steps.parquet")
+    requests, with_tokens = read_requests(run_dir / "requests.parquet", PLOTTED_REQUEST_COLUMNS)
+    steps_file = pq.ParquetFile(run_dir / "steps.parquet")     # (the columns drawn: a million requests'
+    steps = steps_file.read(columns=[c for c in steps_file.schema_arrow.names     # tables are gigabytes)
+                                     if c in PLOTTED_STEP_COLUMNS]).to_pandas()
     summary = read_summary(run_dir)
     label = summary.get("policy") or run_dir.name
     slo = summary.get("slo") or {}
@@ -73,16 +78,18 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def read_requests(path) -> tuple:
-    """(requests table, the requests whose `token_times` are read) of a requests.parquet. Past
-    MAX_PLOTTED_REQUESTS rows the first has no token_times and the second is a sample of whole
-    row groups spread over the run (at most that many rows): a million requests' token times
-    would not fit in memory as Python objects, and a plot does not need every one."""
+def read_requests(path, columns=None) -> tuple:
+    """(requests table, the requests whose `token_times` are read) of a requests.parquet (only
+    `columns` of it and token_times, when given). Past MAX_PLOTTED_REQUESTS rows the first has no
+    token_times and the second is a sample of whole row groups spread over the run (at most that
+    many rows): a million requests' token times would not fit in memory as Python objects, and a
+    plot does not need every one."""
     file = pq.ParquetFile(path)
+    names = [c for c in file.schema_arrow.names if columns is None or c in columns or c == "token_times"]
     if file.metadata.num_rows <= MAX_PLOTTED_REQUESTS:
-        requests = file.read().to_pandas()
+        requests = file.read(columns=names).to_pandas()
         return requests, requests
-    columns = [c for c in file.schema_arrow.names if c != "token_times"]
+    columns = [c for c in names if c != "token_times"]
     groups = file.metadata.num_row_groups
     per_group = file.metadata.num_rows / groups
     take = np.unique(np.linspace(0, groups - 1, max(1, int(MAX_PLOTTED_REQUESTS // per_group))).astype(int))
@@ -101,8 +108,11 @@ def latency_samples(requests: pd.DataFrame, with_tokens: pd.DataFrame | None = N
 
 def itl_values(requests: pd.DataFrame) -> np.ndarray:
     """Every gap between consecutive output tokens of the same request."""
-    times, rows = flat_token_times(requests["token_times"].tolist())
-    return np.diff(times)[rows[1:] == rows[:-1]]
+    column = requests["token_times"].tolist()
+    lengths = np.fromiter(map(len, column), dtype=np.int64, count=len(column))
+    gaps = np.diff(flat_times(column))                # (a request's last token to the next one's first:
+    ends = np.cumsum(lengths[lengths > 0])[:-1] - 1  # at each end of a stream but the last, dropped)
+    return np.delete(gaps, ends) if ends.size else gaps
 
 
 def line_styles(labels) -> dict:
@@ -173,11 +183,11 @@ def cdf_points(samples: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[n
     Every drawn point is exact (a sorted sample and its share); a 20k-request replay pools
     millions of ITL gaps, and drawing each of them cost seconds for no visible difference."""
     values = np.sort(samples)
-    shares = np.arange(1, values.size + 1) / max(values.size, 1)
-    if values.size > max_points:
-        keep = np.unique(np.linspace(0, values.size - 1, max_points).astype(np.int64))
-        values, shares = values[keep], shares[keep]
-    return values, shares
+    n = values.size
+    if n <= max_points:
+        return values, np.arange(1, n + 1) / max(n, 1)
+    keep = np.unique(np.linspace(0, n - 1, max_points).astype(np.int64))
+    return values[keep], (keep + 1) / n            # (the shares of the kept points only: the same values)
 
 
 def _tail_heavy(values: np.ndarray) -> bool:

@@ -52,8 +52,7 @@ def request_qoe(times: np.ndarray, rows: np.ndarray, arrival: np.ndarray, status
     first = np.concatenate([[0], np.cumsum(count)[:-1]])
     index = np.arange(times.size) - first[rows]                 # i: the token's place in its stream
     late = times - arrival[rows] - index * pace                  # d_i − i/tds
-    import pandas as pd              # (the config above is read by every job; pandas only here)
-    running = pd.Series(late).groupby(rows).cummax().to_numpy()
+    running = _running_max(late, first, count)
     read = index * pace + np.maximum(running, cfg.ttft)          # m_i
     last = first + count - 1
     end = read[last[count > 0]] + pace                           # T, per row with tokens
@@ -65,6 +64,23 @@ def request_qoe(times: np.ndarray, rows: np.ndarray, arrival: np.ndarray, status
     has = np.flatnonzero(count > 0)
     qoe[has[finished[has]]] = value[finished[has]]
     return qoe
+
+
+def _running_max(values: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The running maximum of `values` within each row's run of `count` entries from `first`
+    (rows in order, runs contiguous): one vectorised pass per place in a stream (the i-th token
+    of every stream at least i + 1 long), so the work is the tokens plus one call per place."""
+    out = values.copy()
+    has = count > 0
+    starts, lengths = first[has], count[has]
+    if not lengths.size:
+        return out
+    by_length = np.argsort(-lengths, kind="stable")          # longest streams first
+    starts, longer = starts[by_length], -lengths[by_length]  # (negated lengths: ascending)
+    for i in range(1, int(lengths.max())):
+        at = starts[:np.searchsorted(longer, -i, side="left")] + i       # streams with an i-th token
+        out[at] = np.maximum(out[at - 1], out[at])
+    return out
 
 
 def qoe_of(token_times: list, arrival: float, cfg: QoeConfig) -> float:

@@ -21,6 +21,7 @@ class WaitingQueue:
         self._front: list = []       # req_ids put back by preemptions, queue order
         self._arrived: dict = {}     # req_id -> its arrival's sequence number, arrival order
         self._seq = 0
+        self._holes = 0              # entries removed from `_arrived` since it was last compacted
 
     def append(self, rid: int) -> None:
         self._arrived[rid] = self._seq
@@ -32,14 +33,26 @@ class WaitingQueue:
 
     def remove(self, rids) -> None:
         """Started or rejected requests leave the queue."""
-        front = set()
+        front, arrived = set(), self._arrived
         for rid in rids:
-            if rid in self._arrived:
-                del self._arrived[rid]
+            if rid in arrived:
+                del arrived[rid]
+                self._holes += 1
             else:
                 front.add(rid)
         if front:
             self._front = [rid for rid in self._front if rid not in front]
+        if self._holes > 256 and self._holes * self._holes > 32 * len(arrived):
+            self._compact()
+
+    def _compact(self) -> None:
+        """A dict keeps a removed entry's slot until it grows: iterating it from the start walks
+        every slot removed from its front, which under overload (tens of thousands waiting, the
+        oldest starting first) costs more than the rest of a step. A copy keeps only the live
+        entries, in order; done when the removed slots outgrow the square root of the queue's
+        length (times 32), so copying and walking each cost O(sqrt(queue)) a removal."""
+        self._arrived = dict(self._arrived)
+        self._holes = 0
 
     def in_queue_order(self, rids) -> list:
         """`rids` (all waiting) sorted by their place in the queue."""

@@ -25,10 +25,11 @@ def new_blocks(r, n: int, hits: tuple, block_size: int) -> int:
     """Blocks beyond its table (running) or its cache hits `hits` (waiting) that giving `n` more
     tokens to request `r` takes."""
     table = r.block_table
-    if table:
-        need = blocks_for(r.num_computed_tokens + n, block_size) - len(table)
+    if table:                            # (blocks_for, inline: called for every chunk of every plan)
+        need = -(-(r.num_computed_tokens + n) // block_size) - len(table)
     else:
-        need = blocks_for(max(r.num_computed_tokens, len(hits) * block_size) + n, block_size) - len(hits)
+        computed, hit = r.num_computed_tokens, len(hits) * block_size
+        need = -(-((computed if computed > hit else hit) + n) // block_size) - len(hits)
     return need if need > 0 else 0
 
 
@@ -60,7 +61,7 @@ class BlockPool:
 
     Blocks move in bulk: a request takes tens of blocks at once, sliced off the free list. A finished
     prompt of its own frees blocks nobody can ever hit (`release(..., unhittable)`): they enter the
-    LRU as one entry, a run taken from its front by the slice as blocks are needed, where hashed
+    LRU as one entry, a run (a reversed list, taken off its end) as blocks are needed, where hashed
     blocks enter one by one (a hit takes a hashed block out of the middle of the LRU)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -78,7 +79,7 @@ class BlockPool:
         self._plain = list(range(num_blocks))    # free, no reusable content: a FIFO from _plain_head on
         self._plain_head = 0
         # Free cached blocks, least recently freed first: a hashed block's id, or a list (a run of
-        # blocks nobody can hit). A cache hit takes a hashed block out of the middle: its entry
+        # blocks nobody can hit, kept in reverse: the next one taken is popped off its end). A cache hit takes a hashed block out of the middle: its entry
         # stays and is skipped later (`_stale`), so freeing and reusing touch only the deque's ends.
         self._free_cached: deque = deque()
         self._stale = [0] * num_blocks           # per block: its older entries in free_cached
@@ -163,7 +164,17 @@ class BlockPool:
                 del self._plain[:head + 1]
                 self._plain_head = 0
         elif self._num_free_cached:
-            self._take(table, 1)
+            lru = self._free_cached
+            run = lru[0] if self._tree is None else None
+            if type(run) is list:                     # (a run of unhittable blocks: its last is next)
+                b = run.pop()
+                if not run:
+                    lru.popleft()
+                self._num_free_cached -= 1
+                self._ref[b] = 1
+                table.append(b)
+            else:
+                self._take(table, 1)
         else:
             raise MemoryError("KV cache exhausted: need 1 block, 0 free")
 
@@ -206,10 +217,20 @@ class BlockPool:
         cached, block_hash, tree = self._cached, self._block_hash, self._tree
         while need:
             entry = lru.popleft() if tree is None else self._oldest_leaf()
-            if type(entry) is list:
+            if type(entry) is list:              # (a run: its next block to take is its last)
+                if need == 1:
+                    b = entry.pop()
+                    ref[b] = 1
+                    table.append(b)
+                    if entry:
+                        lru.appendleft(entry)
+                    return
                 if len(entry) > need:
-                    lru.appendleft(entry[need:])
-                    entry = entry[:need]
+                    taken = entry[-need:]
+                    del entry[-need:]
+                    lru.appendleft(entry)
+                    entry = taken
+                entry.reverse()
                 for b in entry:
                     ref[b] = 1
                 table += entry
@@ -295,8 +316,7 @@ class BlockPool:
                 tail.reverse()
                 plain += tail
                 if unhittable:
-                    run = table[:unhittable]
-                    run.reverse()
+                    run = table[:unhittable]     # (a run is kept next-taken last: table order here)
                     lru.append(run)
                     self._num_free_cached += len(run)
                 table.clear()
@@ -311,6 +331,7 @@ class BlockPool:
             freed += 1
             if block_hash[b] is not None:          # hashed: to the LRU on its own (a hit may take it)
                 if run:
+                    run.reverse()                  # (next-taken last)
                     lru.append(run)
                     to_lru += len(run)
                     run = []
@@ -321,6 +342,7 @@ class BlockPool:
             else:
                 plain.append(b)
         if run:
+            run.reverse()
             lru.append(run)
             to_lru += len(run)
         self._num_free_cached += to_lru
@@ -338,11 +360,12 @@ class BlockPool:
         return live
 
     def free_cached_blocks(self) -> list:
-        """The free cached blocks, least recently freed first (runs of unhittable ones expanded)."""
+        """The free cached blocks, least recently freed first (runs of unhittable ones expanded, in
+        the order they are taken)."""
         out = []
         for entry in self._live_entries():
             if type(entry) is list:
-                out += entry
+                out += reversed(entry)
             else:
                 out.append(entry)
         return out
