@@ -97,6 +97,8 @@ class LiveKV:
         self.prefix_caching = bool(kv_cache_manager.enable_caching)
         self.sharing = False            # vLLM serves no copy-on-write forks or prefix tiers here (refused before
                                         # it starts)
+        self.publishes_on_schedule = False   # the scheduler adopts the hits the policy planned with, taken
+                                             # before the step allocates (`view.remaining_tokens_after`)
         self._blocks = self.pool.blocks
         self._ref_counts = RefCounts(self._blocks)
         self._req_to_blocks = self.coordinator.single_type_managers[0].req_to_blocks
