@@ -49,15 +49,20 @@ class RequestSteps:
             for hook in self._on_start:
                 hook(starting)
         ns = list(sched.values())
-        if kv.publishes_on_schedule:           # each entry publishes its blocks before the next looks
-            self._commit_publishing(rs, ns, same_step, kv_hits)
+        publish = kv.publishes_on_schedule     # each entry publishes its blocks before the next looks
+        for r, n in zip(rs, ns):
+            if same_step and r.req_id in same_step:     # blocks entries before it published this step
+                taken = kv.take_published(r, same_step[r.req_id])
+                r.num_computed_tokens += taken
+                r.num_cached_tokens_total += taken
+            c = r.num_computed_tokens
+            if c + n > len(r.block_table) * bs:
+                kv.grow(r.block_table, c + n)
+            if r.swapped_blocks:
+                kv.swap_in(r, len(kv_hits[r.req_id]))
+            if publish:
+                kv.publish_scheduled(r, c + n)
         ctxs = [r.num_computed_tokens for r in rs]
-        if not kv.publishes_on_schedule:
-            for r, n, c in zip(rs, ns, ctxs):
-                if c + n > len(r.block_table) * bs:
-                    kv.grow(r.block_table, c + n)
-                if r.swapped_blocks:
-                    kv.swap_in(r, len(kv_hits[r.req_id]))
         batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
                       [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                       [r.sampling for r in rs])
@@ -73,24 +78,6 @@ class RequestSteps:
             waiting.put_back([r.req_id for r in preempted])
         self._liveness.check(bool(reject))
         return batch, rs
-
-    def _commit_publishing(self, rs: list, ns: list, same_step: dict, kv_hits: dict) -> None:
-        """The entries' KV in plan order under publish-on-schedule: a starting request first takes
-        the blocks that entries before it published this step (`same_step`), then each entry's
-        blocks are allocated and its full prompt blocks published."""
-        kv, bs = self.kv, self.kv.block_size
-        for r, n in zip(rs, ns):
-            hashes = same_step.get(r.req_id)
-            if hashes:
-                taken = kv.take_published(r, hashes)
-                r.num_computed_tokens += taken
-                r.num_cached_tokens_total += taken
-            c = r.num_computed_tokens
-            if c + n > len(r.block_table) * bs:
-                kv.grow(r.block_table, c + n)
-            if r.swapped_blocks:
-                kv.swap_in(r, len(kv_hits[r.req_id]))
-            kv.publish_scheduled(r, c + n)
 
     def _postprocess_requests(self, requests: list, query_lens: list, sample: list, sampled: list) -> tuple:
         """The entries committed request by request: (finished requests, prefill tokens, prefill requests)."""
