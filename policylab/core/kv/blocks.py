@@ -218,13 +218,6 @@ class BlockPool:
         while need:
             entry = lru.popleft() if tree is None else self._oldest_leaf()
             if type(entry) is list:              # (a run: its next block to take is its last)
-                if need == 1:
-                    b = entry.pop()
-                    ref[b] = 1
-                    table.append(b)
-                    if entry:
-                        lru.appendleft(entry)
-                    return
                 if len(entry) > need:
                     taken = entry[-need:]
                     del entry[-need:]
