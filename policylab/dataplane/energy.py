@@ -109,12 +109,15 @@ class PowerModel:
         """Mean watts over the step: the kernels' power, capped at the board limit, for the share
         `busy` of the step they run, and idle power for the rest (the GPU waiting on the host or on
         its peers' collectives). Between idle_power and max_power whatever the utilisations."""
+        busy = busy if busy < 1 else 1.0
+        return self.over_step(self.running(u_compute, u_memory, busy), busy)
+
+    def over_step(self, running: float, busy: float) -> float:
+        """Mean watts over a step whose kernels draw `running` watts (`running()`) for the share
+        `busy` of it (0..1), capped at the board limit, and idle power for the rest."""
         if busy <= 0:
             return self.idle
-        if busy > 1:
-            busy = 1.0
-        p = self.running(u_compute, u_memory, busy)
-        return self.idle + busy * ((p if p < self.max_power else self.max_power) - self.idle)
+        return self.idle + busy * ((running if running < self.max_power else self.max_power) - self.idle)
 
 
 class StepWork:
@@ -225,8 +228,8 @@ class EnergyMeter:
         if duration <= 0:
             return 0.0
         ratio = self.ratio if ratio is None else ratio
-        _, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work, kernel_share)
-        energy = self._power_model(ratio).power(u_c, u_m, busy) * duration * self.gpus
+        running, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work, kernel_share)
+        energy = self._power_model(ratio).over_step(running, busy) * duration * self.gpus
         if self.record is not None:
             self.record.append((duration, u_c, u_m, sampled, busy, ratio))
         if ratio != self.ratio:
