@@ -52,6 +52,10 @@ MAX_OUTPUT = 4096
 HOST = "mlenergy_v3"
 HOST_V2 = "mlenergy_v2"
 HOST_KEYS = ("step_overhead", "host_per_request", "host_per_token")
+# (model, GPU) pairs whose experts vLLM 0.11.1 ran on its default fused-MoE tiles, having no tuned file for them:
+# Qwen3-30B-A3B at TP 1 on the B200 (configs/E=128,N=768,device_name=NVIDIA_B200.json came with vLLM PR #31448,
+# December 2025, after 0.11.1). Its H100 file shipped with vLLM's Qwen3-MoE configurations (PR #17328, April 2025).
+UNTUNED_FUSED_MOE = {("qwen3-30b-a3b", "b200")}
 
 
 def on_host(hw: HardwareConfig, host: str) -> HardwareConfig:
@@ -72,12 +76,13 @@ def workload(batch: int, out_mean: float, prompt_mean: float, seed: int = 0) -> 
     return [TraceRequest(0.0, int(p), int(o)) for p, o in zip(prompts, outputs)]
 
 
-def serving_engine(name: str):
-    """configs/serving_engine/NAME.yaml as the config the sim plane takes (`serving_engine=NAME`)."""
+def serving_engine(name: str, **overrides):
+    """configs/serving_engine/NAME.yaml as the config the sim plane takes (`serving_engine=NAME`), with `overrides`."""
     from omegaconf import OmegaConf
     from policylab.apps.config import CONFIG_DIR
     from policylab.dataplane.serving_engine import ServingEngineConfig
-    return ServingEngineConfig(**OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "serving_engine" / f"{name}.yaml")))
+    node = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "serving_engine" / f"{name}.yaml"))
+    return ServingEngineConfig(**{**node, **overrides})
 
 
 def replay(model: str, gpu: str, tp: int, batch: int, out_mean: float, prompt_mean: float, hw: HardwareConfig,
@@ -85,8 +90,9 @@ def replay(model: str, gpu: str, tp: int, batch: int, out_mean: float, prompt_me
     """Steady-state arrays of the replay: per step (duration, u_compute, u_memory, sampled tokens, busy share),
     and the running count."""
     power_limit = power_limit if hw.max_clock_mhz else "cap"   # (throttling needs the GPU's clock: not the B200's)
+    untuned = {"fused_moe_config": "default"} if (model, gpu) in UNTUNED_FUSED_MOE else {}
     plane = SimDataPlane(SHAPES[model], hw, DataplaneConfig(kind="sim", tensor_parallel=tp, power_limit=power_limit,
-                                                            serving_engine=serving_engine(engine)), seed=0)
+                                                            serving_engine=serving_engine(engine, **untuned)), seed=0)
     plane.meter.record = []
     engine = Engine(workload(batch, out_mean, prompt_mean), Chunked(chunk_size=8192), plane,
                     EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(8192, batch),

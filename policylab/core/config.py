@@ -144,6 +144,9 @@ class HardwareConfig:
     persistent_gemm_efficiency: Optional[float] = None   # share of peak FLOP/s of the persistent (stream-K)
                                     # GEMMs recent libraries run from one full wave up (None, the default: the GPU has none
                                     # unless its preset declares them)
+    fused_moe_default_bw_efficiency: Optional[float] = None   # share of peak bandwidth vLLM's default (untuned)
+                                    # fused-MoE tiles stream the experts at (None: not measured on this GPU)
+    fused_moe_default_floor: Optional[float] = None   # seconds those tiles add per MoE layer (idem)
     decode_attention_floor: float = 20e-6   # seconds a paged-decode attention kernel takes however little it does
     attention_length_slope: float = 0.065   # prefill attention efficiency lost per halving of the chunk below 16k
     elementwise_bw_efficiency: float = 0.56  # achieved share of peak bandwidth of the norms, RoPE, activation, adds

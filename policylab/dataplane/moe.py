@@ -22,6 +22,12 @@ pairs. The weights are still read once per touched expert: an expert's second ro
 weight tiles from L2 (the tuned configurations group row tiles, GROUP_SIZE_M, wherever one expert
 needs several). The padding shows where the kernel is compute-bound (prefill chunks, large decode
 batches of fine-grained experts), not in a weight-streaming decode step.
+
+Untuned tiles (`serving_engine.fused_moe_config=default`): vLLM reads the kernel's tile configuration
+for the model's expert count and width on the GPU from its configs directory; where it ships none it
+warns "Using default MoE config. Performance might be sub-optimal!" and runs `get_default_config`'s
+small tiles (16 x 32 x 64 for a few tokens). Those stream the experts' weights at a lower share of the
+GPU's bandwidth and pay a fixed cost on top, both measured per GPU (`hardware.fused_moe_default_*`).
 """
 from __future__ import annotations
 
@@ -32,6 +38,21 @@ from math import exp, lgamma, log, sqrt
 # the entry of the nearest M: 16 rows up to 32 tokens, 32 up to 96, 64 up to 512, 128 beyond), as
 # (largest token count, rows): the boundaries are the midpoints between its keys.
 FUSED_MOE_BLOCK_M = ((40, 16), (111, 32), (767, 64), (1 << 62, 128))
+
+
+def default_config_terms(hw, fused_moe_config: str):
+    """(traffic factor, fixed seconds) of the routed experts under vLLM's default fused-MoE tiles, or
+    None under a tuned configuration: the experts' traffic streams at `hw.fused_moe_default_bw_efficiency`
+    of peak instead of `hw.bw_efficiency` (so the cost model's traffic is scaled by their ratio), and
+    each MoE layer pays `hw.fused_moe_default_floor` seconds more."""
+    if fused_moe_config != "default":
+        return None
+    share, floor = hw.fused_moe_default_bw_efficiency, hw.fused_moe_default_floor
+    if share is None or floor is None:
+        raise ValueError(f"serving_engine.fused_moe_config=default: hardware '{hw.name}' has no measurement of "
+                         "vLLM's default fused-MoE tiles (hardware.fused_moe_default_bw_efficiency and "
+                         "hardware.fused_moe_default_floor are null); set both, or use fused_moe_config=tuned")
+    return hw.bw_efficiency / share, floor
 
 
 def fused_moe_block_m(tokens: int) -> int:

@@ -43,7 +43,7 @@ from operator import mul
 
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.host_time import HostTime
-from policylab.dataplane.moe import expert_gemm_terms
+from policylab.dataplane.moe import default_config_terms, expert_gemm_terms
 from policylab.dataplane.parallel import Link, check_parallel, micro_batches, pipelined
 from policylab.dataplane.serving_engine import ServingEngine
 from policylab.dataplane.precision import Precision
@@ -91,6 +91,8 @@ class Roofline:
         self._fold = (s.norms * 2 * s.hidden - s.residual_add_elems) if fused else 0
         self._elementwise_elems = s.elementwise_elems + self._fold
         self._moe_elementwise_elems = s.moe_elementwise_elems + self._fold
+        # vLLM's default fused-MoE tiles where it ships no tuned ones (policylab.dataplane.moe)
+        self._untuned_moe = default_config_terms(hw, engine.cfg.fused_moe_config) if s.moe_layers else None
         # every layer's kernel launches (GEMMs and elementwise ops; the shaped model prices them apart)
         self._layer_launches = (len(s.gemms) + self.elementwise_kernels) * self.latency
         self._moe_layer_launches = (s.moe_kernels_per_layer - s.elementwise_kernels + self.elementwise_kernels) \
@@ -127,7 +129,11 @@ class Roofline:
         gemm = sum(self.gemm_time(n, k, m) for k, m in s.moe_gemms)
         flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b, s.weight_elem_bytes,
                                            self.engine.cfg.fused_moe_tiles)
-        experts = self.expert_time(flops, traffic)
+        if self._untuned_moe is None:
+            experts = self.expert_time(flops, traffic)
+        else:
+            slower, floor = self._untuned_moe
+            experts = self.expert_time(flops, traffic * slower) + floor
         return gemm + experts + self.elementwise_time(n, self._moe_elementwise_elems) + self._moe_layer_launches
 
     def elementwise_time(self, n: int, elems: int) -> float:

@@ -32,7 +32,9 @@ Terms (`ServingEngine`):
   running a partly empty wave; from one full wave up, GEMMs are the GPU's own, priced by its
   hardware preset: `hardware.persistent_gemm_efficiency`); `fused_moe_tiles` (MoE experts priced on
   vLLM's fused-MoE kernel's row tiles, each expert's tokens padded up to BLOCK_SIZE_M:
-  policylab.dataplane.moe); `flash_prefill` (prefill attention priced as FlashAttention's
+  policylab.dataplane.moe); `fused_moe_config` (`tuned`, or `default` where vLLM ships no tuned tiles for
+  the model's experts on the GPU and logs "Using default MoE config": slower, per the GPU's
+  `hardware.fused_moe_default_*`); `flash_prefill` (prefill attention priced as FlashAttention's
   tiles: a query tile of 128 tokens costs its keys' work plus `prefill_attention_tile_overhead`
   keys' worth of fixed work (loading Q, the softmax epilogue, writing O), so efficiency is
   `prefill_attention_efficiency` x K / (K + overhead) for K keys per query tile, and the kernel's
@@ -60,6 +62,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 ALL_REDUCES = ("nccl", "custom")
+FUSED_MOE_CONFIGS = ("tuned", "default")   # vLLM's tuned fused-MoE tiles for the GPU and shape, or its defaults
 CUSTOM_WORLD_SIZES = (2, 4, 6, 8)          # vLLM's CustomAllreduce._SUPPORTED_WORLD_SIZES
 
 
@@ -82,6 +85,7 @@ class ServingEngineConfig:
     prefill_attention_tile_overhead: float = 385.0  # flash_prefill: keys' worth of fixed work per query tile
     gemm_split_k: bool = False              # GEMMs of less than one wave of tiles split K to fill the SMs
     fused_moe_tiles: bool = False           # MoE expert FLOPs on vLLM's fused-MoE row tiles (padded per expert)
+    fused_moe_config: str = "tuned"         # tuned | default: vLLM's default tiles where it ships no tuned ones
     all_reduce: str = "nccl"                # nccl | custom (vLLM's one-shot / two-shot kernels)
     custom_all_reduce_max_bytes: float = 8 * 2 ** 20   # larger messages go to NCCL
     one_shot_max_bytes_4: float = 512 * 2 ** 10        # 3-4 GPUs: one-shot below this, else two-shot
@@ -100,6 +104,9 @@ class ServingEngineConfig:
 
 def check_serving_engine(e: ServingEngineConfig) -> None:
     """Refuse constants that would give a step a time that is not finite and >= 0, naming the key."""
+    if e.fused_moe_config not in FUSED_MOE_CONFIGS:
+        raise ValueError(f"serving_engine.fused_moe_config must be one of {', '.join(FUSED_MOE_CONFIGS)}, "
+                         f"got '{e.fused_moe_config}'")
     if e.all_reduce not in ALL_REDUCES:
         raise ValueError(f"serving_engine.all_reduce must be one of {', '.join(ALL_REDUCES)}, got '{e.all_reduce}'")
     if not 0 < e.prefill_attention_efficiency <= 1 or not 0 <= e.prefill_attention_tile_overhead < math.inf:
