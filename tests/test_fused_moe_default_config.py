@@ -69,3 +69,10 @@ def test_a_gpu_without_a_measurement_is_refused_naming_it():
 def test_an_unknown_setting_is_refused():
     with pytest.raises(ValueError, match="fused_moe_config must be one of tuned, default, got 'fast'"):
         check_serving_engine(replace(VLLM, fused_moe_config="fast"))
+
+
+def test_default_tiles_take_vllms_default_row_tile():
+    """get_default_config: 16-row tiles up to one token per expert, 64 beyond (the tuned table differs)."""
+    from policylab.dataplane.moe import fused_moe_block_m
+    assert [fused_moe_block_m(n, 128, default_tiles=True) for n in (1, 100, 128, 129, 4096)] == [16, 16, 16, 64, 64]
+    assert fused_moe_block_m(100) == 32 and fused_moe_block_m(4096) == 128

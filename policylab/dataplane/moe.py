@@ -55,8 +55,12 @@ def default_config_terms(hw, fused_moe_config: str):
     return hw.bw_efficiency / share, floor
 
 
-def fused_moe_block_m(tokens: int) -> int:
-    """The fused-MoE kernel's row tile for a batch of `tokens` tokens (FUSED_MOE_BLOCK_M)."""
+def fused_moe_block_m(tokens: int, experts: int = 0, default_tiles: bool = False) -> int:
+    """The fused-MoE kernel's row tile for a batch of `tokens` tokens: the tuned configuration's
+    (FUSED_MOE_BLOCK_M), or with `default_tiles` vLLM's get_default_config's (16 rows up to one token
+    per expert, else 64)."""
+    if default_tiles:
+        return 16 if tokens <= experts else 64
     return next(rows for largest, rows in FUSED_MOE_BLOCK_M if tokens <= largest)
 
 
@@ -84,13 +88,14 @@ def experts_touched(tokens: int, experts: int, top_k: int) -> float:
 
 
 def expert_gemm_terms(tokens: int, hidden: int, width: int, experts: int, top_k: int, dtype_bytes: int,
-                      weight_bytes=None, fused_tiles: bool = False):
+                      weight_bytes=None, fused_tiles: bool = False, default_tiles: bool = False):
     """(FLOPs, bytes) of the two grouped expert GEMMs for `tokens` tokens (one GPU's shard of width);
     `weight_bytes` per expert weight (default: `dtype_bytes`, the activations'); `fused_tiles`: the
-    FLOPs of the fused-MoE kernel's padded row tiles (module doc)."""
+    FLOPs of the fused-MoE kernel's padded row tiles, `default_tiles` its untuned ones (module doc)."""
     touched = experts_touched(tokens, experts, top_k)
     pairs = tokens * top_k
-    rows = padded_pairs(tokens, experts, top_k, fused_moe_block_m(tokens)) if fused_tiles else pairs
+    rows = (padded_pairs(tokens, experts, top_k, fused_moe_block_m(tokens, experts, default_tiles))
+            if fused_tiles else pairs)
     flops = 2.0 * rows * hidden * 3 * width
     weights = touched * 3 * hidden * width
     activations = pairs * (hidden + 2 * width) + pairs * (width + hidden)    # in and out of each GEMM

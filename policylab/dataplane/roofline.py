@@ -128,7 +128,7 @@ class Roofline:
         s, b = self.shape, self.shape.dtype_bytes
         gemm = sum(self.gemm_time(n, k, m) for k, m in s.moe_gemms)
         flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b, s.weight_elem_bytes,
-                                           self.engine.cfg.fused_moe_tiles)
+                                           self.engine.cfg.fused_moe_tiles, self._untuned_moe is not None)
         if self._untuned_moe is None:
             experts = self.expert_time(flops, traffic)
         else:
