@@ -26,8 +26,8 @@ share (w = tiles / num_sms, no step at a wave boundary), and below one wave at t
 library runs the kernels is the serving engine's (`serving_engine.persistent_gemms`: on in `none`,
 kernel time on a current stack, and in the vLLM presets; off in `vidur`, kernel time on the library
 Vidur's H100 profiles were taken with, and in `eager_nccl`): an older library's H100 GEMMs step at
-wave boundaries and top out lower (Vidur's: 0.66-0.72 of peak at >= 2,049 tokens), which the curve
-above prices. Split-K of sub-wave GEMMs (`serving_engine.gemm_split_k`) is the engine's choice too.
+wave boundaries and top out lower (Vidur's: 0.64-0.73 of peak at >= 2,049 tokens, median per
+GEMM), which the curve above prices. Split-K of sub-wave GEMMs (`serving_engine.gemm_split_k`) is the engine's choice too.
 Memory time (weights, activations in and out at `bw_efficiency`) joins it by a p-norm with p = 4. The tile sizes, the
 curve and the fill are Vidur's (experiments/check_cost_terms.py,
 experiments/check_roofline_profiles.py): on each GPU's profiles the tile that fits its steps best
@@ -103,7 +103,7 @@ class ShapedCostModel(KernelCostModel):
         self._flash_flops = hw.peak_flops * e.prefill_attention_efficiency
         self._tile_overhead, self._heads_per_sm = e.prefill_attention_tile_overhead, s.heads / hw.num_sms
         self._cols_per_wave = hw.num_sms * COLUMN_TILE
-        # persistent (stream-K) GEMMs from one full wave up, where the GPU has a level and the engine's library runs them
+        # persistent (stream-K) GEMMs from one full wave up: the GPU has a level, the engine's library runs them
         self._persistent = hw.persistent_gemm_efficiency is not None and e.persistent_gemms
         self._gemm_flops = hw.peak_flops * hw.curve_efficiency
         self._wave_flops = hw.peak_flops * (hw.persistent_gemm_efficiency if self._persistent else hw.curve_efficiency)
