@@ -19,9 +19,12 @@ grouped by phase and work (decode: requests x context; prefill: chunk length). T
 shaped models' cache-write launch is left out (the rows time the attention kernel alone).
 
     python experiments/check_cost_terms.py [VIDUR_PROFILING_ROOT] [--hardware FIELD=VALUE ...]
+        [--serving-engine none]
 
-(`--hardware persistent_gemm_efficiency=null`: the H100's GEMMs as Vidur's profiling stack ran
-them, in waves, without the persistent kernels of the default; docs/fidelity.md.)
+The profiles' GEMMs and elementwise kernels are priced in `serving_engine=vidur` (kernel time on
+the library Vidur profiled with: the H100's GEMMs in waves, no persistent kernels);
+`--serving-engine none` prices them as a current library runs them (persistent H100 GEMMs from
+one full wave up; docs/fidelity.md gives both errors).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from check_attention_kernels import VLLM_43232_FLASH_ATTN_DECODE
-from vidur_profiles import ELEMENTWISE, ROOT, cases, hardware, override_hardware
+from vidur_profiles import ELEMENTWISE, PROFILE_ENGINE, ROOT, cases, hardware, override_hardware, set_engine
 from policylab.apps.sim_check import load_group
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.kernel_model import KernelCostModel
@@ -51,14 +54,15 @@ def stats(err) -> tuple:
     return len(e), float(np.mean(np.abs(e))), float(np.mean(e)), float(e[np.argmax(np.abs(e))])
 
 
-def gemm_errors(root: Path, overrides=()) -> dict:
+def gemm_errors(root: Path, overrides=(), engine: str = PROFILE_ENGINE) -> dict:
     """(cost model, GPU, m range) -> relative errors of every profiled GEMM."""
     out: dict = {}
     found = cases(root)
     override_hardware(found, overrides)
+    set_engine(found, engine)
     for case in found:
         n = case.column("num_tokens").astype(int)
-        built = {name: cls(case.model, case.hardware) for name, cls in MODELS.items()}
+        built = {name: cls(case.model, case.hardware, 1, 1, case.engine) for name, cls in MODELS.items()}
         for op, (k, m) in case.gemm_shapes().items():
             times: dict = {}
             for x, t in zip(n, case.column(f"time_stats.{op}.median") / 1e3):
@@ -71,16 +75,18 @@ def gemm_errors(root: Path, overrides=()) -> dict:
     return out
 
 
-def elementwise_errors(root: Path) -> dict:
+def elementwise_errors(root: Path, engine: str = PROFILE_ENGINE) -> dict:
     """(cost model, GPU, m range) -> relative errors of one layer's elementwise kernels."""
     out: dict = {}
-    for case in cases(root):
+    found = cases(root)
+    set_engine(found, engine)
+    for case in found:
         n = case.column("num_tokens").astype(int)
         llama_block = "time_stats.post_attention_layernorm.median" in case.table
         measured = sum(case.column(f"time_stats.{op}.median") * (2 if op == "add" and llama_block else 1)
                        for op in ELEMENTWISE if f"time_stats.{op}.median" in case.table) / 1e3
         for name, cls in MODELS.items():
-            cm = cls(case.model, case.hardware)
+            cm = cls(case.model, case.hardware, 1, 1, case.engine)
             s = cm.shape
             launch = cm.elementwise_latency if isinstance(cm, ShapedCostModel) else cm.latency
             for x, t in zip(n, measured):
@@ -158,15 +164,17 @@ def main() -> None:
     ap.add_argument("root", nargs="?", type=Path, default=SAMPLE, help="Vidur's data/profiling")
     ap.add_argument("--hardware", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="override hardware fields of every profiled GPU's GEMMs (null: unset)")
+    ap.add_argument("--serving-engine", default=PROFILE_ENGINE,
+                    help="configs/serving_engine/ preset the profiled kernels are priced in (default: vidur)")
     args = ap.parse_args()
     root = args.root
-    gemms = gemm_errors(root, args.hardware)
+    gemms = gemm_errors(root, args.hardware, args.serving_engine)
     gemms = {(m, gpu, f"{lo:,}-{hi:,}" if hi < 1 << 20 else f">= {lo:,}"): v for (m, gpu, (lo, hi)), v in gemms.items()}
     print(f"GEMMs ({root}), predicted / measured - 1:\n")
     print(table(gemms, ("GPU", "m")))
     print("\nall GEMMs:\n\n" + overall(gemms))
     elementwise = {(m, gpu, f"{lo:,}-{hi:,}" if hi < 1 << 20 else f">= {lo:,}"): v
-                   for (m, gpu, (lo, hi)), v in elementwise_errors(root).items()}
+                   for (m, gpu, (lo, hi)), v in elementwise_errors(root, args.serving_engine).items()}
     print("\nElementwise kernels (one layer: norms, RoPE, activation, residual adds):\n")
     print(table(elementwise, ("GPU", "m")))
     print("\nall elementwise points:\n\n" + overall(elementwise))

@@ -20,6 +20,7 @@ attn_prefill + attn_kv_cache_save (the KV write, where the file times it), as Vi
     python experiments/check_roofline_profiles.py /tmp/vidur_profiles [--gpus a100 h100 a40]
         [--hardware flops_efficiency=0.68 bw_efficiency=0.68 kernel_latency=0]   # what-if, every GPU
         [--cost-model kernel]                                                     # the kernel cost model
+        [--serving-engine none]       # current libraries' kernels (default vidur: the library Vidur profiled with)
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vidur_profiles import cases, override_hardware
+from vidur_profiles import PROFILE_ENGINE, cases, override_hardware, set_engine
 from policylab.dataplane.profile import LAYER_OPS, PARALLEL_LAYER_OPS
 from policylab.dataplane.profile_csv import floats, read_table
 from policylab.dataplane.kernel_model import KernelCostModel
@@ -57,7 +58,7 @@ def measured_dense(case) -> dict:
 
 
 def dense_errors(case) -> dict:
-    roofline, truth = Model(case.model, case.hardware), measured_dense(case)
+    roofline, truth = Model(case.model, case.hardware, 1, 1, case.engine), measured_dense(case)
     err = {n: roofline.dense_time(int(n)) / t - 1 for n, t in sorted(truth.items())}
     decode = [abs(err[n]) for n in DECODE if n in err]
     prefill = [abs(err[n]) for n in PREFILL if n in err]
@@ -85,7 +86,7 @@ def attention_rows(path: Path) -> dict:
 
 def attention_errors(case) -> dict:
     """phase -> (rows, median and worst error vs kernel + KV write, median error vs the kernel alone)."""
-    roofline, layers = Model(case.model, case.hardware), case.model.num_hidden_layers
+    roofline, layers = Model(case.model, case.hardware, 1, 1, case.engine), case.model.num_hidden_layers
     out = {}
     for phase, (batch, chunk, cached, kernel, save) in attention_rows(case.directory / "attention.csv").items():
         if not len(kernel):
@@ -109,11 +110,14 @@ def main() -> None:
                     help="override hardware fields on every GPU (e.g. to compare with other efficiencies)")
     ap.add_argument("--cost-model", choices=sorted(COST_MODEL), default="roofline",
                     help="shaped (the simulator's default), roofline or kernel (dataplane.cost_model=...)")
+    ap.add_argument("--serving-engine", default=PROFILE_ENGINE,
+                    help="configs/serving_engine/ preset the profiled kernels are priced in (default: vidur)")
     args = ap.parse_args()
     global Model
     Model = COST_MODEL[args.cost_model]
     found = cases(args.root, args.gpus)
     override_hardware(found, args.hardware)
+    set_engine(found, args.serving_engine)
     print("Dense step (all layers + embedding), roofline vs profile, step_overhead 0:\n")
     print("| GPU | model | decode 1-4,096: worst | prefill 512-16,384: worst | median, all points |")
     print("|---|---|---|---|---|")

@@ -33,7 +33,7 @@ def shard_errors(case, tp: int, cls) -> list:
     layers = case.model.num_hidden_layers
     t = t.assign(dense=(layers * sum(t[f"time_stats.{op}.median"] for op in LAYER_OPS) + t["time_stats.emb.median"]) / 1e3)
     measured = t.groupby("num_tokens")["dense"].mean()
-    cost = cls(case.model, case.hardware, tp)
+    cost = cls(case.model, case.hardware, tp, 1, case.engine)
     act = case.model.hidden_size * 2
     out = []
     for n in POWERS:

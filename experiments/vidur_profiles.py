@@ -5,7 +5,10 @@ folder) holds `compute/<gpu>/<org>/<model>/mlp.csv` and, in a full clone, `atten
 The model's shape comes from the profile's own columns (n_embd, n_head, n_kv_head,
 n_expanded_embd, vocab_size, use_gated_mlp); its layer count, which the profile does not
 record, from the model's Hugging Face config (LAYERS). The hardware is
-`configs/hardware/<gpu>.yaml`, with `step_overhead=0` (the profile is kernel time only).
+`configs/hardware/<gpu>.yaml`, with `step_overhead=0` (the profile is kernel time only); the
+serving engine `configs/serving_engine/vidur.yaml` (kernel time only, on the library stack Vidur
+profiled with: its H100 GEMMs step at wave boundaries, no persistent kernels), or the one
+`--serving-engine` names (`none`: the same kernels on a current library).
 
 Shared by `check_roofline_profiles.py` and `measure_gpu_efficiencies.py`.
 """
@@ -22,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from policylab.apps.sim_check import load_group  # noqa: E402
 from policylab.core.config import HardwareConfig, ModelConfig  # noqa: E402
+from policylab.dataplane.serving_engine import ServingEngine, ServingEngineConfig  # noqa: E402
 from policylab.dataplane.profile_csv import floats, read_table  # noqa: E402
 
 # num_hidden_layers of each model's Hugging Face config.json (not in Vidur's CSVs)
@@ -30,6 +35,7 @@ LAYERS = {"Llama-2-7b-hf": 32, "Llama-2-70b-hf": 80, "Meta-Llama-3-8B": 32, "Met
           "CodeLlama-34b-Instruct-hf": 48, "internlm-20b": 60, "Qwen-72B": 80, "phi-2": 32}
 GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+PROFILE_ENGINE = "vidur"    # configs/serving_engine/vidur.yaml: what Vidur's profiles measure
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Case:
     model: ModelConfig
     hardware: HardwareConfig
     table: dict         # mlp.csv, TP-1 rows only: column -> list of strings
+    engine: ServingEngine = None   # the profiling stack's (PROFILE_ENGINE unless set_engine says otherwise)
 
     def column(self, name: str) -> np.ndarray:
         return floats(self.table, name, self.directory / "mlp.csv")
@@ -95,6 +102,17 @@ def override_hardware(found: list, items) -> None:
             setattr(case.hardware, field, None if value.lower() in ("null", "none") else float(value))
 
 
+def engine(name: str = PROFILE_ENGINE) -> ServingEngine:
+    return ServingEngine(load_group("serving_engine", name, ServingEngineConfig))
+
+
+def set_engine(found: list, name: str) -> None:
+    """Price every case inside configs/serving_engine/<name>.yaml (e.g. `none`: current libraries)."""
+    chosen = engine(name)
+    for case in found:
+        case.engine = chosen
+
+
 def cases(root: Path, gpus=None) -> list:
     """Every <gpu>/<org>/<model>/mlp.csv under the root whose GPU has a configs/hardware file."""
     found = []
@@ -106,5 +124,6 @@ def cases(root: Path, gpus=None) -> list:
         tp1 = [w.strip() in ("1", "1.0") for w in full["num_tensor_parallel_workers"]]
         table = {c: [v for v, keep in zip(values, tp1) if keep] for c, values in full.items()}
         found.append(Case(gpu, name, mlp.parent, model_of(name, table, mlp), hardware(gpu), table))
+    set_engine(found, PROFILE_ENGINE)
     return found
 

@@ -1,4 +1,4 @@
-"""Persistent (stream-K) Hopper GEMMs, a property of the GPU under every serving engine, and the
+"""Persistent (stream-K) Hopper GEMMs, the GPU's level where the engine's library runs them, and the
 fused-MoE kernel's padded row tiles (docs/cost-model.md)."""
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ H100 = load_group("hardware", "h100", HardwareConfig)
 A100 = load_group("hardware", "a100", HardwareConfig)
 
 
-ENGINES = ("none", "vllm", "vllm_eager", "eager_nccl")          # every shipped serving-engine preset
+PERSISTENT = ("none", "vllm", "vllm_eager")          # engines on a current library: persistent GEMMs
+OLDER = ("vidur", "eager_nccl")                     # the library of Vidur's profiles: GEMMs in waves
+ENGINES = PERSISTENT + OLDER                        # every shipped serving-engine preset
 
 
 def _engine(name):
@@ -39,11 +41,17 @@ def _efficiency(cost, hw, n, k, m):
 WAVES = replace(H100, persistent_gemm_efficiency=None)      # the same GPU priced by the wave model
 
 
+def test_the_shipped_engines_are_all_named_here():
+    from pathlib import Path
+    from policylab.apps.config import CONFIG_DIR
+    assert sorted(ENGINES) == sorted(p.stem for p in (Path(CONFIG_DIR) / "serving_engine").glob("*.yaml"))
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", PERSISTENT)
 @pytest.mark.parametrize("cost_model", [ShapedCostModel, KernelCostModel], ids=["shaped", "kernel"])
-def test_hopper_gemms_are_flat_from_one_full_wave_under_every_serving_engine(engine, cost_model):
-    """A property of the GPU's libraries: kernel time alone (`serving_engine=none`, what sim-check and a
+def test_hopper_gemms_are_flat_from_one_full_wave_on_a_current_library(engine, cost_model):
+    """Every engine on a current library: kernel time alone (`serving_engine=none`, what sim-check and a
     single-kernel check price) included."""
     k, m = 4096, 4096                                         # 32 column tiles of 128: 132 SMs hold 4.1 rows
     persistent, waves = _model(H100, engine, cost_model), _model(WAVES, engine, cost_model)
@@ -54,11 +62,44 @@ def test_hopper_gemms_are_flat_from_one_full_wave_under_every_serving_engine(eng
 
 
 @pytest.mark.timeout(30)
-def test_from_one_wave_up_the_gemm_is_the_same_in_every_engine_below_it_split_k_is_the_engines():
+@pytest.mark.parametrize("engine", OLDER)
+@pytest.mark.parametrize("cost_model", [ShapedCostModel, KernelCostModel], ids=["shaped", "kernel"])
+def test_an_older_library_prices_hopper_gemms_with_the_wave_model(engine, cost_model):
+    """Vidur's H100 profiles (torch 2.2.2) step at wave boundaries: `vidur` and `eager_nccl` price the
+    H100's GEMMs exactly as the GPU without a persistent level, steps included."""
+    k, m = 4096, 4096
+    older, waves = _model(H100, engine, cost_model), _model(WAVES, engine, cost_model)
+    for n in (16, 128, 640, 768, 1000, 4096):
+        assert older.gemm_time(n, k, m) == waves.gemm_time(n, k, m)
+    assert "persistent_gemm_efficiency" not in older.describe()
+    persistent = _model(H100, "none", cost_model)
+    assert _efficiency(older, H100, 640, k, m) < 0.95 * _efficiency(persistent, H100, 640, k, m)
+    if cost_model is ShapedCostModel:                       # one 128-column tile past a whole wave
+        m = H100.num_sms * 128
+        assert older.gemm_time(128, k, m + 128) > 1.08 * older.gemm_time(128, k, m)
+        assert persistent.gemm_time(128, k, m + 128) < 1.01 * persistent.gemm_time(128, k, m)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cost_model", [ShapedCostModel, KernelCostModel], ids=["shaped", "kernel"])
+def test_vidurs_library_is_kernel_time_with_the_wave_model_number_for_number(cost_model):
+    """`serving_engine=vidur` (what experiments/check_*_profiles.py price Vidur's profiles in) is `none`
+    on the H100 without its persistent level, whole steps included."""
+    vidur = cost_model(LLAMA, H100, 1, 1, _engine("vidur"))
+    waves = cost_model(LLAMA, WAVES, 1, 1, _engine("none"))
+    for q, ctx in (([1] * 8, [700] * 8), ([512], [0]), ([1] * 30 + [300], [900] * 30 + [200]), ([2048], [4096])):
+        assert vidur.step_time(q, ctx, sum(q), len(q)) == waves.step_time(q, ctx, sum(q), len(q))
+    for n in (1, 100, 264, 640, 4096):
+        assert vidur.dense_time(n) == waves.dense_time(n)
+    assert vidur.dense_time(640) > 1.03 * cost_model(LLAMA, H100, 1, 1, _engine("none")).dense_time(640)
+
+
+@pytest.mark.timeout(30)
+def test_from_one_wave_up_the_gemm_is_the_same_on_every_current_library_below_it_split_k_is_the_engines():
     k, m = 4096, 4096
     models = {e: _model(H100, e) for e in ENGINES}
     for n in (640, 1000, 4096):
-        times = {models[e].gemm_time(n, k, m) for e in ENGINES}
+        times = {models[e].gemm_time(n, k, m) for e in PERSISTENT}
         assert len(times) == 1
     # 16 tokens: 32 tiles, a quarter of the SMs; vllm splits K over the idle ones, none does not
     assert models["vllm"].gemm_time(16, k, m) < 0.6 * models["none"].gemm_time(16, k, m)

@@ -20,8 +20,9 @@ and column and the range it must be in (`INTEGER_RANGES`, `MAX_MS`).
 
 Whole steps (decode, prefill, mixed) are priced inside the serving engine `--serving-engine`
 names (configs/serving_engine/: its host time, all-reduce implementation, CUDA graphs and kernel
-choices; default `none`: kernel time only, as a profiler of single kernels measures them). Pass the
-engine that produced your measurements: `vllm` for recent vLLM, `eager_nccl` for an eager engine.
+choices; default `none`: kernel time only, as a profiler of single kernels measures them on a
+current library; `vidur`: the same on the library of Vidur's profiles). Pass the engine that
+produced your measurements: `vllm` for recent vLLM, `eager_nccl` for an eager engine.
 
 Printed: per phase (and per tensor-parallel size where several appear) the points, MAPE, bias
 (mean signed error) and the worst point, error being predicted / measured - 1; `--plot PATH`
@@ -178,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="shaped (the simulator's default), roofline or kernel")
     ap.add_argument("--serving-engine", default=None,
                     help="a configs/serving_engine/ preset the measured steps ran in (vllm, vllm_eager, eager_nccl; "
-                         "default: none, kernel time only)")
+                         "default: none, kernel time only on a current library; vidur: on the library of "
+                         "Vidur's profiles, H100 GEMMs in waves)")
     ap.add_argument("--plot", type=Path, default=None, help="write predicted vs measured to this PNG")
     return ap
 

@@ -15,8 +15,9 @@ waves, at `gemm_efficiency` of peak (what a large GEMM that fills every SM reach
 so efficiency rises with m in steps (wave quantisation) instead of being one number. On a GPU
 whose preset sets `persistent_gemm_efficiency` (H100, H200: cuBLAS's and CUTLASS's persistent,
 warp-specialised kernels with a tile scheduler), work items of at least one full wave run at that
-share of peak with no step at a wave boundary (waves = items / num_sms), under every serving
-engine: a property of the GPU's libraries, not of the engine. Memory
+share of peak with no step at a wave boundary (waves = items / num_sms), in every serving engine
+whose library runs them (`serving_engine.persistent_gemms`: current libraries, `none` included;
+not `vidur` and `eager_nccl`, whose older library steps at wave boundaries). Memory
 time is the roofline's (weights, activations in and out at `bw_efficiency`); the two join by
 the roofline's p-norm (on Vidur's 20 profiles p = 3 has a smaller worst error than a max:
 21 % against 28 %, experiments/check_roofline_profiles.py --cost-model kernel).
@@ -62,8 +63,8 @@ class KernelCostModel(Roofline):
         self.sms, self.tile_m, self.tile_n = hw.num_sms, hw.gemm_tile_m, hw.gemm_tile_n
         self.gemm_eff, self.attn_eff, self.floor = hw.gemm_efficiency, hw.attention_efficiency, hw.attention_floor
         self._tile_flops = hw.peak_flops * hw.gemm_efficiency / hw.num_sms       # FLOP/s of one SM
-        # persistent GEMMs from one full wave up, where the GPU's libraries have them (module doc)
-        self.persistent_eff = hw.persistent_gemm_efficiency
+        # persistent GEMMs from one full wave up, where the GPU has a level and the engine's library runs them
+        self.persistent_eff = hw.persistent_gemm_efficiency if self.engine.cfg.persistent_gemms else None
         self._persistent_tile_flops = (hw.peak_flops * self.persistent_eff / hw.num_sms
                                        if self.persistent_eff is not None else None)
         if precision is not None and not precision.native:                       # the GEMMs' dtype

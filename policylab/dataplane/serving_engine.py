@@ -29,8 +29,10 @@ Terms (`ServingEngine`):
   engine reads).
 - **Kernels the engine chooses**: `gemm_split_k` (a GEMM whose output tiles fill less than one wave
   of SMs splits K over the idle SMs, as cuBLAS's split-K and stream-K kernels do, instead of
-  running a partly empty wave; from one full wave up, GEMMs are the GPU's own, priced by its
-  hardware preset: `hardware.persistent_gemm_efficiency`); `fused_moe_tiles` (MoE experts priced on
+  running a partly empty wave); `persistent_gemms` (the engine's GEMM library runs persistent,
+  tile-scheduled kernels where the GPU has them: from one full wave of tiles up a GEMM runs at the
+  hardware preset's `persistent_gemm_efficiency`, with no step at a wave boundary; off, the GPU's
+  wave model, as the older library of Vidur's H100 profiles ran them); `fused_moe_tiles` (MoE experts priced on
   vLLM's fused-MoE kernel's row tiles, each expert's tokens padded up to BLOCK_SIZE_M:
   policylab.dataplane.moe); `fused_moe_config` (`tuned`, or `default` where vLLM ships no tuned tiles for
   the model's experts on the GPU and logs "Using default MoE config": slower, per the GPU's
@@ -53,7 +55,9 @@ Terms (`ServingEngine`):
   summary) do not. `fidelity-e2e` adds it when it compares with a benchmark's measurements.
 
 `serving_engine=none` prices kernel time only, with NCCL's ring: exactly the cost model without
-an engine (what Vidur's profiles measure, and what `cost_model=roofline` results were recorded with).
+an engine (what a profiler of single kernels measures on a current library stack, and what
+`cost_model=roofline` results were recorded with). `serving_engine=vidur` is kernel time only on
+the library Vidur's profiles were taken with (no persistent GEMMs): what its profiles measure.
 """
 from __future__ import annotations
 
@@ -84,6 +88,7 @@ class ServingEngineConfig:
     prefill_attention_efficiency: float = 0.68     # flash_prefill: share of peak FLOP/s with long key spans
     prefill_attention_tile_overhead: float = 385.0  # flash_prefill: keys' worth of fixed work per query tile
     gemm_split_k: bool = False              # GEMMs of less than one wave of tiles split K to fill the SMs
+    persistent_gemms: bool = True           # persistent GEMMs from one full wave up, where the GPU has a level
     fused_moe_tiles: bool = False           # MoE expert FLOPs on vLLM's fused-MoE row tiles (padded per expert)
     fused_moe_config: str = "tuned"         # tuned | default: vLLM's default tiles where it ships no tuned ones
     all_reduce: str = "nccl"                # nccl | custom (vLLM's one-shot / two-shot kernels)

@@ -19,13 +19,15 @@ its few tiles share the memory system with fewer neighbours and the library spli
 
 (`gemm_half_m`: each GEMM's fixed pipeline fill in tokens of work: A100 24, H100 0, A40 48).
 
-Persistent GEMMs. Where the GPU's preset sets `persistent_gemm_efficiency` (H100, H200), its GEMM
-libraries (cuBLAS, CUTLASS) run warp-specialised persistent kernels with a tile scheduler: from one
-full wave of tiles up a GEMM runs at that share of peak, its last partial wave costing only its
-share (w = tiles / num_sms, no step at a wave boundary), and below one wave at the same rate. This
-is the GPU's and its libraries' property, so it holds under every serving engine, kernel time alone
-(`serving_engine=none`) included; split-K of sub-wave GEMMs (`serving_engine.gemm_split_k`) stays
-the engine's choice.
+Persistent GEMMs. Where the GPU's preset sets `persistent_gemm_efficiency` (H100, H200), current
+GEMM libraries (cuBLAS, CUTLASS) run warp-specialised persistent kernels with a tile scheduler: from
+one full wave of tiles up a GEMM runs at that share of peak, its last partial wave costing only its
+share (w = tiles / num_sms, no step at a wave boundary), and below one wave at the same rate. Which
+library runs the kernels is the serving engine's (`serving_engine.persistent_gemms`: on in `none`,
+kernel time on a current stack, and in the vLLM presets; off in `vidur`, kernel time on the library
+Vidur's H100 profiles were taken with, and in `eager_nccl`): an older library's H100 GEMMs step at
+wave boundaries and top out lower (Vidur's: 0.64-0.73 of peak at >= 2,049 tokens, median per
+GEMM), which the curve above prices. Split-K of sub-wave GEMMs (`serving_engine.gemm_split_k`) is the engine's choice too.
 Memory time (weights, activations in and out at `bw_efficiency`) joins it by a p-norm with p = 4. The tile sizes, the
 curve and the fill are Vidur's (experiments/check_cost_terms.py,
 experiments/check_roofline_profiles.py): on each GPU's profiles the tile that fits its steps best
@@ -87,7 +89,7 @@ class ShapedCostModel(KernelCostModel):
         e = self.engine.cfg
         self.half_m, self.slope = hw.gemm_half_m, hw.attention_length_slope
         self.decode_floor = hw.decode_attention_floor if e.decode_attention_floor is None else e.decode_attention_floor
-        self.curve_eff, self.persistent_eff = hw.curve_efficiency, hw.persistent_gemm_efficiency
+        self.curve_eff = hw.curve_efficiency
         s = self.shape
         self.elementwise_eff, self.elementwise_latency = hw.elementwise_bw_efficiency, hw.elementwise_latency
         self._elementwise_bw = hw.mem_bandwidth * hw.elementwise_bw_efficiency
@@ -101,8 +103,8 @@ class ShapedCostModel(KernelCostModel):
         self._flash_flops = hw.peak_flops * e.prefill_attention_efficiency
         self._tile_overhead, self._heads_per_sm = e.prefill_attention_tile_overhead, s.heads / hw.num_sms
         self._cols_per_wave = hw.num_sms * COLUMN_TILE
-        # persistent (stream-K) GEMMs from one full wave up, where the GPU's libraries have them (its preset says so)
-        self._persistent = hw.persistent_gemm_efficiency is not None
+        # persistent (stream-K) GEMMs from one full wave up: the GPU has a level, the engine's library runs them
+        self._persistent = hw.persistent_gemm_efficiency is not None and e.persistent_gemms
         self._gemm_flops = hw.peak_flops * hw.curve_efficiency
         self._wave_flops = hw.peak_flops * (hw.persistent_gemm_efficiency if self._persistent else hw.curve_efficiency)
         if precision is not None and not precision.native:                # the GEMMs' dtype
