@@ -93,6 +93,18 @@ def test_the_meter_charges_power_times_duration_and_shares_it_by_tokens():
     assert idle + active < e1 / (0.01 * 2) < idle + active + H100.memory_power * u_m + 50   # + a little compute
 
 
+def test_decodes_the_meter_never_charged_before_are_charged_in_full():
+    """Leading decodes past the end of the charges (a decode replica's first step of requests
+    prefilled elsewhere): the charges grow at the first such id and none is charged twice."""
+    meter = EnergyMeter(ModelShape(LLAMA), H100, gpus=1)
+    mixed = batch([1, 1, 1, 50], [300, 300, 300, 0], ids=[2, 9, 5, 30])
+    mixed.decodes = 3
+    e = meter.step(mixed, 53, 4, 0.02)
+    per = meter.report()["per_request_j"]
+    assert sorted(per) == [2, 5, 9, 30]
+    assert per[2] == per[9] == per[5] == e / 53 and per[30] == e / 53 * 50
+
+
 def test_energy_metrics_add_the_idle_gaps_and_divide_by_tokens_and_good_requests():
     report = {"busy_energy_j": 1000.0, "busy_time_s": 4.0, "busy_gpu_s": 8.0, "gpus": 2, "idle_power_w": 70.0,
               "max_power_w": 700.0, "gpu_clock_mhz": None, "per_request_j": {0: 600.0, 1: 400.0}}

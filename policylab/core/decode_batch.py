@@ -106,12 +106,11 @@ class DecodeBatch:
         """Apply one step's tokens; returns the members that finished (they must `leave`)."""
         self._steps += 1
         self._context = context = []          # a fresh list: batches stay as sent
-        add = context.append
         for r, out, times, token in zip(self.requests, self._outputs, self._times, sampled):
             out.append(token)
             times.append(now)
             r.num_computed_tokens = c = r.num_computed_tokens + 1
-            add(c)
+            context.append(c)                 # (a method call the interpreter inlines; a bound one it does not)
         if eos is not None and eos in sampled:        # any member may stop at EOS
             return [r for r, out, target in zip(self.requests, self._outputs, self._targets)
                     if len(out) >= target or out[-1] == eos]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from itertools import compress
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Callable, Optional
 
@@ -38,6 +39,8 @@ from policylab.core.request_steps import RequestSteps
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.step_log import StepLog
 from policylab.core.waiting_queue import QueueView, WaitingQueue
+
+_req_id = attrgetter("req_id")
 
 
 class Engine(Lifecycle, RequestSteps):
@@ -171,7 +174,7 @@ class Engine(Lifecycle, RequestSteps):
     def _view(self) -> SchedulerView:
         kv = self.kv
         if self._running_views is None:
-            self._running_ids = ids = [r.req_id for r in self._running]
+            self._running_ids = ids = list(map(_req_id, self._running))
             self._running_views = tuple(map(self.views.__getitem__, ids))
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
                              self._decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,

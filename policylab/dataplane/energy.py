@@ -248,23 +248,36 @@ class EnergyMeter:
             self._run_share += energy / len(ids)
             return
         self._flush()
-        acc, per_token, d = self._room(ids), energy / tokens, batch.decodes
-        for r in ids[:d]:                              # (leading decodes: one token, per_token * 1)
-            acc[r] += per_token
+        per_token, d = energy / tokens, batch.decodes
+        if d:
+            self._charge(ids[:d], per_token)           # leading decodes: one token, per_token * 1
+        acc = self._charged
         for r, n in zip(ids[d:], batch.query_lens[d:]):
+            if r >= len(acc):
+                acc = self._room(r)
             acc[r] += per_token * n
 
     def _flush(self) -> None:
         if self._run_ids is not None:
-            acc, share = self._room(self._run_ids), self._run_share
-            for r in self._run_ids:
-                acc[r] += share
+            self._charge(self._run_ids, self._run_share)
         self._run_ids, self._run_share = None, 0.0
 
-    def _room(self, ids: list) -> list:
-        """The per-request charges, long enough to index by every one of `ids`."""
+    def _charge(self, ids: list, amount: float) -> None:
+        """Add `amount` to the charge of each of `ids` (distinct req_ids), growing the charges when one
+        is past their end: found by the failed index, as a scan for the largest id costs as much as
+        the additions themselves."""
         acc = self._charged
-        top = max(ids, default=-1)
+        try:
+            for r in ids:
+                acc[r] += amount
+        except IndexError:          # (r, the first id past the end, is not charged yet; those before it are)
+            rest = ids[ids.index(r):]
+            self._room(max(rest))
+            self._charge(rest, amount)
+
+    def _room(self, top: int) -> list:
+        """The per-request charges, long enough to index by `top`."""
+        acc = self._charged
         if top >= len(acc):
             acc += [0.0] * max(top + 1 - len(acc), len(acc))
         return acc
