@@ -54,7 +54,8 @@ HOST_V2 = "mlenergy_v2"
 HOST_KEYS = ("step_overhead", "host_per_request", "host_per_token")
 # (model, GPU) pairs whose experts vLLM 0.11.1 ran on its default fused-MoE tiles, having no tuned file for them:
 # Qwen3-30B-A3B at TP 1 on the B200 (configs/E=128,N=768,device_name=NVIDIA_B200.json came with vLLM PR #31448,
-# December 2025, after 0.11.1). Its H100 file shipped with vLLM's Qwen3-MoE configurations (PR #17328, April 2025).
+# December 2025, after 0.11.1). The H100 pair stays on tuned tiles: vLLM's configs directory has an H100 file for that
+# shape (from its Qwen3-MoE configurations, PR #17328, April 2025, as far as checked), and the pair fits as it is.
 UNTUNED_FUSED_MOE = {("qwen3-30b-a3b", "b200")}
 
 
