@@ -103,10 +103,10 @@ class ShapedCostModel(KernelCostModel):
         self._flash_flops = hw.peak_flops * e.prefill_attention_efficiency
         self._tile_overhead, self._heads_per_sm = e.prefill_attention_tile_overhead, s.heads / hw.num_sms
         self._cols_per_wave = hw.num_sms * COLUMN_TILE
-        # persistent (stream-K) GEMMs from one full wave up: the GPU has a level, the engine's library runs them
-        self._persistent = hw.persistent_gemm_efficiency is not None and e.persistent_gemms
+        # persistent (stream-K) GEMMs from one full wave up: decided once, by KernelCostModel (persistent_eff)
+        self._persistent = self.persistent_eff is not None
         self._gemm_flops = hw.peak_flops * hw.curve_efficiency
-        self._wave_flops = hw.peak_flops * (hw.persistent_gemm_efficiency if self._persistent else hw.curve_efficiency)
+        self._wave_flops = hw.peak_flops * (self.persistent_eff if self._persistent else hw.curve_efficiency)
         if precision is not None and not precision.native:                # the GEMMs' dtype
             self._gemm_flops *= precision.gemm_speedup
             self._wave_flops *= precision.gemm_speedup
