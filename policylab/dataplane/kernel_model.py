@@ -95,7 +95,7 @@ class KernelCostModel(Roofline):
         return waves * 2 * tm * tn * (k / splits) / (self._tile_flops * rate)
 
     def expert_time(self, flops: float, traffic: float) -> float:
-        return max(flops / (self._tile_flops * self.sms), traffic / self.bw)
+        return max(flops / (self._tile_flops * self.sms), traffic / self.expert_bw)
 
     def attention_time(self, q, ctx, tokens: int) -> float:
         s, layers = self.shape, self.shape.layers

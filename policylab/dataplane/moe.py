@@ -41,10 +41,8 @@ FUSED_MOE_BLOCK_M = ((40, 16), (111, 32), (767, 64), (1 << 62, 128))
 
 
 def default_config_terms(hw, fused_moe_config: str):
-    """(traffic factor, fixed seconds) of the routed experts under vLLM's default fused-MoE tiles, or
-    None under a tuned configuration: the experts' traffic streams at `hw.fused_moe_default_bw_efficiency`
-    of peak instead of `hw.bw_efficiency` (so the cost model's traffic is scaled by their ratio), and
-    each MoE layer pays `hw.fused_moe_default_floor` seconds more."""
+    """(share of peak bandwidth, fixed seconds per MoE layer) of the routed experts under vLLM's default
+    fused-MoE tiles, or None under a tuned configuration (the experts then stream at `bw_efficiency`)."""
     if fused_moe_config != "default":
         return None
     share, floor = hw.fused_moe_default_bw_efficiency, hw.fused_moe_default_floor
@@ -52,7 +50,7 @@ def default_config_terms(hw, fused_moe_config: str):
         raise ValueError(f"serving_engine.fused_moe_config=default: hardware '{hw.name}' has no measurement of "
                          "vLLM's default fused-MoE tiles (hardware.fused_moe_default_bw_efficiency and "
                          "hardware.fused_moe_default_floor are null); set both, or use fused_moe_config=tuned")
-    return hw.bw_efficiency / share, floor
+    return share, floor
 
 
 def fused_moe_block_m(tokens: int, experts: int = 0, default_tiles: bool = False) -> int:

@@ -91,8 +91,11 @@ class Roofline:
         self._fold = (s.norms * 2 * s.hidden - s.residual_add_elems) if fused else 0
         self._elementwise_elems = s.elementwise_elems + self._fold
         self._moe_elementwise_elems = s.moe_elementwise_elems + self._fold
-        # vLLM's default fused-MoE tiles where it ships no tuned ones (policylab.dataplane.moe)
-        self._untuned_moe = default_config_terms(hw, engine.cfg.fused_moe_config) if s.moe_layers else None
+        # the routed experts' bandwidth and fixed cost: vLLM's tuned fused-MoE tiles stream at the weights'
+        # bandwidth; its default ones, where it ships no tuned ones, as measured (policylab.dataplane.moe)
+        untuned = default_config_terms(hw, engine.cfg.fused_moe_config) if s.moe_layers else None
+        self._default_moe_tiles = untuned is not None
+        self.expert_bw, self._moe_floor = (hw.mem_bandwidth * untuned[0], untuned[1]) if untuned else (self.bw, 0.0)
         # every layer's kernel launches (GEMMs and elementwise ops; the shaped model prices them apart)
         self._layer_launches = (len(s.gemms) + self.elementwise_kernels) * self.latency
         self._moe_layer_launches = (s.moe_kernels_per_layer - s.elementwise_kernels + self.elementwise_kernels) \
@@ -128,12 +131,8 @@ class Roofline:
         s, b = self.shape, self.shape.dtype_bytes
         gemm = sum(self.gemm_time(n, k, m) for k, m in s.moe_gemms)
         flops, traffic = expert_gemm_terms(n, s.hidden, s.expert_f, s.experts, s.top_k, b, s.weight_elem_bytes,
-                                           self.engine.cfg.fused_moe_tiles, self._untuned_moe is not None)
-        if self._untuned_moe is None:
-            experts = self.expert_time(flops, traffic)
-        else:
-            slower, floor = self._untuned_moe
-            experts = self.expert_time(flops, traffic * slower) + floor
+                                           self.engine.cfg.fused_moe_tiles, self._default_moe_tiles)
+        experts = self.expert_time(flops, traffic) + self._moe_floor
         return gemm + experts + self.elementwise_time(n, self._moe_elementwise_elems) + self._moe_layer_launches
 
     def elementwise_time(self, n: int, elems: int) -> float:
@@ -143,7 +142,7 @@ class Roofline:
 
     def expert_time(self, flops: float, traffic: float) -> float:
         """The two grouped expert GEMMs, joined as a dense GEMM's terms are."""
-        return smooth_max(flops / self.gemm_flops, traffic / self.bw)
+        return smooth_max(flops / self.gemm_flops, traffic / self.expert_bw)
 
     def embedding_time(self, n: int) -> float:
         """A gather: n rows read and written (vocabulary-parallel under TP: one all-reduce more)."""

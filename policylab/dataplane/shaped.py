@@ -136,7 +136,7 @@ class ShapedCostModel(KernelCostModel):
         return (max(n, self.sms) * (elems - adds) + n * adds) * self.shape.dtype_bytes / self._elementwise_bw
 
     def expert_time(self, flops: float, traffic: float) -> float:
-        compute, memory = flops / self._gemm_flops, traffic / self.bw
+        compute, memory = flops / self._gemm_flops, traffic / self.expert_bw
         return (compute ** GEMM_P_NORM + memory ** GEMM_P_NORM) ** (1 / GEMM_P_NORM)
 
     def length_share(self, n: int) -> float:
