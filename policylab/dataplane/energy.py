@@ -39,6 +39,7 @@ from operator import mul
 from dataclasses import dataclass, replace
 
 from policylab.core.config import HardwareConfig
+from policylab.dataplane.charges import Charges
 from policylab.dataplane.host_time import HostTime
 from policylab.dataplane.moe import experts_touched
 from policylab.dataplane.parallel import Link
@@ -189,7 +190,7 @@ class EnergyMeter:
         self.hw, self.gpus, self.work = hw, gpus, StepWork(shape, pp, hw, engine)
         self.gemm_speedup = gemm_speedup
         self.busy_j = self.busy_s = self.throttled_s = 0.0
-        self._charged: list = []      # req_id -> J charged so far (0.0: nothing yet; every charge is > 0)
+        self._charges = Charges()     # J charged to each request (logged a step at a time)
         self.record: list | None = None   # a list: each step's (duration, u_compute, u_memory, sampled, busy, clock ratio)
         self._run_ids = None          # decode-only steps on the same request list: their shares pending
         self._run_share = 0.0
@@ -240,7 +241,7 @@ class EnergyMeter:
         return energy
 
     def _attribute(self, batch, energy: float, tokens: int) -> None:
-        ids = batch.req_ids
+        ids, charges = batch.req_ids, self._charges
         if tokens == len(ids):                         # decodes only: even shares, flushed when the list changes
             if ids is not self._run_ids:
                 self._flush()
@@ -250,42 +251,19 @@ class EnergyMeter:
         self._flush()
         per_token, d = energy / tokens, batch.decodes
         if d:
-            self._charge(ids[:d], per_token)           # leading decodes: one token, per_token * 1
-        acc = self._charged
+            charges.charge(ids, per_token, d)         # leading decodes: one token, per_token * 1
         for r, n in zip(ids[d:], batch.query_lens[d:]):
-            if r >= len(acc):
-                acc = self._room(r)
-            acc[r] += per_token * n
+            charges.charge_one(r, per_token * n)
 
     def _flush(self) -> None:
         if self._run_ids is not None:
-            self._charge(self._run_ids, self._run_share)
+            self._charges.charge(self._run_ids, self._run_share)
         self._run_ids, self._run_share = None, 0.0
-
-    def _charge(self, ids: list, amount: float) -> None:
-        """Add `amount` to the charge of each of `ids` (distinct req_ids), growing the charges when one
-        is past their end: found by the failed index, as a scan for the largest id costs as much as
-        the additions themselves."""
-        acc = self._charged
-        try:
-            for r in ids:
-                acc[r] += amount
-        except IndexError:          # (r, the first id past the end, is not charged yet; those before it are)
-            rest = ids[ids.index(r):]
-            self._room(max(rest))
-            self._charge(rest, amount)
-
-    def _room(self, top: int) -> list:
-        """The per-request charges, long enough to index by `top`."""
-        acc = self._charged
-        if top >= len(acc):
-            acc += [0.0] * max(top + 1 - len(acc), len(acc))
-        return acc
 
     @property
     def per_request(self) -> dict:
         """req_id -> J charged so far (requests charged nothing left out)."""
-        return {i: j for i, j in enumerate(self._charged) if j}
+        return self._charges.totals()
 
     def report(self) -> dict:
         """What `energy_summary` turns into the run's energy metrics (plain values; summary.json's `energy_meter`)."""
