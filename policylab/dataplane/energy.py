@@ -163,10 +163,12 @@ class StepWork:
                   + (self.link.all_gather(sampled * self.vocab_bytes) if sampled else 0.0))
         return t
 
-    def of(self, q, ctx, tokens: int, sampled: int, leading: int = 0) -> tuple:
+    def of(self, q, ctx, tokens: int, sampled: int, leading: int = 0, context: int | None = None) -> tuple:
         """(GEMM FLOPs, other FLOPs at the BF16 peak, bytes) of a step whose first `leading` entries
-        are one-token decodes (their terms of the sums are their context and 1: the same integers)."""
-        context = sum(ctx)
+        are one-token decodes (their terms of the sums are their context and 1: the same integers);
+        `context`: sum(ctx), where the caller has it."""
+        if context is None:
+            context = sum(ctx)
         if tokens == len(q):
             pairs = context + tokens
         elif leading:

@@ -97,11 +97,13 @@ class KernelCostModel(Roofline):
     def expert_time(self, flops: float, traffic: float) -> float:
         return max(flops / (self._tile_flops * self.sms), traffic / self.expert_bw)
 
-    def attention_time(self, q, ctx, tokens: int) -> float:
+    def attention_time(self, q, ctx, tokens: int, leading: int = 0, context: int | None = None) -> float:
         s, layers = self.shape, self.shape.layers
         requests = len(q)
+        if context is None:
+            context = sum(ctx)
         if tokens == requests:
-            return layers * self._decode(requests, sum(ctx) + tokens)
+            return layers * self._decode(requests, context + tokens)
         chunks = list(compress(range(requests), map((1).__lt__, q)))      # prefill chunks (n > 1), C-level
         decodes = requests - len(chunks)
         pairs = items = prefill_tokens = prefill_ctx = 0
@@ -114,7 +116,7 @@ class KernelCostModel(Roofline):
             prefill_tokens, prefill_ctx = prefill_tokens + n, prefill_ctx + c + n
         t = 0.0
         if decodes:
-            t += self._decode(decodes, sum(ctx) + tokens - prefill_ctx)
+            t += self._decode(decodes, context + tokens - prefill_ctx)
         fill = min(1.0, items * s.heads / self.sms)
         compute = pairs * self._pair_flops / (self._attn_flops * fill)
         memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)

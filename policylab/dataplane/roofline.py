@@ -171,26 +171,33 @@ class Roofline:
             t = self._dense[tokens] = self.layers_time(tokens) + self.embedding_time(tokens)
         return t
 
-    def attention_time(self, q, ctx, tokens: int) -> float:
-        """All layers' attention: one kernel per layer over the batch's query-key pairs and KV reads."""
-        context = sum(ctx)
+    def attention_time(self, q, ctx, tokens: int, leading: int = 0, context: int | None = None) -> float:
+        """All layers' attention: one kernel per layer over the batch's query-key pairs and KV reads.
+        The first `leading` entries are one-token decodes; `context` is sum(ctx) (None: summed here)."""
+        if context is None:
+            context = sum(ctx)
         if tokens == len(q):                                              # decodes only: n = 1
             pairs = context + tokens                                      # query x key pairs
+        elif leading:         # the leading decodes' terms are their context and 1: the same integers
+            q, rest = q[leading:], ctx[leading:]
+            pairs = context - sum(rest) + sum(map(mul, q, rest)) + (leading + sum(map(mul, q, q)) + tokens) // 2
         else:
             # sum of n·(c + (n+1)/2): integers, so as C-level sums of products (exactly the same value)
             pairs = sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
         return (self.shape.layers * self.latency
                 + smooth_max(self._s_per_attn_pair * pairs, self._s_per_kv_token * (context + 2 * tokens)))
 
-    def step_time(self, q, ctx, tokens: int, sampled: int) -> float:
+    def step_time(self, q, ctx, tokens: int, sampled: int, leading: int = 0, context: int | None = None) -> float:
+        """Seconds of a step; `leading` and `context` as attention_time takes them (sums the plane has)."""
         dense, head = self._dense.get(tokens), self._lm_head.get(sampled)     # (every step: the cached
         if dense is None:                                                     # parts without a call)
             dense = self.dense_time(tokens)
         if head is None:
             head = self.lm_head_time(sampled)
-        return dense + head + self.attention_time(q, ctx, tokens) + self.overhead
+        return dense + head + self.attention_time(q, ctx, tokens, leading, context) + self.overhead
 
-    def _parallel_step_time(self, q, ctx, tokens: int, sampled: int) -> float:
+    def _parallel_step_time(self, q, ctx, tokens: int, sampled: int, leading: int = 0,
+                            context: int | None = None) -> float:
         """step_time with tensor or pipeline parallelism, per-request / per-token host time or a
         serving engine's host work: kernel time, then the engine's launches and host work
         (serial, or hidden behind the GPU under async scheduling: serving_engine.py)."""
@@ -205,7 +212,7 @@ class Roofline:
                 dense = self.dense_time(tokens)
             if head is None:
                 head = self.lm_head_time(sampled)
-            gpu = dense + head + self.attention_time(q, ctx, tokens)
+            gpu = dense + head + self.attention_time(q, ctx, tokens, leading, context)
         else:
             m = micro_batches(self.pp, requests)
             stage = self._stages.get((tokens, m))
@@ -215,7 +222,7 @@ class Roofline:
                     self.layers_time(per_mb), self.link.send(per_mb * self.shape.hidden * self.shape.dtype_bytes),
                     self.embedding_time(tokens))
             dense, handoff, embedding = stage
-            layers = dense + self.attention_time(q, ctx, tokens) / m
+            layers = dense + self.attention_time(q, ctx, tokens, leading, context) / m
             gpu = embedding + pipelined(layers / self.pp, handoff, self.pp, m) + self.lm_head_time(sampled)
         launches = e.launches(self._step_kernels, tokens, tokens == requests, self._attention_kernels) \
             if e.launch else 0.0

@@ -145,13 +145,18 @@ class ShapedCostModel(KernelCostModel):
             return 1.0
         return max(MIN_LENGTH_SHARE, 1.0 - self.slope * log2(FULL_RATE_CHUNK / n))
 
-    def attention_time(self, q, ctx, tokens: int) -> float:
+    def attention_time(self, q, ctx, tokens: int, leading: int = 0, context: int | None = None) -> float:
         requests = len(q)
+        if context is None:
+            context = sum(ctx)
         if tokens == requests:
-            return self.shape.layers * self._decode(requests, sum(ctx) + tokens)
-        ones = q.count(1)                                                 # prefill chunks (n > 1): after
-        chunks = [i for i in range(ones, requests) if q[i] > 1] if q[:ones].count(1) == ones else \
-            [i for i, n in enumerate(q) if n > 1]                         # the leading decodes, mostly
+            return self.shape.layers * self._decode(requests, context + tokens)
+        if leading:                                                       # prefill chunks (n > 1): after
+            chunks = [i for i in range(leading, requests) if q[i] > 1]   # the leading decodes
+        else:
+            ones = q.count(1)                                             # (mostly)
+            chunks = [i for i in range(ones, requests) if q[i] > 1] if q[:ones].count(1) == ones else \
+                [i for i, n in enumerate(q) if n > 1]
         flop_time = prefill_tokens = prefill_ctx = query_tiles = 0
         for i in chunks:
             n, c = q[i], ctx[i]
@@ -166,7 +171,7 @@ class ShapedCostModel(KernelCostModel):
         t = 0.0
         decodes = requests - len(chunks)
         if decodes:
-            t += self._decode(decodes, sum(ctx) + tokens - prefill_ctx)
+            t += self._decode(decodes, context + tokens - prefill_ctx)
         if self._flash:       # (query tile x head) work items that fill fewer SMs than the GPU has
             compute = flop_time * self._pair_flops / (self._flash_flops * min(1.0, query_tiles * self._heads_per_sm))
         else:

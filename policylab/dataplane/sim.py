@@ -114,6 +114,9 @@ class SimDataPlane:
         self.vocab_size, self.eos_token_id = model.vocab_size, model.eos_token_id
         self.cost_model = build_cost_model(model, clocked(hardware, dp.gpu_clock_mhz), dp, self.precision)
         engine = getattr(self.cost_model, "engine", None)
+        # the shape-based cost models take the step's leading decodes and context sum from the plane,
+        # which the energy meter's work shares (one pass over the batch's contexts a step)
+        self._shares_sums = isinstance(self.cost_model, Roofline)
         # the engine's async scheduling: an arrival joins one step later (core.extensions.async_scheduling)
         self.capabilities = SIM_CAPABILITIES | ({Capability.SCHEDULES_AHEAD} if engine is not None
                                                 and engine.async_scheduling else frozenset())
@@ -166,14 +169,17 @@ class SimDataPlane:
         duration = self._step_time(batch, tokens, sampled)
         return duration if self.meter is None else self._metered(batch, tokens, sampled, duration)
 
-    def _metered(self, batch: Batch, tokens: int, sampled: int, duration: float) -> float:
+    def _metered(self, batch: Batch, tokens: int, sampled: int, duration: float, context: int | None = None) -> float:
         """Charge the step's energy; with power_limit=throttle a step that would draw more than the
-        board limit runs at the highest clock level where it fits, and takes that clock's time."""
+        board limit runs at the highest clock level where it fits, and takes that clock's time.
+        `context`: sum(batch.context_lens), where the caller has it."""
         meter, share = self.meter, getattr(self.cost_model, "kernel_share", None)
-        if not self._throttle or duration <= 0:
-            meter.step(batch, tokens, sampled, duration, kernel_share=share)
+        if duration <= 0:
             return duration
-        work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes)
+        work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes, context)
+        if not self._throttle:
+            meter.step(batch, tokens, sampled, duration, None, work, share)
+            return duration
         ratio = meter.ratio
         if meter.demand(batch, tokens, sampled, duration, ratio, work, share)[0] > self.hw.max_power:
             low = (self.hw.min_clock_mhz or self.hw.max_clock_mhz) / self.hw.max_clock_mhz
@@ -215,13 +221,17 @@ class SimDataPlane:
         """This plane's energy so far (policylab.dataplane.energy.EnergyMeter.report), or None."""
         return None if self.meter is None else self.meter.report()
 
-    def _step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
+    def _step_time(self, batch: Batch, tokens: int, sampled: int, context: int | None = None) -> float:
+        if self._shares_sums:
+            return self.cost_model.step_time(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes,
+                                             context)
         return self.cost_model.step_time(batch.query_lens, batch.context_lens, tokens, sampled)
 
-    def _noisy_step_time(self, batch: Batch, tokens: int, sampled: int) -> float:
+    def _noisy_step_time(self, batch: Batch, tokens: int, sampled: int, context: int | None = None) -> float:
         """The modelled duration with independent multiplicative noise (`dataplane.time_noise`): a
         replay's sensitivity to step-time error, which no measured timer is free of."""
-        return self._exact_step_time(batch, tokens, sampled) * max(0.0, 1.0 + self.dp.time_noise * self._noise.standard_normal())
+        return self._exact_step_time(batch, tokens, sampled, context) * max(
+            0.0, 1.0 + self.dp.time_noise * self._noise.standard_normal())
 
     def describe_cost_model(self) -> dict:
         """Which cost model produced this run's step times (recorded in summary.json)."""
@@ -248,11 +258,12 @@ class SimDataPlane:
                 self.meter.step(batch, sum(batch.query_lens), len(result.sampled), result.duration,
                                 kernel_share=getattr(self.cost_model, "kernel_share", None))
             return result
-        ctx, tokens, d = batch.context_lens, sum(batch.query_lens), batch.decodes
+        ctx, q, d = batch.context_lens, batch.query_lens, batch.decodes
+        tokens = d + sum(q[d:]) if d else sum(q)         # (the leading decodes: one token each)
         if d == len(ctx) or tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
             positions = ctx
         else:                                            # (the leading decodes' position is their context)
-            q, sample = batch.query_lens, batch.sample
+            sample = batch.sample
             positions = ctx[:d] + [c + n - 1 for c, n, s in zip(ctx[d:], q[d:], sample[d:]) if s] if d else \
                 [c + n - 1 for c, n, s in zip(ctx, q, sample) if s]
         try:                                             # (one C-level gather)
@@ -262,9 +273,10 @@ class SimDataPlane:
             self._grow_tokens(max(positions) + 1)
             nxt = self._next_token
             ids = [nxt[p] for p in positions]
-        duration = self._step_time(batch, tokens, len(ids))
+        context = sum(ctx)
+        duration = self._step_time(batch, tokens, len(ids), context)
         if self.meter is not None:
-            duration = self._metered(batch, tokens, len(ids), duration)
+            duration = self._metered(batch, tokens, len(ids), duration, context)
         return StepResult(ids, duration)
 
     def token_at(self, position: int) -> int:
