@@ -12,7 +12,7 @@ from policylab.core.batch import Batch
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.apps.sim_check import load_group
 from policylab.dataplane.charges import Charges
-from policylab.dataplane.energy import EnergyMeter
+from policylab.dataplane.energy import EnergyMeter, StepWork
 from policylab.dataplane.shape import ModelShape
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,3 +109,23 @@ def test_a_request_that_leaves_mid_run_is_charged_what_the_eager_meter_charged()
             x += p
         want[r] = x
     assert per == want and len(shares[1]) == 2 and len(shares[5]) == 1
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_the_plain_step_s_energy_is_the_general_path_s_float(gpus):
+    """A step at the set clock with the cost model's kernel share takes `_plain_step`; the same step
+    through demand / running / over_step (the clock ratio given) has the same joules, bit for bit."""
+    rng = random.Random(gpus)
+    fast, general = (EnergyMeter(ModelShape(LLAMA), H100, gpus=gpus) for _ in range(2))
+    work = StepWork(ModelShape(LLAMA))
+    for i in range(400):
+        n = rng.randint(1, 300)
+        b = batch([1] * n, [rng.randint(0, 20000) for _ in range(n)], range(n), n)
+        w = work.of(b.query_lens, b.context_lens, n, n, n)
+        if i % 3 == 0:                                               # compute-bound to idle: the caps and floors
+            w = (w[0] * rng.uniform(0, 50), w[1] * rng.uniform(0, 50), w[2] * rng.uniform(0, 3))
+        duration = rng.uniform(1e-4, 0.1)
+        share = rng.choice((0.0, 1.0, rng.random()))
+        e = fast.step(b, n, n, duration, None, w, share)
+        assert e.hex() == general.step(b, n, n, duration, general.ratio, w, share).hex()
+    assert fast.report() == general.report()

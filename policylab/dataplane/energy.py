@@ -230,17 +230,38 @@ class EnergyMeter:
         the rest at idle power); its energy over all GPUs (J)."""
         if duration <= 0:
             return 0.0
-        ratio = self.ratio if ratio is None else ratio
-        running, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work, kernel_share)
-        energy = self._power_model(ratio).over_step(running, busy) * duration * self.gpus
-        if self.record is not None:
-            self.record.append((duration, u_c, u_m, sampled, busy, ratio))
-        if ratio != self.ratio:
-            self.throttled_s += duration
+        if ratio is None and work is not None and kernel_share is not None and self.record is None \
+                and self.work.link is None:
+            energy = self._plain_step(work, duration, kernel_share)
+        else:
+            ratio = self.ratio if ratio is None else ratio
+            running, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work, kernel_share)
+            energy = self._power_model(ratio).over_step(running, busy) * duration * self.gpus
+            if self.record is not None:
+                self.record.append((duration, u_c, u_m, sampled, busy, ratio))
+            if ratio != self.ratio:
+                self.throttled_s += duration
         self.busy_j += energy
         self.busy_s += duration
         self._attribute(batch, energy, tokens)
         return energy
+
+    def _plain_step(self, work: tuple, duration: float, kernel_share: float) -> float:
+        """`step`'s energy at the set clock, the cost model giving the kernel share, no collectives: the
+        operations of demand, waiting, running and over_step, in their order, without their calls (every
+        step of a default run; tests/test_energy_charges.py holds the two paths to the same floats)."""
+        gemm, other, memory = work
+        peak = self._peak
+        u_c = (gemm / (peak * self.gemm_speedup) + other / peak) / duration
+        u_m = memory / (self._bw * duration)
+        u_c, u_m = (u_c if u_c < 1 else 1.0), (u_m if u_m < 1 else 1.0)
+        busy = 1.0 - (1.0 - kernel_share) * duration / duration
+        pm = self.power_model
+        if busy <= 0:
+            return pm.idle * duration * self.gpus
+        running = pm.idle + pm.sm_share * (pm.active + pm.compute * u_c / busy) + pm.memory * u_m / busy
+        return (pm.idle + busy * ((running if running < pm.max_power else pm.max_power) - pm.idle)) * duration \
+            * self.gpus
 
     def _attribute(self, batch, energy: float, tokens: int) -> None:
         ids, charges = batch.req_ids, self._charges
