@@ -52,3 +52,18 @@ def test_a_step_s_work_with_the_plane_s_context_sum_is_the_same():
         tokens = sum(q)
         assert work.of(q, ctx, tokens, len(q), d, sum(ctx)) == work.of(q, ctx, tokens, len(q), d)
         assert work.of(q, ctx, tokens, len(q), d) == work.of(q, ctx, tokens, len(q))
+
+
+def test_sampled_ids_are_the_ids_after_each_sampled_entry_s_last_token():
+    """The gather by context (the leading decodes' position) with the other entries redone gives each
+    sampled entry the id after its last computed token, as token_at does, across the id table's growth."""
+    from policylab.core.batch import Batch
+    from policylab.dataplane.sim import SimDataPlane
+    plane = SimDataPlane(LLAMA, H100, SimPlaneConfig())
+    rng = random.Random(3)
+    for q, ctx, d in batches(3, 200):
+        sample = [True] * d + [rng.random() < 0.7 for _ in q[d:]]
+        b = Batch(req_ids=list(range(len(q))), query_lens=q, context_lens=ctx, sample=sample, decodes=d)
+        want = [plane.token_at(c + n - 1) for c, n, s in zip(ctx, q, sample) if s]
+        fresh = SimDataPlane(LLAMA, H100, SimPlaneConfig())            # (its table grows on this batch)
+        assert plane.execute(b).sampled == want == fresh.execute(b).sampled

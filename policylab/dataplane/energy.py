@@ -271,7 +271,8 @@ class EnergyMeter:
                 self._run_ids = ids
             self._run_share += energy / len(ids)
             return
-        self._flush()
+        if self._run_ids is not None:
+            self._flush()
         per_token, d = energy / tokens, batch.decodes
         if d:
             charges.charge(ids, per_token, d)         # leading decodes: one token, per_token * 1

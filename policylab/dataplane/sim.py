@@ -260,16 +260,17 @@ class SimDataPlane:
             return result
         ctx, q, d = batch.context_lens, batch.query_lens, batch.decodes
         tokens = d + sum(q[d:]) if d else sum(q)         # (the leading decodes: one token each)
-        if d == len(ctx) or tokens == len(ctx) and all(batch.sample):     # decodes only: position = context
-            positions = ctx
-        else:                                            # (the leading decodes' position is their context)
-            sample = batch.sample
-            positions = ctx[:d] + [c + n - 1 for c, n, s in zip(ctx[d:], q[d:], sample[d:]) if s] if d else \
-                [c + n - 1 for c, n, s in zip(ctx, q, sample) if s]
+        nxt, sample = self._next_token, batch.sample
         try:                                             # (one C-level gather)
-            ids = list(itemgetter(*positions)(self._next_token)) if len(positions) > 1 else \
-                [self._next_token[p] for p in positions]
+            if d == len(ctx) or tokens == len(ctx) and all(sample):      # decodes only: position = context
+                ids = list(itemgetter(*ctx)(nxt)) if len(ctx) > 1 else [nxt[p] for p in ctx]
+            elif d > 1:          # the leading decodes' position is their context: all gathered so, the rest redone
+                ids = list(itemgetter(*ctx)(nxt))
+                ids[d:] = [nxt[c + n - 1] for c, n, s in zip(ctx[d:], q[d:], sample[d:]) if s]
+            else:
+                ids = [nxt[p] for p in self._positions(batch)]
         except IndexError:
+            positions = self._positions(batch)
             self._grow_tokens(max(positions) + 1)
             nxt = self._next_token
             ids = [nxt[p] for p in positions]
@@ -278,6 +279,12 @@ class SimDataPlane:
         if self.meter is not None:
             duration = self._metered(batch, tokens, len(ids), duration, context)
         return StepResult(ids, duration)
+
+    @staticmethod
+    def _positions(batch: Batch) -> list:
+        """The position after which each sampled entry's token comes (its last computed token's)."""
+        ctx, q, d = batch.context_lens, batch.query_lens, batch.decodes
+        return ctx[:d] + [c + n - 1 for c, n, s in zip(ctx[d:], q[d:], batch.sample[d:]) if s]
 
     def token_at(self, position: int) -> int:
         """The id sampled after the token at `position` (as `execute` samples it)."""
