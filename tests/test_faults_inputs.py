@@ -54,9 +54,9 @@ class CostsGoBad(SimDataPlane):
         super().__init__(ModelConfig(name="llama3-8b"), HardwareConfig(), SIM)
         self.bad, self.steps = bad, 0
 
-    def _step_time(self, batch, tokens, sampled):
+    def _step_time(self, batch, tokens, sampled, context=None):
         self.steps += 1
-        return self.bad if self.steps > 10 else super()._step_time(batch, tokens, sampled)
+        return self.bad if self.steps > 10 else super()._step_time(batch, tokens, sampled, context)
 
 
 @pytest.mark.parametrize("bad", [math.nan, -0.5, math.inf])
