@@ -10,22 +10,58 @@ length, and the steps on which its last block fills, follow from its counts when
 Members join at the end (a prefill just completed) and leave (finished) without the batch
 being rebuilt; lists are replaced, never changed in place, so a batch already sent stays
 as it ran.
+
+On a plane whose sampled id depends on the position only (`Capability.POSITIONAL_TOKENS`, the
+sim) and with no EOS to watch, a step writes nothing per member but its computed count: the
+step's time goes on one batch-level log, and a member's tokens since it last settled are a
+slice of the plane's id table and its times a slice of that log (every member takes one token
+a step). Its lists are settled when it leaves, when the batch is cleared, and whenever anyone
+reads them (`Request.output_ids` and `token_times` settle on read: policylab.core.request).
 """
 from __future__ import annotations
 
+from operator import add
+
 from policylab.core.batch import Batch
+from policylab.core.request import raw_output_ids, raw_token_times
+
+
+class Deferred:
+    """One member's tokens and times not yet in its lists: those of the batch's steps after
+    `since`, sampled at positions `pos + step` (its context at a step is `pos` + the step)."""
+
+    __slots__ = ("batch", "out", "times", "since", "pos")
+
+    def __init__(self, batch: "DecodeBatch", r, context: int):
+        self.batch, self.out, self.times = batch, raw_output_ids(r), raw_token_times(r)
+        self.since, self.pos = batch._steps, context - batch._steps
+
+    def settle(self) -> None:
+        """Write the tokens and times of the steps since the last settle."""
+        batch, since = self.batch, self.since
+        steps = batch._steps
+        if since != steps:
+            self.out.extend(batch._tokens(self.pos + since, self.pos + steps))
+            self.times.extend(batch._log[since:steps])
+            self.since = steps
 
 
 class DecodeBatch:
     """Running decodes in batch order: a private cache of `Decoding` (which requests decode and
     whose last block is full), valid while only its decodes change its members."""
 
-    def __init__(self, requests: list, target_len: dict, block_size: int):
+    def __init__(self, requests: list, target_len: dict, block_size: int, tokens=None):
+        """`tokens(start, stop)`: the ids the plane samples after positions start..stop-1, when they
+        depend on the position only and no EOS can stop a member (None: every step writes them)."""
         self._all, self._target_len, self.block_size = requests, target_len, block_size
+        self._tokens = tokens
+        self._deferred: dict = {}                 # member req_id -> its Deferred (tokens deferred only)
         self.clear()
 
     def clear(self) -> None:
         """Start over, empty (with new lists: batches already sent keep theirs)."""
+        self._settle_all()
+        self._log: list = []                      # the time of each step since the batch formed
         self.ids: list = []
         self.requests: list = []
         self._outputs, self._times, self._targets, self._context = [], [], [], []
@@ -62,6 +98,9 @@ class DecodeBatch:
         self._sampling = self._sampling + [r.sampling for r in rs]
         self._members_changed()
         steps, due = self._steps, self._due
+        if self._tokens is not None:
+            for r, rid, c in zip(rs, ids, context):
+                r.deferred = self._deferred[rid] = Deferred(self, r, c)
         for r, rid, c, target in zip(rs, ids, context, self._targets[-len(ids):]):
             self._by_phase.setdefault((c - steps) % self.block_size, []).append(rid)
             left = target - len(r.output_ids)                               # (one token a step)
@@ -85,7 +124,11 @@ class DecodeBatch:
         self.ids, self.requests, self._outputs, self._times, self._targets, self._context, self._tables, \
             self._sampling = kept
         self._members_changed()
+        deferred = self._deferred
         for r in finished:
+            if deferred:
+                deferred.pop(r.req_id).settle()
+                r.deferred = None
             del self._members[r.req_id]
             early = self._finish_at.get(self._due.pop(r.req_id))      # (stopped at EOS before it)
             if early:
@@ -102,8 +145,24 @@ class DecodeBatch:
         return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling,
                      decodes=len(self.ids))
 
+    def _settle_all(self) -> None:
+        """Every member's deferred tokens and times into its lists; none deferred any more."""
+        if self._deferred:
+            for d in self._deferred.values():
+                d.settle()
+            for r in self.requests:
+                r.deferred = None
+            self._deferred = {}
+
     def advance(self, sampled: list, now: float, eos) -> list:
         """Apply one step's tokens; returns the members that finished (they must `leave`)."""
+        if self._tokens is not None:          # tokens and times deferred: one log entry, one count each
+            self._steps = steps = self._steps + 1
+            self._log.append(now)
+            self._context = context = list(map(add, self._context, self._query_lens))   # (a fresh list)
+            for r, c in zip(self.requests, context):
+                r.num_computed_tokens = c
+            return self._finish_at.pop(steps, [])
         self._steps += 1
         self._context = context = []          # a fresh list: batches stay as sent
         for r, out, times, token in zip(self.requests, self._outputs, self._times, sampled):

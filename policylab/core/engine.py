@@ -22,7 +22,7 @@ from policylab.core.capabilities import Capability
 from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
 from policylab.core.contract import ContractViolation, DecodeFacts, SchedulerView, private_copy
-from policylab.core.decoding import Decoding
+from policylab.core.decoding import Decoding, positional_tokens
 from policylab.core.engine_ops import EngineOps
 from policylab.core.events import INF, ArrivalSource, EventQueue
 from policylab.core.extension import unowned_field
@@ -82,7 +82,8 @@ class Engine(Lifecycle, RequestSteps):
         self._running: list = []
         self._running_views = None       # views of running, rebuilt when it changes
         self._running_ids: list = []     # their req_ids, in running order (rebuilt with the views)
-        self._decoding = Decoding(self.requests, self.target_len, cfg.block_size)   # and the decode batch
+        # and the decode batch: it defers its members' tokens where they are the plane's positional ids
+        self._decoding = Decoding(self.requests, self.target_len, cfg.block_size, positional_tokens(dataplane, cfg))
         self.asleep = False              # its policy waits for work from outside: no step until woken
         self.wait_for: Callable[[], Optional[float]] = self._next_event   # see `wait`
         self.on_wake: Optional[Callable[[], None]] = None   # a driver's: this engine has work again

@@ -106,6 +106,8 @@ class Request:
     reject_reason: str = ""
     fork_of: Optional[int] = None     # a parallel sample: the req_id of the trace request it samples for
     forks: Optional[list] = None      # a trace request with parallel samples: its other samples' Requests
+    # on a decode batch that defers its tokens (policylab.core.decode_batch): what settles them
+    deferred: Optional[object] = field(default=None, init=False, repr=False)
 
     @property
     def trace_id(self) -> int:
@@ -130,6 +132,33 @@ class Request:
         if start >= p:
             return out
         return np.concatenate([self.prompt_ids[start:], out])
+
+
+def _settled(name: str):
+    """Make `Request.<name>` (a list slot) settle the request's deferred decode tokens when read.
+
+    A decode batch on a plane with positional tokens records its members' tokens and times once
+    per step for the whole batch, not per member (policylab.core.decode_batch); whoever reads a
+    member's lists gets them complete, and the engine's hot paths keep a plain slot underneath.
+    Returns the slot's raw getter, for the batch that fills it."""
+    slot = Request.__dict__[name]
+    get, put = slot.__get__, slot.__set__
+
+    def read(r: Request) -> list:
+        if r.deferred is not None:
+            r.deferred.settle()
+        return get(r)
+
+    def write(r: Request, value: list) -> None:
+        if getattr(r, "deferred", None) is not None:     # (unset while __init__ runs)
+            r.deferred.settle()
+        put(r, value)
+
+    setattr(Request, name, property(read, write, doc=f"The request's {name} (deferred decode tokens settled)."))
+    return get
+
+
+raw_output_ids, raw_token_times = _settled("output_ids"), _settled("token_times")
 
 
 def is_decoding(r: Request) -> bool:
