@@ -36,6 +36,11 @@ class Deferred:
         self.batch, self.out, self.times = batch, raw_output_ids(r), raw_token_times(r)
         self.since, self.pos = batch._steps, context - batch._steps
 
+    @property
+    def pending(self) -> int:
+        """Tokens deferred: the batch's steps since the last settle."""
+        return self.batch._steps - self.since
+
     def settle(self) -> None:
         """Write the tokens and times of the steps since the last settle."""
         batch, since = self.batch, self.since

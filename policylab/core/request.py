@@ -120,8 +120,10 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        """Known tokens: prompt plus every sampled output token."""
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Known tokens: prompt plus every sampled output token (a decode batch's deferred ones
+        counted, not settled: policies ask it of many requests every step)."""
+        deferred = self.deferred
+        return len(self.prompt_ids) + len(raw_output_ids(self)) + (0 if deferred is None else deferred.pending)
 
     def token_ids(self, start: int, end: int) -> np.ndarray:
         """Token ids in [start, end) of prompt + outputs, as int32."""
@@ -165,7 +167,9 @@ def is_decoding(r: Request) -> bool:
     """The one test of "this request decodes": it has output tokens and every known token but the
     last is in the KV cache, so its next step computes exactly one token (a recompute one token
     short of the end decodes too)."""
-    out = r.output_ids
+    if r.deferred is not None:
+        r.deferred.settle()
+    out = raw_output_ids(r)           # (the slot: asked of every request a step gives tokens one by one)
     return bool(out) and len(r.prompt_ids) + len(out) - r.num_computed_tokens == 1
 
 
