@@ -20,12 +20,14 @@ def _engine(deferred: bool, cfg: EngineConfig, trace: list) -> Engine:
 
 
 def _seen(engine: Engine, rid: int) -> tuple:
-    """What a reader sees of one request: its lists, its count, and its view's facts if live."""
+    """What a reader sees of one request: its count and token count (read before anything settles
+    it), its view's facts if live, and its lists."""
     r = engine.requests[rid]
     view = engine.views.get(rid)
+    counts = r.num_computed_tokens, r.num_tokens, view.remaining_tokens if view is not None else None
     facts = (view.num_output_tokens, view.num_tokens, view.last_token_time, view.first_token_time,
              view.is_decode) if view is not None else None
-    return list(r.output_ids), list(r.token_times), r.num_computed_tokens, facts
+    return counts, facts, list(r.output_ids), list(r.token_times), r.num_computed_tokens
 
 
 @pytest.mark.timeout(120)

@@ -12,28 +12,33 @@ being rebuilt; lists are replaced, never changed in place, so a batch already se
 as it ran.
 
 On a plane whose sampled id depends on the position only (`Capability.POSITIONAL_TOKENS`, the
-sim) and with no EOS to watch, a step writes nothing per member but its computed count: the
-step's time goes on one batch-level log, and a member's tokens since it last settled are a
-slice of the plane's id table and its times a slice of that log (every member takes one token
-a step). Its lists are settled when it leaves, when the batch is cleared, and whenever anyone
-reads them (`Request.output_ids` and `token_times` settle on read: policylab.core.request).
+sim) and with no EOS to watch, a step writes nothing per member: the step's time goes on one
+batch-level log, and a member's tokens since it last settled are a slice of the plane's id
+table, its times a slice of that log and its computed count grows by their number (every
+member takes one token a step). Only the next context lengths are built, at C level. A member
+is settled when it leaves, when the batch is cleared, and whenever anyone reads its lists
+(`Request.output_ids` and `token_times` settle on read; `num_computed_tokens` and `num_tokens`
+count the steps pending: policylab.core.request). The count stays deferred too because it is
+read a few dozen times in a request's life and stored once a step for each step it decodes.
 """
 from __future__ import annotations
 
 from operator import add
 
 from policylab.core.batch import Batch
-from policylab.core.request import raw_output_ids, raw_token_times
+from policylab.core.request import raw_computed, raw_output_ids, raw_token_times
+
+_computed, _set_computed = raw_computed
 
 
 class Deferred:
-    """One member's tokens and times not yet in its lists: those of the batch's steps after
-    `since`, sampled at positions `pos + step` (its context at a step is `pos` + the step)."""
+    """One member's tokens, times and computed count not yet written: those of the batch's steps
+    after `since`, sampled at positions `pos + step` (its context at a step is `pos` + the step)."""
 
-    __slots__ = ("batch", "out", "times", "since", "pos")
+    __slots__ = ("batch", "r", "out", "times", "since", "pos")
 
     def __init__(self, batch: "DecodeBatch", r, context: int):
-        self.batch, self.out, self.times = batch, raw_output_ids(r), raw_token_times(r)
+        self.batch, self.r, self.out, self.times = batch, r, raw_output_ids(r), raw_token_times(r)
         self.since, self.pos = batch._steps, context - batch._steps
 
     @property
@@ -48,6 +53,7 @@ class Deferred:
         if since != steps:
             self.out.extend(batch._tokens(self.pos + since, self.pos + steps))
             self.times.extend(batch._log[since:steps])
+            _set_computed(self.r, _computed(self.r) + steps - since)
             self.since = steps
 
 
@@ -161,12 +167,10 @@ class DecodeBatch:
 
     def advance(self, sampled: list, now: float, eos) -> list:
         """Apply one step's tokens; returns the members that finished (they must `leave`)."""
-        if self._tokens is not None:          # tokens and times deferred: one log entry, one count each
+        if self._tokens is not None:          # tokens, times and counts deferred: one log entry
             self._steps = steps = self._steps + 1
             self._log.append(now)
-            self._context = context = list(map(add, self._context, self._query_lens))   # (a fresh list)
-            for r, c in zip(self.requests, context):
-                r.num_computed_tokens = c
+            self._context = list(map(add, self._context, self._query_lens))   # (a fresh list, at C level)
             return self._finish_at.pop(steps, [])
         self._steps += 1
         self._context = context = []          # a fresh list: batches stay as sent

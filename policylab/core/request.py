@@ -142,7 +142,7 @@ def _settled(name: str):
     A decode batch on a plane with positional tokens records its members' tokens and times once
     per step for the whole batch, not per member (policylab.core.decode_batch); whoever reads a
     member's lists gets them complete, and the engine's hot paths keep a plain slot underneath.
-    Returns the slot's raw getter, for the batch that fills it."""
+    Returns the slot's raw (getter, setter), for the batch that fills it."""
     slot = Request.__dict__[name]
     get, put = slot.__get__, slot.__set__
 
@@ -151,16 +151,35 @@ def _settled(name: str):
             r.deferred.settle()
         return get(r)
 
-    def write(r: Request, value: list) -> None:
+    setattr(Request, name, property(read, _settling(put), doc=f"The request's {name} (deferred tokens settled)."))
+    return get, put
+
+
+def _settling(put):
+    """A setter that settles a member's deferred tokens first (so they land where they were due)."""
+    def write(r: Request, value) -> None:
         if getattr(r, "deferred", None) is not None:     # (unset while __init__ runs)
             r.deferred.settle()
         put(r, value)
-
-    setattr(Request, name, property(read, write, doc=f"The request's {name} (deferred decode tokens settled)."))
-    return get
+    return write
 
 
-raw_output_ids, raw_token_times = _settled("output_ids"), _settled("token_times")
+def _computed():
+    """Make `Request.num_computed_tokens` count a decode batch member's deferred steps: the slot
+    holds the count as of its last settle, a read adds the steps since (without settling)."""
+    slot = Request.__dict__["num_computed_tokens"]
+    get, put = slot.__get__, slot.__set__
+
+    def read(r: Request) -> int:
+        deferred = r.deferred
+        return get(r) if deferred is None else get(r) + deferred.batch._steps - deferred.since
+
+    Request.num_computed_tokens = property(read, _settling(put), doc="Tokens whose KV is in the cache.")
+    return get, put
+
+
+(raw_output_ids, _), (raw_token_times, _) = _settled("output_ids"), _settled("token_times")
+raw_computed = _computed()
 
 
 def is_decoding(r: Request) -> bool:
