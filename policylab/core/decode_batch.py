@@ -99,24 +99,26 @@ class DecodeBatch:
         """Add running decodes at the end of the batch."""
         rs = [self._all[i] for i in ids]
         context = [r.num_computed_tokens for r in rs]
+        targets = list(map(self._target_len.__getitem__, ids))
         self.ids, self.requests = self.ids + ids, self.requests + rs
-        self._outputs = self._outputs + [r.output_ids for r in rs]
-        self._targets = self._targets + list(map(self._target_len.__getitem__, ids))
-        self._times = self._times + [r.token_times for r in rs]
+        if self._tokens is None:                  # (what a step writes to, and checks EOS against)
+            self._outputs = self._outputs + [r.output_ids for r in rs]
+            self._times = self._times + [r.token_times for r in rs]
+            self._targets = self._targets + targets
         self._members.update(dict.fromkeys(ids))
         self._context = self._context + context
         self._tables = self._tables + [r.block_table for r in rs]
         self._sampling = self._sampling + [r.sampling for r in rs]
         self._members_changed()
         steps, due = self._steps, self._due
-        if self._tokens is not None:
-            for r, rid, c in zip(rs, ids, context):
-                r.deferred = self._deferred[rid] = Deferred(self, r, c)
-        for r, rid, c, target in zip(rs, ids, context, self._targets[-len(ids):]):
+        for r, rid, c, target in zip(rs, ids, context, targets):
             self._by_phase.setdefault((c - steps) % self.block_size, []).append(rid)
             left = target - len(r.output_ids)                               # (one token a step)
             due[rid] = step = steps + (left if left > 1 else 1)
             self._finish_at.setdefault(step, []).append(r)
+        if self._tokens is not None:
+            for r, rid, c in zip(rs, ids, context):
+                r.deferred = self._deferred[rid] = Deferred(self, r, c)
 
     def has_any(self, ids) -> bool:
         """Some of `ids` (a dict or set) are members (the smaller side is the one looked through)."""
@@ -125,15 +127,17 @@ class DecodeBatch:
     def leave(self, finished: list) -> None:
         """Drop finished members."""
         at = sorted(map(self.requests.index, finished), reverse=True)     # (a few, out of many)
+        eager = self._tokens is None
         kept = []
-        for members in (self.ids, self.requests, self._outputs, self._times, self._targets, self._context,
-                        self._tables, self._sampling):
+        for members in (self.ids, self.requests, self._context, self._tables, self._sampling,
+                        *((self._outputs, self._times, self._targets) if eager else ())):
             members = members.copy()                  # (new lists: batches already sent keep theirs)
             for i in at:
                 del members[i]
             kept.append(members)
-        self.ids, self.requests, self._outputs, self._times, self._targets, self._context, self._tables, \
-            self._sampling = kept
+        self.ids, self.requests, self._context, self._tables, self._sampling = kept[:5]
+        if eager:
+            self._outputs, self._times, self._targets = kept[5:]
         self._members_changed()
         deferred = self._deferred
         for r in finished:
