@@ -84,3 +84,29 @@ def test_a_plane_without_positional_ids_or_with_eos_writes_every_step():
         assert (engine._decoding._batch._tokens is not None) == deferred, (model.eos_token_id, stop_at_eos)
         engine.run()
         assert len(engine.requests[0].output_ids) == len(engine.requests[0].token_times) == 12 or stop_at_eos
+
+
+@pytest.mark.timeout(60)
+def test_a_request_taken_by_another_batch_keeps_its_new_deferral_when_the_old_batch_clears():
+    """A migrating request joins the destination's batch while the source's still lists it: the
+    source settling it later must not switch off the destination's deferral."""
+    import numpy as np
+    from policylab.core.decode_batch import DecodeBatch
+    from policylab.core.request import Request
+    tokens = lambda start, stop: [1000 + p for p in range(start, stop)]   # noqa: E731 - id after p
+    r = Request(0, 0.0, np.zeros(6, np.int32), 50, output_ids=[7], num_computed_tokens=6, token_times=[0.5])
+    source, destination = DecodeBatch([r], [20], 4, tokens), DecodeBatch([r], [20], 4, tokens)
+    source.become([0])
+    for t in (1.0, 2.0):
+        source.batch()
+        source.advance([], t, None)
+    assert r.num_computed_tokens == 8 and r.output_ids == [7, 1006, 1007] and r.token_times == [0.5, 1.0, 2.0]
+    destination.become([0])
+    destination.advance([], 3.0, None)
+    source.clear()
+    assert r.deferred is not None, "the source's clear switched off the destination's deferral"
+    destination.advance([], 4.0, None)
+    assert r.num_computed_tokens == 10 and r.num_tokens == 6 + 5
+    assert r.output_ids == [7, 1006, 1007, 1008, 1009] and r.token_times == [0.5, 1.0, 2.0, 3.0, 4.0]
+    destination.leave([r])
+    assert r.deferred is None and r.output_ids == [7, 1006, 1007, 1008, 1009]

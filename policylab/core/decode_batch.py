@@ -46,6 +46,13 @@ class Deferred:
         """Tokens deferred: the batch's steps since the last settle."""
         return self.batch._steps - self.since
 
+    def release(self) -> None:
+        """Settle, and leave the request writing its own lists (unless another batch took it since:
+        a request that moves to another engine joins that engine's batch)."""
+        self.settle()
+        if self.r.deferred is self:
+            self.r.deferred = None
+
     def settle(self) -> None:
         """Write the tokens and times of the steps since the last settle."""
         batch, since = self.batch, self.since
@@ -142,8 +149,7 @@ class DecodeBatch:
         deferred = self._deferred
         for r in finished:
             if deferred:
-                deferred.pop(r.req_id).settle()
-                r.deferred = None
+                deferred.pop(r.req_id).release()
             del self._members[r.req_id]
             early = self._finish_at.get(self._due.pop(r.req_id))      # (stopped at EOS before it)
             if early:
@@ -164,9 +170,7 @@ class DecodeBatch:
         """Every member's deferred tokens and times into its lists; none deferred any more."""
         if self._deferred:
             for d in self._deferred.values():
-                d.settle()
-            for r in self.requests:
-                r.deferred = None
+                d.release()
             self._deferred = {}
 
     def advance(self, sampled: list, now: float, eos) -> list:
