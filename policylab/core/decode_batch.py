@@ -54,7 +54,7 @@ class Deferred:
             self.r.deferred = None
 
     def settle(self) -> None:
-        """Write the tokens and times of the steps since the last settle."""
+        """Write the tokens, times and computed count of the steps since the last settle."""
         batch, since = self.batch, self.since
         steps = batch._steps
         if since != steps:
@@ -73,7 +73,7 @@ class DecodeBatch:
         depend on the position only and no EOS can stop a member (None: every step writes them)."""
         self._all, self._target_len, self.block_size = requests, target_len, block_size
         self._tokens = tokens
-        self._deferred: dict = {}                 # member req_id -> its Deferred (tokens deferred only)
+        self._deferred: dict = {}                 # member req_id -> its Deferred (with `tokens` only)
         self.clear()
 
     def clear(self) -> None:
@@ -167,7 +167,7 @@ class DecodeBatch:
                      decodes=len(self.ids))
 
     def _settle_all(self) -> None:
-        """Every member's deferred tokens and times into its lists; none deferred any more."""
+        """Write every member's deferred tokens, times and count; none is deferred any more."""
         if self._deferred:
             for d in self._deferred.values():
                 d.release()
