@@ -16,19 +16,59 @@ sim) and with no EOS to watch, a step writes nothing per member: the step's time
 batch-level log, and a member's tokens since it last settled are a slice of the plane's id
 table, its times a slice of that log and its computed count grows by their number (every
 member takes one token a step). Only the next context lengths are built, at C level. A member
-is settled when it leaves, when the batch is cleared, and whenever anyone reads its lists
-(`Request.output_ids` and `token_times` settle on read; `num_computed_tokens` and `num_tokens`
-count the steps pending: policylab.core.request). The count stays deferred too because it is
-read a few dozen times in a request's life and stored once a step for each step it decodes.
+is settled when it leaves, when the batch is cleared, and whenever anyone reads its lists.
+While on the batch a member's class is `DeferredRequest`, whose `output_ids` and `token_times`
+settle when read and whose `num_computed_tokens` and `num_tokens` count the steps pending; every
+other request keeps `Request`'s plain slots, so the many reads of requests that are not
+members (prefills, waiting ones) cost no more than before.
 """
 from __future__ import annotations
 
 from operator import add
 
 from policylab.core.batch import Batch
-from policylab.core.request import raw_computed, raw_output_ids, raw_token_times
+from policylab.core.request import Request
 
-_computed, _set_computed = raw_computed
+_slot = Request.__dict__               # the slots' own descriptors, beneath DeferredRequest's properties
+_get_out, _set_out = _slot["output_ids"].__get__, _slot["output_ids"].__set__
+_get_times, _set_times = _slot["token_times"].__get__, _slot["token_times"].__set__
+_computed, _set_computed = _slot["num_computed_tokens"].__get__, _slot["num_computed_tokens"].__set__
+
+
+def _settled(get, put, name: str) -> property:
+    def read(r):
+        r.deferred.settle()
+        return get(r)
+
+    def write(r, value) -> None:
+        r.deferred.settle()
+        put(r, value)
+    return property(read, write, doc=f"The request's {name}, its deferred tokens settled first.")
+
+
+def _read_computed(r) -> int:
+    deferred = r.deferred
+    return _computed(r) + deferred.batch._steps - deferred.since
+
+
+def _write_computed(r, value: int) -> None:
+    r.deferred.settle()
+    _set_computed(r, value)
+
+
+class DeferredRequest(Request):
+    """A member of a decode batch that defers its tokens (its class while on the batch): reads
+    see every token it has taken, written or not."""
+
+    __slots__ = ()
+    output_ids = _settled(_get_out, _set_out, "output_ids")
+    token_times = _settled(_get_times, _set_times, "token_times")
+    num_computed_tokens = property(_read_computed, _write_computed, doc="Tokens whose KV is in the cache.")
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens (the deferred ones counted, not settled)."""
+        return len(self.prompt_ids) + len(_get_out(self)) + self.deferred.pending
 
 
 class Deferred:
@@ -38,8 +78,10 @@ class Deferred:
     __slots__ = ("batch", "r", "out", "times", "since", "pos")
 
     def __init__(self, batch: "DecodeBatch", r, context: int):
-        self.batch, self.r, self.out, self.times = batch, r, raw_output_ids(r), raw_token_times(r)
+        self.batch, self.r, self.out, self.times = batch, r, _get_out(r), _get_times(r)
         self.since, self.pos = batch._steps, context - batch._steps
+        r.deferred = self
+        r.__class__ = DeferredRequest
 
     @property
     def pending(self) -> int:
@@ -52,6 +94,7 @@ class Deferred:
         self.settle()
         if self.r.deferred is self:
             self.r.deferred = None
+            self.r.__class__ = Request
 
     def settle(self) -> None:
         """Write the tokens, times and computed count of the steps since the last settle."""
@@ -125,7 +168,7 @@ class DecodeBatch:
             self._finish_at.setdefault(step, []).append(r)
         if self._tokens is not None:
             for r, rid, c in zip(rs, ids, context):
-                r.deferred = self._deferred[rid] = Deferred(self, r, c)
+                self._deferred[rid] = Deferred(self, r, c)
 
     def has_any(self, ids) -> bool:
         """Some of `ids` (a dict or set) are members (the smaller side is the one looked through)."""

@@ -106,7 +106,7 @@ class Request:
     reject_reason: str = ""
     fork_of: Optional[int] = None     # a parallel sample: the req_id of the trace request it samples for
     forks: Optional[list] = None      # a trace request with parallel samples: its other samples' Requests
-    # on a decode batch that defers its tokens (policylab.core.decode_batch): what settles them
+    # on a decode batch that defers its tokens: what settles them (policylab.core.decode_batch)
     deferred: Optional[object] = field(default=None, init=False, repr=False)
 
     @property
@@ -120,10 +120,8 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        """Known tokens: prompt plus every sampled output token (a decode batch's deferred ones
-        counted, not settled: policies ask it of many requests every step)."""
-        deferred = self.deferred
-        return len(self.prompt_ids) + len(raw_output_ids(self)) + (0 if deferred is None else deferred.pending)
+        """Known tokens: prompt plus every sampled output token."""
+        return len(self.prompt_ids) + len(self.output_ids)
 
     def token_ids(self, start: int, end: int) -> np.ndarray:
         """Token ids in [start, end) of prompt + outputs, as int32."""
@@ -136,59 +134,11 @@ class Request:
         return np.concatenate([self.prompt_ids[start:], out])
 
 
-def _settled(name: str):
-    """Make `Request.<name>` (a list slot) settle the request's deferred decode tokens when read.
-
-    A decode batch on a plane with positional tokens records its members' tokens and times once
-    per step for the whole batch, not per member (policylab.core.decode_batch); whoever reads a
-    member's lists gets them complete, and the engine's hot paths keep a plain slot underneath.
-    Returns the slot's raw (getter, setter), for the batch that fills it."""
-    slot = Request.__dict__[name]
-    get, put = slot.__get__, slot.__set__
-
-    def read(r: Request) -> list:
-        if r.deferred is not None:
-            r.deferred.settle()
-        return get(r)
-
-    setattr(Request, name, property(read, _settling(put), doc=f"The request's {name} (deferred tokens settled)."))
-    return get, put
-
-
-def _settling(put):
-    """A setter that settles a member's deferred tokens first (so they land where they were due)."""
-    def write(r: Request, value) -> None:
-        if getattr(r, "deferred", None) is not None:     # (unset while __init__ runs)
-            r.deferred.settle()
-        put(r, value)
-    return write
-
-
-def _computed():
-    """Make `Request.num_computed_tokens` count a decode batch member's deferred steps: the slot
-    holds the count as of its last settle, a read adds the steps since (without settling)."""
-    slot = Request.__dict__["num_computed_tokens"]
-    get, put = slot.__get__, slot.__set__
-
-    def read(r: Request) -> int:
-        deferred = r.deferred
-        return get(r) if deferred is None else get(r) + deferred.batch._steps - deferred.since
-
-    Request.num_computed_tokens = property(read, _settling(put), doc="Tokens whose KV is in the cache.")
-    return get, put
-
-
-(raw_output_ids, _), (raw_token_times, _) = _settled("output_ids"), _settled("token_times")
-raw_computed = _computed()
-
-
 def is_decoding(r: Request) -> bool:
     """The one test of "this request decodes": it has output tokens and every known token but the
     last is in the KV cache, so its next step computes exactly one token (a recompute one token
     short of the end decodes too)."""
-    if r.deferred is not None:
-        r.deferred.settle()
-    out = raw_output_ids(r)           # (the slot: asked of every request a step gives tokens one by one)
+    out = r.output_ids
     return bool(out) and len(r.prompt_ids) + len(out) - r.num_computed_tokens == 1
 
 
