@@ -36,6 +36,7 @@ _computed, _set_computed = _slot["num_computed_tokens"].__get__, _slot["num_comp
 
 
 def _settled(get, put, name: str) -> property:
+    """A member's list slot `name` as a property: a read or a write finds its tokens settled."""
     def read(r):
         r.deferred.settle()
         return get(r)
@@ -47,6 +48,7 @@ def _settled(get, put, name: str) -> property:
 
 
 def _read_computed(r) -> int:
+    """A member's computed count: as of its last settle, plus one for each step since."""
     deferred = r.deferred
     return _computed(r) + deferred.batch._steps - deferred.since
 
