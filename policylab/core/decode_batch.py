@@ -162,15 +162,15 @@ class DecodeBatch:
         self._tables = self._tables + [r.block_table for r in rs]
         self._sampling = self._sampling + [r.sampling for r in rs]
         self._members_changed()
-        steps, due = self._steps, self._due
+        steps, due, bs, by_phase, finish_at = self._steps, self._due, self.block_size, self._by_phase, self._finish_at
+        deferred = self._deferred if self._tokens is not None else None
         for r, rid, c, target in zip(rs, ids, context, targets):
-            self._by_phase.setdefault((c - steps) % self.block_size, []).append(rid)
+            by_phase.setdefault((c - steps) % bs, []).append(rid)
             left = target - len(r.output_ids)                               # (one token a step)
             due[rid] = step = steps + (left if left > 1 else 1)
-            self._finish_at.setdefault(step, []).append(r)
-        if self._tokens is not None:
-            for r, rid, c in zip(rs, ids, context):
-                self._deferred[rid] = Deferred(self, r, c)
+            finish_at.setdefault(step, []).append(r)
+            if deferred is not None:
+                deferred[rid] = Deferred(self, r, c)
 
     def has_any(self, ids) -> bool:
         """Some of `ids` (a dict or set) are members (the smaller side is the one looked through)."""
@@ -199,8 +199,8 @@ class DecodeBatch:
             early = self._finish_at.get(self._due.pop(r.req_id))      # (stopped at EOS before it)
             if early:
                 early.remove(r)
-            phase = (r.num_computed_tokens - self._steps) % self.block_size
-            self._by_phase[phase] = [rid for rid in self._by_phase[phase] if rid != r.req_id]
+            # (in place: `full_last_block`'s lists are read at once, never kept)
+            self._by_phase[(r.num_computed_tokens - self._steps) % self.block_size].remove(r.req_id)
 
     def _members_changed(self) -> None:
         """Per-member constants: one token each, every one sampled."""
@@ -219,7 +219,8 @@ class DecodeBatch:
             self._deferred = {}
 
     def advance(self, sampled: list, now: float, eos) -> list:
-        """Apply one step's tokens; returns the members that finished (they must `leave`)."""
+        """Apply one step's tokens (`sampled`: the members' first, in batch order; any after them
+        are not theirs); returns the members that finished (they must `leave`)."""
         if self._tokens is not None:          # tokens, times and counts deferred: one log entry
             self._steps = steps = self._steps + 1
             self._log.append(now)
@@ -232,7 +233,7 @@ class DecodeBatch:
             times.append(now)
             r.num_computed_tokens = c = r.num_computed_tokens + 1
             context.append(c)                 # (a method call the interpreter inlines; a bound one it does not)
-        if eos is not None and eos in sampled:        # any member may stop at EOS
+        if eos is not None and eos in sampled[:len(context)]:     # any member may stop at EOS
             return [r for r, out, target in zip(self.requests, self._outputs, self._targets)
                     if len(out) >= target or out[-1] == eos]
         return self._finish_at.pop(self._steps, [])    # (in batch order: members join at the end)

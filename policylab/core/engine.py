@@ -272,8 +272,7 @@ class Engine(Lifecycle, RequestSteps):
         start = self.step_start = self.clock.now
         self.clock.advance(result.duration)
         batch, n, now, sampled = step.batch, step.decodes, self.clock.now, result.sampled
-        finished = self._decoding.postprocess(sampled[:n] if step.requests else sampled, now, self._eos) \
-            if n else []
+        finished = self._decoding.postprocess(sampled, now, self._eos) if n else []   # (its first n are theirs)
         prefill_tokens = n_prefill = 0
         if step.requests:
             query_lens, rest = (batch.query_lens[n:], sampled[n:]) if batch.spec_lens is None else \
@@ -300,11 +299,11 @@ class Engine(Lifecycle, RequestSteps):
             else batch.req_ids                       # (the leading decodes are all sampled)
         for hook in self._after_step:
             hook(self._sampled, sampled)
-        size = len(batch.req_ids)
+        size, kv = len(batch.req_ids), self.kv
         tokens = n + sum(batch.query_lens[n:]) if step.requests else n
         self.step_log.append([start, result.duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,
-                              size - n_prefill, self.kv.num_used, len(self._waiting), len(self._running),
+                              size - n_prefill, kv.num_blocks - kv.num_free, len(self._waiting), len(self._running),
                               step.preempted, step.rejected])
         self.step_index += 1
         if self.cfg.check_invariants:
-            self.kv.check()
+            kv.check()
