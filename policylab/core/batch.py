@@ -79,7 +79,8 @@ class DataPlane(Protocol):
     #                      copy_kv_blocks(src, dst): the K/V the KV manager moves
     #   LOGPROBS           sampled_logprobs(rows, tokens) -> log-probabilities of the last step's tokens
     #   DRAFTS             executes batches with `spec_lens`, returning `StepResult.accepted`
-    #   POSITIONAL_TOKENS  token_at(position) -> the id sampled after that position
+    #   POSITIONAL_TOKENS  token_at(position) -> the id sampled after that position; tokens(start, stop)
+    #                      -> those after positions start..stop-1 (a decode batch defers its tokens)
     #   TOKEN_IDS          reads `Batch.token_ids` (without it the engine builds none)
 
 

@@ -14,7 +14,8 @@ class Capability(str, Enum):
     KV_CONTENTS = "kv_contents"        # export_kv / import_kv / copy_kv_blocks: the plane holds real K/V
     LOGPROBS = "logprobs"              # sampled_logprobs(rows, tokens): beam search's real scores
     DRAFTS = "drafts"                  # verifies draft tokens (Batch.spec_lens, StepResult.accepted)
-    POSITIONAL_TOKENS = "positional_tokens"   # token_at(position): the id sampled after a position
-                                       # depends on the position only (the sim), so decodes need no list
+    POSITIONAL_TOKENS = "positional_tokens"   # token_at(position), tokens(start, stop): the id sampled
+                                       # after a position depends on the position only (the sim), so
+                                       # decodes need no list and a decode batch may defer its tokens
     SCHEDULES_AHEAD = "schedules_ahead"   # the engine it models plans a step while the last one runs
                                        # (vLLM's async scheduling): arrivals are seen a step later

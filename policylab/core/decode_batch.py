@@ -10,22 +10,121 @@ length, and the steps on which its last block fills, follow from its counts when
 Members join at the end (a prefill just completed) and leave (finished) without the batch
 being rebuilt; lists are replaced, never changed in place, so a batch already sent stays
 as it ran.
+
+On a plane whose sampled id depends on the position only (`Capability.POSITIONAL_TOKENS`, the
+sim) and with no EOS to watch, a step writes nothing per member: the step's time goes on one
+batch-level log, and a member's tokens since it last settled are a slice of the plane's id
+table, its times a slice of that log and its computed count grows by their number (every
+member takes one token a step). Only the next context lengths are built, at C level. A member
+is settled when it leaves, when the batch is cleared, and whenever anyone reads its lists.
+While on the batch a member's class is `DeferredRequest`, whose `output_ids` and `token_times`
+settle when read and whose `num_computed_tokens` and `num_tokens` count the steps pending; every
+other request keeps `Request`'s plain slots, so the many reads of requests that are not
+members (prefills, waiting ones) cost no more than before.
 """
 from __future__ import annotations
 
+from operator import add
+
 from policylab.core.batch import Batch
+from policylab.core.request import Request
+
+_slot = Request.__dict__               # the slots' own descriptors, beneath DeferredRequest's properties
+_get_out, _set_out = _slot["output_ids"].__get__, _slot["output_ids"].__set__
+_get_times, _set_times = _slot["token_times"].__get__, _slot["token_times"].__set__
+_computed, _set_computed = _slot["num_computed_tokens"].__get__, _slot["num_computed_tokens"].__set__
+
+
+def _settled(get, put, name: str) -> property:
+    """A member's list slot `name` as a property: a read or a write finds its tokens settled."""
+    def read(r):
+        r.deferred.settle()
+        return get(r)
+
+    def write(r, value) -> None:
+        r.deferred.settle()
+        put(r, value)
+    return property(read, write, doc=f"The request's {name}, its deferred tokens settled first.")
+
+
+def _read_computed(r) -> int:
+    """A member's computed count: as of its last settle, plus one for each step since."""
+    deferred = r.deferred
+    return _computed(r) + deferred.batch._steps - deferred.since
+
+
+def _write_computed(r, value: int) -> None:
+    r.deferred.settle()
+    _set_computed(r, value)
+
+
+class DeferredRequest(Request):
+    """A member of a decode batch that defers its tokens (its class while on the batch): reads
+    see every token it has taken, written or not."""
+
+    __slots__ = ()
+    output_ids = _settled(_get_out, _set_out, "output_ids")
+    token_times = _settled(_get_times, _set_times, "token_times")
+    num_computed_tokens = property(_read_computed, _write_computed, doc="Tokens whose KV is in the cache.")
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens (the deferred ones counted, not settled)."""
+        return len(self.prompt_ids) + len(_get_out(self)) + self.deferred.pending
+
+
+class Deferred:
+    """One member's tokens, times and computed count not yet written: those of the batch's steps
+    after `since`, sampled at positions `pos + step` (its context at a step is `pos` + the step)."""
+
+    __slots__ = ("batch", "r", "out", "times", "since", "pos")
+
+    def __init__(self, batch: "DecodeBatch", r, context: int):
+        self.batch, self.r, self.out, self.times = batch, r, _get_out(r), _get_times(r)
+        self.since, self.pos = batch._steps, context - batch._steps
+        r.deferred = self
+        r.__class__ = DeferredRequest
+
+    @property
+    def pending(self) -> int:
+        """Tokens deferred: the batch's steps since the last settle."""
+        return self.batch._steps - self.since
+
+    def release(self) -> None:
+        """Settle, and leave the request writing its own lists (unless another batch took it since:
+        a request that moves to another engine joins that engine's batch)."""
+        self.settle()
+        if self.r.deferred is self:
+            self.r.deferred = None
+            self.r.__class__ = Request
+
+    def settle(self) -> None:
+        """Write the tokens, times and computed count of the steps since the last settle."""
+        batch, since = self.batch, self.since
+        steps = batch._steps
+        if since != steps:
+            self.out.extend(batch._tokens(self.pos + since, self.pos + steps))
+            self.times.extend(batch._log[since:steps])
+            _set_computed(self.r, _computed(self.r) + steps - since)
+            self.since = steps
 
 
 class DecodeBatch:
     """Running decodes in batch order: a private cache of `Decoding` (which requests decode and
     whose last block is full), valid while only its decodes change its members."""
 
-    def __init__(self, requests: list, target_len: dict, block_size: int):
+    def __init__(self, requests: list, target_len: dict, block_size: int, tokens=None):
+        """`tokens(start, stop)`: the ids the plane samples after positions start..stop-1, when they
+        depend on the position only and no EOS can stop a member (None: every step writes them)."""
         self._all, self._target_len, self.block_size = requests, target_len, block_size
+        self._tokens = tokens
+        self._deferred: dict = {}                 # member req_id -> its Deferred (with `tokens` only)
         self.clear()
 
     def clear(self) -> None:
         """Start over, empty (with new lists: batches already sent keep theirs)."""
+        self._settle_all()
+        self._log: list = []                      # the time of each step since the batch formed
         self.ids: list = []
         self.requests: list = []
         self._outputs, self._times, self._targets, self._context = [], [], [], []
@@ -52,21 +151,26 @@ class DecodeBatch:
         """Add running decodes at the end of the batch."""
         rs = [self._all[i] for i in ids]
         context = [r.num_computed_tokens for r in rs]
+        targets = list(map(self._target_len.__getitem__, ids))
         self.ids, self.requests = self.ids + ids, self.requests + rs
-        self._outputs = self._outputs + [r.output_ids for r in rs]
-        self._targets = self._targets + list(map(self._target_len.__getitem__, ids))
-        self._times = self._times + [r.token_times for r in rs]
+        if self._tokens is None:                  # (what a step writes to, and checks EOS against)
+            self._outputs = self._outputs + [r.output_ids for r in rs]
+            self._times = self._times + [r.token_times for r in rs]
+            self._targets = self._targets + targets
         self._members.update(dict.fromkeys(ids))
         self._context = self._context + context
         self._tables = self._tables + [r.block_table for r in rs]
         self._sampling = self._sampling + [r.sampling for r in rs]
         self._members_changed()
-        steps, due = self._steps, self._due
-        for r, rid, c, target in zip(rs, ids, context, self._targets[-len(ids):]):
-            self._by_phase.setdefault((c - steps) % self.block_size, []).append(rid)
+        steps, due, bs, by_phase, finish_at = self._steps, self._due, self.block_size, self._by_phase, self._finish_at
+        deferred = self._deferred if self._tokens is not None else None
+        for r, rid, c, target in zip(rs, ids, context, targets):
+            by_phase.setdefault((c - steps) % bs, []).append(rid)
             left = target - len(r.output_ids)                               # (one token a step)
             due[rid] = step = steps + (left if left > 1 else 1)
-            self._finish_at.setdefault(step, []).append(r)
+            finish_at.setdefault(step, []).append(r)
+            if deferred is not None:
+                deferred[rid] = Deferred(self, r, c)
 
     def has_any(self, ids) -> bool:
         """Some of `ids` (a dict or set) are members (the smaller side is the one looked through)."""
@@ -75,23 +179,28 @@ class DecodeBatch:
     def leave(self, finished: list) -> None:
         """Drop finished members."""
         at = sorted(map(self.requests.index, finished), reverse=True)     # (a few, out of many)
+        eager = self._tokens is None
         kept = []
-        for members in (self.ids, self.requests, self._outputs, self._times, self._targets, self._context,
-                        self._tables, self._sampling):
+        for members in (self.ids, self.requests, self._context, self._tables, self._sampling,
+                        *((self._outputs, self._times, self._targets) if eager else ())):
             members = members.copy()                  # (new lists: batches already sent keep theirs)
             for i in at:
                 del members[i]
             kept.append(members)
-        self.ids, self.requests, self._outputs, self._times, self._targets, self._context, self._tables, \
-            self._sampling = kept
+        self.ids, self.requests, self._context, self._tables, self._sampling = kept[:5]
+        if eager:
+            self._outputs, self._times, self._targets = kept[5:]
         self._members_changed()
+        deferred = self._deferred
         for r in finished:
+            if deferred:
+                deferred.pop(r.req_id).release()
             del self._members[r.req_id]
             early = self._finish_at.get(self._due.pop(r.req_id))      # (stopped at EOS before it)
             if early:
                 early.remove(r)
-            phase = (r.num_computed_tokens - self._steps) % self.block_size
-            self._by_phase[phase] = [rid for rid in self._by_phase[phase] if rid != r.req_id]
+            # (in place: `full_last_block`'s lists are read at once, never kept)
+            self._by_phase[(r.num_computed_tokens - self._steps) % self.block_size].remove(r.req_id)
 
     def _members_changed(self) -> None:
         """Per-member constants: one token each, every one sampled."""
@@ -102,8 +211,21 @@ class DecodeBatch:
         return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling,
                      decodes=len(self.ids))
 
+    def _settle_all(self) -> None:
+        """Write every member's deferred tokens, times and count; none is deferred any more."""
+        if self._deferred:
+            for d in self._deferred.values():
+                d.release()
+            self._deferred = {}
+
     def advance(self, sampled: list, now: float, eos) -> list:
-        """Apply one step's tokens; returns the members that finished (they must `leave`)."""
+        """Apply one step's tokens (`sampled`: the members' first, in batch order; any after them
+        are not theirs); returns the members that finished (they must `leave`)."""
+        if self._tokens is not None:          # tokens, times and counts deferred: one log entry
+            self._steps = steps = self._steps + 1
+            self._log.append(now)
+            self._context = list(map(add, self._context, self._query_lens))   # (a fresh list, at C level)
+            return self._finish_at.pop(steps, [])
         self._steps += 1
         self._context = context = []          # a fresh list: batches stay as sent
         for r, out, times, token in zip(self.requests, self._outputs, self._times, sampled):
@@ -111,7 +233,7 @@ class DecodeBatch:
             times.append(now)
             r.num_computed_tokens = c = r.num_computed_tokens + 1
             context.append(c)                 # (a method call the interpreter inlines; a bound one it does not)
-        if eos is not None and eos in sampled:        # any member may stop at EOS
+        if eos is not None and eos in sampled[:len(context)]:     # any member may stop at EOS
             return [r for r, out, target in zip(self.requests, self._outputs, self._targets)
                     if len(out) >= target or out[-1] == eos]
         return self._finish_at.pop(self._steps, [])    # (in batch order: members join at the end)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from policylab.core.batch import Batch
+from policylab.core.capabilities import Capability
 from policylab.core.contract import DecodeFacts
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.request import Request, is_decoding
@@ -21,13 +22,14 @@ class Decoding:
     """The decoding requests of one engine (ordered by when they began decoding), those whose last
     block is full, and the decode batch cached over them."""
 
-    def __init__(self, requests: list, target_len: list, block_size: int):
+    def __init__(self, requests: list, target_len: list, block_size: int, tokens=None):
+        """`tokens`: the plane's positional ids, for a decode batch that defers them (DecodeBatch)."""
         self._requests, self.block_size = requests, block_size
         self._ids: dict = {}          # req_id -> 1: an ordered set (and the plan {each: 1} when in running order)
         self._full: dict = {}         # req_id -> None: decoding ones whose last block is full
         self.ids = MappingProxyType(self._ids).keys()      # live read-only sets (the view's facts)
         self.full = MappingProxyType(self._full).keys()
-        self._batch = DecodeBatch(requests, target_len, block_size)
+        self._batch = DecodeBatch(requests, target_len, block_size, tokens)
         self.facts = None             # the view's DecodeFacts (`make_facts`); None when running or decoding change
         self._batch_is_facts = False  # the batch's members are the facts' ids, in that order
 
@@ -126,3 +128,13 @@ class Decoding:
             batch.leave(finished)
             self._batch_is_facts = False
         return finished
+
+
+def positional_tokens(dataplane, cfg):
+    """The plane's `tokens(start, stop)` where a decode's token is a function of its position
+    (`Capability.POSITIONAL_TOKENS`) and no EOS can end a decode early (a finish must be known
+    ahead for its tokens to be deferred); else None: every step writes every member's token."""
+    if Capability.POSITIONAL_TOKENS in dataplane.capabilities and \
+            (not cfg.stop_at_eos or dataplane.eos_token_id is None):
+        return dataplane.tokens
+    return None

@@ -22,7 +22,7 @@ from policylab.core.capabilities import Capability
 from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
 from policylab.core.contract import ContractViolation, DecodeFacts, SchedulerView, private_copy
-from policylab.core.decoding import Decoding
+from policylab.core.decoding import Decoding, positional_tokens
 from policylab.core.engine_ops import EngineOps
 from policylab.core.events import INF, ArrivalSource, EventQueue
 from policylab.core.extension import unowned_field
@@ -82,7 +82,8 @@ class Engine(Lifecycle, RequestSteps):
         self._running: list = []
         self._running_views = None       # views of running, rebuilt when it changes
         self._running_ids: list = []     # their req_ids, in running order (rebuilt with the views)
-        self._decoding = Decoding(self.requests, self.target_len, cfg.block_size)   # and the decode batch
+        # and the decode batch: it defers its members' tokens where they are the plane's positional ids
+        self._decoding = Decoding(self.requests, self.target_len, cfg.block_size, positional_tokens(dataplane, cfg))
         self.asleep = False              # its policy waits for work from outside: no step until woken
         self.wait_for: Callable[[], Optional[float]] = self._next_event   # see `wait`
         self.on_wake: Optional[Callable[[], None]] = None   # a driver's: this engine has work again
@@ -271,8 +272,7 @@ class Engine(Lifecycle, RequestSteps):
         start = self.step_start = self.clock.now
         self.clock.advance(result.duration)
         batch, n, now, sampled = step.batch, step.decodes, self.clock.now, result.sampled
-        finished = self._decoding.postprocess(sampled[:n] if step.requests else sampled, now, self._eos) \
-            if n else []
+        finished = self._decoding.postprocess(sampled, now, self._eos) if n else []   # (its first n are theirs)
         prefill_tokens = n_prefill = 0
         if step.requests:
             query_lens, rest = (batch.query_lens[n:], sampled[n:]) if batch.spec_lens is None else \
@@ -299,11 +299,11 @@ class Engine(Lifecycle, RequestSteps):
             else batch.req_ids                       # (the leading decodes are all sampled)
         for hook in self._after_step:
             hook(self._sampled, sampled)
-        size = len(batch.req_ids)
+        size, kv = len(batch.req_ids), self.kv
         tokens = n + sum(batch.query_lens[n:]) if step.requests else n
         self.step_log.append([start, result.duration, size, prefill_tokens, tokens - prefill_tokens, n_prefill,
-                              size - n_prefill, self.kv.num_used, len(self._waiting), len(self._running),
+                              size - n_prefill, kv.num_blocks - kv.num_free, len(self._waiting), len(self._running),
                               step.preempted, step.rejected])
         self.step_index += 1
         if self.cfg.check_invariants:
-            self.kv.check()
+            kv.check()

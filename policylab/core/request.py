@@ -106,6 +106,8 @@ class Request:
     reject_reason: str = ""
     fork_of: Optional[int] = None     # a parallel sample: the req_id of the trace request it samples for
     forks: Optional[list] = None      # a trace request with parallel samples: its other samples' Requests
+    # on a decode batch that defers its tokens: what settles them (policylab.core.decode_batch)
+    deferred: Optional[object] = field(default=None, init=False, repr=False)
 
     @property
     def trace_id(self) -> int:

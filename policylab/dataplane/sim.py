@@ -292,6 +292,12 @@ class SimDataPlane:
             self._grow_tokens(position + 1)
         return self._next_token[position]
 
+    def tokens(self, start: int, stop: int) -> list:
+        """The ids sampled after the tokens at positions start..stop-1 (a decode batch's deferred ones)."""
+        if stop > len(self._next_token):
+            self._grow_tokens(stop)
+        return self._next_token[start:stop]
+
     def _speculation(self):
         if self.speculation is None:           # (no speculative config given: n-gram at its defaults)
             from policylab.dataplane.speculative import SimSpeculation
