@@ -111,9 +111,13 @@ class Decoding:
             self._batch_is_facts = steady and self.facts is not None   # (not when running just changed)
         full = self._full
         growing = list(full) if len(decodes) == len(self._ids) else full.keys() & set(decodes)
-        for rid in growing:
-            kv.grow_one(self._requests[rid].block_table)
-            del full[rid]                     # its last block is no longer full
+        if growing:                           # their blocks in one take, in this order
+            kv.grow_each([self._requests[rid].block_table for rid in growing])
+            if len(growing) == len(full):
+                full.clear()                  # their last blocks are no longer full
+            else:
+                for rid in growing:
+                    del full[rid]
         return self._batch.batch()
 
     def postprocess(self, sampled: list, now: float, eos) -> list:

@@ -14,6 +14,9 @@ from types import MappingProxyType
 from policylab.core.kv.radix import RadixTree
 
 
+_drain = deque(maxlen=0).extend     # runs an iterator to its end at C level (`grow_each`)
+
+
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks that hold `num_tokens` tokens: the one block-count formula (a ceiling division)."""
     return -(-num_tokens // block_size)
@@ -177,6 +180,17 @@ class BlockPool:
                 self._take(table, 1)
         else:
             raise MemoryError("KV cache exhausted: need 1 block, 0 free")
+
+    def grow_each(self, tables: list) -> None:
+        """One more block for each of `tables` (decodes crossing a block boundary together): the
+        blocks `grow_one` would give them one after the other, taken in one pass."""
+        if len(tables) == 1:
+            return self.grow_one(tables[0])
+        if len(tables) > self.num_free:
+            raise MemoryError(f"KV cache exhausted: need {len(tables)} blocks, {self.num_free} free")
+        blocks: list = []
+        self._take(blocks, len(tables))
+        _drain(map(list.append, tables, blocks))
 
     def copy_block(self, b: int) -> int:
         """A fresh block to copy shared block `b` into (copy-on-write): one reference on `b` moves
