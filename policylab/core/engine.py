@@ -245,8 +245,11 @@ class Engine(Lifecycle, RequestSteps):
         self._owner = owner
         if leading and owner is None:
             decodes = self._decoding.facts.ids       # every decode, in running order
-            chunks = entries_after(sched, leading) if leading < len(sched) else {}
-            parts = self._commit_requests(chunks, [], {}) if chunks else None
+            parts = None
+            if leading + 1 == len(sched):            # one entry follows them (mostly a running prefill's chunk)
+                parts = self._commit_chunk(*next(reversed(sched.items())))
+            if parts is None and leading < len(sched):
+                parts = self._commit_requests(entries_after(sched, leading), [], {})
         else:
             decodes, chunks = ([], sched) if owner is not None else self._decoding.split(plan)
             parts = self._commit_requests(owner.widen(chunks, extra) if owner is not None else chunks, plan.preempt,

@@ -79,6 +79,27 @@ class RequestSteps:
         self._liveness.check(bool(reject))
         return batch, rs
 
+    def _commit_chunk(self, rid: int, n: int):
+        """The batch of one running request's prefill chunk (the usual entry after the leading
+        decodes): `_commit_requests`' moves for an entry that neither starts nor resumes, without its
+        passes for starts, rejections and preemptions; None (nothing done) for any other entry."""
+        r = self.requests[rid]
+        if r.status is not Status.RUNNING or r.swapped_blocks:     # it starts or resumes
+            return None
+        kv, table = self.kv, r.block_table
+        if self._decoding.in_batch({rid}):           # (as `_commit_requests`: the decode batch changes)
+            self._decoding.forget_batch()
+        c = r.num_computed_tokens
+        if c + n > len(table) * kv.block_size:
+            kv.grow(table, c + n)
+        if kv.publishes_on_schedule:
+            kv.publish_scheduled(r, c + n)
+        batch = Batch([rid], [n], [c], [table], [], [c + n == len(r.prompt_ids) + len(r.output_ids)], [r.sampling])
+        if self._token_ids:
+            batch.token_ids = [r.token_ids(c, c + n)]
+        self._liveness.check(False)
+        return batch, [r]
+
     def _postprocess_requests(self, requests: list, query_lens: list, sample: list, sampled: list) -> tuple:
         """The entries committed request by request: (finished requests, prefill tokens, prefill requests)."""
         now, kv, bs, eos = self.clock.now, self.kv, self.kv.block_size, self._eos

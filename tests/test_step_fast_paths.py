@@ -1,0 +1,125 @@
+"""The usual step's shortcuts (every decode, then one prefill chunk) against the general paths they
+stand for: the same blocks, the same totals, the same violations."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies.chunked import Chunked
+from policylab.core import plan_rules
+from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig
+from policylab.core.contract import ContractViolation, StepPlan, _decode
+from policylab.core.engine import Engine
+from policylab.core.kv import chain_hashes
+from policylab.core.kv.blocks import BlockPool
+from policylab.core.request import TraceRequest
+from policylab.dataplane.config import DataplaneConfig
+from policylab.dataplane.sim import SimDataPlane
+
+
+def _pool_in_use(seed: int, index: str) -> tuple:
+    """A small pool after random requests came and went (plain blocks, runs of unhittable blocks and
+    hashed blocks in the LRU, some held), and tables whose last block is full."""
+    rng = np.random.default_rng(seed)
+    kv, bs, held = BlockPool(40, 2, True, index), 2, []
+    for k in range(30):
+        if held and (rng.random() < 0.45 or kv.num_free < 8):
+            table, n = held.pop(int(rng.integers(len(held))))
+            kv.release(table, n // bs if rng.random() < 0.5 else 0)
+            continue
+        n = int(rng.integers(1, 7)) * bs
+        if kv.num_free < n // bs:
+            continue
+        table = []
+        kv.grow(table, n)
+        if rng.random() < 0.5:
+            kv.register(table, chain_hashes(np.arange(100 * k, 100 * k + n, dtype=np.int32), bs), n)
+        held.append((table, n))
+    return kv, [table for table, _ in held]
+
+
+@pytest.mark.parametrize("index", ["hash", "radix"])
+@pytest.mark.parametrize("seed", range(12))
+def test_grow_each_takes_the_blocks_that_grow_one_would_take_one_after_the_other(seed, index):
+    one_by_one, tables = _pool_in_use(seed, index)
+    together, same_tables = _pool_in_use(seed, index)
+    k = min(len(tables), one_by_one.num_free)
+    for table in tables[:k]:
+        one_by_one.grow_one(table)
+    together.grow_each(same_tables[:k])
+    together.check()
+    assert same_tables == tables and together.refs == one_by_one.refs
+    assert together.free_cached_blocks() == one_by_one.free_cached_blocks()
+    assert dict(together.cache_map) == dict(one_by_one.cache_map)
+    assert together.num_free == one_by_one.num_free
+
+
+def test_grow_each_refuses_more_tables_than_free_blocks_and_takes_nothing():
+    kv, tables = BlockPool(4, 2), [[], [], [], [], []]
+    with pytest.raises(MemoryError):
+        kv.grow_each(tables)
+    assert kv.num_free == 4 and tables == [[], [], [], [], []]
+
+
+class _Probe(Chunked):
+    """chunked, checking at every step that each plan of every decode plus one entry gets from
+    `check_plan` what the entry-by-entry check gives it: its totals, or the same broken rule."""
+
+    def __init__(self):
+        super().__init__(chunk_size=48)
+        self.compared = self.refused = 0
+
+    def schedule(self, view):
+        decodes, live = view.decode_tokens(), view.by_id
+        if decodes:
+            for rid, v in live.items():
+                if rid in decodes:
+                    continue
+                rem = v.remaining_tokens
+                for n in (1, rem, rem + 1, 0, True, 2.0):
+                    self._compare(view, StepPlan({**decodes, rid: n}))
+            self._compare(view, StepPlan({**decodes, 10**6: 1}))
+            self._compare(view, StepPlan({**decodes, next(iter(decodes)): 1}))   # (a key again: a dict keeps one)
+        return super().schedule(view)
+
+    def _compare(self, view, plan):
+        def outcome(check):
+            try:
+                return check()
+            except ContractViolation as e:
+                self.refused += 1
+                return e.rule
+        leading = len(view.decoding)
+        fast = outcome(lambda: plan_rules.check_plan(view, plan))
+        decode = _decode(view)
+        with_one_chunk = plan_rules._one_chunk(view, plan, decode) if len(plan.num_scheduled_tokens) == leading + 1 \
+            else ()
+        general = outcome(lambda: _general(view, plan))
+        assert fast == general, (plan.num_scheduled_tokens, fast, general)
+        if with_one_chunk:
+            assert with_one_chunk == plan_rules._check_entries(view, plan, "policy", leading)
+        self.compared += 1
+
+
+def _general(view, plan):
+    """check_plan without its one-chunk shortcut."""
+    saved = plan_rules._one_chunk
+    plan_rules._one_chunk = lambda *a: ()
+    try:
+        return plan_rules.check_plan(view, plan)
+    finally:
+        plan_rules._one_chunk = saved
+
+
+def test_the_one_chunk_check_agrees_with_the_entry_by_entry_check_in_every_state_of_a_replay():
+    rng = np.random.default_rng(5)
+    trace = [TraceRequest(float(t), int(p), int(o), prefix_hashes=((3,), ())[k % 2])
+             for k, (t, p, o) in enumerate(zip(np.sort(rng.uniform(0, 0.05, 24)), rng.integers(20, 120, 24),
+                                               rng.integers(5, 40, 24)))]
+    policy = _Probe()
+    plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    engine = Engine(trace, policy, plane, EngineConfig(block_size=8, num_blocks=40, max_num_batched_tokens=64,
+                                                       max_num_seqs=8), prefix_block_tokens=16)
+    result = engine.run()
+    assert result.status == "complete", result.error
+    assert policy.compared > 200 and policy.refused > 100
