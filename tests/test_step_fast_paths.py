@@ -22,10 +22,14 @@ def _pool_in_use(seed: int, index: str) -> tuple:
     hashed blocks in the LRU, some held), and tables whose last block is full."""
     rng = np.random.default_rng(seed)
     kv, bs, held = BlockPool(40, 2, True, index), 2, []
+    if seed % 2:                       # every block once used and freed into runs: no plain one left
+        table = []
+        kv.grow(table, 40 * bs)
+        kv.release(table, 40)
     for k in range(30):
         if held and (rng.random() < 0.45 or kv.num_free < 8):
             table, n = held.pop(int(rng.integers(len(held))))
-            kv.release(table, n // bs if rng.random() < 0.5 else 0)
+            kv.release(table, n // bs if seed % 2 or rng.random() < 0.5 else 0)
             continue
         n = int(rng.integers(1, 7)) * bs
         if kv.num_free < n // bs:
@@ -52,6 +56,27 @@ def test_grow_each_takes_the_blocks_that_grow_one_would_take_one_after_the_other
     assert together.free_cached_blocks() == one_by_one.free_cached_blocks()
     assert dict(together.cache_map) == dict(one_by_one.cache_map)
     assert together.num_free == one_by_one.num_free
+
+
+def test_grow_each_takes_from_a_long_run_of_unhittable_blocks_as_grow_one_does():
+    """No plain block left and a run at the LRU's front longer than the tables: its last blocks, in
+    the order grow_one takes them, and the run keeps the rest."""
+    pools = []
+    for _ in range(2):
+        kv, table = BlockPool(40, 2), []
+        kv.grow(table, 80)
+        kv.release(table, 40)                    # every block in one run
+        tables = [[], [], []]
+        for t in tables:
+            kv.grow(t, 4)
+        pools.append((kv, tables))
+    (one_by_one, tables), (together, same_tables) = pools
+    for t in tables:
+        one_by_one.grow_one(t)
+    together.grow_each(same_tables)
+    together.check()
+    assert same_tables == tables and together.refs == one_by_one.refs
+    assert together.free_cached_blocks() == one_by_one.free_cached_blocks() and together.num_free == 31
 
 
 def test_grow_each_refuses_more_tables_than_free_blocks_and_takes_nothing():

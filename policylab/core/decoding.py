@@ -9,12 +9,15 @@ while the same requests decode step after step, their per-request lists are reus
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from types import MappingProxyType
 
 from policylab.core.batch import Batch
 from policylab.core.contract import DecodeFacts
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.request import Request, is_decoding
+
+_table = attrgetter("block_table")
 
 
 class Decoding:
@@ -112,7 +115,7 @@ class Decoding:
         full = self._full
         growing = list(full) if len(decodes) == len(self._ids) else full.keys() & set(decodes)
         if growing:                           # their blocks in one take, in this order
-            kv.grow_each([self._requests[rid].block_table for rid in growing])
+            kv.grow_each(list(map(_table, map(self._requests.__getitem__, growing))))
             if len(growing) == len(full):
                 full.clear()                  # their last blocks are no longer full
             else:
