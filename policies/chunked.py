@@ -184,21 +184,26 @@ class Chunked(Policy):
             s.free -= need
 
     def _running_prefills(self, s: _Step, prefills: list) -> None:
+        needed = s.view.blocks_needed
         for v in prefills:
             if v.req_id in s.taken:
                 continue
-            n = min(v.remaining_tokens, s.budget, s.slot)
+            left = v.remaining_tokens      # (the view stays as it is while the plan is made)
+            n = min(left, s.budget, s.slot)
             if n < 1:
                 return
-            m = fit_tokens(s.view, v, n, s.free)
+            need = needed(v, n)            # (the chunk fits whole: fit_tokens' first question)
+            m = n if need <= s.free else fit_tokens(s.view, v, n, s.free)
             while m == 0 and s.victim() is not v:
                 s.preempt(s.victim())
                 m = fit_tokens(s.view, v, n, s.free)
             if m:                          # else it keeps its KV and waits a step
-                s.partials -= m == v.remaining_tokens
-                s.add(v, m, s.view.blocks_needed(v, m))
+                s.partials -= m == left
+                s.add(v, m, need if m == n else needed(v, m))
 
     def _admit(self, s: _Step, seq_cap: int) -> None:
+        if s.seqs >= seq_cap or s.budget < 1:    # (no order asked for when nobody can be admitted)
+            return
         view = s.view
         for v in self.admission_order(view):
             if v.req_id in s.plan.reject:
