@@ -135,20 +135,21 @@ class Chunked(Policy):
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         budget = self.token_budget(view)
-        prefills = list(view.prefilling)
-        sharing = min(self.max_partial_prefills, len(prefills) + len(view.waiting))
+        prefills, waiting = list(view.prefilling), len(view.waiting)
+        sharing = min(self.max_partial_prefills, len(prefills) + waiting)
         slot = max(1, budget // max(1, sharing))        # each prefill's share of the budget
-        if view.decode_blocks_needed <= view.num_free_blocks:     # every decode fits: no victim
+        decode_blocks = view.decode_blocks_needed
+        if decode_blocks <= view.num_free_blocks:     # every decode fits: no victim
             s = _Step(view, budget, slot, self.running_order(view, prefills), len(view.running), len(prefills),
                       self.preempt_mode == "swap")
-            self._all_decodes(s)
+            self._all_decodes(s, decode_blocks)
         else:
             running = self.running_order(view, list(view.running))
             s = _Step(view, budget, slot, running, len(running), len(prefills), self.preempt_mode == "swap")
             decoding = view.decoding
             self._decodes(s, [v for v in running if v.req_id in decoding])
         s.plan.reject = self.rejections(view)
-        if not prefills and (s.plan.preempt or len(view.waiting) == len(s.plan.reject)):
+        if not prefills and (s.plan.preempt or waiting == len(s.plan.reject)):
             return s.plan                 # nothing to prefill or admit
         s.budget = min(s.budget, self.prefill_cap(view, s.budget))
         self._running_prefills(s, s.pending[:])
@@ -156,13 +157,13 @@ class Chunked(Policy):
             self._admit(s, view.max_num_seqs)
         return s.plan
 
-    def _all_decodes(self, s: _Step) -> None:
-        """Every running decode gets its token: the decodes lead the plan in running order and the
-        prefills follow."""
+    def _all_decodes(self, s: _Step, blocks: int) -> None:
+        """Every running decode gets its token (taking `blocks` free blocks): the decodes lead the plan
+        in running order and the prefills follow."""
         view = s.view
         s.plan.num_scheduled_tokens = view.decode_tokens()
         s.budget -= len(view.decoding)
-        s.free -= view.decode_blocks_needed
+        s.free -= blocks
 
     def _decodes(self, s: _Step, decodes: list) -> None:
         """KV runs short: serve decodes in running order, preempting from the tail."""

@@ -7,6 +7,7 @@ from itertools import islice, repeat
 from operator import is_not
 
 from policylab.core.contract import SchedulerView, StepPlan, _copies, _decode, _kv, _request
+from policylab.core.kv.blocks import new_blocks
 from policylab.core.request import is_decoding
 from policylab.core.spec_rules import check_spec_tokens
 from policylab.core.swap_rules import check_swap
@@ -69,7 +70,8 @@ def _one_chunk(view: SchedulerView, plan: StepPlan, decode) -> tuple:
     if is_decoding(r) or not 1 <= n <= v.remaining_tokens:
         return ()
     kv = _kv(v)
-    needed, available = kv.plan_cost([], [(r, n)])
+    needed, available = (new_blocks(r, n, (), kv.block_size), kv.num_free) if r.block_table else \
+        kv.plan_cost([], [(r, n)])         # (running: the tail of its table, as plan_cost finds it)
     return len(sched) - 1 + n, needed + len(decode.full) + (_copies(view, plan) if kv.sharing else 0), available
 
 
