@@ -37,6 +37,9 @@ from policylab import Policy, RequestView, SchedulerView, StepPlan
 class _Step:
     """Mutable bookkeeping of one schedule() call."""
 
+    __slots__ = ("view", "plan", "host_free", "budget", "free", "slot", "pending", "taken", "seqs", "partials",
+                 "admitted")
+
     def __init__(self, view: SchedulerView, budget: int, slot: int, pending: list, seqs: int, partials: int,
                  swap: bool = False):
         self.view, self.plan = view, StepPlan()

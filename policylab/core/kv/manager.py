@@ -46,6 +46,7 @@ class KVManager(BlockPool):
         self._tiers = PrefixTiers(cfg, self.plane, self.stats) \
             if cfg.prefix_host_blocks and cfg.enable_prefix_caching else None
         self._cow = SharedWrites(self._ref, cfg.block_size) if sharing else None
+        self.sharing = self._cow is not None      # (blocks forks share: asked a few times every step)
         self.uses_link = self._swap is not None or self._tiers is not None
         self.host_blocks = cfg.host_kv_blocks
         self.publishes_on_schedule = bool(cfg.publish_on_schedule) and cfg.enable_prefix_caching
@@ -69,10 +70,6 @@ class KVManager(BlockPool):
     def tiers(self):
         """The prefix tiers, for checks (None: none)."""
         return self._tiers
-
-    @property
-    def sharing(self) -> bool:
-        return self._cow is not None
 
     @property
     def has_tiers(self) -> bool:
