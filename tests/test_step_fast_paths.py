@@ -103,6 +103,11 @@ class _Probe(Chunked):
                 rem = v.remaining_tokens
                 for n in (1, rem, rem + 1, 0, True, 2.0):
                     self._compare(view, StepPlan({**decodes, rid: n}))
+            others = [rid for rid in live if rid not in decodes][:3]
+            for a, b in zip(others, others[1:]):        # two chunks
+                ra, rb = live[a].remaining_tokens, live[b].remaining_tokens
+                for na, nb in ((ra, rb), (1, rb + 1), (ra, 0), (True, 1)):
+                    self._compare(view, StepPlan({**decodes, a: na, b: nb}))
             self._compare(view, StepPlan({**decodes, 10**6: 1}))
             self._compare(view, StepPlan({**decodes, next(iter(decodes)): 1}))   # (a key again: a dict keeps one)
         return super().schedule(view)
@@ -117,26 +122,26 @@ class _Probe(Chunked):
         leading = len(view.decoding)
         fast = outcome(lambda: plan_rules.check_plan(view, plan))
         decode = _decode(view)
-        with_one_chunk = plan_rules._one_chunk(view, plan, decode) if len(plan.num_scheduled_tokens) == leading + 1 \
-            else ()
+        with_chunks = plan_rules._prefill_chunks(view, plan, decode, leading) \
+            if len(plan.num_scheduled_tokens) > leading else ()
         general = outcome(lambda: _general(view, plan))
         assert fast == general, (plan.num_scheduled_tokens, fast, general)
-        if with_one_chunk:
-            assert with_one_chunk == plan_rules._check_entries(view, plan, "policy", leading)
+        if with_chunks:
+            assert with_chunks == plan_rules._check_entries(view, plan, "policy", leading)
         self.compared += 1
 
 
 def _general(view, plan):
-    """check_plan without its one-chunk shortcut."""
-    saved = plan_rules._one_chunk
-    plan_rules._one_chunk = lambda *a: ()
+    """check_plan without its prefill-chunk shortcut."""
+    saved = plan_rules._prefill_chunks
+    plan_rules._prefill_chunks = lambda *a: ()
     try:
         return plan_rules.check_plan(view, plan)
     finally:
-        plan_rules._one_chunk = saved
+        plan_rules._prefill_chunks = saved
 
 
-def test_the_one_chunk_check_agrees_with_the_entry_by_entry_check_in_every_state_of_a_replay():
+def test_the_prefill_chunk_check_agrees_with_the_entry_by_entry_check_in_every_state_of_a_replay():
     rng = np.random.default_rng(5)
     trace = [TraceRequest(float(t), int(p), int(o), prefix_hashes=((3,), ())[k % 2])
              for k, (t, p, o) in enumerate(zip(np.sort(rng.uniform(0, 0.05, 24)), rng.integers(20, 120, 24),

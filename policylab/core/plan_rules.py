@@ -41,7 +41,7 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> i
     if leading and leading == len(sched):   # every decode, in running order, each the int 1: only the totals
         total, blocks, free = len(sched), len(decode.full) + decode.cow, view.num_free_blocks
     else:
-        total, blocks, free = (leading and leading + 1 == len(sched) and _one_chunk(view, plan, decode)) or \
+        total, blocks, free = (leading and _prefill_chunks(view, plan, decode, leading)) or \
             _check_entries(view, plan, policy, leading)
     if plan.spec_tokens:              # k drafts: k more tokens of the budget, the KV of k + 1 tokens
         extra_tokens, extra_blocks = check_spec_tokens(view, plan, policy)
@@ -56,23 +56,27 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> i
     return leading
 
 
-def _one_chunk(view: SchedulerView, plan: StepPlan, decode) -> tuple:
-    """The usual step past the steady state: every decode leads and one prefill chunk follows.
-    When that chunk keeps every rule, `_check_entries`' totals (total tokens, blocks needed, blocks
-    available) without its passes over a plan's other fields (all empty here); else () and
+def _prefill_chunks(view: SchedulerView, plan: StepPlan, decode, leading: int) -> tuple:
+    """The usual steps past the steady state: every decode leads and prefill chunks follow (mostly
+    one). When every chunk keeps every rule, `_check_entries`' totals (total tokens, blocks needed,
+    blocks available) without its passes over a plan's other fields (all empty here); else () and
     `_check_entries` finds the broken rule and says it as for any other plan."""
     sched = plan.num_scheduled_tokens
-    rid, n = next(reversed(sched.items()))
-    v = view.by_id.get(rid)
-    if type(n) is not int or v is None or rid in view.decoding:
-        return ()
-    r = _request(v)
-    if is_decoding(r) or not 1 <= n <= v.remaining_tokens:
-        return ()
+    rest = (next(reversed(sched.items())),) if leading + 1 == len(sched) else entries_after(sched, leading).items()
+    live, decoding, chunks, total = view.by_id, view.decoding, [], leading
+    for rid, n in rest:
+        v = live.get(rid)
+        if type(n) is not int or v is None or rid in decoding:
+            return ()
+        r = _request(v)
+        if is_decoding(r) or not 1 <= n <= v.remaining_tokens:
+            return ()
+        chunks.append((r, n))
+        total += n
     kv = _kv(v)
-    needed, available = (new_blocks(r, n, (), kv.block_size), kv.num_free) if r.block_table else \
-        kv.plan_cost([], [(r, n)])         # (running: the tail of its table, as plan_cost finds it)
-    return len(sched) - 1 + n, needed + len(decode.full) + (_copies(view, plan) if kv.sharing else 0), available
+    needed, available = (new_blocks(r, n, (), kv.block_size), kv.num_free) if len(chunks) == 1 and r.block_table \
+        else kv.plan_cost([], chunks)      # (one running request's: the tail of its table, as plan_cost finds it)
+    return total, needed + len(decode.full) + (_copies(view, plan) if kv.sharing else 0), available
 
 
 def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: int = 0) -> tuple:
