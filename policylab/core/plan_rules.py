@@ -7,7 +7,7 @@ from itertools import islice, repeat
 from operator import is_not
 
 from policylab.core.contract import SchedulerView, StepPlan, _copies, _decode, _kv, _request
-from policylab.core.kv.blocks import new_blocks
+from policylab.core.kv.cost import new_blocks
 from policylab.core.request import is_decoding
 from policylab.core.spec_rules import check_spec_tokens
 from policylab.core.swap_rules import check_swap

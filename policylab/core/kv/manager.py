@@ -18,7 +18,8 @@ charged to the next one, once, in series (`timed`).
 """
 from __future__ import annotations
 
-from policylab.core.kv.blocks import BlockPool, new_blocks, plan_cost
+from policylab.core.kv.blocks import BlockPool
+from policylab.core.kv.cost import new_blocks, plan_cost
 from policylab.core.kv.cow import SharedWrites
 from policylab.core.kv.hashes import chain_hashes, own_block_keys
 from policylab.core.kv.host import SWAP_STATS, HostTier, SwapSpace, make_link
