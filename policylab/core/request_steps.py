@@ -80,15 +80,32 @@ class RequestSteps:
         return batch, rs
 
     def _commit_chunk(self, rid: int, n: int):
-        """The batch of one running request's prefill chunk (the usual entry after the leading
-        decodes): `_commit_requests`' moves for an entry that neither starts nor resumes, without its
-        passes for starts, rejections and preemptions; None (nothing done) for any other entry."""
+        """The batch of one entry after the leading decodes (mostly a running prefill's chunk, or a
+        waiting request's first): `_commit_requests`' moves for a lone entry, without its passes
+        for rejections, preemptions and several starts; None (nothing done) for an entry that
+        resumes (swapped out) or is neither running nor waiting."""
         r = self.requests[rid]
-        if r.status is not Status.RUNNING or r.swapped_blocks:     # it starts or resumes
-            return None
+        status = r.status
+        if r.swapped_blocks or status is not Status.RUNNING and status is not Status.WAITING:
+            return None                              # (it resumes: its blocks come back first)
         kv, table = self.kv, r.block_table
         if self._decoding.in_batch({rid}):           # (as `_commit_requests`: the decode batch changes)
             self._decoding.forget_batch()
+        if status is Status.WAITING:                 # it starts (alone: no same-step hits, see `same_step`)
+            blocks = kv.hits(r)
+            r.status = Status.RUNNING
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = self.clock.now
+            if blocks:
+                kv.start(r, blocks)
+                r.num_computed_tokens = len(blocks) * kv.block_size
+                r.num_cached_tokens_total += r.num_computed_tokens
+            kv.promote_pending()
+            started = [r]
+            for hook in self._on_start:
+                hook(started)
+        else:
+            started = None
         c = r.num_computed_tokens
         if c + n > len(table) * kv.block_size:
             kv.grow(table, c + n)
@@ -97,6 +114,9 @@ class RequestSteps:
         batch = Batch([rid], [n], [c], [table], [], [c + n == len(r.prompt_ids) + len(r.output_ids)], [r.sampling])
         if self._token_ids:
             batch.token_ids = [r.token_ids(c, c + n)]
+        if started:
+            self.running = self._running + started
+            self._waiting.remove((rid,))
         self._liveness.check(False)
         return batch, [r]
 
