@@ -193,3 +193,42 @@ def test_a_lone_entry_starting_through_the_commit_shortcut_replays_as_through_co
     assert started > 3
     assert facts == general_facts
     assert {k: list(v) for k, v in steps.items()} == {k: list(v) for k, v in general_steps.items()}
+
+
+class _Keeper(Chunked):
+    """chunked, keeping every view it is handed with what it showed then (running, its ids and the
+    decode facts' running ids)."""
+
+    def __init__(self):
+        super().__init__(chunk_size=48)
+        self.kept = []
+
+    def schedule(self, view):
+        self.kept.append((view, tuple(view.running), [v.req_id for v in view.running], list(_decode(view).running_ids)))
+        return super().schedule(view)
+
+
+def test_the_running_views_kept_up_to_date_incrementally_equal_a_rebuild_and_never_change_once_handed_out():
+    rng = np.random.default_rng(3)
+    trace = [TraceRequest(float(t), int(p), int(o))
+             for t, p, o in zip(np.sort(rng.uniform(0, 1.0, 40)), rng.integers(20, 120, 40), rng.integers(5, 200, 40))]
+    policy = _Keeper()
+    plane = SimDataPlane(ModelConfig(), HardwareConfig(), DataplaneConfig(kind="sim"))
+    engine = Engine(trace, policy, plane, EngineConfig(block_size=8, num_blocks=120, max_num_batched_tokens=64,
+                                                       max_num_seqs=8))
+    view, rebuilt = engine._view, []
+
+    def checked_view():
+        v = view()
+        rebuilt.append(v.running == tuple(engine.views[r.req_id] for r in engine.running))
+        assert engine._running_ids == [r.req_id for r in engine.running]
+        return v
+    engine._view = checked_view
+    assert engine.run().status == "complete"
+    assert all(rebuilt) and len(rebuilt) > 100
+    changed = sum(len(set(map(id, a[0].running)) ^ set(map(id, b[0].running))) > 0
+                  for a, b in zip(policy.kept, policy.kept[1:]))
+    assert changed > 40                              # running changed often: appends and removals
+    for view, running, ids, facts_ids in policy.kept:     # (the decode facts' running ids too)
+        assert view.running == running and [v.req_id for v in view.running] == ids == facts_ids
+        assert _decode(view).running_ids == ids

@@ -71,7 +71,7 @@ class RequestSteps:
         if preempted:
             self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
         elif starting:                  # (rejected requests were waiting: running only grows)
-            self.running = self._running + starting
+            self._run_also(starting)
         if preempted or reject or starting:
             waiting.remove(starting_ids)
             waiting.remove(reject)
@@ -115,7 +115,7 @@ class RequestSteps:
         if self._token_ids:
             batch.token_ids = [r.token_ids(c, c + n)]
         if started:
-            self.running = self._running + started
+            self._run_also(started)
             self._waiting.remove((rid,))
         self._liveness.check(False)
         return batch, [r]
