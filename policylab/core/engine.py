@@ -273,10 +273,12 @@ class Engine(Lifecycle, RequestSteps):
         if leading and owner is None:
             decodes = self._decoding.facts.ids       # every decode, in running order
             parts = None
-            if leading + 1 == len(sched):            # one entry follows them (mostly a running prefill's chunk)
-                parts = self._commit_chunk(*next(reversed(sched.items())))
-            if parts is None and leading < len(sched):
-                parts = self._commit_requests(entries_after(sched, leading), [], {})
+            if leading < len(sched):                 # (mostly a running prefill's chunk, a start, or both)
+                entries = dict((next(reversed(sched.items())),)) if leading + 1 == len(sched) else \
+                    entries_after(sched, leading)
+                parts = self._commit_entries(entries)
+                if parts is None:
+                    parts = self._commit_requests(entries, [], {})
         else:
             decodes, chunks = ([], sched) if owner is not None else self._decoding.split(plan)
             parts = self._commit_requests(owner.widen(chunks, extra) if owner is not None else chunks, plan.preempt,

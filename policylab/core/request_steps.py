@@ -79,46 +79,63 @@ class RequestSteps:
         self._liveness.check(bool(reject))
         return batch, rs
 
-    def _commit_chunk(self, rid: int, n: int):
-        """The batch of one entry after the leading decodes (mostly a running prefill's chunk, or a
-        waiting request's first): `_commit_requests`' moves for a lone entry, without its passes
-        for rejections, preemptions and several starts; None (nothing done) for an entry that
-        resumes (swapped out) or is neither running nor waiting."""
-        r = self.requests[rid]
-        status = r.status
-        if r.swapped_blocks or status is not Status.RUNNING and status is not Status.WAITING:
-            return None                              # (it resumes: its blocks come back first)
-        kv, table = self.kv, r.block_table
-        if self._decoding.in_batch({rid}):           # (as `_commit_requests`: the decode batch changes)
+    def _commit_entries(self, sched: dict):
+        """The batch of the entries after the leading decodes when nothing is preempted or rejected
+        (mostly a running prefill's chunk and a waiting request's first): `_commit_requests`' moves
+        for running requests and at most one starting, without its passes for rejections,
+        preemptions and several starts; None (nothing done) when one resumes (swapped out), more
+        than one starts, one is neither running nor waiting, or a start could take blocks another
+        entry publishes this step (publish-on-schedule)."""
+        reqs, kv = self.requests, self.kv
+        rs = list(map(reqs.__getitem__, sched))
+        started = None
+        for r in rs:
+            status = r.status
+            if r.swapped_blocks:
+                return None
+            if status is Status.WAITING:
+                if started is not None:
+                    return None
+                started = r
+            elif status is not Status.RUNNING:
+                return None
+        if started is not None and len(rs) > 1 and kv.publishes_on_schedule:
+            return None
+        if self._decoding.in_batch(sched):           # (as `_commit_requests`: the decode batch changes)
             self._decoding.forget_batch()
-        if status is Status.WAITING:                 # it starts (alone: no same-step hits, see `same_step`)
+        bs = kv.block_size
+        if started is not None:                      # its hits, taken before any allocation can evict one
+            r = started
             blocks = kv.hits(r)
             r.status = Status.RUNNING
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = self.clock.now
             if blocks:
                 kv.start(r, blocks)
-                r.num_computed_tokens = len(blocks) * kv.block_size
+                r.num_computed_tokens = len(blocks) * bs
                 r.num_cached_tokens_total += r.num_computed_tokens
             kv.promote_pending()
             started = [r]
             for hook in self._on_start:
                 hook(started)
-        else:
-            started = None
-        c = r.num_computed_tokens
-        if c + n > len(table) * kv.block_size:
-            kv.grow(table, c + n)
-        if kv.publishes_on_schedule:
-            kv.publish_scheduled(r, c + n)
-        batch = Batch([rid], [n], [c], [table], [], [c + n == len(r.prompt_ids) + len(r.output_ids)], [r.sampling])
+        ns = list(sched.values())
+        ctxs, lasts, publish = [], [], kv.publishes_on_schedule
+        for r, n in zip(rs, ns):
+            c = r.num_computed_tokens
+            if c + n > len(r.block_table) * bs:
+                kv.grow(r.block_table, c + n)
+            if publish:
+                kv.publish_scheduled(r, c + n)
+            ctxs.append(c)
+            lasts.append(c + n == len(r.prompt_ids) + len(r.output_ids))
+        batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [], lasts, [r.sampling for r in rs])
         if self._token_ids:
-            batch.token_ids = [r.token_ids(c, c + n)]
+            batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
         if started:
             self._run_also(started)
-            self._waiting.remove((rid,))
+            self._waiting.remove((started[0].req_id,))
         self._liveness.check(False)
-        return batch, [r]
+        return batch, rs
 
     def _postprocess_requests(self, requests: list, query_lens: list, sample: list, sampled: list) -> tuple:
         """The entries committed request by request: (finished requests, prefill tokens, prefill requests)."""
