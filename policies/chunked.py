@@ -37,6 +37,9 @@ from policylab import Policy, RequestView, SchedulerView, StepPlan
 class _Step:
     """Mutable bookkeeping of one schedule() call."""
 
+    __slots__ = ("view", "plan", "host_free", "budget", "free", "slot", "pending", "taken", "seqs", "partials",
+                 "admitted")
+
     def __init__(self, view: SchedulerView, budget: int, slot: int, pending: list, seqs: int, partials: int,
                  swap: bool = False):
         self.view, self.plan = view, StepPlan()
@@ -135,20 +138,21 @@ class Chunked(Policy):
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         budget = self.token_budget(view)
-        prefills = list(view.prefilling)
-        sharing = min(self.max_partial_prefills, len(prefills) + len(view.waiting))
+        prefills, waiting = list(view.prefilling), len(view.waiting)
+        sharing = min(self.max_partial_prefills, len(prefills) + waiting)
         slot = max(1, budget // max(1, sharing))        # each prefill's share of the budget
-        if view.decode_blocks_needed <= view.num_free_blocks:     # every decode fits: no victim
+        decode_blocks = view.decode_blocks_needed
+        if decode_blocks <= view.num_free_blocks:     # every decode fits: no victim
             s = _Step(view, budget, slot, self.running_order(view, prefills), len(view.running), len(prefills),
                       self.preempt_mode == "swap")
-            self._all_decodes(s)
+            self._all_decodes(s, decode_blocks)
         else:
             running = self.running_order(view, list(view.running))
             s = _Step(view, budget, slot, running, len(running), len(prefills), self.preempt_mode == "swap")
             decoding = view.decoding
             self._decodes(s, [v for v in running if v.req_id in decoding])
         s.plan.reject = self.rejections(view)
-        if not prefills and (s.plan.preempt or len(view.waiting) == len(s.plan.reject)):
+        if not prefills and (s.plan.preempt or waiting == len(s.plan.reject)):
             return s.plan                 # nothing to prefill or admit
         s.budget = min(s.budget, self.prefill_cap(view, s.budget))
         self._running_prefills(s, s.pending[:])
@@ -156,13 +160,13 @@ class Chunked(Policy):
             self._admit(s, view.max_num_seqs)
         return s.plan
 
-    def _all_decodes(self, s: _Step) -> None:
-        """Every running decode gets its token: the decodes lead the plan in running order and the
-        prefills follow."""
+    def _all_decodes(self, s: _Step, blocks: int) -> None:
+        """Every running decode gets its token (taking `blocks` free blocks): the decodes lead the plan
+        in running order and the prefills follow."""
         view = s.view
         s.plan.num_scheduled_tokens = view.decode_tokens()
         s.budget -= len(view.decoding)
-        s.free -= view.decode_blocks_needed
+        s.free -= blocks
 
     def _decodes(self, s: _Step, decodes: list) -> None:
         """KV runs short: serve decodes in running order, preempting from the tail."""
@@ -184,21 +188,26 @@ class Chunked(Policy):
             s.free -= need
 
     def _running_prefills(self, s: _Step, prefills: list) -> None:
+        needed = s.view.blocks_needed
         for v in prefills:
             if v.req_id in s.taken:
                 continue
-            n = min(v.remaining_tokens, s.budget, s.slot)
+            left = v.remaining_tokens      # (the view stays as it is while the plan is made)
+            n = min(left, s.budget, s.slot)
             if n < 1:
                 return
-            m = fit_tokens(s.view, v, n, s.free)
+            need = needed(v, n)            # (the chunk fits whole: fit_tokens' first question)
+            m = n if need <= s.free else fit_tokens(s.view, v, n, s.free)
             while m == 0 and s.victim() is not v:
                 s.preempt(s.victim())
                 m = fit_tokens(s.view, v, n, s.free)
             if m:                          # else it keeps its KV and waits a step
-                s.partials -= m == v.remaining_tokens
-                s.add(v, m, s.view.blocks_needed(v, m))
+                s.partials -= m == left
+                s.add(v, m, need if m == n else needed(v, m))
 
     def _admit(self, s: _Step, seq_cap: int) -> None:
+        if s.seqs >= seq_cap or s.budget < 1:    # (no order asked for when nobody can be admitted)
+            return
         view = s.view
         for v in self.admission_order(view):
             if v.req_id in s.plan.reject:

@@ -75,8 +75,10 @@ class RequestView:
     def remaining_tokens(self) -> int:
         """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
         r = _request(self)
-        cached, computed = 0 if r.block_table else self.num_cached_tokens, r.num_computed_tokens   # (no hit while it
-        return r.num_tokens - (cached if cached > computed else computed)   # holds KV; a swapped one's are computed)
+        if r.block_table:                  # (running: no hit while it holds KV; asked several times a step)
+            return len(r.prompt_ids) + len(r.output_ids) - r.num_computed_tokens
+        cached, computed = self.num_cached_tokens, r.num_computed_tokens    # (a swapped one's hits are
+        return r.num_tokens - (cached if cached > computed else computed)  # computed tokens it has)
 
     def __repr__(self) -> str:
         return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "

@@ -9,6 +9,7 @@ while the same requests decode step after step, their per-request lists are reus
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from types import MappingProxyType
 
 from policylab.core.batch import Batch
@@ -16,6 +17,8 @@ from policylab.core.capabilities import Capability
 from policylab.core.contract import DecodeFacts
 from policylab.core.decode_batch import DecodeBatch
 from policylab.core.request import Request, is_decoding
+
+_table = attrgetter("block_table")
 
 
 class Decoding:
@@ -113,9 +116,13 @@ class Decoding:
             self._batch_is_facts = steady and self.facts is not None   # (not when running just changed)
         full = self._full
         growing = list(full) if len(decodes) == len(self._ids) else full.keys() & set(decodes)
-        for rid in growing:
-            kv.grow_one(self._requests[rid].block_table)
-            del full[rid]                     # its last block is no longer full
+        if growing:                           # their blocks in one take, in this order
+            kv.grow_each(list(map(_table, map(self._requests.__getitem__, growing))))
+            if len(growing) == len(full):
+                full.clear()                  # their last blocks are no longer full
+            else:
+                for rid in growing:
+                    del full[rid]
         return self._batch.batch()
 
     def postprocess(self, sampled: list, now: float, eos) -> list:

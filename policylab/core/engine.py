@@ -80,8 +80,8 @@ class Engine(Lifecycle, RequestSteps):
         self._waiting = WaitingQueue(self.views)       # req_ids; changes cost what changed (§2 admit)
         self._waiting_view = QueueView(self._waiting)  # the policies' live, read-only window on it
         self._running: list = []
-        self._running_views = None       # views of running, rebuilt when it changes
-        self._running_ids: list = []     # their req_ids, in running order (rebuilt with the views)
+        self._running_views = ()         # views of running (a new tuple whenever it changes)
+        self._running_ids: list = []     # their req_ids, in running order (None: both to rebuild)
         # and the decode batch: it defers its members' tokens where they are the plane's positional ids
         self._decoding = Decoding(self.requests, self.target_len, cfg.block_size, positional_tokens(dataplane, cfg))
         self.asleep = False              # its policy waits for work from outside: no step until woken
@@ -119,7 +119,34 @@ class Engine(Lifecycle, RequestSteps):
 
     @running.setter
     def running(self, value: list) -> None:
-        self._running, self._running_views = value, None
+        self._running, self._running_ids = value, None
+        self._decoding.running_changed()
+
+    def _run_also(self, started: list) -> None:
+        """Requests that start running, at the end of the running order. The running ids and views
+        follow by appending, into new ones: a view or decode facts handed out keep theirs."""
+        self._running = self._running + started
+        ids = self._running_ids
+        if ids is not None:
+            new = [r.req_id for r in started]
+            self._running_ids = ids + new
+            self._running_views = self._running_views + tuple(map(self.views.__getitem__, new))
+        self._decoding.running_changed()
+
+    def _run_no_more(self, finished: list) -> None:
+        """Finished requests leave the running order: out of new copies of running, its ids and views
+        (identity searches at C level)."""
+        running, ids = list(self._running), self._running_ids
+        if ids is None:
+            for r in finished:
+                running.remove(r)
+        else:
+            ids, views = list(ids), list(self._running_views)
+            for r in finished:
+                i = running.index(r)
+                del running[i], ids[i], views[i]
+            self._running_ids, self._running_views = ids, tuple(views)
+        self._running = running
         self._decoding.running_changed()
 
     # ---------------------------------------------------------------- a lone engine's replay
@@ -174,7 +201,7 @@ class Engine(Lifecycle, RequestSteps):
     # ---------------------------------------------------------- schedule
     def _view(self) -> SchedulerView:
         kv = self.kv
-        if self._running_views is None:
+        if self._running_ids is None:
             self._running_ids = ids = list(map(_req_id, self._running))
             self._running_views = tuple(map(self.views.__getitem__, ids))
         return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
@@ -246,8 +273,13 @@ class Engine(Lifecycle, RequestSteps):
         self._owner = owner
         if leading and owner is None:
             decodes = self._decoding.facts.ids       # every decode, in running order
-            chunks = entries_after(sched, leading) if leading < len(sched) else {}
-            parts = self._commit_requests(chunks, [], {}) if chunks else None
+            parts = None
+            if leading < len(sched):                 # (mostly a running prefill's chunk, a start, or both)
+                entries = dict((next(reversed(sched.items())),)) if leading + 1 == len(sched) else \
+                    entries_after(sched, leading)
+                parts = self._commit_entries(entries)
+                if parts is None:
+                    parts = self._commit_requests(entries, [], {})
         else:
             decodes, chunks = ([], sched) if owner is not None else self._decoding.split(plan)
             parts = self._commit_requests(owner.widen(chunks, extra) if owner is not None else chunks, plan.preempt,
@@ -288,11 +320,8 @@ class Engine(Lifecycle, RequestSteps):
                 hook(r)
             self.release(r)
             self._done(r)
-        if finished:                    # a copy without them (identity search at C level)
-            running = list(self._running)
-            for r in finished:
-                running.remove(r)
-            self.running = running
+        if finished:
+            self._run_no_more(finished)
         if sampled:
             self._liveness.stalled = 0
         self._sampled = batch.req_ids[:n] + list(compress(batch.req_ids[n:], batch.sample[n:])) if step.requests \

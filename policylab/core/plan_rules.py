@@ -7,6 +7,7 @@ from itertools import islice, repeat
 from operator import is_not
 
 from policylab.core.contract import SchedulerView, StepPlan, _copies, _decode, _kv, _request
+from policylab.core.kv.cost import new_blocks
 from policylab.core.request import is_decoding
 from policylab.core.spec_rules import check_spec_tokens
 from policylab.core.swap_rules import check_swap
@@ -40,7 +41,8 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> i
     if leading and leading == len(sched):   # every decode, in running order, each the int 1: only the totals
         total, blocks, free = len(sched), len(decode.full) + decode.cow, view.num_free_blocks
     else:
-        total, blocks, free = _check_entries(view, plan, policy, leading)
+        total, blocks, free = (leading and _prefill_chunks(view, plan, decode, leading)) or \
+            _check_entries(view, plan, policy, leading)
     if plan.spec_tokens:              # k drafts: k more tokens of the budget, the KV of k + 1 tokens
         extra_tokens, extra_blocks = check_spec_tokens(view, plan, policy)
         total, blocks = total + extra_tokens, blocks + extra_blocks
@@ -52,6 +54,29 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> i
         raise ContractViolation(policy, "kv_capacity",
                                 f"plan needs {blocks} KV blocks but only {free} are free after preemptions")
     return leading
+
+
+def _prefill_chunks(view: SchedulerView, plan: StepPlan, decode, leading: int) -> tuple:
+    """The usual steps past the steady state: every decode leads and prefill chunks follow (mostly
+    one). When every chunk keeps every rule, `_check_entries`' totals (total tokens, blocks needed,
+    blocks available) without its passes over a plan's other fields (all empty here); else () and
+    `_check_entries` finds the broken rule and says it as for any other plan."""
+    sched = plan.num_scheduled_tokens
+    rest = (next(reversed(sched.items())),) if leading + 1 == len(sched) else entries_after(sched, leading).items()
+    live, decoding, chunks, total = view.by_id, view.decoding, [], leading
+    for rid, n in rest:
+        v = live.get(rid)
+        if type(n) is not int or v is None or rid in decoding:
+            return ()
+        r = _request(v)
+        if is_decoding(r) or not 1 <= n <= v.remaining_tokens:
+            return ()
+        chunks.append((r, n))
+        total += n
+    kv = _kv(v)
+    needed, available = (new_blocks(r, n, (), kv.block_size), kv.num_free) if len(chunks) == 1 and r.block_table \
+        else kv.plan_cost([], chunks)      # (one running request's: the tail of its table, as plan_cost finds it)
+    return total, needed + len(decode.full) + (_copies(view, plan) if kv.sharing else 0), available
 
 
 def _check_entries(view: SchedulerView, plan: StepPlan, policy: str, leading: int = 0) -> tuple:

@@ -71,12 +71,70 @@ class RequestSteps:
         if preempted:
             self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
         elif starting:                  # (rejected requests were waiting: running only grows)
-            self.running = self._running + starting
+            self._run_also(starting)
         if preempted or reject or starting:
             waiting.remove(starting_ids)
             waiting.remove(reject)
             waiting.put_back([r.req_id for r in preempted])
         self._liveness.check(bool(reject))
+        return batch, rs
+
+    def _commit_entries(self, sched: dict):
+        """The batch of the entries after the leading decodes when nothing is preempted or rejected
+        (mostly a running prefill's chunk and a waiting request's first): `_commit_requests`' moves
+        for running requests and at most one starting, without its passes for rejections,
+        preemptions and several starts; None (nothing done) when one resumes (swapped out), more
+        than one starts, one is neither running nor waiting, or a start could take blocks another
+        entry publishes this step (publish-on-schedule)."""
+        reqs, kv = self.requests, self.kv
+        rs = list(map(reqs.__getitem__, sched))
+        started = None
+        for r in rs:
+            status = r.status
+            if r.swapped_blocks:
+                return None
+            if status is Status.WAITING:
+                if started is not None:
+                    return None
+                started = r
+            elif status is not Status.RUNNING:
+                return None
+        if started is not None and len(rs) > 1 and kv.publishes_on_schedule:
+            return None
+        if self._decoding.in_batch(sched):           # (as `_commit_requests`: the decode batch changes)
+            self._decoding.forget_batch()
+        bs = kv.block_size
+        if started is not None:                      # its hits, taken before any allocation can evict one
+            r = started
+            blocks = kv.hits(r)
+            r.status = Status.RUNNING
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = self.clock.now
+            if blocks:
+                kv.start(r, blocks)
+                r.num_computed_tokens = len(blocks) * bs
+                r.num_cached_tokens_total += r.num_computed_tokens
+            kv.promote_pending()
+            started = [r]
+            for hook in self._on_start:
+                hook(started)
+        ns = list(sched.values())
+        ctxs, lasts, publish = [], [], kv.publishes_on_schedule
+        for r, n in zip(rs, ns):
+            c = r.num_computed_tokens
+            if c + n > len(r.block_table) * bs:
+                kv.grow(r.block_table, c + n)
+            if publish:
+                kv.publish_scheduled(r, c + n)
+            ctxs.append(c)
+            lasts.append(c + n == len(r.prompt_ids) + len(r.output_ids))
+        batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [], lasts, [r.sampling for r in rs])
+        if self._token_ids:
+            batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
+        if started:
+            self._run_also(started)
+            self._waiting.remove((started[0].req_id,))
+        self._liveness.check(False)
         return batch, rs
 
     def _postprocess_requests(self, requests: list, query_lens: list, sample: list, sampled: list) -> tuple:

@@ -7,52 +7,19 @@ Invariant: free + used == total, and at drain every reference count is 0.
 """
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from operator import itemgetter
 from types import MappingProxyType
 
 from policylab.core.kv.radix import RadixTree
 
 
+_drain = deque(maxlen=0).extend     # runs an iterator to its end at C level (`grow_each`)
+
+
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks that hold `num_tokens` tokens: the one block-count formula (a ceiling division)."""
     return -(-num_tokens // block_size)
-
-
-
-
-def new_blocks(r, n: int, hits: tuple, block_size: int) -> int:
-    """Blocks beyond its table (running) or its cache hits `hits` (waiting) that giving `n` more
-    tokens to request `r` takes."""
-    table = r.block_table
-    if table:                            # (blocks_for, inline: called for every chunk of every plan)
-        need = -(-(r.num_computed_tokens + n) // block_size) - len(table)
-    else:
-        computed, hit = r.num_computed_tokens, len(hits) * block_size
-        need = -(-((computed if computed > hit else hit) + n) // block_size) - len(hits)
-    return need if need > 0 else 0
-
-
-_NONE_RELEASED = Counter()       # (plan_cost without preemptions: never changed)
-
-
-def plan_cost(ref, num_free: int, block_size: int, hits, preempted: list, chunks) -> tuple:
-    """(blocks needed, blocks available) of giving `chunks` ((request, tokens) pairs) their tokens
-    once the `preempted` requests have released their tables, over reference counts `ref` (block
-    id -> count) and a prefix-cache lookup `hits` (request -> cached block ids). A block is
-    available when every reference to it is a preempted one; a cache hit on a block that nobody
-    holds after the preemptions takes a free block, counted once however many requests hit it."""
-    released = Counter() if preempted else _NONE_RELEASED
-    for r in preempted:
-        released.update(r.block_table)
-    available = num_free + sum(1 for b, k in released.items() if ref[b] == k) if preempted else num_free
-    needed, reclaimed = 0, set()
-    for r, n in chunks:
-        cached = () if r.block_table else hits(r)
-        needed += new_blocks(r, n, cached, block_size)
-        if cached:
-            reclaimed.update(b for b in cached if ref[b] == released[b])
-    return needed + len(reclaimed), available
 
 
 class BlockPool:
@@ -177,6 +144,28 @@ class BlockPool:
                 self._take(table, 1)
         else:
             raise MemoryError("KV cache exhausted: need 1 block, 0 free")
+
+    def grow_each(self, tables: list) -> None:
+        """One more block for each of `tables` (decodes crossing a block boundary together): the
+        blocks `grow_one` would give them one after the other, taken in one pass."""
+        if len(tables) == 1:
+            return self.grow_one(tables[0])
+        if len(tables) > self.num_free:
+            raise MemoryError(f"KV cache exhausted: need {len(tables)} blocks, {self.num_free} free")
+        k, plain, head, lru = len(tables), self._plain, self._plain_head, self._free_cached
+        run = lru[0] if head == len(plain) and lru and self._tree is None else None
+        if type(run) is list and len(run) > k:    # (the usual source once no plain block is left: a run
+            blocks = run[-k:]                     # of unhittable blocks, its last taken first)
+            del run[-k:]
+            blocks.reverse()
+            self._num_free_cached -= k
+            ref = self._ref
+            for b in blocks:
+                ref[b] = 1
+        else:
+            blocks = []
+            self._take(blocks, k)
+        _drain(map(list.append, tables, blocks))
 
     def copy_block(self, b: int) -> int:
         """A fresh block to copy shared block `b` into (copy-on-write): one reference on `b` moves

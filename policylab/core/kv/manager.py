@@ -18,7 +18,8 @@ charged to the next one, once, in series (`timed`).
 """
 from __future__ import annotations
 
-from policylab.core.kv.blocks import BlockPool, new_blocks, plan_cost
+from policylab.core.kv.blocks import BlockPool
+from policylab.core.kv.cost import new_blocks, plan_cost
 from policylab.core.kv.cow import SharedWrites
 from policylab.core.kv.hashes import chain_hashes, own_block_keys
 from policylab.core.kv.host import SWAP_STATS, HostTier, SwapSpace, make_link
@@ -46,6 +47,7 @@ class KVManager(BlockPool):
         self._tiers = PrefixTiers(cfg, self.plane, self.stats) \
             if cfg.prefix_host_blocks and cfg.enable_prefix_caching else None
         self._cow = SharedWrites(self._ref, cfg.block_size) if sharing else None
+        self.sharing = self._cow is not None      # (blocks forks share: asked a few times every step)
         self.uses_link = self._swap is not None or self._tiers is not None
         self.host_blocks = cfg.host_kv_blocks
         self.publishes_on_schedule = bool(cfg.publish_on_schedule) and cfg.enable_prefix_caching
@@ -69,10 +71,6 @@ class KVManager(BlockPool):
     def tiers(self):
         """The prefix tiers, for checks (None: none)."""
         return self._tiers
-
-    @property
-    def sharing(self) -> bool:
-        return self._cow is not None
 
     @property
     def has_tiers(self) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from policylab.core.contract import DecodeFacts, RequestView, SchedulerView
-from policylab.core.kv.blocks import new_blocks, plan_cost
+from policylab.core.kv.cost import new_blocks, plan_cost
 from policylab.core.request import Status
 
 _EMPTY = ()
