@@ -35,19 +35,8 @@ class RequestSteps:
                 kv.stats["recomputed_tokens"] += computed
             r.status = Status.WAITING
             r.num_preemptions += 1
-        for r, blocks in zip(starting, hits):    # take every cache hit before any allocation can evict one
-            r.status = Status.RUNNING
-            if r.first_scheduled_time is None:
-                r.first_scheduled_time = now
-            if blocks:
-                kv.start(r, blocks)
-                if not r.swapped_blocks:       # (a swapped request's hits are computed tokens it has)
-                    r.num_computed_tokens = len(blocks) * bs
-                    r.num_cached_tokens_total += r.num_computed_tokens
         if starting:
-            kv.promote_pending()                 # lower-tier hits come back to the device
-            for hook in self._on_start:
-                hook(starting)
+            self._start(starting, hits)
         ns = list(sched.values())
         publish = kv.publishes_on_schedule     # each entry publishes its blocks before the next looks
         for r, n in zip(rs, ns):
@@ -62,12 +51,7 @@ class RequestSteps:
                 kv.swap_in(r, len(kv_hits[r.req_id]))
             if publish:
                 kv.publish_scheduled(r, c + n)
-        ctxs = [r.num_computed_tokens for r in rs]
-        batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
-                      [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
-                      [r.sampling for r in rs])
-        if self._token_ids:
-            batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
+        batch = self._entries_batch(sched, rs, ns, [r.num_computed_tokens for r in rs])
         if preempted:
             self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
         elif starting:                  # (rejected requests were waiting: running only grows)
@@ -105,21 +89,10 @@ class RequestSteps:
             self._decoding.forget_batch()
         bs = kv.block_size
         if started is not None:                      # its hits, taken before any allocation can evict one
-            r = started
-            blocks = kv.hits(r)
-            r.status = Status.RUNNING
-            if r.first_scheduled_time is None:
-                r.first_scheduled_time = self.clock.now
-            if blocks:
-                kv.start(r, blocks)
-                r.num_computed_tokens = len(blocks) * bs
-                r.num_cached_tokens_total += r.num_computed_tokens
-            kv.promote_pending()
-            started = [r]
-            for hook in self._on_start:
-                hook(started)
+            started = [started]
+            self._start(started, [kv.hits(started[0])])
         ns = list(sched.values())
-        ctxs, lasts, publish = [], [], kv.publishes_on_schedule
+        ctxs, publish = [], kv.publishes_on_schedule
         for r, n in zip(rs, ns):
             c = r.num_computed_tokens
             if c + n > len(r.block_table) * bs:
@@ -127,15 +100,38 @@ class RequestSteps:
             if publish:
                 kv.publish_scheduled(r, c + n)
             ctxs.append(c)
-            lasts.append(c + n == len(r.prompt_ids) + len(r.output_ids))
-        batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [], lasts, [r.sampling for r in rs])
-        if self._token_ids:
-            batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
+        batch = self._entries_batch(sched, rs, ns, ctxs)
         if started:
             self._run_also(started)
             self._waiting.remove((started[0].req_id,))
         self._liveness.check(False)
         return batch, rs
+
+    def _start(self, starting: list, hits: list) -> None:
+        """Waiting requests start running with their cache hits (taken before any allocation can evict
+        one; a swapped request's hits are computed tokens it has), then the start hooks run."""
+        now, kv, bs = self.clock.now, self.kv, self.kv.block_size
+        for r, blocks in zip(starting, hits):
+            r.status = Status.RUNNING
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = now
+            if blocks:
+                kv.start(r, blocks)
+                if not r.swapped_blocks:
+                    r.num_computed_tokens = len(blocks) * bs
+                    r.num_cached_tokens_total += r.num_computed_tokens
+        kv.promote_pending()                     # lower-tier hits come back to the device
+        for hook in self._on_start:
+            hook(starting)
+
+    def _entries_batch(self, sched: dict, rs: list, ns: list, ctxs: list) -> Batch:
+        """The batch of entries committed request by request (their context: computed before the step)."""
+        batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
+                      [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
+                      [r.sampling for r in rs])
+        if self._token_ids:
+            batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
+        return batch
 
     def _postprocess_requests(self, requests: list, query_lens: list, sample: list, sampled: list) -> tuple:
         """The entries committed request by request: (finished requests, prefill tokens, prefill requests)."""
