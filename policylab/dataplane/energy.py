@@ -202,7 +202,6 @@ class EnergyMeter:
         r = clock_ratio(self.hw, mhz)
         self.mhz, self.ratio, self.power_model = mhz, r, PowerModel.of(self.hw, r)
         self._peak = self.hw.peak_flops * r
-        self._gemm_peak = self._peak * self.gemm_speedup
         self._bw = self.hw.mem_bandwidth
 
     def demand(self, batch, tokens: int, sampled: int, duration: float, ratio: float, work=None,
@@ -210,12 +209,8 @@ class EnergyMeter:
         """(watts per GPU the step's kernels would draw without the board limit, its (u_c, u_m, busy))
         at clock ratio `ratio`; `work` is the step's StepWork.of, when the caller has it; `kernel_share`
         the share of the step the cost model has the GPUs run kernels (None: all but serial host time)."""
-        gemm, other, memory = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled,
-                                                   batch.decodes)
-        peak = self.hw.peak_flops * ratio
-        u_c = (gemm / (peak * self.gemm_speedup) + other / peak) / duration
-        u_m = memory / (self._bw * duration)
-        u_c, u_m = (u_c if u_c < 1 else 1.0), (u_m if u_m < 1 else 1.0)
+        work = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes)
+        u_c, u_m = self._utilisations(work, duration, self.hw.peak_flops * ratio)
         busy = 1.0 - self.work.waiting(len(batch.query_lens), tokens, sampled, duration, kernel_share) / duration
         busy = busy if busy > 0 else 0.0
         return self._power_model(ratio).running(u_c, u_m, busy), (u_c, u_m, busy)
@@ -248,20 +243,19 @@ class EnergyMeter:
 
     def _plain_step(self, work: tuple, duration: float, kernel_share: float) -> float:
         """`step`'s energy at the set clock, the cost model giving the kernel share, no collectives: the
-        operations of demand, waiting, running and over_step, in their order, without their calls (every
+        same utilisations and power model as demand's, without its general waiting time and clock (every
         step of a default run; tests/test_energy_charges.py holds the two paths to the same floats)."""
+        u_c, u_m = self._utilisations(work, duration, self._peak)
+        busy = 1.0 - (1.0 - kernel_share) * duration / duration     # (waiting's arithmetic: the same float)
+        pm = self.power_model
+        return pm.over_step(pm.running(u_c, u_m, busy), busy) * duration * self.gpus
+
+    def _utilisations(self, work: tuple, duration: float, peak: float) -> tuple:
+        """(compute, memory) utilisation of a step's work (StepWork.of) over `duration` at `peak` FLOP/s."""
         gemm, other, memory = work
-        peak = self._peak
         u_c = (gemm / (peak * self.gemm_speedup) + other / peak) / duration
         u_m = memory / (self._bw * duration)
-        u_c, u_m = (u_c if u_c < 1 else 1.0), (u_m if u_m < 1 else 1.0)
-        busy = 1.0 - (1.0 - kernel_share) * duration / duration
-        pm = self.power_model
-        if busy <= 0:
-            return pm.idle * duration * self.gpus
-        running = pm.idle + pm.sm_share * (pm.active + pm.compute * u_c / busy) + pm.memory * u_m / busy
-        return (pm.idle + busy * ((running if running < pm.max_power else pm.max_power) - pm.idle)) * duration \
-            * self.gpus
+        return (u_c if u_c < 1 else 1.0), (u_m if u_m < 1 else 1.0)
 
     def _attribute(self, batch, energy: float, tokens: int) -> None:
         ids, charges = batch.req_ids, self._charges
