@@ -152,19 +152,8 @@ class BlockPool:
             return self.grow_one(tables[0])
         if len(tables) > self.num_free:
             raise MemoryError(f"KV cache exhausted: need {len(tables)} blocks, {self.num_free} free")
-        k, plain, head, lru = len(tables), self._plain, self._plain_head, self._free_cached
-        run = lru[0] if head == len(plain) and lru and self._tree is None else None
-        if type(run) is list and len(run) > k:    # (the usual source once no plain block is left: a run
-            blocks = run[-k:]                     # of unhittable blocks, its last taken first)
-            del run[-k:]
-            blocks.reverse()
-            self._num_free_cached -= k
-            ref = self._ref
-            for b in blocks:
-                ref[b] = 1
-        else:
-            blocks = []
-            self._take(blocks, k)
+        blocks = []
+        self._take(blocks, len(tables))           # (plain blocks, then runs by the slice: `_take`'s order)
         _drain(map(list.append, tables, blocks))
 
     def copy_block(self, b: int) -> int:
