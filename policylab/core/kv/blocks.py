@@ -8,6 +8,7 @@ Invariant: free + used == total, and at drain every reference count is 0.
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 from operator import itemgetter
 from types import MappingProxyType
 
@@ -29,7 +30,13 @@ class BlockPool:
     Blocks move in bulk: a request takes tens of blocks at once, sliced off the free list. A finished
     prompt of its own frees blocks nobody can ever hit (`release(..., unhittable)`): they enter the
     LRU as one entry, a run (a reversed list, taken off its end) as blocks are needed, where hashed
-    blocks enter one by one (a hit takes a hashed block out of the middle of the LRU)."""
+    blocks enter one by one (a hit takes a hashed block out of the middle of the LRU).
+
+    A free block without a hash (on the plain list or in a run) keeps the count 1 of the table
+    that last held it (or of the pool, before any did): nobody can take it but `_take`, which
+    hands it on with that count, so a table's blocks move to the free lists and back by the
+    slice with no write per block. `refs` reports such a block as 0. A free hashed block counts
+    0, as a hit (`acquire`) tells it apart by that."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  index: str = "hash"):
@@ -40,7 +47,7 @@ class BlockPool:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching = enable_prefix_caching
         self._tree = RadixTree() if index == "radix" and enable_prefix_caching else None   # leaf-LRU
-        self._ref = [0] * num_blocks
+        self._ref = [1] * num_blocks             # (1 for a free block without a hash: see above)
         self._block_hash: list = [None] * num_blocks
         self._cached: dict = {}                  # hash -> block id
         self._plain = list(range(num_blocks))    # free, no reusable content: a FIFO from _plain_head on
@@ -85,8 +92,19 @@ class BlockPool:
     # ------------------------------------------------------------------ read-only state for checks
     @property
     def refs(self) -> tuple:
-        """Every block's reference count, by block id."""
-        return tuple(self._ref)
+        """Every block's reference count, by block id (0 for every free block)."""
+        ref = list(self._ref)
+        free = self._free_unhashed()
+        _drain(map(ref.__setitem__, free, repeat(0, len(free))))
+        return tuple(ref)
+
+    def _free_unhashed(self) -> list:
+        """The free blocks without a hash: the plain list's, then the runs'."""
+        free = self._plain[self._plain_head:]
+        for entry in self._free_cached:
+            if type(entry) is list:
+                free += entry
+        return free
 
     @property
     def cache_map(self):
@@ -95,7 +113,7 @@ class BlockPool:
 
     def holds(self, b: int) -> bool:
         """Whether some block table holds block `b`."""
-        return self._ref[b] > 0
+        return self.refs[b] > 0
 
     def acquire(self, table: list, blocks) -> None:
         """Append cache-hit blocks to a block table, taking a reference on each."""
@@ -125,7 +143,6 @@ class BlockPool:
         if head < len(self._plain):
             b = self._plain[head]
             self._plain_head = head + 1
-            self._ref[b] = 1
             table.append(b)
             if head > 4096 and 2 * head > len(self._plain):   # (the consumed front, dropped now and then)
                 del self._plain[:head + 1]
@@ -138,7 +155,6 @@ class BlockPool:
                 if not run:
                     lru.popleft()
                 self._num_free_cached -= 1
-                self._ref[b] = 1
                 table.append(b)
             else:
                 self._take(table, 1)
@@ -171,7 +187,7 @@ class BlockPool:
     def _take(self, table: list, need: int) -> None:
         """Plain free blocks first, then the least recently freed cached ones (evicting their
         hashes). Every block a request ever holds passes here and through release()."""
-        plain, head, ref = self._plain, self._plain_head, self._ref
+        plain, head = self._plain, self._plain_head
         k = len(plain) - head
         k = k if k < need else need                            # (min(): a builtin call, every allocation)
         if k:
@@ -181,8 +197,6 @@ class BlockPool:
                 del plain[:head]
                 head = 0
             self._plain_head = head
-            for b in taken:
-                ref[b] = 1
             table += taken
         if need > k:
             self._num_free_cached -= need - k
@@ -202,8 +216,6 @@ class BlockPool:
                     lru.appendleft(entry)
                     entry = taken
                 entry.reverse()
-                for b in entry:
-                    ref[b] = 1
                 table += entry
                 need -= len(entry)
                 continue
@@ -280,9 +292,7 @@ class BlockPool:
         n = len(table)
         if n > 1:                        # a table nobody shares, none of it published (the common case):
             held = itemgetter(*table)    # the same moves as the loop below, by the slice
-            if held(ref).count(1) == n and held(block_hash).count(None) == n:
-                for b in table:
-                    ref[b] = 0
+            if held(ref).count(1) == n and held(block_hash).count(None) == n:   # (their counts stay 1)
                 tail = table[unhittable:]
                 tail.reverse()
                 plain += tail
@@ -296,11 +306,12 @@ class BlockPool:
         for i in range(len(table) - 1, -1, -1):
             b = table[i]
             left = ref[b] - 1
-            ref[b] = left
             if left:
+                ref[b] = left
                 continue
             freed += 1
             if block_hash[b] is not None:          # hashed: to the LRU on its own (a hit may take it)
+                ref[b] = 0
                 if run:
                     run.reverse()                  # (next-taken last)
                     lru.append(run)
@@ -343,21 +354,24 @@ class BlockPool:
 
     def check(self) -> None:
         """Assert the accounting invariants; used by tests and at drain."""
-        used = sum(1 for r in self._ref if r > 0)
-        assert min(self._ref) >= 0, "negative reference count"
+        ref, block_hash = self._ref, self._block_hash
+        refs = self.refs
+        assert min(ref) >= 0, "negative reference count"
+        used = len(refs) - refs.count(0)
         assert used + self.num_free == self.num_blocks, (used, self.num_free, self.num_blocks)
         plain = self._plain[self._plain_head:]
-        assert all(self._ref[b] == 0 and self._block_hash[b] is None for b in plain), "held block in free list"
+        assert not plain or list(map(ref.__getitem__, plain)).count(1) == len(plain) and \
+            list(map(block_hash.__getitem__, plain)).count(None) == len(plain), "held block in free list"
         entries = self._live_entries()
         lru = self.free_cached_blocks()
         assert len(lru) == self._num_free_cached, "free cached count out of sync"
-        assert all(self._ref[b] == 0 for b in lru), "held block in LRU"
-        assert all(type(e) is list and e and all(self._block_hash[b] is None for b in e) or
-                   type(e) is not list and self._block_hash[e] is not None for e in entries), "LRU entry of a wrong kind"
+        assert all(ref[b] == (block_hash[b] is None) for b in lru), "held block in LRU"
+        assert all(type(e) is list and e and all(block_hash[b] is None for b in e) or
+                   type(e) is not list and block_hash[e] is not None for e in entries), "LRU entry of a wrong kind"
         assert len(set(plain)) == len(plain), "block freed twice"
         assert len(set(lru)) == len(lru) and not set(lru) & set(plain), "block in the LRU twice"
         for h, b in self._cached.items():
-            assert self._block_hash[b] == h, "hash map out of sync"
+            assert block_hash[b] == h, "hash map out of sync"
         if self._tree is not None:
             self._tree.check(self._cached)
         if self._tiers is not None:
