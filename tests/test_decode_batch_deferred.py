@@ -48,7 +48,7 @@ def test_deferred_tokens_read_mid_run_and_after_leaving_are_the_eager_ones(num_b
         step += 1
         assert lazy.clock.now == eager.clock.now and lazy.num_done == eager.num_done
         batch = lazy._decoding._batch
-        members = set(batch.ids)
+        members = set(batch.req_ids)
         for r in lazy.requests:
             if r is not None and r.req_id not in members:
                 assert r.deferred is None, f"request {r.req_id} left the batch with tokens deferred"

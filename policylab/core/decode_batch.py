@@ -24,7 +24,7 @@ members (prefills, waiting ones) cost no more than before.
 """
 from __future__ import annotations
 
-from operator import add
+from operator import add, attrgetter
 
 from policylab.core.batch import Batch
 from policylab.core.request import Request
@@ -33,6 +33,7 @@ _slot = Request.__dict__               # the slots' own descriptors, beneath Def
 _get_out, _set_out = _slot["output_ids"].__get__, _slot["output_ids"].__set__
 _get_times, _set_times = _slot["token_times"].__get__, _slot["token_times"].__set__
 _computed, _set_computed = _slot["num_computed_tokens"].__get__, _slot["num_computed_tokens"].__set__
+_table, _sampling, _context = attrgetter("block_table"), attrgetter("sampling"), attrgetter("num_computed_tokens")
 
 
 def _settled(get, put, name: str) -> property:
@@ -111,7 +112,9 @@ class Deferred:
 
 class DecodeBatch:
     """Running decodes in batch order: a private cache of `Decoding` (which requests decode and
-    whose last block is full), valid while only its decodes change its members."""
+    whose last block is full), valid while only its decodes change its members. Its lists carry a
+    `Batch`'s names, so a step with other entries joins them to it (`batch.joined`) with no batch
+    of the decodes alone made first."""
 
     def __init__(self, requests: list, target_len: dict, block_size: int, tokens=None):
         """`tokens(start, stop)`: the ids the plane samples after positions start..stop-1, when they
@@ -125,11 +128,11 @@ class DecodeBatch:
         """Start over, empty (with new lists: batches already sent keep theirs)."""
         self._settle_all()
         self._log: list = []                      # the time of each step since the batch formed
-        self.ids: list = []
+        self.req_ids: list = []
         self.requests: list = []
-        self._outputs, self._times, self._targets, self._context = [], [], [], []
+        self._outputs, self._times, self._targets, self.context_lens = [], [], [], []
         self._members: dict = {}                  # member req_id -> None: the members as a set
-        self._tables, self._sampling = [], []
+        self.block_tables, self.sampling, self.token_ids = [], [], []
         self._steps = 0                           # steps decoded since the batch formed
         self._by_phase: dict = {}                 # (computed - steps) % block_size -> member ids
         self._finish_at: dict = {}                # step -> members that reach their output length on it
@@ -138,10 +141,10 @@ class DecodeBatch:
 
     def become(self, ids: list) -> None:
         """Make `ids` the members, in order: kept when `ids` only extends them, else rebuilt."""
-        have = len(self.ids)
-        if len(ids) == have and ids == self.ids:      # the steady state: the same members
+        have = len(self.req_ids)
+        if len(ids) == have and ids == self.req_ids:      # the steady state: the same members
             return
-        if ids[:have] != self.ids:
+        if ids[:have] != self.req_ids:
             self.clear()
             have = 0
         if len(ids) > have:
@@ -149,18 +152,18 @@ class DecodeBatch:
 
     def join(self, ids: list) -> None:
         """Add running decodes at the end of the batch."""
-        rs = [self._all[i] for i in ids]
-        context = [r.num_computed_tokens for r in rs]
+        rs = list(map(self._all.__getitem__, ids))
+        context = list(map(_context, rs))
         targets = list(map(self._target_len.__getitem__, ids))
-        self.ids, self.requests = self.ids + ids, self.requests + rs
+        self.req_ids, self.requests = self.req_ids + ids, self.requests + rs
         if self._tokens is None:                  # (what a step writes to, and checks EOS against)
             self._outputs = self._outputs + [r.output_ids for r in rs]
             self._times = self._times + [r.token_times for r in rs]
             self._targets = self._targets + targets
         self._members.update(dict.fromkeys(ids))
-        self._context = self._context + context
-        self._tables = self._tables + [r.block_table for r in rs]
-        self._sampling = self._sampling + [r.sampling for r in rs]
+        self.context_lens = self.context_lens + context
+        self.block_tables = self.block_tables + list(map(_table, rs))
+        self.sampling = self.sampling + list(map(_sampling, rs))
         self._members_changed()
         steps, due, bs, by_phase, finish_at = self._steps, self._due, self.block_size, self._by_phase, self._finish_at
         deferred = self._deferred if self._tokens is not None else None
@@ -180,14 +183,11 @@ class DecodeBatch:
         """Drop finished members."""
         at = sorted(map(self.requests.index, finished), reverse=True)     # (a few, out of many)
         eager = self._tokens is None
-        kept = []
-        for members in (self.ids, self.requests, self._context, self._tables, self._sampling,
-                        *((self._outputs, self._times, self._targets) if eager else ())):
-            members = members.copy()                  # (new lists: batches already sent keep theirs)
-            for i in at:
-                del members[i]
-            kept.append(members)
-        self.ids, self.requests, self._context, self._tables, self._sampling = kept[:5]
+        kept = [self.req_ids, self.requests, self.context_lens, self.block_tables, self.sampling,
+                *((self._outputs, self._times, self._targets) if eager else ())]
+        for i in at:                                  # (new lists: batches already sent keep theirs)
+            kept = [members[:i] + members[i + 1:] for members in kept]
+        self.req_ids, self.requests, self.context_lens, self.block_tables, self.sampling = kept[:5]
         if eager:
             self._outputs, self._times, self._targets = kept[5:]
         self._members_changed()
@@ -204,12 +204,12 @@ class DecodeBatch:
 
     def _members_changed(self) -> None:
         """Per-member constants: one token each, every one sampled."""
-        n = len(self.ids)
-        self._query_lens, self._sample = [1] * n, [True] * n
+        self.decodes = n = len(self.req_ids)
+        self.query_lens, self.sample = [1] * n, [True] * n
 
     def batch(self) -> Batch:
-        return Batch(self.ids, self._query_lens, self._context, self._tables, [], self._sample, self._sampling,
-                     decodes=len(self.ids))
+        return Batch(self.req_ids, self.query_lens, self.context_lens, self.block_tables, [], self.sample, self.sampling,
+                     decodes=self.decodes)
 
     def _settle_all(self) -> None:
         """Write every member's deferred tokens, times and count; none is deferred any more."""
@@ -224,10 +224,10 @@ class DecodeBatch:
         if self._tokens is not None:          # tokens, times and counts deferred: one log entry
             self._steps = steps = self._steps + 1
             self._log.append(now)
-            self._context = list(map(add, self._context, self._query_lens))   # (a fresh list, at C level)
+            self.context_lens = list(map(add, self.context_lens, self.query_lens))   # (a fresh list, at C level)
             return self._finish_at.pop(steps, [])
         self._steps += 1
-        self._context = context = []          # a fresh list: batches stay as sent
+        self.context_lens = context = []          # a fresh list: batches stay as sent
         for r, out, times, token in zip(self.requests, self._outputs, self._times, sampled):
             out.append(token)
             times.append(now)

@@ -45,7 +45,7 @@ class Decoding:
     @property
     def batch_ids(self) -> list:
         """The cached decode batch's members, in batch order."""
-        return self._batch.ids
+        return self._batch.req_ids
 
     def in_batch(self, ids) -> bool:
         """Some of `ids` (a dict or set of req_ids) are members of the cached decode batch."""
@@ -107,10 +107,11 @@ class Decoding:
         self._batch.clear()
         self._batch_is_facts = False
 
-    def commit(self, decodes: list, kv, steady: bool = False) -> Batch:
+    def commit(self, decodes: list, kv, steady: bool = False, alone: bool = True):
         """The batch of these running decodes (in this order) on the cached batch, each given its
         token's KV: a new block for those whose last block is full. `steady`: they are the view's
-        decodes (every decoding request, in running order)."""
+        decodes (every decoding request, in running order). Not `alone` (other entries follow):
+        the cached batch itself, which `batch.joined` reads as a `Batch`."""
         if not (steady and self._batch_is_facts):
             self._batch.become(decodes)
             self._batch_is_facts = steady and self.facts is not None   # (not when running just changed)
@@ -123,14 +124,13 @@ class Decoding:
             else:
                 for rid in growing:
                     del full[rid]
-        return self._batch.batch()
+        return self._batch.batch() if alone else self._batch
 
     def postprocess(self, sampled: list, now: float, eos) -> list:
         """The cached batch's members take their tokens; returns those that finished (they left it)."""
         batch = self._batch
         finished = batch.advance(sampled, now, eos)
-        for rid in batch.full_last_block():
-            self._full[rid] = None
+        self._full.update(dict.fromkeys(batch.full_last_block()))     # (in batch order, at C level)
         if finished:
             batch.leave(finished)
             self._batch_is_facts = False

@@ -265,7 +265,7 @@ class Engine(Lifecycle, RequestSteps):
                 owner = ext
                 break
         else:
-            unowned = unowned_field(plan, self._plan_fields)
+            unowned = self._fields_unowned and unowned_field(plan, self._plan_fields)
             if unowned:
                 raise ContractViolation(self.policy_name, "field_unsupported", f"the plan sets `{unowned}`, which "
                                         f"no extension of this engine carries out (data plane "
@@ -292,7 +292,7 @@ class Engine(Lifecycle, RequestSteps):
             if parts is None or not parts[1]:
                 return None
             return CommittedStep(parts[0], 0, parts[1], len(plan.preempt), len(plan.reject))
-        db = self._decoding.commit(decodes, self.kv, bool(leading))
+        db = self._decoding.commit(decodes, self.kv, bool(leading), parts is None)
         if self._token_ids:
             db.token_ids = [np.array(r.output_ids[-1:], np.int32) for r in self._decoding.batch_requests]
         if parts is None:

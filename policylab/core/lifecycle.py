@@ -17,7 +17,7 @@ import numpy as np
 from policylab.core.admission import never_fits, output_cap, predict_output
 from policylab.core.contract import RequestView
 from policylab.core.events import EventQueue
-from policylab.core.extension import HOOKS, hooks_of
+from policylab.core.extension import EXTENSION_FIELDS, HOOKS, hooks_of
 from policylab.core.kv import chain_hashes
 from policylab.core.request import NO_TOKENS, Request, Status, TraceRequest, forget_done
 from policylab.core.result import RunResult
@@ -34,6 +34,8 @@ class Lifecycle:
         self._admission_horizon, self._admission, self._on_arrival, self._on_start, self._on_tokens, self._on_finish, self._on_done_hooks, \
             self._on_request_done, self._after_step, self._on_stuck, self._on_stopped = (hooks_of(exts, h) for h in HOOKS)
         self._plan_fields = tuple((e.plan_field, e) for e in exts if e.plan_field)
+        # a plan can set a field none of them carries out (else a plain plan needs no look for one)
+        self._fields_unowned = not set(EXTENSION_FIELDS) <= {field for field, _ in self._plan_fields}
 
     def extend(self, ext) -> None:
         """Run one more extension (a driver's, before the run starts: the P/D hand-off)."""

@@ -5,8 +5,12 @@ postprocess after it. The steady decodes take the persistent decode batch instea
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 from policylab.core.batch import Batch
 from policylab.core.request import Status
+
+_table, _sampling = attrgetter("block_table"), attrgetter("sampling")
 
 
 class RequestSteps:
@@ -126,9 +130,9 @@ class RequestSteps:
 
     def _entries_batch(self, sched: dict, rs: list, ns: list, ctxs: list) -> Batch:
         """The batch of entries committed request by request (their context: computed before the step)."""
-        batch = Batch(list(sched), ns, ctxs, [r.block_table for r in rs], [],
+        batch = Batch(list(sched), ns, ctxs, list(map(_table, rs)), [],
                       [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
-                      [r.sampling for r in rs])
+                      list(map(_sampling, rs)))
         if self._token_ids:
             batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
         return batch

@@ -8,7 +8,7 @@ Invariant: free + used == total, and at drain every reference count is 0.
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 from types import MappingProxyType
 
@@ -365,9 +365,13 @@ class BlockPool:
         entries = self._live_entries()
         lru = self.free_cached_blocks()
         assert len(lru) == self._num_free_cached, "free cached count out of sync"
-        assert all(ref[b] == (block_hash[b] is None) for b in lru), "held block in LRU"
-        assert all(type(e) is list and e and all(block_hash[b] is None for b in e) or
-                   type(e) is not list and block_hash[e] is not None for e in entries), "LRU entry of a wrong kind"
+        runs = [e for e in entries if type(e) is list]
+        hashed = [e for e in entries if type(e) is not list]
+        in_runs = list(chain.from_iterable(runs))
+        assert all(runs) and list(map(block_hash.__getitem__, in_runs)).count(None) == len(in_runs) and \
+            None not in map(block_hash.__getitem__, hashed), "LRU entry of a wrong kind"
+        assert not any(map(ref.__getitem__, hashed)) and list(map(ref.__getitem__, in_runs)).count(1) == len(in_runs), \
+            "held block in LRU"
         assert len(set(plain)) == len(plain), "block freed twice"
         assert len(set(lru)) == len(lru) and not set(lru) & set(plain), "block in the LRU twice"
         for h, b in self._cached.items():
