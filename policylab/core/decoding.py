@@ -33,6 +33,8 @@ class Decoding:
         self.ids = MappingProxyType(self._ids).keys()      # live read-only sets (the view's facts)
         self.full = MappingProxyType(self._full).keys()
         self._batch = DecodeBatch(requests, target_len, block_size, tokens)
+        # some of `ids` (a dict or set of req_ids) are members of the cached decode batch
+        self.in_batch = self._batch.has_any
         self.facts = None             # the view's DecodeFacts (`make_facts`); None when running or decoding change
         self._batch_is_facts = False  # the batch's members are the facts' ids, in that order
 
@@ -46,10 +48,6 @@ class Decoding:
     def batch_ids(self) -> list:
         """The cached decode batch's members, in batch order."""
         return self._batch.req_ids
-
-    def in_batch(self, ids) -> bool:
-        """Some of `ids` (a dict or set of req_ids) are members of the cached decode batch."""
-        return self._batch.has_any(ids)
 
     @property
     def batch_requests(self) -> list:

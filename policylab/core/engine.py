@@ -128,7 +128,7 @@ class Engine(Lifecycle, RequestSteps):
         self._running = self._running + started
         ids = self._running_ids
         if ids is not None:
-            new = [r.req_id for r in started]
+            new = list(map(_req_id, started))
             self._running_ids = ids + new
             self._running_views = self._running_views + tuple(map(self.views.__getitem__, new))
         self._decoding.running_changed()
@@ -304,6 +304,7 @@ class Engine(Lifecycle, RequestSteps):
         start = self.step_start = self.clock.now
         self.clock.advance(result.duration)
         batch, n, now, sampled = step.batch, step.decodes, self.clock.now, result.sampled
+        decoded = self._decoding.batch_ids if n else []   # (the batch's first n, before any member leaves)
         finished = self._decoding.postprocess(sampled, now, self._eos) if n else []   # (its first n are theirs)
         prefill_tokens = n_prefill = 0
         if step.requests:
@@ -324,8 +325,11 @@ class Engine(Lifecycle, RequestSteps):
             self._run_no_more(finished)
         if sampled:
             self._liveness.stalled = 0
-        self._sampled = batch.req_ids[:n] + list(compress(batch.req_ids[n:], batch.sample[n:])) if step.requests \
-            else batch.req_ids                       # (the leading decodes are all sampled)
+        if step.requests:                            # (the leading decodes are all sampled)
+            more = list(compress(batch.req_ids[n:], batch.sample[n:]))
+            self._sampled = decoded + more if more else decoded
+        else:
+            self._sampled = batch.req_ids
         for hook in self._after_step:
             hook(self._sampled, sampled)
         size, kv = len(batch.req_ids), self.kv

@@ -129,7 +129,8 @@ class RequestSteps:
             hook(starting)
 
     def _entries_batch(self, sched: dict, rs: list, ns: list, ctxs: list) -> Batch:
-        """The batch of entries committed request by request (their context: computed before the step)."""
+        """The batch of entries committed request by request (their context: computed before the step),
+        in new lists (`batch.joined` puts the step's decodes in front of them)."""
         batch = Batch(list(sched), ns, ctxs, list(map(_table, rs)), [],
                       [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                       list(map(_sampling, rs)))
