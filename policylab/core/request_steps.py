@@ -160,5 +160,7 @@ class RequestSteps:
                 if len(out) >= target[rid] or tok == eos:
                     finished.append(r)
                     continue
+            elif not out:               # (no token yet: it neither decodes nor did)
+                continue
             decoding.update(r)          # it begins or stops decoding, or stays
         return finished, prefill_tokens, n_prefill

@@ -132,10 +132,7 @@ class BlockPool:
 
     def grow(self, table: list, num_tokens: int) -> None:
         """Allocate blocks so `table` covers num_tokens tokens."""
-        need = blocks_for(num_tokens, self.block_size) - len(table)
-        if need > self.num_free:
-            raise MemoryError(f"KV cache exhausted: need {need} blocks, {self.num_free} free")
-        self._take(table, need)
+        self._take(table, blocks_for(num_tokens, self.block_size) - len(table))
 
     def grow_one(self, table: list) -> None:
         """One more block for a table whose last block is full (a decode crossing a block boundary)."""
@@ -166,8 +163,6 @@ class BlockPool:
         blocks `grow_one` would give them one after the other, taken in one pass."""
         if len(tables) == 1:
             return self.grow_one(tables[0])
-        if len(tables) > self.num_free:
-            raise MemoryError(f"KV cache exhausted: need {len(tables)} blocks, {self.num_free} free")
         blocks = []
         self._take(blocks, len(tables))           # (plain blocks, then runs by the slice: `_take`'s order)
         _drain(map(list.append, tables, blocks))
@@ -186,10 +181,14 @@ class BlockPool:
 
     def _take(self, table: list, need: int) -> None:
         """Plain free blocks first, then the least recently freed cached ones (evicting their
-        hashes). Every block a request ever holds passes here and through release()."""
+        hashes). Every block a request ever holds passes here and through release(). Fewer than
+        `need` free: MemoryError, and nothing taken."""
         plain, head = self._plain, self._plain_head
         k = len(plain) - head
-        k = k if k < need else need                            # (min(): a builtin call, every allocation)
+        if k >= need:
+            k = need
+        elif need - k > self._num_free_cached:
+            raise MemoryError(f"KV cache exhausted: need {need} blocks, {k + self._num_free_cached} free")
         if k:
             taken = plain[head:head + k]
             head += k
