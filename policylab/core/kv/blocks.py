@@ -290,8 +290,9 @@ class BlockPool:
         unhittable = unhittable if self.prefix_caching else 0
         n = len(table)
         if n > 1:                        # a table nobody shares, none of it published (the common case):
-            held = itemgetter(*table)    # the same moves as the loop below, by the slice
-            if held(ref).count(1) == n and held(block_hash).count(None) == n:   # (their counts stay 1)
+            held = itemgetter(*table)    # the same moves as the loop below, by the slice, their counts
+            # left at 1 (a block has a hash only while the prefix cache maps it: none when it is empty)
+            if held(ref).count(1) == n and (not self._cached or held(block_hash).count(None) == n):
                 tail = table[unhittable:]
                 tail.reverse()
                 plain += tail
