@@ -33,10 +33,10 @@ class BlockPool:
     blocks enter one by one (a hit takes a hashed block out of the middle of the LRU).
 
     A free block without a hash (on the plain list or in a run) keeps the count 1 of the table
-    that last held it (or of the pool, before any did): nobody can take it but `_take`, which
-    hands it on with that count, so a table's blocks move to the free lists and back by the
-    slice with no write per block. `refs` reports such a block as 0. A free hashed block counts
-    0, as a hit (`acquire`) tells it apart by that."""
+    that last held it (or of the pool, before any did): only an allocation takes it (`_take`,
+    `grow_one`), handing it on with that count, so a table's blocks move to the free lists and
+    back by the slice with no write per block. `refs` reports such a block as 0. A free hashed
+    block counts 0, as a hit (`acquire`) tells it apart by that."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  index: str = "hash"):
