@@ -18,6 +18,11 @@ from policylab.core.kv.radix import RadixTree
 _drain = deque(maxlen=0).extend     # runs an iterator to its end at C level (`grow_each`)
 
 
+def _all_are(table: list, values: list, value) -> bool:
+    """Every block of `table` has `value` in `values` (a per-block list), at C level."""
+    return itemgetter(*table)(values).count(value) == len(table)
+
+
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks that hold `num_tokens` tokens: the one block-count formula (a ceiling division)."""
     return -(-num_tokens // block_size)
@@ -59,6 +64,7 @@ class BlockPool:
         self._stale = [0] * num_blocks           # per block: its older entries in free_cached
         self._num_free_cached = 0
         self._hits: dict = {}                    # req_id -> its cache hits, until the cache changes
+        self._acquired = False                   # some block was acquired: until then every count is 1
         self._tiers = None                       # host/disk tiers below the cache (KVManager's strategy)
 
     @property
@@ -119,6 +125,7 @@ class BlockPool:
         """Append cache-hit blocks to a block table, taking a reference on each."""
         if self._tiers is not None:               # lower-tier hits wait for tiers.promote_pending
             blocks = self._tiers.defer(table, blocks)
+        self._acquired = True
         ref = self._ref
         for b in blocks:
             if ref[b] == 0:                      # free: its entry in free_cached goes stale
@@ -289,19 +296,20 @@ class BlockPool:
         ref, block_hash, plain, lru = self._ref, self._block_hash, self._plain, self._free_cached
         unhittable = unhittable if self.prefix_caching else 0
         n = len(table)
-        if n > 1:                        # a table nobody shares, none of it published (the common case):
-            held = itemgetter(*table)    # the same moves as the loop below, by the slice, their counts
-            # left at 1 (a block has a hash only while the prefix cache maps it: none when it is empty)
-            if held(ref).count(1) == n and (not self._cached or held(block_hash).count(None) == n):
-                tail = table[unhittable:]
-                tail.reverse()
-                plain += tail
-                if unhittable:
-                    run = table[:unhittable]     # (a run is kept next-taken last: table order here)
-                    lru.append(run)
-                    self._num_free_cached += len(run)
-                table.clear()
-                return n
+        # a table nobody shares, none of it published (the common case): the same moves as the loop
+        # below, by the slice, their counts left at 1 (every held block counts 1 until one is acquired,
+        # and a block has a hash only while the prefix cache maps it: none while that is empty)
+        if n > 1 and (not self._acquired or _all_are(table, ref, 1)) and \
+                (not self._cached or _all_are(table, block_hash, None)):
+            tail = table[unhittable:]
+            tail.reverse()
+            plain += tail
+            if unhittable:
+                run = table[:unhittable]         # (a run is kept next-taken last: table order here)
+                lru.append(run)
+                self._num_free_cached += len(run)
+            table.clear()
+            return n
         freed, to_lru, run = 0, 0, []
         for i in range(len(table) - 1, -1, -1):
             b = table[i]
