@@ -183,10 +183,11 @@ class DecodeBatch:
         """Drop finished members."""
         at = sorted(map(self.requests.index, finished), reverse=True)     # (a few, out of many)
         eager = self._tokens is None
-        kept = [self.req_ids, self.requests, self.context_lens, self.block_tables, self.sampling,
-                *((self._outputs, self._times, self._targets) if eager else ())]
-        for i in at:                                  # (new lists: batches already sent keep theirs)
-            kept = [members[:i] + members[i + 1:] for members in kept]
+        kept = [members.copy() for members in (self.req_ids, self.requests, self.context_lens, self.block_tables,
+                self.sampling, *((self._outputs, self._times, self._targets) if eager else ()))]
+        for members in kept:                          # (new lists: batches already sent keep theirs)
+            for i in at:
+                del members[i]
         self.req_ids, self.requests, self.context_lens, self.block_tables, self.sampling = kept[:5]
         if eager:
             self._outputs, self._times, self._targets = kept[5:]
