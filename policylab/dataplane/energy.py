@@ -219,15 +219,23 @@ class EnergyMeter:
         return self.power_model if ratio == self.ratio else PowerModel.of(self.hw, ratio)
 
     def step(self, batch, tokens: int, sampled: int, duration: float, ratio: float | None = None, work=None,
-             kernel_share: float | None = None) -> float:
+             kernel_share: float | None = None, context: int | None = None) -> float:
         """Charge one step of `duration` seconds (at clock ratio `ratio`: a power-limited step ran
         below the set clock; its kernels running `kernel_share` of it, as the cost model gives it:
-        the rest at idle power); its energy over all GPUs (J)."""
+        the rest at idle power); its energy over all GPUs (J). `work` is the step's StepWork.of and
+        `context` sum(batch.context_lens), where the caller has them."""
         if duration <= 0:
             return 0.0
-        if ratio is None and work is not None and kernel_share is not None and self.record is None \
-                and self.work.link is None:
-            energy = self._plain_step(work, duration, kernel_share)
+        if work is None:
+            work = self.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes, context)
+        if ratio is None and kernel_share is not None and self.record is None and self.work.link is None:
+            # every step of a default run: the set clock, the cost model's kernel share, no collectives. The
+            # same utilisations and power model as demand's, without its general waiting time and clock
+            # (tests/test_energy_charges.py holds the two paths to the same floats)
+            u_c, u_m = self._utilisations(work, duration, self._peak)
+            busy = 1.0 - (1.0 - kernel_share) * duration / duration     # (waiting's arithmetic: the same float)
+            pm = self.power_model
+            energy = pm.over_step(pm.running(u_c, u_m, busy), busy) * duration * self.gpus
         else:
             ratio = self.ratio if ratio is None else ratio
             running, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work, kernel_share)
@@ -240,15 +248,6 @@ class EnergyMeter:
         self.busy_s += duration
         self._attribute(batch, energy, tokens)
         return energy
-
-    def _plain_step(self, work: tuple, duration: float, kernel_share: float) -> float:
-        """`step`'s energy at the set clock, the cost model giving the kernel share, no collectives: the
-        same utilisations and power model as demand's, without its general waiting time and clock (every
-        step of a default run; tests/test_energy_charges.py holds the two paths to the same floats)."""
-        u_c, u_m = self._utilisations(work, duration, self._peak)
-        busy = 1.0 - (1.0 - kernel_share) * duration / duration     # (waiting's arithmetic: the same float)
-        pm = self.power_model
-        return pm.over_step(pm.running(u_c, u_m, busy), busy) * duration * self.gpus
 
     def _utilisations(self, work: tuple, duration: float, peak: float) -> tuple:
         """(compute, memory) utilisation of a step's work (StepWork.of) over `duration` at `peak` FLOP/s."""

@@ -52,6 +52,7 @@ from policylab.dataplane.shape import ModelShape
 __all__ = ["ModelShape", "Roofline", "smooth_max"]
 
 P_NORM = 3.0      # knee sharpness (see above): 2^(1/3) = 1.26x the larger bound at balance
+FIXED_PARTS_CACHED = 1 << 16   # (requests, tokens, sampled) combinations whose fixed parts are kept
 
 
 def smooth_max(a: float, b: float) -> float:
@@ -107,6 +108,7 @@ class Roofline:
         self._dense: dict = {}
         self._lm_head: dict = {}
         self._stages: dict = {}          # pipeline: (tokens, micro-batches) -> one micro-batch's layers, hand-off, embedding
+        self._fixed: dict = {}           # one stage: (requests, tokens, sampled) -> _fixed_parts
         if (tp > 1 or pp > 1 or self.host.per_request or self.host.per_token or engine.has_host_time
                 or engine.async_scheduling):
             self.step_time = self._parallel_step_time
@@ -202,17 +204,12 @@ class Roofline:
         serving engine's host work: kernel time, then the engine's launches and host work
         (serial, or hidden behind the GPU under async scheduling: serving_engine.py)."""
         requests = len(q)
-        host = self.host(requests, tokens)
-        e = self.engine
-        if e.has_host_time:
-            host += e.host_per_step + e.host_per_request * requests + e.host_per_token * tokens
-        if self.pp == 1:
-            dense, head = self._dense.get(tokens), self._lm_head.get(sampled)
-            if dense is None:
-                dense = self.dense_time(tokens)
-            if head is None:
-                head = self.lm_head_time(sampled)
-            gpu = dense + head + self.attention_time(q, ctx, tokens, leading, context)
+        if self.pp == 1:          # (every step: the parts that do not depend on the contexts, cached)
+            fixed = self._fixed.get((requests, tokens, sampled))
+            if fixed is None:
+                fixed = self._fixed_parts(requests, tokens, sampled)
+            gpu_fixed, launches, host = fixed
+            gpu = gpu_fixed + self.attention_time(q, ctx, tokens, leading, context)
         else:
             m = micro_batches(self.pp, requests)
             stage = self._stages.get((tokens, m))
@@ -224,11 +221,34 @@ class Roofline:
             dense, handoff, embedding = stage
             layers = dense + self.attention_time(q, ctx, tokens, leading, context) / m
             gpu = embedding + pipelined(layers / self.pp, handoff, self.pp, m) + self.lm_head_time(sampled)
-        launches = e.launches(self._step_kernels, tokens, tokens == requests, self._attention_kernels) \
-            if e.launch else 0.0
-        step = e.step(gpu, launches, host)
+            launches, host = self._launch_time(requests, tokens), self.host_time(requests, tokens)
+        step = self.engine.step(gpu, launches, host)
         self.kernel_share = gpu / step if step > 0 else 1.0
         return step
+
+    def _fixed_parts(self, requests: int, tokens: int, sampled: int) -> tuple:
+        """A one-stage step's (dense + LM head kernel time, launch time, host time): functions of its
+        request, token and sampled counts only, cached (and the cache dropped when it grows large)."""
+        if len(self._fixed) >= FIXED_PARTS_CACHED:
+            self._fixed.clear()
+        parts = self._fixed[requests, tokens, sampled] = (
+            self.dense_time(tokens) + self.lm_head_time(sampled), self._launch_time(requests, tokens),
+            self.host_time(requests, tokens))
+        return parts
+
+    def host_time(self, requests: int, tokens: int) -> float:
+        """Host seconds of a step: the hardware's (policylab.dataplane.host_time), then the engine's."""
+        host = self.host(requests, tokens)
+        e = self.engine
+        if e.has_host_time:
+            host += e.host_per_step + e.host_per_request * requests + e.host_per_token * tokens
+        return host
+
+    def _launch_time(self, requests: int, tokens: int) -> float:
+        """Host seconds launching a step's kernels (none without per-kernel launch cost)."""
+        e = self.engine
+        return e.launches(self._step_kernels, tokens, tokens == requests, self._attention_kernels) \
+            if e.launch else 0.0
 
     def describe(self) -> dict:
         out = {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,

@@ -139,6 +139,7 @@ class SimDataPlane:
         if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
             self._noise = np.random.default_rng([dp.time_noise_seed, 0x71AE])
             self._exact_step_time, self._step_time = self._step_time, self._noisy_step_time
+        self._direct = self._shares_sums and not dp.time_noise     # execute calls the cost model itself
 
     def num_kv_blocks(self, block_size: int) -> int:
         """vLLM's accounting: every GPU's memory x gpu_memory_utilization, less the weights and what the
@@ -167,13 +168,15 @@ class SimDataPlane:
         if self.gpu_clock is not None and self.gpu_clock.mhz != self._mhz:
             self._follow_clock()
         duration = self._step_time(batch, tokens, sampled)
-        return duration if self.meter is None else self._metered(batch, tokens, sampled, duration)
+        return duration if self.meter is None else self._metered(batch, tokens, sampled, duration, None,
+                                                                 getattr(self.cost_model, "kernel_share", None))
 
-    def _metered(self, batch: Batch, tokens: int, sampled: int, duration: float, context: int | None = None) -> float:
+    def _metered(self, batch: Batch, tokens: int, sampled: int, duration: float, context: int | None = None,
+                 share: float | None = None) -> float:
         """Charge the step's energy; with power_limit=throttle a step that would draw more than the
         board limit runs at the highest clock level where it fits, and takes that clock's time.
-        `context`: sum(batch.context_lens), where the caller has it."""
-        meter, share = self.meter, getattr(self.cost_model, "kernel_share", None)
+        `context`: sum(batch.context_lens), where the caller has it; `share` the cost model's kernel share."""
+        meter = self.meter
         if duration <= 0:
             return duration
         work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes, context)
@@ -274,10 +277,17 @@ class SimDataPlane:
             self._grow_tokens(max(positions) + 1)
             nxt = self._next_token
             ids = [nxt[p] for p in positions]
-        context = sum(ctx)
-        duration = self._step_time(batch, tokens, len(ids), context)
+        context, model = sum(ctx), self.cost_model
+        if self._direct:          # (the shape-based cost models without noise: priced without a hop)
+            duration, share = model.step_time(q, ctx, tokens, len(ids), d, context), model.kernel_share
+        else:
+            duration = self._step_time(batch, tokens, len(ids), context)
+            share = getattr(model, "kernel_share", None)
         if self.meter is not None:
-            duration = self._metered(batch, tokens, len(ids), duration, context)
+            if self._throttle:
+                duration = self._metered(batch, tokens, len(ids), duration, context, share)
+            else:
+                self.meter.step(batch, tokens, len(ids), duration, None, None, share, context)
         return StepResult(ids, duration)
 
     @staticmethod
