@@ -49,7 +49,7 @@ from policylab.dataplane.serving_engine import ServingEngine
 from policylab.dataplane.precision import Precision
 from policylab.dataplane.shape import ModelShape
 
-__all__ = ["ModelShape", "Roofline", "smooth_max"]
+__all__ = ["ModelShape", "Roofline", "causal_pairs", "smooth_max"]
 
 P_NORM = 3.0      # knee sharpness (see above): 2^(1/3) = 1.26x the larger bound at balance
 FIXED_PARTS_CACHED = 1 << 16   # (requests, tokens, sampled) combinations whose fixed parts are kept
@@ -58,6 +58,28 @@ FIXED_PARTS_CACHED = 1 << 16   # (requests, tokens, sampled) combinations whose 
 def smooth_max(a: float, b: float) -> float:
     """p-norm of two times: the roofline's max with the partial overlap of a real kernel."""
     return (a ** P_NORM + b ** P_NORM) ** (1 / P_NORM)
+
+
+def causal_pairs(q, ctx, tokens: int, leading: int = 0, context: int | None = None) -> int:
+    """A step's query x key pairs: n·(c + (n+1)/2) summed over its entries (n query tokens after c
+    cached ones; every query sees the cache and the chunk up to itself), as integers: exactly the
+    same value however summed. The first `leading` entries are one-token decodes, their terms c + 1;
+    `context` is sum(ctx) (None: summed here). The roofline's attention and the energy meter's work."""
+    if context is None:
+        context = sum(ctx)
+    if tokens == len(q):                                              # decodes only: n = 1
+        return context + tokens
+    if leading:           # the few entries after the leading decodes by index (no slices, no range object)
+        rest = products = squares = 0
+        i, requests = leading, len(q)
+        while i < requests:
+            n, c = q[i], ctx[i]
+            rest += c
+            products += n * c
+            squares += n * n
+            i += 1
+        return context - rest + products + (leading + squares + tokens) // 2
+    return sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
 
 
 class Roofline:
@@ -178,14 +200,7 @@ class Roofline:
         The first `leading` entries are one-token decodes; `context` is sum(ctx) (None: summed here)."""
         if context is None:
             context = sum(ctx)
-        if tokens == len(q):                                              # decodes only: n = 1
-            pairs = context + tokens                                      # query x key pairs
-        elif leading:         # the leading decodes' terms are their context and 1: the same integers
-            q, rest = q[leading:], ctx[leading:]
-            pairs = context - sum(rest) + sum(map(mul, q, rest)) + (leading + sum(map(mul, q, q)) + tokens) // 2
-        else:
-            # sum of n·(c + (n+1)/2): integers, so as C-level sums of products (exactly the same value)
-            pairs = sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
+        pairs = causal_pairs(q, ctx, tokens, leading, context)
         return (self.shape.layers * self.latency
                 + smooth_max(self._s_per_attn_pair * pairs, self._s_per_kv_token * (context + 2 * tokens)))
 

@@ -156,10 +156,12 @@ class ShapedCostModel(KernelCostModel):
             leading = ones if q[:ones].count(1) == ones else 0
         flop_time = prefill_tokens = prefill_ctx = query_tiles = chunks = 0
         flash, tile_overhead = self._flash, self._tile_overhead
-        for n, c in zip(q[leading:], ctx[leading:]) if leading else zip(q, ctx):
+        i = leading - 1
+        while (i := i + 1) < requests:          # (by index: no slices of the batch's lists, no range object)
+            n = q[i]
             if n < 2:
                 continue
-            # a prefill chunk (n > 1): every query sees the cached keys and the chunk's keys up to itself
+            c = ctx[i]            # a prefill chunk (n > 1): every query sees the cached keys and its own up to itself
             if flash:             # FlashAttention tiles: K keys a query tile on average, + fixed work a tile
                 keys = c + (n + FLASH_TILE) / 2
                 flop_time += n * (c + (n + 1) / 2) * (keys + tile_overhead) / keys
@@ -175,14 +177,14 @@ class ShapedCostModel(KernelCostModel):
             compute = flop_time * self._pair_flops / (self._flash_flops * min(1.0, query_tiles * self._heads_per_sm))
         else:
             compute = flop_time * self._pair_flops / self._attn_flops
-        memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
+        memory = (prefill_tokens * self._token_bytes_layer
                   + prefill_ctx * self._kv_bytes_layer) / self.bw
         t += self.floor + (memory if memory > compute else compute) + self.latency   # + the cache write's launch
         return self.shape.layers * t
 
     def _decode(self, requests: int, context: int) -> float:
         """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens."""
-        memory = (context * self._kv_bytes_layer + requests * (self._qo_bytes_token + self._kv_bytes_layer)) / self.bw
+        memory = (context * self._kv_bytes_layer + requests * self._token_bytes_layer) / self.bw
         if not self._split_kv:
             memory /= min(1.0, requests * self._kv_heads_per_sm)
         compute = context * self._pair_flops / self._attn_flops

@@ -262,18 +262,26 @@ class SimDataPlane:
                                 kernel_share=getattr(self.cost_model, "kernel_share", None))
             return result
         ctx, q, d = batch.context_lens, batch.query_lens, batch.decodes
-        tokens = d + sum(q[d:]) if d else sum(q)         # (the leading decodes: one token each)
-        nxt, sample = self._next_token, batch.sample
+        nxt, sample, r = self._next_token, batch.sample, len(q)
         try:                                             # (one C-level gather)
-            if d == len(ctx) or tokens == len(ctx) and all(sample):      # decodes only: position = context
-                ids = list(itemgetter(*ctx)(nxt)) if len(ctx) > 1 else [nxt[p] for p in ctx]
-            elif d > 1:          # the leading decodes' position is their context: all gathered so, the rest redone
+            if d > 1:            # the leading decodes' position is their context: all gathered so, the rest redone
                 ids = list(itemgetter(*ctx)(nxt))
-                ids[d:] = [nxt[c + n - 1] for c, n, s in zip(ctx[d:], q[d:], sample[d:]) if s]
+                tokens = d                               # (the leading decodes: one token each)
+                if d < r:
+                    del ids[d:]
+                    i = d
+                    while i < r:         # (the few other entries by index: no slices, no range object)
+                        n = q[i]
+                        tokens += n
+                        if sample[i]:
+                            ids.append(nxt[ctx[i] + n - 1])
+                        i += 1
+            elif (tokens := sum(q)) == r and all(sample):   # decodes only: position = context
+                ids = list(itemgetter(*ctx)(nxt)) if r > 1 else [nxt[p] for p in ctx]
             else:
                 ids = [nxt[p] for p in self._positions(batch)]
         except IndexError:
-            positions = self._positions(batch)
+            positions, tokens = self._positions(batch), sum(q)
             self._grow_tokens(max(positions) + 1)
             nxt = self._next_token
             ids = [nxt[p] for p in positions]
