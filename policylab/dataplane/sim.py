@@ -139,7 +139,9 @@ class SimDataPlane:
         if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
             self._noise = np.random.default_rng([dp.time_noise_seed, 0x71AE])
             self._exact_step_time, self._step_time = self._step_time, self._noisy_step_time
-        self._direct = self._shares_sums and not dp.time_noise     # execute calls the cost model itself
+        # execute calls the shape-based cost model itself, without the _step_time hop (where no noise and
+        # no subclass's own _step_time come between)
+        self._direct = self._shares_sums and not dp.time_noise and type(self)._step_time is SimDataPlane._step_time
 
     def num_kv_blocks(self, block_size: int) -> int:
         """vLLM's accounting: every GPU's memory x gpu_memory_utilization, less the weights and what the
