@@ -113,7 +113,7 @@ def test_a_request_that_leaves_mid_run_is_charged_what_the_eager_meter_charged()
 
 @pytest.mark.parametrize("gpus", [1, 4])
 def test_the_plain_step_s_energy_is_the_general_path_s_float(gpus):
-    """A step at the set clock with the cost model's kernel share takes `_plain_step`; the same step
+    """A step at the set clock with the cost model's kernel share takes the plain path; the same step
     through demand / running / over_step (the clock ratio given) has the same joules, bit for bit."""
     rng = random.Random(gpus)
     fast, general = (EnergyMeter(ModelShape(LLAMA), H100, gpus=gpus) for _ in range(2))

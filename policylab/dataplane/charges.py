@@ -1,10 +1,10 @@
 """Per-request energy charges of a meter, logged a step at a time and added up in bulk.
 
 A meter charges every request in a step its share of the step's energy
-(`policylab.dataplane.energy`): most steps charge the same few dozen running decodes one amount
-each. Adding it to each member's total as it came, one Python operation per request per step,
-was most of the meter's work. Here a step's charge is logged (its req_ids copied at C speed,
-converted only when they are not the ones charged before, and the amount), and the log is applied in bulk
+(`policylab.dataplane.energy`): a step charges a few dozen running decodes one amount each and
+its prefill chunks their tokens' worth. Adding it to each member's total as it came, one Python
+operation per request per step, was most of the meter's work. Here a step's charges are logged
+(its req_ids converted at C speed, and the amounts in runs), and the log is applied in bulk
 (every `APPLY_PAIRS` charges, and before the totals are read) by `numpy.add.at`, which adds each
 (request, amount) in the order given, one at a time: every total is the float that adding each
 amount as it came gives, bit for bit (float addition is not associative, so a sum per request
@@ -20,26 +20,37 @@ APPLY_PAIRS = 1 << 16     # logged (request, amount) pairs that are applied at o
 
 
 class Charges:
-    """Joules charged to each request: `charge` and `charge_one` log, `totals` reads (module doc)."""
+    """Joules charged to each request: `charge`, `charge_tokens` and `charge_one` log, `totals` reads (module doc)."""
 
     def __init__(self):
         self._total = np.zeros(1024)        # req_id -> J applied so far (0.0: nothing yet; every charge is > 0)
         self._ids = array("Q")              # logged charges: the req_ids, in order ...
         self._counts: list = []             # ... in runs of this many ...
         self._amounts: list = []            # ... charged this many J each
-        self._last, self._run = [], array("Q")   # the ids last charged, as given and as logged
 
     def charge(self, ids: list, amount: float, count: int | None = None) -> None:
-        """Charge `amount` to each of the first `count` (None: all) of `ids`, distinct req_ids >= 0
-        (a list that does not change once charged, as a Batch's lists do not)."""
+        """Charge `amount` to each of the first `count` (None: all) of `ids`, a list of distinct req_ids >= 0."""
         if count is not None and count < len(ids):
             ids = ids[:count]
-        if ids is not self._last and ids != self._last:   # (most steps charge the same running decodes)
-            self._run = array("Q", ids)
-        self._last = ids
-        self._ids += self._run
+        self._ids.fromlist(ids)
         self._counts.append(len(ids))
         self._amounts.append(amount)
+        if len(self._ids) >= APPLY_PAIRS:
+            self._apply()
+
+    def charge_tokens(self, ids: list, amount: float, decodes: int, tokens: list) -> None:
+        """Charge a step's requests `amount` a token: the first `decodes` of `ids` (a list of distinct
+        req_ids >= 0) computed one token each, every other one its entry of `tokens`."""
+        self._ids.fromlist(ids)                 # (the step's requests in one conversion)
+        counts, amounts = self._counts, self._amounts
+        if decodes:
+            counts.append(decodes)
+            amounts.append(amount)              # (amount x 1: the same float)
+        i, entries = decodes, len(ids)
+        while i < entries:                      # (the few prefill chunks by index: no range object)
+            counts.append(1)
+            amounts.append(amount * tokens[i])
+            i += 1
         if len(self._ids) >= APPLY_PAIRS:
             self._apply()
 

@@ -35,7 +35,6 @@ power at the limit and leaves the step's time as the cost model gives it.
 from __future__ import annotations
 
 import math
-from operator import mul
 from dataclasses import dataclass, replace
 
 from policylab.core.config import HardwareConfig
@@ -43,6 +42,7 @@ from policylab.dataplane.charges import Charges
 from policylab.dataplane.host_time import HostTime
 from policylab.dataplane.moe import experts_touched
 from policylab.dataplane.parallel import Link
+from policylab.dataplane.roofline import causal_pairs
 
 POWER_LIMITS = ("cap", "throttle")
 THROTTLE_STEP = 0.05            # power_limit=throttle: clock levels tried, as shares of the maximum
@@ -169,13 +169,7 @@ class StepWork:
         `context`: sum(ctx), where the caller has it."""
         if context is None:
             context = sum(ctx)
-        if tokens == len(q):
-            pairs = context + tokens
-        elif leading:
-            q, rest = q[leading:], ctx[leading:]
-            pairs = context - sum(rest) + sum(map(mul, q, rest)) + (leading + sum(map(mul, q, q)) + tokens) // 2
-        else:
-            pairs = sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
+        pairs = causal_pairs(q, ctx, tokens, leading, context)
         memory = (self.static_bytes + self.kv_bytes_token * (context + tokens) + self.token_bytes * tokens
                   + (self.head_bytes if sampled else 0))
         if self.experts:
@@ -190,6 +184,7 @@ class EnergyMeter:
                  engine=None):
         check_power(hw)
         self.hw, self.gpus, self.work = hw, gpus, StepWork(shape, pp, hw, engine)
+        self._no_collectives = self.work.link is None       # (no tensor-parallel group: the plain path's steps)
         self.gemm_speedup = gemm_speedup
         self.busy_j = self.busy_s = self.throttled_s = 0.0
         self._charges = Charges()     # J charged to each request (logged a step at a time)
@@ -202,6 +197,7 @@ class EnergyMeter:
         r = clock_ratio(self.hw, mhz)
         self.mhz, self.ratio, self.power_model = mhz, r, PowerModel.of(self.hw, r)
         self._peak = self.hw.peak_flops * r
+        self._gemm_peak = self._peak * self.gemm_speedup     # the GEMMs' dtype
         self._bw = self.hw.mem_bandwidth
 
     def demand(self, batch, tokens: int, sampled: int, duration: float, ratio: float, work=None,
@@ -210,7 +206,8 @@ class EnergyMeter:
         at clock ratio `ratio`; `work` is the step's StepWork.of, when the caller has it; `kernel_share`
         the share of the step the cost model has the GPUs run kernels (None: all but serial host time)."""
         work = work or self.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes)
-        u_c, u_m = self._utilisations(work, duration, self.hw.peak_flops * ratio)
+        peak = self.hw.peak_flops * ratio
+        u_c, u_m = self._utilisations(work, duration, peak, peak * self.gemm_speedup)
         busy = 1.0 - self.work.waiting(len(batch.query_lens), tokens, sampled, duration, kernel_share) / duration
         busy = busy if busy > 0 else 0.0
         return self._power_model(ratio).running(u_c, u_m, busy), (u_c, u_m, busy)
@@ -219,15 +216,23 @@ class EnergyMeter:
         return self.power_model if ratio == self.ratio else PowerModel.of(self.hw, ratio)
 
     def step(self, batch, tokens: int, sampled: int, duration: float, ratio: float | None = None, work=None,
-             kernel_share: float | None = None) -> float:
+             kernel_share: float | None = None, context: int | None = None) -> float:
         """Charge one step of `duration` seconds (at clock ratio `ratio`: a power-limited step ran
         below the set clock; its kernels running `kernel_share` of it, as the cost model gives it:
-        the rest at idle power); its energy over all GPUs (J)."""
+        the rest at idle power); its energy over all GPUs (J). `work` is the step's StepWork.of and
+        `context` sum(batch.context_lens), where the caller has them."""
         if duration <= 0:
             return 0.0
-        if ratio is None and work is not None and kernel_share is not None and self.record is None \
-                and self.work.link is None:
-            energy = self._plain_step(work, duration, kernel_share)
+        if work is None:
+            work = self.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes, context)
+        if ratio is None and kernel_share is not None and self._no_collectives and self.record is None:
+            # every step of a default run: the set clock, the cost model's kernel share, no collectives. The
+            # same utilisations and power model as demand's, without its general waiting time and clock
+            # (tests/test_energy_charges.py holds the two paths to the same floats)
+            u_c, u_m = self._utilisations(work, duration, self._peak, self._gemm_peak)
+            busy = 1.0 - (1.0 - kernel_share) * duration / duration     # (waiting's arithmetic: the same float)
+            pm = self.power_model
+            energy = pm.over_step(pm.running(u_c, u_m, busy), busy) * duration * self.gpus
         else:
             ratio = self.ratio if ratio is None else ratio
             running, (u_c, u_m, busy) = self.demand(batch, tokens, sampled, duration, ratio, work, kernel_share)
@@ -241,19 +246,11 @@ class EnergyMeter:
         self._attribute(batch, energy, tokens)
         return energy
 
-    def _plain_step(self, work: tuple, duration: float, kernel_share: float) -> float:
-        """`step`'s energy at the set clock, the cost model giving the kernel share, no collectives: the
-        same utilisations and power model as demand's, without its general waiting time and clock (every
-        step of a default run; tests/test_energy_charges.py holds the two paths to the same floats)."""
-        u_c, u_m = self._utilisations(work, duration, self._peak)
-        busy = 1.0 - (1.0 - kernel_share) * duration / duration     # (waiting's arithmetic: the same float)
-        pm = self.power_model
-        return pm.over_step(pm.running(u_c, u_m, busy), busy) * duration * self.gpus
-
-    def _utilisations(self, work: tuple, duration: float, peak: float) -> tuple:
-        """(compute, memory) utilisation of a step's work (StepWork.of) over `duration` at `peak` FLOP/s."""
+    def _utilisations(self, work: tuple, duration: float, peak: float, gemm_peak: float) -> tuple:
+        """(compute, memory) utilisation of a step's work (StepWork.of) over `duration` at `peak` FLOP/s
+        (`gemm_peak`: peak x gemm_speedup, the GEMMs' dtype)."""
         gemm, other, memory = work
-        u_c = (gemm / (peak * self.gemm_speedup) + other / peak) / duration
+        u_c = (gemm / gemm_peak + other / peak) / duration
         u_m = memory / (self._bw * duration)
         return (u_c if u_c < 1 else 1.0), (u_m if u_m < 1 else 1.0)
 
@@ -267,11 +264,7 @@ class EnergyMeter:
             return
         if self._run_ids is not None:
             self._flush()
-        per_token, d = energy / tokens, batch.decodes
-        if d:
-            charges.charge(ids, per_token, d)         # leading decodes: one token, per_token * 1
-        for r, n in zip(ids[d:], batch.query_lens[d:]):
-            charges.charge_one(r, per_token * n)
+        charges.charge_tokens(ids, energy / tokens, batch.decodes, batch.query_lens)
 
     def _flush(self) -> None:
         if self._run_ids is not None:

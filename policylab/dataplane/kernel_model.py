@@ -76,6 +76,7 @@ class KernelCostModel(Roofline):
         self._pair_flops = s.attn_flops_per_pair                                 # per layer
         self._kv_bytes_layer = s.kv_elems_per_token_layer * s.kv_elem_bytes
         self._qo_bytes_token = 2 * s.q_dim * s.dtype_bytes
+        self._token_bytes_layer = self._qo_bytes_token + self._kv_bytes_layer     # a query token's Q, O, new K and V
 
     def gemm_time(self, n: int, k: int, m: int) -> float:
         tm = min(self.tile_m, max(MIN_TILE_M, 1 << (int(n) - 1).bit_length()))
@@ -119,14 +120,14 @@ class KernelCostModel(Roofline):
             t += self._decode(decodes, context + tokens - prefill_ctx)
         fill = min(1.0, items * s.heads / self.sms)
         compute = pairs * self._pair_flops / (self._attn_flops * fill)
-        memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
+        memory = (prefill_tokens * self._token_bytes_layer
                   + prefill_ctx * self._kv_bytes_layer) / self.bw
         t += self.floor + max(compute, memory) + self.latency       # + the cache write's launch
         return layers * t
 
     def _decode(self, requests: int, context: int) -> float:
         """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens."""
-        memory = (context * self._kv_bytes_layer + requests * (self._qo_bytes_token + self._kv_bytes_layer)) / self.bw
+        memory = (context * self._kv_bytes_layer + requests * self._token_bytes_layer) / self.bw
         compute = context * self._pair_flops / self._attn_flops
         return self.floor + max(memory, compute) + self.latency
 

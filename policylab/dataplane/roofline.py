@@ -49,14 +49,37 @@ from policylab.dataplane.serving_engine import ServingEngine
 from policylab.dataplane.precision import Precision
 from policylab.dataplane.shape import ModelShape
 
-__all__ = ["ModelShape", "Roofline", "smooth_max"]
+__all__ = ["ModelShape", "Roofline", "causal_pairs", "smooth_max"]
 
 P_NORM = 3.0      # knee sharpness (see above): 2^(1/3) = 1.26x the larger bound at balance
+FIXED_PARTS_CACHED = 1 << 16   # (requests, tokens, sampled) combinations whose fixed parts are kept
 
 
 def smooth_max(a: float, b: float) -> float:
     """p-norm of two times: the roofline's max with the partial overlap of a real kernel."""
     return (a ** P_NORM + b ** P_NORM) ** (1 / P_NORM)
+
+
+def causal_pairs(q, ctx, tokens: int, leading: int = 0, context: int | None = None) -> int:
+    """A step's query x key pairs: n·(c + (n+1)/2) summed over its entries (n query tokens after c
+    cached ones; every query sees the cache and the chunk up to itself), as integers: exactly the
+    same value however summed. The first `leading` entries are one-token decodes, their terms c + 1;
+    `context` is sum(ctx) (None: summed here). The roofline's attention and the energy meter's work."""
+    if context is None:
+        context = sum(ctx)
+    if tokens == len(q):                                              # decodes only: n = 1
+        return context + tokens
+    if leading:           # the few entries after the leading decodes by index (no slices, no range object)
+        rest = products = squares = 0
+        i, requests = leading, len(q)
+        while i < requests:
+            n, c = q[i], ctx[i]
+            rest += c
+            products += n * c
+            squares += n * n
+            i += 1
+        return context - rest + products + (leading + squares + tokens) // 2
+    return sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
 
 
 class Roofline:
@@ -107,6 +130,7 @@ class Roofline:
         self._dense: dict = {}
         self._lm_head: dict = {}
         self._stages: dict = {}          # pipeline: (tokens, micro-batches) -> one micro-batch's layers, hand-off, embedding
+        self._fixed: dict = {}           # one stage: (requests, tokens, sampled) -> _fixed_parts
         if (tp > 1 or pp > 1 or self.host.per_request or self.host.per_token or engine.has_host_time
                 or engine.async_scheduling):
             self.step_time = self._parallel_step_time
@@ -176,14 +200,7 @@ class Roofline:
         The first `leading` entries are one-token decodes; `context` is sum(ctx) (None: summed here)."""
         if context is None:
             context = sum(ctx)
-        if tokens == len(q):                                              # decodes only: n = 1
-            pairs = context + tokens                                      # query x key pairs
-        elif leading:         # the leading decodes' terms are their context and 1: the same integers
-            q, rest = q[leading:], ctx[leading:]
-            pairs = context - sum(rest) + sum(map(mul, q, rest)) + (leading + sum(map(mul, q, q)) + tokens) // 2
-        else:
-            # sum of n·(c + (n+1)/2): integers, so as C-level sums of products (exactly the same value)
-            pairs = sum(map(mul, q, ctx)) + (sum(map(mul, q, q)) + tokens) // 2
+        pairs = causal_pairs(q, ctx, tokens, leading, context)
         return (self.shape.layers * self.latency
                 + smooth_max(self._s_per_attn_pair * pairs, self._s_per_kv_token * (context + 2 * tokens)))
 
@@ -202,17 +219,12 @@ class Roofline:
         serving engine's host work: kernel time, then the engine's launches and host work
         (serial, or hidden behind the GPU under async scheduling: serving_engine.py)."""
         requests = len(q)
-        host = self.host(requests, tokens)
-        e = self.engine
-        if e.has_host_time:
-            host += e.host_per_step + e.host_per_request * requests + e.host_per_token * tokens
-        if self.pp == 1:
-            dense, head = self._dense.get(tokens), self._lm_head.get(sampled)
-            if dense is None:
-                dense = self.dense_time(tokens)
-            if head is None:
-                head = self.lm_head_time(sampled)
-            gpu = dense + head + self.attention_time(q, ctx, tokens, leading, context)
+        if self.pp == 1:          # (every step: the parts that do not depend on the contexts, cached)
+            fixed = self._fixed.get((requests, tokens, sampled))
+            if fixed is None:
+                fixed = self._fixed_parts(requests, tokens, sampled)
+            gpu_fixed, launches, host = fixed
+            gpu = gpu_fixed + self.attention_time(q, ctx, tokens, leading, context)
         else:
             m = micro_batches(self.pp, requests)
             stage = self._stages.get((tokens, m))
@@ -224,11 +236,34 @@ class Roofline:
             dense, handoff, embedding = stage
             layers = dense + self.attention_time(q, ctx, tokens, leading, context) / m
             gpu = embedding + pipelined(layers / self.pp, handoff, self.pp, m) + self.lm_head_time(sampled)
-        launches = e.launches(self._step_kernels, tokens, tokens == requests, self._attention_kernels) \
-            if e.launch else 0.0
-        step = e.step(gpu, launches, host)
+            launches, host = self._launch_time(requests, tokens), self.host_time(requests, tokens)
+        step = self.engine.step(gpu, launches, host)
         self.kernel_share = gpu / step if step > 0 else 1.0
         return step
+
+    def _fixed_parts(self, requests: int, tokens: int, sampled: int) -> tuple:
+        """A one-stage step's (dense + LM head kernel time, launch time, host time): functions of its
+        request, token and sampled counts only, cached (and the cache dropped when it grows large)."""
+        if len(self._fixed) >= FIXED_PARTS_CACHED:
+            self._fixed.clear()
+        parts = self._fixed[requests, tokens, sampled] = (
+            self.dense_time(tokens) + self.lm_head_time(sampled), self._launch_time(requests, tokens),
+            self.host_time(requests, tokens))
+        return parts
+
+    def host_time(self, requests: int, tokens: int) -> float:
+        """Host seconds of a step: the hardware's (policylab.dataplane.host_time), then the engine's."""
+        host = self.host(requests, tokens)
+        e = self.engine
+        if e.has_host_time:
+            host += e.host_per_step + e.host_per_request * requests + e.host_per_token * tokens
+        return host
+
+    def _launch_time(self, requests: int, tokens: int) -> float:
+        """Host seconds launching a step's kernels (none without per-kernel launch cost)."""
+        e = self.engine
+        return e.launches(self._step_kernels, tokens, tokens == requests, self._attention_kernels) \
+            if e.launch else 0.0
 
     def describe(self) -> dict:
         out = {"kind": "roofline", "hardware": self.hw_name, "flops_efficiency": self.flops_eff,

@@ -151,39 +151,40 @@ class ShapedCostModel(KernelCostModel):
             context = sum(ctx)
         if tokens == requests:
             return self.shape.layers * self._decode(requests, context + tokens)
-        if leading:                                                       # prefill chunks (n > 1): after
-            chunks = [i for i in range(leading, requests) if q[i] > 1]   # the leading decodes
-        else:
-            ones = q.count(1)                                             # (mostly)
-            chunks = [i for i in range(ones, requests) if q[i] > 1] if q[:ones].count(1) == ones else \
-                [i for i, n in enumerate(q) if n > 1]
-        flop_time = prefill_tokens = prefill_ctx = query_tiles = 0
-        for i in chunks:
-            n, c = q[i], ctx[i]
-            # causal pairs: every query sees the cached keys and the chunk's keys up to itself
-            if self._flash:       # FlashAttention tiles: K keys a query tile on average, + fixed work a tile
+        if not leading:                       # the first entries that are one-token queries (mostly all of them)
+            ones = q.count(1)
+            leading = ones if q[:ones].count(1) == ones else 0
+        flop_time = prefill_tokens = prefill_ctx = query_tiles = chunks = 0
+        flash, tile_overhead = self._flash, self._tile_overhead
+        i = leading - 1
+        while (i := i + 1) < requests:          # (by index: no slices of the batch's lists, no range object)
+            n = q[i]
+            if n < 2:
+                continue
+            c = ctx[i]            # a prefill chunk (n > 1): every query sees the cached keys and its own up to itself
+            if flash:             # FlashAttention tiles: K keys a query tile on average, + fixed work a tile
                 keys = c + (n + FLASH_TILE) / 2
-                flop_time += n * (c + (n + 1) / 2) * (keys + self._tile_overhead) / keys
+                flop_time += n * (c + (n + 1) / 2) * (keys + tile_overhead) / keys
                 query_tiles += -(-n // FLASH_TILE)
             else:
                 flop_time += n * (c + (n + 1) / 2) / self.length_share(n)
-            prefill_tokens, prefill_ctx = prefill_tokens + n, prefill_ctx + c + n
+            prefill_tokens, prefill_ctx, chunks = prefill_tokens + n, prefill_ctx + c + n, chunks + 1
         t = 0.0
-        decodes = requests - len(chunks)
+        decodes = requests - chunks
         if decodes:
             t += self._decode(decodes, context + tokens - prefill_ctx)
         if self._flash:       # (query tile x head) work items that fill fewer SMs than the GPU has
             compute = flop_time * self._pair_flops / (self._flash_flops * min(1.0, query_tiles * self._heads_per_sm))
         else:
             compute = flop_time * self._pair_flops / self._attn_flops
-        memory = (prefill_tokens * (self._qo_bytes_token + self._kv_bytes_layer)
+        memory = (prefill_tokens * self._token_bytes_layer
                   + prefill_ctx * self._kv_bytes_layer) / self.bw
         t += self.floor + (memory if memory > compute else compute) + self.latency   # + the cache write's launch
         return self.shape.layers * t
 
     def _decode(self, requests: int, context: int) -> float:
         """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens."""
-        memory = (context * self._kv_bytes_layer + requests * (self._qo_bytes_token + self._kv_bytes_layer)) / self.bw
+        memory = (context * self._kv_bytes_layer + requests * self._token_bytes_layer) / self.bw
         if not self._split_kv:
             memory /= min(1.0, requests * self._kv_heads_per_sm)
         compute = context * self._pair_flops / self._attn_flops

@@ -139,6 +139,9 @@ class SimDataPlane:
         if dp.time_noise:                    # (the exact cost model otherwise: no draw per step)
             self._noise = np.random.default_rng([dp.time_noise_seed, 0x71AE])
             self._exact_step_time, self._step_time = self._step_time, self._noisy_step_time
+        # execute calls the shape-based cost model itself, without the _step_time hop (where no noise and
+        # no subclass's own _step_time come between)
+        self._direct = self._shares_sums and not dp.time_noise and type(self)._step_time is SimDataPlane._step_time
 
     def num_kv_blocks(self, block_size: int) -> int:
         """vLLM's accounting: every GPU's memory x gpu_memory_utilization, less the weights and what the
@@ -167,13 +170,15 @@ class SimDataPlane:
         if self.gpu_clock is not None and self.gpu_clock.mhz != self._mhz:
             self._follow_clock()
         duration = self._step_time(batch, tokens, sampled)
-        return duration if self.meter is None else self._metered(batch, tokens, sampled, duration)
+        return duration if self.meter is None else self._metered(batch, tokens, sampled, duration, None,
+                                                                 getattr(self.cost_model, "kernel_share", None))
 
-    def _metered(self, batch: Batch, tokens: int, sampled: int, duration: float, context: int | None = None) -> float:
+    def _metered(self, batch: Batch, tokens: int, sampled: int, duration: float, context: int | None = None,
+                 share: float | None = None) -> float:
         """Charge the step's energy; with power_limit=throttle a step that would draw more than the
         board limit runs at the highest clock level where it fits, and takes that clock's time.
-        `context`: sum(batch.context_lens), where the caller has it."""
-        meter, share = self.meter, getattr(self.cost_model, "kernel_share", None)
+        `context`: sum(batch.context_lens), where the caller has it; `share` the cost model's kernel share."""
+        meter = self.meter
         if duration <= 0:
             return duration
         work = meter.work.of(batch.query_lens, batch.context_lens, tokens, sampled, batch.decodes, context)
@@ -259,25 +264,40 @@ class SimDataPlane:
                                 kernel_share=getattr(self.cost_model, "kernel_share", None))
             return result
         ctx, q, d = batch.context_lens, batch.query_lens, batch.decodes
-        tokens = d + sum(q[d:]) if d else sum(q)         # (the leading decodes: one token each)
-        nxt, sample = self._next_token, batch.sample
+        nxt, sample, r = self._next_token, batch.sample, len(q)
         try:                                             # (one C-level gather)
-            if d == len(ctx) or tokens == len(ctx) and all(sample):      # decodes only: position = context
-                ids = list(itemgetter(*ctx)(nxt)) if len(ctx) > 1 else [nxt[p] for p in ctx]
-            elif d > 1:          # the leading decodes' position is their context: all gathered so, the rest redone
+            if d > 1:            # the leading decodes' position is their context: all gathered so, the rest redone
                 ids = list(itemgetter(*ctx)(nxt))
-                ids[d:] = [nxt[c + n - 1] for c, n, s in zip(ctx[d:], q[d:], sample[d:]) if s]
+                tokens = d                               # (the leading decodes: one token each)
+                if d < r:
+                    del ids[d:]
+                    i = d
+                    while i < r:         # (the few other entries by index: no slices, no range object)
+                        n = q[i]
+                        tokens += n
+                        if sample[i]:
+                            ids.append(nxt[ctx[i] + n - 1])
+                        i += 1
+            elif (tokens := sum(q)) == r and all(sample):   # decodes only: position = context
+                ids = list(itemgetter(*ctx)(nxt)) if r > 1 else [nxt[p] for p in ctx]
             else:
                 ids = [nxt[p] for p in self._positions(batch)]
         except IndexError:
-            positions = self._positions(batch)
+            positions, tokens = self._positions(batch), sum(q)
             self._grow_tokens(max(positions) + 1)
             nxt = self._next_token
             ids = [nxt[p] for p in positions]
-        context = sum(ctx)
-        duration = self._step_time(batch, tokens, len(ids), context)
+        context, model = sum(ctx), self.cost_model
+        if self._direct:          # (the shape-based cost models without noise: priced without a hop)
+            duration, share = model.step_time(q, ctx, tokens, len(ids), d, context), model.kernel_share
+        else:
+            duration = self._step_time(batch, tokens, len(ids), context)
+            share = getattr(model, "kernel_share", None)
         if self.meter is not None:
-            duration = self._metered(batch, tokens, len(ids), duration, context)
+            if self._throttle:
+                duration = self._metered(batch, tokens, len(ids), duration, context, share)
+            else:
+                self.meter.step(batch, tokens, len(ids), duration, None, None, share, context)
         return StepResult(ids, duration)
 
     @staticmethod
