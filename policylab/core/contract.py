@@ -23,17 +23,19 @@ class RequestView:
 
     Its slots are hidden (their descriptors are taken off the class below): no attribute of a
     view leads to the engine's `Request` or block manager, and no attribute of it can be set.
+    `req_id`, which never changes and is the question policies ask most, is a copy of the request's
+    in a slot of its own, read at C level.
     """
 
-    __slots__ = ("_r", "_kv")
+    __slots__ = ("_r", "_kv", "_id")
 
     def __new__(cls, request: "Request", kv: "KVManager"):   # (no __init__: calling it again on
         self = object.__new__(cls)                                 # a live view cannot rebind it)
         _set_request(self, request)
         _set_kv(self, kv)
+        _set_id(self, request.req_id)
         return self
 
-    req_id = property(lambda s: _request(s).req_id)
     arrival_time = property(lambda s: _request(s).arrival_time)
     client = property(lambda s: _request(s).client)
     priority = property(lambda s: _request(s).priority)
@@ -75,10 +77,12 @@ class RequestView:
     def remaining_tokens(self) -> int:
         """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
         r = _request(self)
+        left = len(r.prompt_ids) + len(r.output_ids) - r.num_computed_tokens
         if r.block_table:                  # (running: no hit while it holds KV; asked several times a step)
-            return len(r.prompt_ids) + len(r.output_ids) - r.num_computed_tokens
-        cached, computed = self.num_cached_tokens, r.num_computed_tokens    # (a swapped one's hits are
-        return r.num_tokens - (cached if cached > computed else computed)  # computed tokens it has)
+            return left
+        kv = _kv(self)                     # (num_cached_tokens: a swapped one's hits are computed tokens
+        cached = len(kv.hits(r)) * kv.block_size - r.num_computed_tokens      # it has, none beyond)
+        return left - cached if cached > 0 else left
 
     def __repr__(self) -> str:
         return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "
@@ -93,6 +97,8 @@ def hide_slot(cls, name: str) -> tuple:
 
 
 (request_of, _set_request), (_kv, _set_kv) = hide_slot(RequestView, "_r"), hide_slot(RequestView, "_kv")
+_get_id, _set_id = hide_slot(RequestView, "_id")
+RequestView.req_id = property(_get_id, doc="The request's id (its index in the trace, or a fork's own).")
 _request = request_of     # the engine's Request behind a view: for the engine and validate_plan only
 
 _FEW = 8                 # prefilling requests that `SchedulerView.prefilling` finds by set difference
@@ -156,6 +162,10 @@ class SchedulerView(tuple):
         return tuple.__new__(cls, (clock, step, waiting, running, decoding, max_num_batched_tokens, max_num_seqs,
                                    block_size, num_free_blocks, num_total_blocks, by_id, sampled, arrived, decode,
                                    num_free_host_blocks, num_total_host_blocks))
+
+    # SchedulerView.from_facts((clock, ..., arrived, decode, num_free_host_blocks, num_total_host_blocks)):
+    # every fact in the constructor's order, the DecodeFacts built (the engine's, once a step: at C level)
+    from_facts = classmethod(tuple.__new__)
 
     def replace(self, **changes) -> "SchedulerView":
         """A copy with some facts changed (for tests and what-if questions: the engine keeps its own)."""

@@ -204,10 +204,10 @@ class Engine(Lifecycle, RequestSteps):
         if self._running_ids is None:
             self._running_ids = ids = list(map(_req_id, self._running))
             self._running_views = tuple(map(self.views.__getitem__, ids))
-        return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
-                             self._decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
-                             kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
-                             self._arrived, self._decode_facts(), kv.host_free, kv.host_blocks)
+        return SchedulerView.from_facts((self.clock.now, self.step_index, self._waiting_view, self._running_views,
+                                         self._decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
+                                         kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
+                                         self._arrived, self._decode_facts(), kv.host_free, kv.host_blocks))
 
     def _decode_facts(self) -> DecodeFacts:
         facts = self._decoding.facts or self._decoding.make_facts(self._running_ids)
