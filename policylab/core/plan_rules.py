@@ -74,7 +74,7 @@ def _prefill_chunks(view: SchedulerView, plan: StepPlan, decode, leading: int) -
         chunks.append((r, n))
         total += n
     kv = _kv(v)                  # (one running request's chunk: the tail of its table, as plan_cost finds it)
-    needed, available = (new_blocks(r, n, (), kv.block_size), kv.num_free) \
+    needed, available = (new_blocks(r, n, (), kv.block_size), view.num_free_blocks) \
         if len(chunks) == 1 and r.block_table else kv.plan_cost([], chunks)
     return total, needed + len(decode.full) + (_copies(view, plan) if kv.sharing else 0), available
 
