@@ -35,9 +35,12 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> i
     decode = _decode(view)
     decode_ids = decode.ids
     k = len(decode_ids)
-    leading = k if k and len(sched) >= k and not plan.preempt and not plan.reject and not plan.swap \
-        and (list(sched) if len(sched) == k else list(sched)[:k]) == decode_ids \
-        and not any(map(is_not, islice(sched.values(), k), repeat(1))) else 0
+    leading = 0
+    if k and len(sched) >= k and not plan.preempt and not plan.reject and not plan.swap:
+        first = list(sched)
+        del first[k:]                # (its first k keys, without a copy)
+        if first == decode_ids and not any(map(is_not, islice(sched.values(), k), repeat(1))):
+            leading = k
     if leading and leading == len(sched):   # every decode, in running order, each the int 1: only the totals
         total, blocks, free = len(sched), len(decode.full) + decode.cow, view.num_free_blocks
     else:
