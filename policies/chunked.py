@@ -215,12 +215,13 @@ class Chunked(Policy):
             if s.seqs >= seq_cap or s.budget < 1:
                 return
             n = self.new_chunk(view, v, min(s.budget, s.slot), s.admitted)
-            if n < 1 or (n < v.remaining_tokens and s.partials >= self.max_partial_prefills):
+            partial = n < v.remaining_tokens      # its prefill goes on after this step
+            if n < 1 or (partial and s.partials >= self.max_partial_prefills):
                 return
             need = view.blocks_needed(v, n)
             if need > s.free:
                 return
-            s.partials += n < v.remaining_tokens
+            s.partials += partial
             s.add(v, n, need)
             s.seqs += 1
             s.admitted += 1

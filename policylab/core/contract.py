@@ -23,17 +23,20 @@ class RequestView:
 
     Its slots are hidden (their descriptors are taken off the class below): no attribute of a
     view leads to the engine's `Request` or block manager, and no attribute of it can be set.
+    `req_id` and `prompt_len`, which never change and are asked most (a prompt length in every
+    `remaining_tokens`), are copies of the request's in slots of their own, read at C level.
     """
 
-    __slots__ = ("_r", "_kv")
+    __slots__ = ("_r", "_kv", "_id", "_prompt_len")
 
     def __new__(cls, request: "Request", kv: "KVManager"):   # (no __init__: calling it again on
         self = object.__new__(cls)                                 # a live view cannot rebind it)
         _set_request(self, request)
         _set_kv(self, kv)
+        _set_id(self, request.req_id)
+        _set_prompt_len(self, len(request.prompt_ids))
         return self
 
-    req_id = property(lambda s: _request(s).req_id)
     arrival_time = property(lambda s: _request(s).arrival_time)
     client = property(lambda s: _request(s).client)
     priority = property(lambda s: _request(s).priority)
@@ -41,7 +44,6 @@ class RequestView:
     tpot_slo = property(lambda s: _request(s).tpot_slo)
     max_tokens = property(lambda s: _request(s).max_tokens)
     predicted_output_tokens = property(lambda s: _request(s).predicted_output_tokens)
-    prompt_len = property(lambda s: len(_request(s).prompt_ids))
     num_output_tokens = property(lambda s: len(_request(s).output_ids))
     num_tokens = property(lambda s: _request(s).num_tokens)
     num_computed_tokens = property(lambda s: _request(s).num_computed_tokens)
@@ -75,10 +77,12 @@ class RequestView:
     def remaining_tokens(self) -> int:
         """Most tokens this request may be given this step (prefill remainder, or 1 for decode)."""
         r = _request(self)
+        left = _prompt_len(self) + len(r.output_ids) - r.num_computed_tokens
         if r.block_table:                  # (running: no hit while it holds KV; asked several times a step)
-            return len(r.prompt_ids) + len(r.output_ids) - r.num_computed_tokens
-        cached, computed = self.num_cached_tokens, r.num_computed_tokens    # (a swapped one's hits are
-        return r.num_tokens - (cached if cached > computed else computed)  # computed tokens it has)
+            return left
+        kv = _kv(self)                     # (num_cached_tokens: a swapped one's hits are computed tokens
+        cached = len(kv.hits(r)) * kv.block_size - r.num_computed_tokens      # it has, none beyond)
+        return left - cached if cached > 0 else left
 
     def __repr__(self) -> str:
         return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "
@@ -93,6 +97,10 @@ def hide_slot(cls, name: str) -> tuple:
 
 
 (request_of, _set_request), (_kv, _set_kv) = hide_slot(RequestView, "_r"), hide_slot(RequestView, "_kv")
+(_get_id, _set_id), (_prompt_len, _set_prompt_len) = hide_slot(RequestView, "_id"), \
+    hide_slot(RequestView, "_prompt_len")
+RequestView.req_id = property(_get_id, doc="The request's id (its index in the trace, or a fork's own).")
+RequestView.prompt_len = property(_prompt_len, doc="Tokens in its prompt.")
 _request = request_of     # the engine's Request behind a view: for the engine and validate_plan only
 
 _FEW = 8                 # prefilling requests that `SchedulerView.prefilling` finds by set difference
@@ -156,6 +164,10 @@ class SchedulerView(tuple):
         return tuple.__new__(cls, (clock, step, waiting, running, decoding, max_num_batched_tokens, max_num_seqs,
                                    block_size, num_free_blocks, num_total_blocks, by_id, sampled, arrived, decode,
                                    num_free_host_blocks, num_total_host_blocks))
+
+    # SchedulerView.from_facts((clock, ..., arrived, decode, num_free_host_blocks, num_total_host_blocks)):
+    # every fact in the constructor's order, the DecodeFacts built (the engine's, once a step: at C level)
+    from_facts = classmethod(tuple.__new__)
 
     def replace(self, **changes) -> "SchedulerView":
         """A copy with some facts changed (for tests and what-if questions: the engine keeps its own)."""

@@ -21,7 +21,7 @@ from policylab.core.batch import CommittedStep, DataPlane, StepResult, bad_durat
 from policylab.core.capabilities import Capability
 from policylab.core.clock import make_clock
 from policylab.core.config import EngineConfig, check_engine_config
-from policylab.core.contract import ContractViolation, DecodeFacts, SchedulerView, private_copy
+from policylab.core.contract import ContractViolation, SchedulerView, private_copy
 from policylab.core.decoding import Decoding, positional_tokens
 from policylab.core.engine_ops import EngineOps
 from policylab.core.events import INF, ArrivalSource, EventQueue
@@ -200,20 +200,19 @@ class Engine(Lifecycle, RequestSteps):
 
     # ---------------------------------------------------------- schedule
     def _view(self) -> SchedulerView:
-        kv = self.kv
+        """This step's view. Its decode facts are the decode batch's, made again only when running or
+        decoding changed; the copy-on-writes of the decodes are counted every step (their shares change)."""
+        kv, decoding = self.kv, self._decoding
         if self._running_ids is None:
             self._running_ids = ids = list(map(_req_id, self._running))
             self._running_views = tuple(map(self.views.__getitem__, ids))
-        return SchedulerView(self.clock.now, self.step_index, self._waiting_view, self._running_views,
-                             self._decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
-                             kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
-                             self._arrived, self._decode_facts(), kv.host_free, kv.host_blocks)
-
-    def _decode_facts(self) -> DecodeFacts:
-        facts = self._decoding.facts or self._decoding.make_facts(self._running_ids)
-        if self.kv.sharing:              # copy-on-writes of the decodes (their shares change every step)
-            facts.cow = self.kv.write_copies([(self.requests[i], 1) for i in facts.ids])
-        return facts
+        facts = decoding.facts or decoding.make_facts(self._running_ids)
+        if kv.sharing:
+            facts.cow = kv.write_copies([(self.requests[i], 1) for i in facts.ids])
+        return SchedulerView.from_facts((self.clock.now, self.step_index, self._waiting_view, self._running_views,
+                                         decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
+                                         kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
+                                         self._arrived, facts, kv.host_free if kv.host_blocks else 0, kv.host_blocks))
 
     def _schedule(self) -> Optional[CommittedStep]:
         """Ask the policy, validate its plan, commit it: the step to execute (None: nothing runs)."""

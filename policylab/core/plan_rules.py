@@ -35,9 +35,12 @@ def check_plan(view: SchedulerView, plan: StepPlan, policy: str = "policy") -> i
     decode = _decode(view)
     decode_ids = decode.ids
     k = len(decode_ids)
-    leading = k if k and len(sched) >= k and not plan.preempt and not plan.reject and not plan.swap \
-        and (list(sched) if len(sched) == k else list(sched)[:k]) == decode_ids \
-        and not any(map(is_not, islice(sched.values(), k), repeat(1))) else 0
+    leading = 0
+    if k and len(sched) >= k and not plan.preempt and not plan.reject and not plan.swap:
+        first = list(sched)
+        del first[k:]                # (its first k keys, without a copy)
+        if first == decode_ids and not any(map(is_not, islice(sched.values(), k), repeat(1))):
+            leading = k
     if leading and leading == len(sched):   # every decode, in running order, each the int 1: only the totals
         total, blocks, free = len(sched), len(decode.full) + decode.cow, view.num_free_blocks
     else:
@@ -68,14 +71,14 @@ def _prefill_chunks(view: SchedulerView, plan: StepPlan, decode, leading: int) -
         v = live.get(rid)
         if type(n) is not int or v is None or rid in decoding:
             return ()
+        if not 1 <= n <= v.remaining_tokens:     # (a request that decodes, running or swapped out, has
+            return ()                            # 1 left: its one token is a chunk's totals as well)
         r = _request(v)
-        if is_decoding(r) or not 1 <= n <= v.remaining_tokens:
-            return ()
         chunks.append((r, n))
         total += n
-    kv = _kv(v)
-    needed, available = (new_blocks(r, n, (), kv.block_size), kv.num_free) if len(chunks) == 1 and r.block_table \
-        else kv.plan_cost([], chunks)      # (one running request's: the tail of its table, as plan_cost finds it)
+    kv = _kv(v)                  # (one running request's chunk: the tail of its table, as plan_cost finds it)
+    needed, available = (new_blocks(r, n, (), kv.block_size), view.num_free_blocks) \
+        if len(chunks) == 1 and r.block_table else kv.plan_cost([], chunks)
     return total, needed + len(decode.full) + (_copies(view, plan) if kv.sharing else 0), available
 
 
