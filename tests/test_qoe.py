@@ -70,6 +70,20 @@ def test_the_running_maximum_restarts_at_every_stream_exactly():
     assert _running_max(np.zeros(0), np.zeros(3, int), np.zeros(3, int)).size == 0
 
 
+def test_streams_that_never_exceed_their_first_entry_and_streams_that_do_mix_exactly():
+    """Tokens arriving faster than the reading pace keep the first token's lateness throughout
+    (the one-pass case); a stall makes a later token the maximum (the per-place passes)."""
+    rng = np.random.default_rng(5)
+    count = rng.integers(1, 50, 300)
+    first = np.concatenate([[0], np.cumsum(count)[:-1]])
+    values = np.concatenate([np.sort(rng.standard_normal(c))[::-1] for c in count])   # falling
+    stalled = rng.random(300) < 0.3
+    for f, c in zip(first[stalled], count[stalled]):
+        values[f + rng.integers(0, c)] += 10.0                                        # a stall
+    expected = np.concatenate([np.maximum.accumulate(values[f:f + c]) for f, c in zip(first, count)])
+    assert np.array_equal(_running_max(values, first, count), expected)
+
+
 def test_bad_settings_are_refused_by_name():
     with pytest.raises(ValueError, match="qoe.tds"):
         check_qoe_config(QoeConfig(ttft=1.0, tds=0.0))

@@ -51,9 +51,12 @@ def request_qoe(times: np.ndarray, rows: np.ndarray, arrival: np.ndarray, status
     pace = 1.0 / cfg.tds
     first = np.concatenate([[0], np.cumsum(count)[:-1]])
     index = np.arange(times.size) - first[rows]                 # i: the token's place in its stream
-    late = times - arrival[rows] - index * pace                  # d_i − i/tds
-    running = _running_max(late, first, count)
-    read = index * pace + np.maximum(running, cfg.ttft)          # m_i
+    paced = index * pace                                         # i/tds
+    late = times - arrival[rows]
+    late -= paced                                                # d_i − i/tds
+    read = _running_max(late, first, count)
+    np.maximum(read, cfg.ttft, out=read)
+    read += paced                                                # m_i
     last = first + count - 1
     end = read[last[count > 0]] + pace                           # T, per row with tokens
     n = count[count > 0].astype(np.float64)
@@ -68,13 +71,21 @@ def request_qoe(times: np.ndarray, rows: np.ndarray, arrival: np.ndarray, status
 
 def _running_max(values: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
     """The running maximum of `values` within each row's run of `count` entries from `first`
-    (rows in order, runs contiguous): one vectorised pass per place in a stream (the i-th token
-    of every stream at least i + 1 long), so the work is the tokens plus one call per place."""
-    out = values.copy()
+    (rows in order, runs contiguous). A stream whose first entry is its largest (no token later
+    than that first one's lateness: the usual case, each token arriving faster than the reading
+    pace) has that entry throughout, found in one vectorised pass; the others take one vectorised
+    pass per place in a stream (the i-th token of every such stream at least i + 1 long)."""
     has = count > 0
     starts, lengths = first[has], count[has]
     if not lengths.size:
+        return values.copy()
+    out = np.repeat(values[starts], lengths)                  # each stream's first entry, throughout
+    rising = np.maximum.reduceat(values, starts) > values[starts]   # (runs contiguous: reduceat by run)
+    if not rising.any():
         return out
+    starts, lengths = starts[rising], lengths[rising]
+    at = np.repeat(starts - np.cumsum(np.concatenate([[0], lengths[:-1]])), lengths) + np.arange(lengths.sum())
+    out[at] = values[at]                                      # those streams' own entries, then their maxima
     by_length = np.argsort(-lengths, kind="stable")          # longest streams first
     starts, longer = starts[by_length], -lengths[by_length]  # (negated lengths: ascending)
     for i in range(1, int(lengths.max())):
