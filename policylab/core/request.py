@@ -22,6 +22,11 @@ class Status(str, enum.Enum):
     REJECTED = "rejected"
 
 
+# its members as module names, for the engine's loops: on Python 3.11 a name looked up on an Enum
+# class goes through `EnumType.__getattr__`, several times what a module name costs
+WAITING, RUNNING, FINISHED, REJECTED = Status.WAITING, Status.RUNNING, Status.FINISHED, Status.REJECTED
+_DONE = (FINISHED, REJECTED)
+
 MAX_ARRIVAL_S = 1e9      # 31 years: beyond it float64 seconds lose sub-microsecond precision (at 1e17
                          # every latency is 0.0), so traces must be rebased (DESIGN §9 readers do)
 MAX_TOKENS = 10**12      # token counts past it are refused by the readers (int64 columns overflow)
@@ -147,5 +152,5 @@ def forget_done(requests: list, start: int, stop: int) -> None:
     results writer has taken them, so memory grows with the requests in flight, not the run."""
     for i in range(start, stop):
         r = requests[i]
-        if r is not None and r.status in (Status.FINISHED, Status.REJECTED):
+        if r is not None and r.status in _DONE:
             requests[i] = None
