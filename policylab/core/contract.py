@@ -34,7 +34,7 @@ class RequestView:
         _set_request(self, request)
         _set_kv(self, kv)
         _set_id(self, request.req_id)
-        _set_prompt_len(self, len(request.prompt_ids))
+        _set_prompt_len(self, request.prompt_len)
         return self
 
     arrival_time = property(lambda s: _request(s).arrival_time)

@@ -71,7 +71,7 @@ class DeferredRequest(Request):
     @property
     def num_tokens(self) -> int:
         """Known tokens (the deferred ones counted, not settled)."""
-        return len(self.prompt_ids) + len(_get_out(self)) + self.deferred.pending
+        return self.prompt_len + len(_get_out(self)) + self.deferred.pending
 
 
 class Deferred:

@@ -113,6 +113,12 @@ class Request:
     forks: Optional[list] = None      # a trace request with parallel samples: its other samples' Requests
     # on a decode batch that defers its tokens: what settles them (policylab.core.decode_batch)
     deferred: Optional[object] = field(default=None, init=False, repr=False)
+    # len(prompt_ids), kept: read for every entry of every step, and a synthesized prompt's length
+    # is a Python call (a prompt is never replaced)
+    prompt_len: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt_ids)
 
     @property
     def trace_id(self) -> int:
@@ -120,17 +126,13 @@ class Request:
         return self.req_id if self.fork_of is None else self.fork_of
 
     @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
     def num_tokens(self) -> int:
         """Known tokens: prompt plus every sampled output token."""
-        return len(self.prompt_ids) + len(self.output_ids)
+        return self.prompt_len + len(self.output_ids)
 
     def token_ids(self, start: int, end: int) -> np.ndarray:
         """Token ids in [start, end) of prompt + outputs, as int32."""
-        p = len(self.prompt_ids)
+        p = self.prompt_len
         if end <= p:
             return self.prompt_ids[start:end]
         out = np.asarray(self.output_ids[max(start - p, 0):end - p], dtype=np.int32)
@@ -144,7 +146,7 @@ def is_decoding(r: Request) -> bool:
     last is in the KV cache, so its next step computes exactly one token (a recompute one token
     short of the end decodes too)."""
     out = r.output_ids
-    return bool(out) and len(r.prompt_ids) + len(out) - r.num_computed_tokens == 1
+    return bool(out) and r.prompt_len + len(out) - r.num_computed_tokens == 1
 
 
 def forget_done(requests: list, start: int, stop: int) -> None:

@@ -132,7 +132,7 @@ class RequestSteps:
         """The batch of entries committed request by request (their context: computed before the step),
         in new lists (`batch.joined` puts the step's decodes in front of them)."""
         batch = Batch(list(sched), ns, ctxs, list(map(_table, rs)), [],
-                      [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
+                      [c + n == r.prompt_len + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                       list(map(_sampling, rs)))
         if self._token_ids:
             batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]
