@@ -113,12 +113,14 @@ class DecodeFacts:
     is full (a live read-only set), their ids in running order (a list: a plan's keys compare to it
     as one list), the plan {each: 1} that `decode_tokens` copies, and `cow`: blocks the
     copy-on-writes of every decode take (forks only, `policylab.core.extensions.forks`). The engine makes one
-    when the decoding requests change."""
+    when the running or decoding requests change; a list of ids it is given it keeps, uncopied (never
+    changed after: the engine's facts share theirs while only the running requests change)."""
 
     __slots__ = ("full", "ids", "plan", "cow", "running_ids", "prefilling")
 
     def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None, plan=None):
-        self.full, self.ids, self.cow = full, list(ids), cow     # (`plan`: {each: 1} in order, to give away)
+        self.full, self.ids, self.cow = full, ids if type(ids) is list else list(ids), cow  # (`plan`: {each: 1}
+                                                                                             # in order, to give away)
         self.plan = dict.fromkeys(ids, 1) if plan is None else plan
         self.running_ids = running_ids    # every running req_id in running order (None: read off the views)
         self.prefilling = None            # `SchedulerView.prefilling`, once asked

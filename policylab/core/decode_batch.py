@@ -154,22 +154,22 @@ class DecodeBatch:
         """Add running decodes at the end of the batch."""
         rs = list(map(self._all.__getitem__, ids))
         context = list(map(_context, rs))
-        targets = list(map(self._target_len.__getitem__, ids))
+        target_len = self._target_len
         self.req_ids, self.requests = self.req_ids + ids, self.requests + rs
         if self._tokens is None:                  # (what a step writes to, and checks EOS against)
             self._outputs = self._outputs + [r.output_ids for r in rs]
             self._times = self._times + [r.token_times for r in rs]
-            self._targets = self._targets + targets
-        self._members.update(dict.fromkeys(ids))
+            self._targets = self._targets + [target_len[rid] for rid in ids]
         self.context_lens = self.context_lens + context
         self.block_tables = self.block_tables + list(map(_table, rs))
         self.sampling = self.sampling + list(map(_sampling, rs))
         self._members_changed()
         steps, due, bs, by_phase, finish_at = self._steps, self._due, self.block_size, self._by_phase, self._finish_at
-        deferred = self._deferred if self._tokens is not None else None
-        for r, rid, c, target in zip(rs, ids, context, targets):
+        members, deferred = self._members, self._deferred if self._tokens is not None else None
+        for r, rid, c in zip(rs, ids, context):
+            members[rid] = None
             by_phase.setdefault((c - steps) % bs, []).append(rid)
-            left = target - len(r.output_ids)                               # (one token a step)
+            left = target_len[rid] - len(r.output_ids)                      # (one token a step)
             due[rid] = step = steps + (left if left > 1 else 1)
             finish_at.setdefault(step, []).append(r)
             if deferred is not None:
