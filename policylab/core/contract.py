@@ -287,7 +287,10 @@ SchedulerView.num_free_host_blocks = _tuplegetter(len(_FACTS) + 1, "free host-ti
 SchedulerView.num_total_host_blocks = _tuplegetter(len(_FACTS) + 2, "engine.host_kv_blocks")
 
 
-@dataclass
+_EMPTY = object()        # a StepPlan field not given: a new empty one
+
+
+@dataclass(init=False)
 class StepPlan:
     """A policy's decision for one step (vLLM's `SchedulerOutput.num_scheduled_tokens`).
 
@@ -305,6 +308,16 @@ class StepPlan:
     reject: dict = field(default_factory=dict)
     swap: list = field(default_factory=list)
     spec_tokens: dict = field(default_factory=dict)
+
+    def __init__(self, num_scheduled_tokens: dict = _EMPTY, preempt: list = _EMPTY, reject: dict = _EMPTY,
+                 swap: list = _EMPTY, spec_tokens: dict = _EMPTY):
+        """The generated `__init__`, written out: a policy makes a plan every step, and a display
+        `{}` or `[]` costs less than the call of a default factory."""
+        self.num_scheduled_tokens = {} if num_scheduled_tokens is _EMPTY else num_scheduled_tokens
+        self.preempt = [] if preempt is _EMPTY else preempt
+        self.reject = {} if reject is _EMPTY else reject
+        self.swap = [] if swap is _EMPTY else swap
+        self.spec_tokens = {} if spec_tokens is _EMPTY else spec_tokens
 
     @property
     def total_tokens(self) -> int:

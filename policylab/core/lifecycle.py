@@ -69,7 +69,8 @@ class Lifecycle:
             self.trace[i] = t
         self.clock.idle_until(self.trace[i].arrival_time)
         self._arrive(i)
-        self.wake()
+        if self.asleep or self.on_wake is not None:     # (a lone engine's arrival wakes nothing)
+            self.wake()
 
     def refuse(self, i: int, reason: str, t: Optional[TraceRequest] = None) -> None:
         """Request i never reaches the queue (its session ended): rejected now."""
