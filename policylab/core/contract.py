@@ -203,7 +203,7 @@ class SchedulerView(tuple):
     def decode_tokens(self) -> dict:
         """A new {req_id: 1} for every decoding request, in running order: "every decode gets its
         token", to return as a plan or to extend with prefill chunks."""
-        return dict(_decode(self).plan)
+        return _decode(self).plan.copy()
 
     @property
     def decode_blocks_needed(self) -> int:

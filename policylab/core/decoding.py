@@ -37,6 +37,7 @@ class Decoding:
         self.in_batch = self._batch.has_any
         self.facts = None             # the view's DecodeFacts (`make_facts`); None when running or decoding change
         self._order = None            # (ids in order, plan) of the last facts, while the decoding set stays
+        self._removed = 0             # entries removed from `_ids` since it was last compacted
         self._batch_is_facts = False  # the batch's members are the facts' ids, in that order
 
     def __len__(self) -> int:
@@ -92,6 +93,19 @@ class Decoding:
         if self._ids.pop(rid, None) is not None:
             self.facts = self._order = None
             self._batch_is_facts = False
+            self._removed += 1
+            if 2 * self._removed > len(self._ids):
+                self._compact()
+
+    def _compact(self) -> None:
+        """`_ids` rewritten in place without the slots of removed entries (a dict keeps them until
+        it grows): a dict with more than a third of its slots removed copies entry by entry, one
+        without them as a block, and the plan of the facts is a copy of it each time they change
+        (`decode_tokens` copies that one every step)."""
+        ids = self._ids.copy()
+        self._ids.clear()
+        self._ids.update(ids)
+        self._removed = 0
 
     def split(self, plan) -> tuple:
         """(running decodes, the other entries) of any other valid plan, each in plan order: the
