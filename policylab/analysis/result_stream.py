@@ -136,7 +136,7 @@ class ResultStream:
         self.slo, self.fairness, self.qoe = settings.slo, settings.fairness, settings.qoe
         self._requests = _ParquetFile(self.run_dir / "requests.parquet")
         self._steps = _ParquetFile(self.run_dir / "steps.parquet")
-        self._done = np.zeros(len(trace), dtype=bool)
+        self._done = bytearray(len(trace))     # 1: done (a byte a request; its frontier found at C level)
         self._clients = len({t.client for t in trace})       # (one: no service events to make)
         self._rows = 0               # requests written (req_ids below it)
         self._frontier = 0           # the first request not done yet
@@ -154,13 +154,11 @@ class ResultStream:
 
     def request_done(self, rid: int) -> None:
         done = self._done
-        done[rid] = True
+        done[rid] = 1
         if rid != self._frontier:
             return
-        frontier, n = rid, done.size
-        while frontier < n and done[frontier]:
-            frontier += 1
-        self._frontier = frontier
+        frontier = done.find(0, rid)       # the first request not done (-1: every one is)
+        self._frontier = frontier = len(done) if frontier < 0 else frontier
         if frontier - self._rows < ROWS_PER_GROUP:
             return
         with self.guard():
@@ -178,8 +176,8 @@ class ResultStream:
         if not result.sections and self._source is not None:    # (a result salvaged outside the engine)
             result.sections = self._source.sections
         while True:                    # the rest, in row groups (at least one: the schema)
-            self._write_requests(result, min(self._rows + ROWS_PER_GROUP, self._done.size))
-            if self._rows >= self._done.size:
+            self._write_requests(result, min(self._rows + ROWS_PER_GROUP, len(self._done)))
+            if self._rows >= len(self._done):
                 break
         self._write_steps({k: np.asarray(v)[self._written_steps:] for k, v in result.steps.items()}, result)
         self._requests.close()

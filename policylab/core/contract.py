@@ -34,7 +34,7 @@ class RequestView:
         _set_request(self, request)
         _set_kv(self, kv)
         _set_id(self, request.req_id)
-        _set_prompt_len(self, len(request.prompt_ids))
+        _set_prompt_len(self, request.prompt_len)
         return self
 
     arrival_time = property(lambda s: _request(s).arrival_time)
@@ -113,12 +113,14 @@ class DecodeFacts:
     is full (a live read-only set), their ids in running order (a list: a plan's keys compare to it
     as one list), the plan {each: 1} that `decode_tokens` copies, and `cow`: blocks the
     copy-on-writes of every decode take (forks only, `policylab.core.extensions.forks`). The engine makes one
-    when the decoding requests change."""
+    when the running or decoding requests change; a list of ids it is given it keeps, uncopied (never
+    changed after: the engine's facts share theirs while only the running requests change)."""
 
     __slots__ = ("full", "ids", "plan", "cow", "running_ids", "prefilling")
 
     def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None, plan=None):
-        self.full, self.ids, self.cow = full, list(ids), cow     # (`plan`: {each: 1} in order, to give away)
+        self.full, self.ids, self.cow = full, ids if type(ids) is list else list(ids), cow  # (`plan`: {each: 1}
+                                                                                             # in order, to give away)
         self.plan = dict.fromkeys(ids, 1) if plan is None else plan
         self.running_ids = running_ids    # every running req_id in running order (None: read off the views)
         self.prefilling = None            # `SchedulerView.prefilling`, once asked
@@ -201,7 +203,7 @@ class SchedulerView(tuple):
     def decode_tokens(self) -> dict:
         """A new {req_id: 1} for every decoding request, in running order: "every decode gets its
         token", to return as a plan or to extend with prefill chunks."""
-        return dict(_decode(self).plan)
+        return _decode(self).plan.copy()
 
     @property
     def decode_blocks_needed(self) -> int:
@@ -285,7 +287,10 @@ SchedulerView.num_free_host_blocks = _tuplegetter(len(_FACTS) + 1, "free host-ti
 SchedulerView.num_total_host_blocks = _tuplegetter(len(_FACTS) + 2, "engine.host_kv_blocks")
 
 
-@dataclass
+_EMPTY = object()        # a StepPlan field not given: a new empty one
+
+
+@dataclass(init=False)
 class StepPlan:
     """A policy's decision for one step (vLLM's `SchedulerOutput.num_scheduled_tokens`).
 
@@ -303,6 +308,16 @@ class StepPlan:
     reject: dict = field(default_factory=dict)
     swap: list = field(default_factory=list)
     spec_tokens: dict = field(default_factory=dict)
+
+    def __init__(self, num_scheduled_tokens: dict = _EMPTY, preempt: list = _EMPTY, reject: dict = _EMPTY,
+                 swap: list = _EMPTY, spec_tokens: dict = _EMPTY):
+        """The generated `__init__`, written out: a policy makes a plan every step, and a display
+        `{}` or `[]` costs less than the call of a default factory."""
+        self.num_scheduled_tokens = {} if num_scheduled_tokens is _EMPTY else num_scheduled_tokens
+        self.preempt = [] if preempt is _EMPTY else preempt
+        self.reject = {} if reject is _EMPTY else reject
+        self.swap = [] if swap is _EMPTY else swap
+        self.spec_tokens = {} if spec_tokens is _EMPTY else spec_tokens
 
     @property
     def total_tokens(self) -> int:

@@ -24,7 +24,7 @@ members (prefills, waiting ones) cost no more than before.
 """
 from __future__ import annotations
 
-from operator import add, attrgetter
+from operator import attrgetter
 
 from policylab.core.batch import Batch
 from policylab.core.request import Request
@@ -71,7 +71,7 @@ class DeferredRequest(Request):
     @property
     def num_tokens(self) -> int:
         """Known tokens (the deferred ones counted, not settled)."""
-        return len(self.prompt_ids) + len(_get_out(self)) + self.deferred.pending
+        return self.prompt_len + len(_get_out(self)) + self.deferred.pending
 
 
 class Deferred:
@@ -154,22 +154,22 @@ class DecodeBatch:
         """Add running decodes at the end of the batch."""
         rs = list(map(self._all.__getitem__, ids))
         context = list(map(_context, rs))
-        targets = list(map(self._target_len.__getitem__, ids))
+        target_len = self._target_len
         self.req_ids, self.requests = self.req_ids + ids, self.requests + rs
         if self._tokens is None:                  # (what a step writes to, and checks EOS against)
             self._outputs = self._outputs + [r.output_ids for r in rs]
             self._times = self._times + [r.token_times for r in rs]
-            self._targets = self._targets + targets
-        self._members.update(dict.fromkeys(ids))
+            self._targets = self._targets + [target_len[rid] for rid in ids]
         self.context_lens = self.context_lens + context
         self.block_tables = self.block_tables + list(map(_table, rs))
         self.sampling = self.sampling + list(map(_sampling, rs))
         self._members_changed()
         steps, due, bs, by_phase, finish_at = self._steps, self._due, self.block_size, self._by_phase, self._finish_at
-        deferred = self._deferred if self._tokens is not None else None
-        for r, rid, c, target in zip(rs, ids, context, targets):
+        members, deferred = self._members, self._deferred if self._tokens is not None else None
+        for r, rid, c in zip(rs, ids, context):
+            members[rid] = None
             by_phase.setdefault((c - steps) % bs, []).append(rid)
-            left = target - len(r.output_ids)                               # (one token a step)
+            left = target_len[rid] - len(r.output_ids)                      # (one token a step)
             due[rid] = step = steps + (left if left > 1 else 1)
             finish_at.setdefault(step, []).append(r)
             if deferred is not None:
@@ -225,7 +225,8 @@ class DecodeBatch:
         if self._tokens is not None:          # tokens, times and counts deferred: one log entry
             self._steps = steps = self._steps + 1
             self._log.append(now)
-            self.context_lens = list(map(add, self.context_lens, self.query_lens))   # (a fresh list, at C level)
+            self.context_lens = [c + 1 for c in self.context_lens]   # (a fresh list; one token each: fewer
+                                                                     # instructions than map(add, ...)'s calls)
             return self._finish_at.pop(steps, [])
         self._steps += 1
         self.context_lens = context = []          # a fresh list: batches stay as sent

@@ -36,6 +36,8 @@ class Decoding:
         # some of `ids` (a dict or set of req_ids) are members of the cached decode batch
         self.in_batch = self._batch.has_any
         self.facts = None             # the view's DecodeFacts (`make_facts`); None when running or decoding change
+        self._order = None            # (ids in order, plan) of the last facts, while the decoding set stays
+        self._removed = 0             # entries removed from `_ids` since it was last compacted
         self._batch_is_facts = False  # the batch's members are the facts' ids, in that order
 
     def __len__(self) -> int:
@@ -56,9 +58,12 @@ class Decoding:
     def make_facts(self, ids: list) -> DecodeFacts:
         """What the view states of them, from every running req_id in running order (`ids`): their
         ids in running order, and those with a full last block."""
-        order = list(self._ids)
+        kept = self._order                  # (a start changes running only: the decodes' facts are kept)
+        order = list(self._ids) if kept is None else kept[0]
         if order == ids[:len(order)]:       # they decode in running order, ahead of the prefills (mostly):
-            self.facts = DecodeFacts(self.full, order, running_ids=ids, plan=self._ids.copy())   # a copy
+            if kept is None:                # the plan a copy
+                self._order = kept = order, self._ids.copy()
+            self.facts = DecodeFacts(self.full, order, running_ids=ids, plan=kept[1])
         else:
             self.facts = DecodeFacts(self.full, ids if len(ids) == len(order) else
                                      list(filter(self._ids.__contains__, ids)), running_ids=ids)
@@ -79,14 +84,28 @@ class Decoding:
             self._full.pop(rid, None)
         if rid not in self._ids:
             self._ids[rid] = 1
-            self.facts = None
+            self.facts = self._order = None
             self._batch_is_facts = False
 
     def discard(self, rid: int) -> None:
         """The request no longer decodes (its KV released, or a step left it in prefill)."""
         self._full.pop(rid, None)
         if self._ids.pop(rid, None) is not None:
-            self.facts, self._batch_is_facts = None, False
+            self.facts = self._order = None
+            self._batch_is_facts = False
+            self._removed += 1
+            if 2 * self._removed > len(self._ids):
+                self._compact()
+
+    def _compact(self) -> None:
+        """`_ids` rewritten in place without the slots of removed entries (a dict keeps them until
+        it grows): a dict with more than a third of its slots removed copies entry by entry, one
+        without them as a block, and the plan of the facts is a copy of it each time they change
+        (`decode_tokens` copies that one every step)."""
+        ids = self._ids.copy()
+        self._ids.clear()
+        self._ids.update(ids)
+        self._removed = 0
 
     def split(self, plan) -> tuple:
         """(running decodes, the other entries) of any other valid plan, each in plan order: the

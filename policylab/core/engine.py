@@ -34,7 +34,7 @@ from policylab.core.lifecycle import Lifecycle
 from policylab.core.liveness import Liveness
 from policylab.core.plan_rules import check_plan, entries_after
 from policylab.core.policy import Policy
-from policylab.core.request import SamplingParams, Status, check_arrivals
+from policylab.core.request import FINISHED, SamplingParams, check_arrivals
 from policylab.core.request_steps import RequestSteps
 from policylab.core.result import RunResult, mark_partial
 from policylab.core.step_log import StepLog
@@ -315,7 +315,7 @@ class Engine(Lifecycle, RequestSteps):
         for hook in self._on_tokens:                 # (forks spawn, tool calls pause)
             finished = hook(step.requests, finished, now)
         for r in finished:
-            r.status, r.finish_time = Status.FINISHED, now
+            r.status, r.finish_time = FINISHED, now
             for hook in self._on_finish:
                 hook(r)
             self.release(r)

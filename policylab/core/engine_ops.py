@@ -9,7 +9,7 @@ from __future__ import annotations
 from policylab.core.capabilities import Capability
 from policylab.core.contract import RequestView
 from policylab.core.events import ARRIVAL
-from policylab.core.request import Request, Status
+from policylab.core.request import RUNNING, Request
 
 
 class EngineOps:
@@ -154,7 +154,7 @@ class EngineOps:
         r = e.requests[i]
         if r is None or i not in e.views:
             return False
-        if r.status is Status.RUNNING:
+        if r.status is RUNNING:
             e._decoding.forget_batch()
             self.leave_running([r])
             e.release(r)

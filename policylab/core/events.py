@@ -76,7 +76,8 @@ class ArrivalSource:
     def _handle(self, i: int, _time: float) -> None:
         self.next = i + 1
         self.arrive(i)
-        self._schedule()
+        if self.next < len(self.trace):        # (`_schedule`, inline: once a request)
+            self.queue.push(self.trace[self.next].arrival_time, ARRIVAL, self._handle, self.next)
 
     @property
     def exhausted(self) -> bool:

@@ -19,7 +19,7 @@ from policylab.core.contract import RequestView
 from policylab.core.events import EventQueue
 from policylab.core.extension import EXTENSION_FIELDS, HOOKS, hooks_of
 from policylab.core.kv import chain_hashes
-from policylab.core.request import NO_TOKENS, Request, Status, TraceRequest, forget_done
+from policylab.core.request import FINISHED, NO_TOKENS, REJECTED, Request, TraceRequest, forget_done
 from policylab.core.result import RunResult
 from policylab.core.synthetic_prompts import SyntheticPrompt, synthesize_prompt
 
@@ -69,7 +69,8 @@ class Lifecycle:
             self.trace[i] = t
         self.clock.idle_until(self.trace[i].arrival_time)
         self._arrive(i)
-        self.wake()
+        if self.asleep or self.on_wake is not None:     # (a lone engine's arrival wakes nothing)
+            self.wake()
 
     def refuse(self, i: int, reason: str, t: Optional[TraceRequest] = None) -> None:
         """Request i never reaches the queue (its session ended): rejected now."""
@@ -176,7 +177,7 @@ class Lifecycle:
             self.release(r)
         if r.swapped_blocks:       # waiting with its KV in swap space
             self.kv.drop_swapped(r)
-        r.status, r.reject_reason, r.finish_time = Status.REJECTED, reason, self.clock.now
+        r.status, r.reject_reason, r.finish_time = REJECTED, reason, self.clock.now
         self._done(r)
 
     def _done(self, r: Request) -> None:
@@ -195,6 +196,6 @@ class Lifecycle:
 
     def release(self, r: Request) -> None:
         """Free the request's KV (its computed blocks published first): it leaves the decoding sets."""
-        self.kv.free(r, r.own_prompt and r.status is Status.FINISHED)
+        self.kv.free(r, r.own_prompt and r.status is FINISHED)
         self._decoding.discard(r.req_id)
 

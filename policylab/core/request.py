@@ -22,6 +22,11 @@ class Status(str, enum.Enum):
     REJECTED = "rejected"
 
 
+# its members as module names, for the engine's loops: on Python 3.11 a name looked up on an Enum
+# class goes through `EnumType.__getattr__`, several times what a module name costs
+WAITING, RUNNING, FINISHED, REJECTED = Status.WAITING, Status.RUNNING, Status.FINISHED, Status.REJECTED
+_DONE = (FINISHED, REJECTED)
+
 MAX_ARRIVAL_S = 1e9      # 31 years: beyond it float64 seconds lose sub-microsecond precision (at 1e17
                          # every latency is 0.0), so traces must be rebased (DESIGN §9 readers do)
 MAX_TOKENS = 10**12      # token counts past it are refused by the readers (int64 columns overflow)
@@ -108,6 +113,12 @@ class Request:
     forks: Optional[list] = None      # a trace request with parallel samples: its other samples' Requests
     # on a decode batch that defers its tokens: what settles them (policylab.core.decode_batch)
     deferred: Optional[object] = field(default=None, init=False, repr=False)
+    # len(prompt_ids), kept: read for every entry of every step, and a synthesized prompt's length
+    # is a Python call (a prompt is never replaced)
+    prompt_len: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt_ids)
 
     @property
     def trace_id(self) -> int:
@@ -115,17 +126,13 @@ class Request:
         return self.req_id if self.fork_of is None else self.fork_of
 
     @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
     def num_tokens(self) -> int:
         """Known tokens: prompt plus every sampled output token."""
-        return len(self.prompt_ids) + len(self.output_ids)
+        return self.prompt_len + len(self.output_ids)
 
     def token_ids(self, start: int, end: int) -> np.ndarray:
         """Token ids in [start, end) of prompt + outputs, as int32."""
-        p = len(self.prompt_ids)
+        p = self.prompt_len
         if end <= p:
             return self.prompt_ids[start:end]
         out = np.asarray(self.output_ids[max(start - p, 0):end - p], dtype=np.int32)
@@ -139,7 +146,7 @@ def is_decoding(r: Request) -> bool:
     last is in the KV cache, so its next step computes exactly one token (a recompute one token
     short of the end decodes too)."""
     out = r.output_ids
-    return bool(out) and len(r.prompt_ids) + len(out) - r.num_computed_tokens == 1
+    return bool(out) and r.prompt_len + len(out) - r.num_computed_tokens == 1
 
 
 def forget_done(requests: list, start: int, stop: int) -> None:
@@ -147,5 +154,5 @@ def forget_done(requests: list, start: int, stop: int) -> None:
     results writer has taken them, so memory grows with the requests in flight, not the run."""
     for i in range(start, stop):
         r = requests[i]
-        if r is not None and r.status in (Status.FINISHED, Status.REJECTED):
+        if r is not None and r.status in _DONE:
             requests[i] = None

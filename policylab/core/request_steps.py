@@ -8,7 +8,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from policylab.core.batch import Batch
-from policylab.core.request import Status
+from policylab.core.request import RUNNING, WAITING
 
 _table, _sampling = attrgetter("block_table"), attrgetter("sampling")
 
@@ -24,7 +24,7 @@ class RequestSteps:
             self._decoding.forget_batch()
         rs = [reqs[rid] for rid in sched]
         waiting = self._waiting
-        starting_ids = [r.req_id for r in rs if r.status is Status.WAITING]
+        starting_ids = [r.req_id for r in rs if r.status is WAITING]
         starting = [reqs[rid] for rid in waiting.in_queue_order(starting_ids)]
         hits = [kv.hits(r) for r in starting]      # as validated: before a release changes the cache
         same_step = kv.same_step_hits(list(zip(rs, sched.values()))) if starting and kv.publishes_on_schedule else {}
@@ -37,7 +37,7 @@ class RequestSteps:
             computed = self.ops.evict(r, r.req_id in swapping)
             if r.req_id not in swapping:
                 kv.stats["recomputed_tokens"] += computed
-            r.status = Status.WAITING
+            r.status = WAITING
             r.num_preemptions += 1
         if starting:
             self._start(starting, hits)
@@ -57,7 +57,7 @@ class RequestSteps:
                 kv.publish_scheduled(r, c + n)
         batch = self._entries_batch(sched, rs, ns, [r.num_computed_tokens for r in rs])
         if preempted:
-            self.running = [r for r in self.running if r.status is Status.RUNNING] + starting
+            self.running = [r for r in self.running if r.status is RUNNING] + starting
         elif starting:                  # (rejected requests were waiting: running only grows)
             self._run_also(starting)
         if preempted or reject or starting:
@@ -81,11 +81,11 @@ class RequestSteps:
             status = r.status
             if r.swapped_blocks:
                 return None
-            if status is Status.WAITING:
+            if status is WAITING:
                 if started is not None:
                     return None
                 started = r
-            elif status is not Status.RUNNING:
+            elif status is not RUNNING:
                 return None
         if started is not None and len(rs) > 1 and kv.publishes_on_schedule:
             return None
@@ -116,7 +116,7 @@ class RequestSteps:
         one; a swapped request's hits are computed tokens it has), then the start hooks run."""
         now, kv, bs = self.clock.now, self.kv, self.kv.block_size
         for r, blocks in zip(starting, hits):
-            r.status = Status.RUNNING
+            r.status = RUNNING
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = now
             if blocks:
@@ -132,7 +132,7 @@ class RequestSteps:
         """The batch of entries committed request by request (their context: computed before the step),
         in new lists (`batch.joined` puts the step's decodes in front of them)."""
         batch = Batch(list(sched), ns, ctxs, list(map(_table, rs)), [],
-                      [c + n == len(r.prompt_ids) + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
+                      [c + n == r.prompt_len + len(r.output_ids) for r, n, c in zip(rs, ns, ctxs)],
                       list(map(_sampling, rs)))
         if self._token_ids:
             batch.token_ids = [r.token_ids(c, c + n) for r, n, c in zip(rs, ns, ctxs)]

@@ -89,8 +89,9 @@ class QueueView(Sequence):
     def __iter__(self):
         return map(self._queue._views.__getitem__, self._queue.ids())
 
-    def __len__(self) -> int:
-        return len(self._queue)
+    def __len__(self) -> int:            # (the queue's own count, without its frame: asked every step)
+        queue = self._queue
+        return len(queue._front) + len(queue._arrived)
 
     def __bool__(self) -> bool:
         return bool(self._queue)

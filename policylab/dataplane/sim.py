@@ -298,7 +298,7 @@ class SimDataPlane:
                 duration = self._metered(batch, tokens, len(ids), duration, context, share)
             else:
                 self.meter.step(batch, tokens, len(ids), duration, None, None, share, context)
-        return StepResult(ids, duration)
+        return StepResult.of((ids, duration, None))
 
     @staticmethod
     def _positions(batch: Batch) -> list:
