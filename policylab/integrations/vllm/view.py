@@ -215,6 +215,7 @@ class LiveRequest:
     priority = property(lambda s: s.vllm.priority)
     max_tokens = property(lambda s: s.vllm.max_tokens)
     prompt_ids = property(lambda s: s.vllm.prompt_token_ids)
+    prompt_len = property(lambda s: s.vllm.num_prompt_tokens)
     output_ids = property(lambda s: s.vllm.output_token_ids)
     num_tokens = property(lambda s: s.vllm.num_tokens)
     num_computed_tokens = property(lambda s: s.vllm.num_computed_tokens)
