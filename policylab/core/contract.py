@@ -80,9 +80,8 @@ class RequestView:
         left = _prompt_len(self) + len(r.output_ids) - r.num_computed_tokens
         if r.block_table:                  # (running: no hit while it holds KV; asked several times a step)
             return left
-        kv = _kv(self)                     # (num_cached_tokens: a swapped one's hits are computed tokens
-        cached = len(kv.hits(r)) * kv.block_size - r.num_computed_tokens      # it has, none beyond)
-        return left - cached if cached > 0 else left
+        beyond = self.num_cached_tokens - r.num_computed_tokens    # (a swapped one's hits are computed
+        return left - beyond if beyond > 0 else left                # tokens it has: none beyond)
 
     def __repr__(self) -> str:
         return (f"RequestView(id={self.req_id}, {self.status}, prompt={self.prompt_len}, "
@@ -119,8 +118,8 @@ class DecodeFacts:
     __slots__ = ("full", "ids", "plan", "cow", "running_ids", "prefilling")
 
     def __init__(self, full: AbstractSet[int], ids, cow: int = 0, running_ids: list | None = None, plan=None):
-        self.full, self.ids, self.cow = full, ids if type(ids) is list else list(ids), cow  # (`plan`: {each: 1}
-                                                                                             # in order, to give away)
+        self.full, self.cow = full, cow     # (`plan`: {each: 1} in order, to give away)
+        self.ids = ids if type(ids) is list else list(ids)
         self.plan = dict.fromkeys(ids, 1) if plan is None else plan
         self.running_ids = running_ids    # every running req_id in running order (None: read off the views)
         self.prefilling = None            # `SchedulerView.prefilling`, once asked
@@ -287,10 +286,7 @@ SchedulerView.num_free_host_blocks = _tuplegetter(len(_FACTS) + 1, "free host-ti
 SchedulerView.num_total_host_blocks = _tuplegetter(len(_FACTS) + 2, "engine.host_kv_blocks")
 
 
-_EMPTY = object()        # a StepPlan field not given: a new empty one
-
-
-@dataclass(init=False)
+@dataclass
 class StepPlan:
     """A policy's decision for one step (vLLM's `SchedulerOutput.num_scheduled_tokens`).
 
@@ -308,16 +304,6 @@ class StepPlan:
     reject: dict = field(default_factory=dict)
     swap: list = field(default_factory=list)
     spec_tokens: dict = field(default_factory=dict)
-
-    def __init__(self, num_scheduled_tokens: dict = _EMPTY, preempt: list = _EMPTY, reject: dict = _EMPTY,
-                 swap: list = _EMPTY, spec_tokens: dict = _EMPTY):
-        """The generated `__init__`, written out: a policy makes a plan every step, and a display
-        `{}` or `[]` costs less than the call of a default factory."""
-        self.num_scheduled_tokens = {} if num_scheduled_tokens is _EMPTY else num_scheduled_tokens
-        self.preempt = [] if preempt is _EMPTY else preempt
-        self.reject = {} if reject is _EMPTY else reject
-        self.swap = [] if swap is _EMPTY else swap
-        self.spec_tokens = {} if spec_tokens is _EMPTY else spec_tokens
 
     @property
     def total_tokens(self) -> int:

@@ -212,7 +212,7 @@ class Engine(Lifecycle, RequestSteps):
         return SchedulerView.from_facts((self.clock.now, self.step_index, self._waiting_view, self._running_views,
                                          decoding.ids, self.cfg.max_num_batched_tokens, self.cfg.max_num_seqs,
                                          kv.block_size, kv.num_free, kv.num_blocks, self._views_ro, self._sampled,
-                                         self._arrived, facts, kv.host_free if kv.host_blocks else 0, kv.host_blocks))
+                                         self._arrived, facts, kv.host_free, kv.host_blocks))
 
     def _schedule(self) -> Optional[CommittedStep]:
         """Ask the policy, validate its plan, commit it: the step to execute (None: nothing runs)."""

@@ -69,8 +69,7 @@ class Lifecycle:
             self.trace[i] = t
         self.clock.idle_until(self.trace[i].arrival_time)
         self._arrive(i)
-        if self.asleep or self.on_wake is not None:     # (a lone engine's arrival wakes nothing)
-            self.wake()
+        self.wake()
 
     def refuse(self, i: int, reason: str, t: Optional[TraceRequest] = None) -> None:
         """Request i never reaches the queue (its session ended): rejected now."""

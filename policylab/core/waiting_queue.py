@@ -89,9 +89,8 @@ class QueueView(Sequence):
     def __iter__(self):
         return map(self._queue._views.__getitem__, self._queue.ids())
 
-    def __len__(self) -> int:            # (the queue's own count, without its frame: asked every step)
-        queue = self._queue
-        return len(queue._front) + len(queue._arrived)
+    def __len__(self) -> int:
+        return len(self._queue)
 
     def __bool__(self) -> bool:
         return bool(self._queue)

@@ -20,7 +20,7 @@ APPLY_PAIRS = 1 << 16     # logged (request, amount) pairs that are applied at o
 
 
 class Charges:
-    """Joules charged to each request: `charge`, `charge_tokens` and `charge_one` log, `totals` reads (module doc)."""
+    """Joules charged to each request: `charge` and `charge_tokens` log, `totals` reads (module doc)."""
 
     def __init__(self):
         self._total = np.zeros(1024)        # req_id -> J applied so far (0.0: nothing yet; every charge is > 0)
@@ -53,12 +53,6 @@ class Charges:
             i += 1
         if len(self._ids) >= APPLY_PAIRS:
             self._apply()
-
-    def charge_one(self, req_id: int, amount: float) -> None:
-        """Charge `amount` to one request."""
-        self._ids.append(req_id)
-        self._counts.append(1)
-        self._amounts.append(amount)
 
     def totals(self) -> dict:
         """req_id -> J charged so far (requests charged nothing left out)."""
