@@ -129,3 +129,29 @@ def test_the_plain_step_s_energy_is_the_general_path_s_float(gpus):
         e = fast.step(b, n, n, duration, None, w, share)
         assert e.hex() == general.step(b, n, n, duration, general.ratio, w, share).hex()
     assert fast.report() == general.report()
+
+
+def test_totals_read_as_a_mapping_and_by_array_and_add_across_meters_as_a_dict_would():
+    """Totals (one array by req_id) answer as the dict of the charged requests did; summed over a
+    cluster's meters each request's joules are the floats that adding its parts in order gives."""
+    rng = random.Random(7)
+    parts = []
+    for _ in range(3):
+        c = Charges()
+        for ids, amount, count in random_events(rng, 40):
+            c.charge(ids, amount, count)
+        parts.append(c.totals())
+    want = {}
+    for p in parts:
+        as_dict = dict(p.items())
+        assert as_dict == p and len(as_dict) == len(p) and all(j > 0 for j in as_dict.values())
+        for r, j in as_dict.items():
+            want[r] = want.get(r, 0.0) + j
+    total = charges_module.Totals.summed(parts)
+    assert dict(total.items()) == want                       # bit for bit: == on the floats
+    beyond = len(total.joules) + 5
+    ids = [*sorted(want)[:3], beyond]
+    assert total.at(ids).tolist() == [want[r] for r in ids[:3]] + [0.0]
+    with pytest.raises(KeyError):
+        total[beyond]
+    assert charges_module.Totals.of({4: 2.0, 1: 0.5}) == {1: 0.5, 4: 2.0}

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from policylab.analysis.metrics import flat_times
+from policylab.analysis.result_reading import read_columns
 
 MAX_CDF_POINTS = 4000      # drawn points per CDF line (each one exact)
 MAX_TIMELINE_POINTS = 2000
@@ -53,9 +54,8 @@ def write_run_plots(run_dir, settings: PlotSettings = PlotSettings()) -> list[Pa
     into `run_dir`, each in every format of `settings`."""
     run_dir = Path(run_dir)
     requests, with_tokens = read_requests(run_dir / "requests.parquet", PLOTTED_REQUEST_COLUMNS)
-    steps_file = pq.ParquetFile(run_dir / "steps.parquet")     # (the columns drawn: a million requests'
-    steps = steps_file.read(columns=[c for c in steps_file.schema_arrow.names     # tables are gigabytes)
-                                     if c in PLOTTED_STEP_COLUMNS]).to_pandas()
+    steps = read_columns(run_dir / "steps.parquet", PLOTTED_STEP_COLUMNS)   # (the columns drawn: a million
+                                                                            # requests' tables are gigabytes)
     summary = read_summary(run_dir)
     label = summary.get("policy") or run_dir.name
     slo = summary.get("slo") or {}
@@ -87,14 +87,13 @@ def read_requests(path, columns=None) -> tuple:
     file = pq.ParquetFile(path)
     names = [c for c in file.schema_arrow.names if columns is None or c in columns or c == "token_times"]
     if file.metadata.num_rows <= MAX_PLOTTED_REQUESTS:
-        requests = file.read(columns=names).to_pandas()
+        requests = read_columns(file, names)
         return requests, requests
     columns = [c for c in names if c != "token_times"]
     groups = file.metadata.num_row_groups
     per_group = file.metadata.num_rows / groups
     take = np.unique(np.linspace(0, groups - 1, max(1, int(MAX_PLOTTED_REQUESTS // per_group))).astype(int))
-    return (file.read(columns=columns).to_pandas(),
-            file.read_row_groups(list(take), columns=["status", "token_times"]).to_pandas())
+    return read_columns(file, columns), read_columns(file, ["status", "token_times"], list(take))
 
 
 def latency_samples(requests: pd.DataFrame, with_tokens: pd.DataFrame | None = None) -> dict:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from policylab.analysis.metrics import flatten
 from policylab.analysis.plots import MEANS, STEP_AGGREGATION, SUMS, downsample_steps
+from policylab.analysis.result_reading import first_rows, read_columns
 from policylab.core.config import LoggerConfig
 
 RESULT_FILES = ("summary.json", "requests.parquet", "steps.parquet")
@@ -128,17 +129,14 @@ class WandbTracker:
 
     def _log(self, run_dir: Path, summary: dict) -> None:
         wandb, run = self.wandb, self.run
-        all_steps = pd.read_parquet(run_dir / "steps.parquet")
+        all_steps = read_columns(run_dir / "steps.parquet")
         steps = downsample_steps(all_steps, self.max_points)
         for row in steps.to_dict("records"):
             run.log({f"{STEP_PREFIX}{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
         metrics = flatten({k: v for k, v in summary.items() if k != "config"})
         run.summary.update({k: v for k, v in metrics.items() if v is not None})
         run.summary.update(engine_summary(all_steps))
-        path = run_dir / "requests.parquet"       # (token_times stay out of the W&B table)
-        columns = [c for c in pq.ParquetFile(path).schema_arrow.names if c not in TABLE_COLUMNS_LEFT_OUT]
-        requests = pd.read_parquet(path, columns=columns)
-        media = {"requests": self._table(requests)}
+        media = {"requests": self._table(pq.ParquetFile(run_dir / "requests.parquet"))}
         media.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted(run_dir.glob("*.png"))})
         run.log(media, step=int(steps["step"].iloc[-1]) + 1 if len(steps) else 0)
         for name in RESULT_FILES:      # files in the W&B run's folder are uploaded with it
@@ -157,12 +155,13 @@ class WandbTracker:
         except Exception as e:
             self._fail(e)
 
-    def _table(self, requests: pd.DataFrame):
-        limit = self.wandb.Table.MAX_ROWS
-        if len(requests) > limit:
-            print(f"W&B table 'requests' holds the first {limit:,} of {len(requests):,} requests; "
+    def _table(self, file: pq.ParquetFile):
+        """The first rows of requests.parquet that a W&B table holds (only those are read)."""
+        limit, total = self.wandb.Table.MAX_ROWS, file.metadata.num_rows
+        if total > limit:
+            print(f"W&B table 'requests' holds the first {limit:,} of {total:,} requests; "
                   "requests.parquet (also saved to the W&B run) has all", file=sys.stderr)
-        shown = requests.head(limit).drop(columns=[c for c in TABLE_COLUMNS_LEFT_OUT if c in requests])
+        shown = first_rows(file, limit, [c for c in file.schema_arrow.names if c not in TABLE_COLUMNS_LEFT_OUT])
         # rows as plain lists (missing values None): W&B's dataframe path reads every cell through
         # pandas, slower for the same table
         rows = shown.astype(object).where(shown.notna(), None).to_numpy().tolist()

@@ -1,6 +1,7 @@
 """The `python -m policylab run` job: replay a trace, then write files, log and print the summary."""
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, verbose: bool = True) -> dic
         summary = results.finish(result, extra, plane_reports(engine, "energy_report").get("energy"))
         partial, error = result.partial, result.error
         signals.stuck_writer = None
-        del engine, trace, result, results      # (a million requests: gigabytes the plots can use)
+        del engine, trace, result, results      # (a million requests: gigabytes the plots can use,
+        gc.collect()                            # once a full collection frees the replay's cycles)
         if signals.stopped_by:
             tracker.finish(signals.exit_code())
             print(f"run stopped by a signal: {error} — partial results written to {run_dir}", file=sys.stderr)

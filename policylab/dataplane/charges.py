@@ -13,6 +13,7 @@ in any other order, or a difference of prefix sums, would not be).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -54,10 +55,10 @@ class Charges:
         if len(self._ids) >= APPLY_PAIRS:
             self._apply()
 
-    def totals(self) -> dict:
+    def totals(self) -> "Totals":
         """req_id -> J charged so far (requests charged nothing left out)."""
         self._apply()
-        return {i: j for i, j in enumerate(self._total.tolist()) if j}
+        return Totals(self._total.copy())
 
     def _apply(self) -> None:
         """Add the logged charges to the totals, pair by pair in the order they were charged."""
@@ -71,3 +72,49 @@ class Charges:
         np.add.at(self._total, ids, amounts)        # (unbuffered: each pair in turn, repeats accumulating)
         del ids                                     # (releases the log's buffer)
         self._ids, self._counts, self._amounts = array("Q"), [], []
+
+
+class Totals(Mapping):
+    """req_id -> J charged, read-only, held as one array indexed by req_id (0.0: nothing charged,
+    and not a key): a million requests' totals are 8 MB here, where a dict of them is over 100 MB
+    at the end of a run, when the results need the most memory."""
+
+    def __init__(self, joules: np.ndarray):
+        self.joules = joules
+
+    @classmethod
+    def of(cls, charged) -> "Totals":
+        """`charged` as Totals (a mapping of req_id -> J, e.g. a dict)."""
+        if isinstance(charged, Totals):
+            return charged
+        joules = np.zeros(max(charged, default=-1) + 1)
+        joules[list(charged)] = list(charged.values())
+        return cls(joules)
+
+    @classmethod
+    def summed(cls, parts: list) -> "Totals":
+        """Each request's joules over `parts` (Totals), added in order: a request charged in one
+        part only has that part's float (0.0 + x is x)."""
+        joules = np.zeros(max((len(p.joules) for p in parts), default=0))
+        for p in parts:
+            joules[:len(p.joules)] += p.joules
+        return cls(joules)
+
+    def at(self, req_ids: np.ndarray) -> np.ndarray:
+        """The joules of each of `req_ids` (0.0 for one never charged)."""
+        req_ids = np.asarray(req_ids, dtype=np.int64)
+        inside = req_ids < len(self.joules)
+        out = np.zeros(len(req_ids))
+        out[inside] = self.joules[req_ids[inside]]
+        return out
+
+    def __getitem__(self, req_id) -> float:
+        if not (0 <= req_id < len(self.joules)) or not self.joules[req_id]:
+            raise KeyError(req_id)
+        return float(self.joules[req_id])
+
+    def __iter__(self):
+        return iter(np.flatnonzero(self.joules).tolist())
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.joules))

@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, replace
 
 from policylab.core.config import HardwareConfig
-from policylab.dataplane.charges import Charges
+from policylab.dataplane.charges import Charges, Totals
 from policylab.dataplane.host_time import HostTime
 from policylab.dataplane.moe import experts_touched
 from policylab.dataplane.parallel import Link
@@ -272,7 +272,7 @@ class EnergyMeter:
         self._run_ids, self._run_share = None, 0.0
 
     @property
-    def per_request(self) -> dict:
+    def per_request(self) -> Totals:
         """req_id -> J charged so far (requests charged nothing left out)."""
         return self._charges.totals()
 
@@ -322,8 +322,5 @@ def merge_reports(reports: list) -> dict | None:
            "throttled_time_s": sum(r.get("throttled_time_s", 0.0) for r in reports),
            "idle_power_w": sum(r["idle_power_w"] * r["gpus"] for r in reports) / sum(r["gpus"] for r in reports),
            "max_power_w": max(r["max_power_w"] for r in reports), "gpu_clock_mhz": reports[0]["gpu_clock_mhz"],
-           "per_request_j": {}}
-    for r in reports:
-        for k, v in r["per_request_j"].items():
-            out["per_request_j"][k] = out["per_request_j"].get(k, 0.0) + v
+           "per_request_j": Totals.summed([Totals.of(r["per_request_j"]) for r in reports])}
     return out
