@@ -110,3 +110,15 @@ def test_a_request_taken_by_another_batch_keeps_its_new_deferral_when_the_old_ba
     assert r.output_ids == [7, 1006, 1007, 1008, 1009] and r.token_times == [0.5, 1.0, 2.0, 3.0, 4.0]
     destination.leave([r])
     assert r.deferred is None and r.output_ids == [7, 1006, 1007, 1008, 1009]
+
+
+def test_successor_contexts_are_each_plus_one_and_the_table_grows_to_cover_them():
+    """A deferring batch's next context lengths come from a shared table of successors: each is
+    its context + 1 (none, one or many members; contexts past the table's end grow it), in a
+    fresh list."""
+    from policylab.core import decode_batch
+
+    for context in ([], [7], [0, 5], [3, 3, 1], [10, len(decode_batch._NEXT) + 5000, 2]):
+        out = decode_batch._successors(context)
+        assert out == [c + 1 for c in context] and out is not context
+    assert all(n == i + 1 for i, n in enumerate(decode_batch._NEXT))

@@ -15,7 +15,9 @@ On a plane whose sampled id depends on the position only (`Capability.POSITIONAL
 sim) and with no EOS to watch, a step writes nothing per member: the step's time goes on one
 batch-level log, and a member's tokens since it last settled are a slice of the plane's id
 table, its times a slice of that log and its computed count grows by their number (every
-member takes one token a step). Only the next context lengths are built, at C level. A member
+member takes one token a step). Only the next context lengths are built, at C level: each
+context's successor looked up in a table of ints (`_successors`), so a step makes and frees no
+int object per member (adding one to each did, which cost most of this pass). A member
 is settled when it leaves, when the batch is cleared, and whenever anyone reads its lists.
 While on the batch a member's class is `DeferredRequest`, whose `output_ids` and `token_times`
 settle when read and whose `num_computed_tokens` and `num_tokens` count the steps pending; every
@@ -24,7 +26,7 @@ members (prefills, waiting ones) cost no more than before.
 """
 from __future__ import annotations
 
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from policylab.core.batch import Batch
 from policylab.core.request import Request
@@ -34,6 +36,21 @@ _get_out, _set_out = _slot["output_ids"].__get__, _slot["output_ids"].__set__
 _get_times, _set_times = _slot["token_times"].__get__, _slot["token_times"].__set__
 _computed, _set_computed = _slot["num_computed_tokens"].__get__, _slot["num_computed_tokens"].__set__
 _table, _sampling, _context = attrgetter("block_table"), attrgetter("sampling"), attrgetter("num_computed_tokens")
+# _NEXT[c] is c + 1: one int object per position up to the longest context seen (about 36 bytes
+# each), shared by every engine in the process (a cluster's replicas hold one table, not one each)
+_NEXT: list = [1]
+
+
+def _successors(context: list) -> list:
+    """[c + 1 for c in context] (contexts >= 0) as one C-level gather from `_NEXT`, grown to cover
+    them (doubling): no int made or freed per member."""
+    if len(context) < 2:                 # (itemgetter of one index returns the item, not a tuple)
+        return [c + 1 for c in context]
+    try:
+        return list(itemgetter(*context)(_NEXT))
+    except IndexError:
+        _NEXT.extend(range(len(_NEXT) + 1, max(2 * len(_NEXT), max(context) + 1) + 1))
+        return list(itemgetter(*context)(_NEXT))
 
 
 def _settled(get, put, name: str) -> property:
@@ -225,8 +242,7 @@ class DecodeBatch:
         if self._tokens is not None:          # tokens, times and counts deferred: one log entry
             self._steps = steps = self._steps + 1
             self._log.append(now)
-            self.context_lens = [c + 1 for c in self.context_lens]   # (a fresh list; one token each: fewer
-                                                                     # instructions than map(add, ...)'s calls)
+            self.context_lens = _successors(self.context_lens)    # (a fresh list; one token each)
             return self._finish_at.pop(steps, [])
         self._steps += 1
         self.context_lens = context = []          # a fresh list: batches stay as sent
