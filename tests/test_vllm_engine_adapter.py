@@ -29,7 +29,7 @@ def serve(policy_spec, cfg: EngineConfig, trace):
     from policylab.integrations.vllm.same_steps import Recording
     from policylab.integrations.vllm.scheduler import PolicyScheduler
     from policylab.integrations.vllm.tiny_model import tiny_model_dir
-    from policylab.testing.vllm_conformance import vllm_engine
+    from policylab.testing.vllm_models import vllm_engine
     recording = Recording(load_policy(policy_spec))
     prompts = [TokensPrompt(prompt_token_ids=[int(x) for x in synthesize_prompt(i, t.prompt_tokens, t.prefix_hashes,
                                                                                 8192, 0, 512)])

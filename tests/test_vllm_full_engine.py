@@ -26,7 +26,7 @@ from test_vllm_conformance import _burst, time_limit  # noqa: E402  (same direct
 
 def engine_steps(scenario) -> tuple:
     """(steps, output lengths) of vllm.LLM on the scenario's requests (all arriving at once)."""
-    from policylab.testing.vllm_conformance import tiny_llama_dir, vllm_engine
+    from policylab.testing.vllm_models import tiny_llama_dir, vllm_engine
     s = scenario
     with vllm_engine(model=tiny_llama_dir(), skip_tokenizer_init=True, block_size=s.block_size,
                      gpu_memory_utilization=0.1, num_gpu_blocks_override=s.num_blocks + 1,
