@@ -138,3 +138,23 @@ def test_the_file_a_harness_failure_names_reproduces_it_alone(tmp_path, monkeypa
                            cwd=here if "." not in __name__ else here.parent,
                            env={**os.environ, "PYTHONPATH": str(here.parent)})
     assert again.returncode != 0 and cause.split(" (at step")[0] in again.stderr
+
+
+def test_the_replay_s_engine_is_freed_before_the_plots_draw(tmp_path, monkeypatch):
+    """The engine's objects hold one another in cycles: the job collects them once the replay
+    is written, so the plots and W&B reuse that memory (a million requests: gigabytes)."""
+    import gc
+    import weakref
+
+    import policylab.apps.run as run_module
+
+    built, alive_at_plots = [], []
+    build = run_module.build_engine
+    monkeypatch.setattr(run_module, "build_engine", lambda *a, **k: built.append(weakref.ref(e := build(*a, **k))) or e)
+    monkeypatch.setattr(run_module, "draw_plots", lambda *a, **k: alive_at_plots.append(built[0]() is not None))
+    gc.disable()                  # (only the job's own collection may free it)
+    try:
+        run(config("trace.max_requests=20"), tmp_path, verbose=False)
+    finally:
+        gc.enable()
+    assert alive_at_plots == [False]
