@@ -141,8 +141,8 @@ def test_the_file_a_harness_failure_names_reproduces_it_alone(tmp_path, monkeypa
 
 
 def test_the_replay_s_engine_is_freed_before_the_plots_draw(tmp_path, monkeypatch):
-    """The engine's objects hold one another in cycles: the job collects them once the replay
-    is written, so the plots and W&B reuse that memory (a million requests: gigabytes)."""
+    """The engine's objects hold one another in cycles: a large replay's job collects them once
+    the replay is written, so the plots and W&B reuse that memory (a million requests: gigabytes)."""
     import gc
     import weakref
 
@@ -151,9 +151,10 @@ def test_the_replay_s_engine_is_freed_before_the_plots_draw(tmp_path, monkeypatc
     built, alive_at_plots = [], []
     build = run_module.build_engine
     monkeypatch.setattr(run_module, "build_engine", lambda *a, **k: built.append(weakref.ref(e := build(*a, **k))) or e)
-    monkeypatch.setattr(run_module, "draw_plots", lambda *a, **k: alive_at_plots.append(built[0]() is not None))
+    monkeypatch.setattr(run_module, "draw_plots", lambda *a, **k: alive_at_plots.append(built[-1]() is not None))
     gc.disable()                  # (only the job's own collection may free it)
     try:
+        monkeypatch.setattr(run_module, "COLLECT_AFTER_REQUESTS", 20)     # 20 requests count as large
         run(config("trace.max_requests=20"), tmp_path, verbose=False)
     finally:
         gc.enable()

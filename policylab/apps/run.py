@@ -17,6 +17,13 @@ from policylab.traces import load_trace
 
 
 
+# The engine and its extensions hold one another (bound hooks, the operations facade), so a
+# replay's objects are freed by a full collection, not when the job drops them. A replay this
+# large gets one before the plots and W&B; a smaller one holds a few MB, less than a full
+# collection is worth in a process that runs many jobs (a sweep, the tests).
+COLLECT_AFTER_REQUESTS = 10_000
+
+
 def run(cfg: RunConfig | DictConfig, run_dir: Path, verbose: bool = True) -> dict:
     """Replay and write the results; a stop signal (SIGINT/SIGTERM/SIGHUP) ends the replay, the
     results are still written (marked partial), then the job exits with 128 + the signal number.
@@ -53,8 +60,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, verbose: bool = True) -> dic
         summary = results.finish(result, extra, plane_reports(engine, "energy_report").get("energy"))
         partial, error = result.partial, result.error
         signals.stuck_writer = None
+        large = len(engine.trace) >= COLLECT_AFTER_REQUESTS
         del engine, trace, result, results      # (a million requests: gigabytes the plots can use,
-        gc.collect()                            # once a full collection frees the replay's cycles)
+        if large:                               # once a full collection frees the replay's cycles)
+            gc.collect()
         if signals.stopped_by:
             tracker.finish(signals.exit_code())
             print(f"run stopped by a signal: {error} — partial results written to {run_dir}", file=sys.stderr)
