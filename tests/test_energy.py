@@ -20,6 +20,7 @@ from policylab.core.batch import Batch
 from policylab.core.config import EngineConfig, HardwareConfig, ModelConfig, SloConfig
 from policylab.core.engine import Engine
 from policylab.core.request import TraceRequest
+from policylab.dataplane.charges import Totals
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.energy import EnergyMeter, GpuClock, PowerModel, StepWork, clocked
 from policylab.dataplane.shape import ModelShape
@@ -107,7 +108,7 @@ def test_decodes_the_meter_never_charged_before_are_charged_in_full():
 
 def test_energy_metrics_add_the_idle_gaps_and_divide_by_tokens_and_good_requests():
     report = {"busy_energy_j": 1000.0, "busy_time_s": 4.0, "busy_gpu_s": 8.0, "gpus": 2, "idle_power_w": 70.0,
-              "max_power_w": 700.0, "gpu_clock_mhz": None, "per_request_j": {0: 600.0, 1: 400.0}}
+              "max_power_w": 700.0, "gpu_clock_mhz": None, "per_request_j": Totals(np.array([600.0, 400.0]))}
     requests = pd.DataFrame({"req_id": [0, 1, 2], "status": ["finished", "finished", "rejected"],
                              "generated_tokens": [30, 20, 0], "slo_met": [True, False, False]})
     e = energy_section(report, requests, {"makespan": 5.0})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 import policylab.dataplane.charges as charges_module
@@ -154,4 +155,4 @@ def test_totals_read_as_a_mapping_and_by_array_and_add_across_meters_as_a_dict_w
     assert total.at(ids).tolist() == [want[r] for r in ids[:3]] + [0.0]
     with pytest.raises(KeyError):
         total[beyond]
-    assert charges_module.Totals.of({4: 2.0, 1: 0.5}) == {1: 0.5, 4: 2.0}
+    assert charges_module.Totals(np.array([0.0, 0.5, 0.0, 0.0, 2.0])) == {1: 0.5, 4: 2.0}     # (0.0: no key)

@@ -46,7 +46,7 @@ def test_the_first_rows_come_from_their_row_groups_alone(result_file, monkeypatc
     original = pq.ParquetFile.read_row_groups
     monkeypatch.setattr(pq.ParquetFile, "read_row_groups",
                         lambda self, groups, **kw: read.append(list(groups)) or original(self, groups, **kw))
-    got = first_rows(result_file, 10, ["req_id", "status"])
+    got = first_rows(pq.ParquetFile(result_file), 10, ["req_id", "status"])
     assert got.equals(pd.read_parquet(result_file, columns=["req_id", "status"]).head(10))
     assert read and all(groups == [0, 1] for groups in read)      # rows 0-13: two groups of 7
-    assert len(first_rows(result_file, 1000)) == 40               # more than the file: all of it
+    assert len(first_rows(pq.ParquetFile(result_file), 1000)) == 40               # more than the file: all of it

@@ -13,7 +13,6 @@ import math
 import pandas as pd
 
 from policylab.analysis.metrics import distribution
-from policylab.dataplane.charges import Totals
 
 
 def energy_section(report: dict, requests: pd.DataFrame, summary: dict) -> dict:
@@ -25,7 +24,7 @@ def energy_section(report: dict, requests: pd.DataFrame, summary: dict) -> dict:
     idle = report["idle_power_w"] * idle_s
     total = busy + idle
     finished = requests["status"].to_numpy() == "finished"
-    per_request = Totals.of(report["per_request_j"]).at(requests["req_id"].to_numpy()[finished])
+    per_request = report["per_request_j"].at(requests["req_id"].to_numpy()[finished])
     generated = int(requests["generated_tokens"].sum())
     good = int(requests["slo_met"].sum())
     return {"total_j": total, "busy_j": busy, "idle_j": idle,

@@ -25,9 +25,8 @@ def read_columns(file, columns=None, row_groups: list | None = None) -> pd.DataF
     return pd.DataFrame({name: column(name) for name in names}, copy=False)
 
 
-def first_rows(file, rows: int, columns=None) -> pd.DataFrame:
+def first_rows(file: pq.ParquetFile, rows: int, columns=None) -> pd.DataFrame:
     """The first `rows` rows of `file`, reading only the row groups that hold them."""
-    file = file if isinstance(file, pq.ParquetFile) else pq.ParquetFile(file)
     meta, groups, held = file.metadata, [], 0
     while held < rows and len(groups) < meta.num_row_groups:
         held += meta.row_group(len(groups)).num_rows

@@ -83,15 +83,6 @@ class Totals(Mapping):
         self.joules = joules
 
     @classmethod
-    def of(cls, charged) -> "Totals":
-        """`charged` as Totals (a mapping of req_id -> J, e.g. a dict)."""
-        if isinstance(charged, Totals):
-            return charged
-        joules = np.zeros(max(charged, default=-1) + 1)
-        joules[list(charged)] = list(charged.values())
-        return cls(joules)
-
-    @classmethod
     def summed(cls, parts: list) -> "Totals":
         """Each request's joules over `parts` (Totals), added in order: a request charged in one
         part only has that part's float (0.0 + x is x)."""

@@ -322,5 +322,5 @@ def merge_reports(reports: list) -> dict | None:
            "throttled_time_s": sum(r.get("throttled_time_s", 0.0) for r in reports),
            "idle_power_w": sum(r["idle_power_w"] * r["gpus"] for r in reports) / sum(r["gpus"] for r in reports),
            "max_power_w": max(r["max_power_w"] for r in reports), "gpu_clock_mhz": reports[0]["gpu_clock_mhz"],
-           "per_request_j": Totals.summed([Totals.of(r["per_request_j"]) for r in reports])}
+           "per_request_j": Totals.summed([r["per_request_j"] for r in reports])}
     return out
