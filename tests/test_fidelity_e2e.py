@@ -212,17 +212,15 @@ def test_a_calibrated_sim_takes_the_servers_measured_host_time_and_client_latenc
 
 
 @pytest.mark.timeout(60)
-def test_host_time_per_running_request_grows_a_calibrated_step():
+def test_host_time_per_running_request_grows_a_calibrated_step(tmp_path):
     from policylab.core.config import HardwareConfig
     from policylab.dataplane.config import SimPlaneConfig
     from policylab.dataplane.sim import build_cost_model
     from policylab.integrations.vllm.tiny_model import tiny_shape
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        fit = str(_constant_calibration(Path(tmp) / "fit.json", 0.002))
-        bare = build_cost_model(tiny_shape(), HardwareConfig(step_overhead=0.5), SimPlaneConfig(calibration=fit))
-        served = build_cost_model(tiny_shape(), HardwareConfig(host="measured", step_overhead=0.001,
-                                                               host_per_request=1e-4), SimPlaneConfig(calibration=fit))
+    fit = str(_constant_calibration(tmp_path / "fit.json", 0.002))
+    bare = build_cost_model(tiny_shape(), HardwareConfig(step_overhead=0.5), SimPlaneConfig(calibration=fit))
+    served = build_cost_model(tiny_shape(), HardwareConfig(host="measured", step_overhead=0.001,
+                                                           host_per_request=1e-4), SimPlaneConfig(calibration=fit))
     q, ctx = [1, 1, 1, 64], [10, 20, 30, 0]
     assert bare.step_time(q, ctx, 67, 4) == pytest.approx(0.002)      # a hardware constant alone is not a host preset
     assert served.step_time(q, ctx, 67, 4) == pytest.approx(0.002 + 0.001 + 4 * 1e-4)
