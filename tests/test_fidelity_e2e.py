@@ -166,6 +166,8 @@ def test_the_command_replays_a_report_folders_stages(capsys):
     ([str(DETAILED), "--gpu", "h100"], "the result served 'tiny', which has no preset: give --model"),
     ([str(DETAILED), "--model", "tiny", "--gpu", "tpu"], "--gpu tpu: one of"),
     (["no/such/result.json", "--model", "tiny", "--gpu", "cpu"], "no such file or folder"),
+    ([str(DETAILED), *CPU, "--client-latency", "-0.001"], "--client-latency: expected seconds >= 0, got -0.001"),
+    ([str(DETAILED), *CPU, "--host-per-step", "nan"], "hardware.step_overhead must be a finite number >= 0"),
 ])
 def test_bad_arguments_end_with_one_clear_message(args, message, capsys):
     assert fidelity_e2e.main(args) == 2
@@ -213,14 +215,13 @@ def test_a_calibrated_sim_takes_the_servers_measured_host_time_and_client_latenc
 
 @pytest.mark.timeout(60)
 def test_host_time_per_running_request_grows_a_calibrated_step(tmp_path):
-    from policylab.core.config import HardwareConfig
+    from policylab.core.config import HardwareConfig, ModelConfig
     from policylab.dataplane.config import SimPlaneConfig
     from policylab.dataplane.sim import build_cost_model
-    from policylab.integrations.vllm.tiny_model import tiny_shape
     fit = str(_constant_calibration(tmp_path / "fit.json", 0.002))
-    bare = build_cost_model(tiny_shape(), HardwareConfig(step_overhead=0.5), SimPlaneConfig(calibration=fit))
-    served = build_cost_model(tiny_shape(), HardwareConfig(host="measured", step_overhead=0.001,
-                                                           host_per_request=1e-4), SimPlaneConfig(calibration=fit))
+    bare = build_cost_model(ModelConfig(), HardwareConfig(step_overhead=0.5), SimPlaneConfig(calibration=fit))
+    served = build_cost_model(ModelConfig(), HardwareConfig(host="measured", step_overhead=0.001,
+                                                            host_per_request=1e-4), SimPlaneConfig(calibration=fit))
     q, ctx = [1, 1, 1, 64], [10, 20, 30, 0]
     assert bare.step_time(q, ctx, 67, 4) == pytest.approx(0.002)      # a hardware constant alone is not a host preset
     assert served.step_time(q, ctx, 67, 4) == pytest.approx(0.002 + 0.001 + 4 * 1e-4)

@@ -3,11 +3,7 @@ OpenAI-compatible server on loopback with a policylab policy chosen by POLICYLAB
 OpenAI client sends a few requests; the server's own log shows the policy's plans applied."""
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,43 +11,10 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (the vLLM venv of .ci/run runs these tests)")
 openai = pytest.importorskip("openai", reason="the openai client is not installed")
 
+from policylab.testing.vllm_server import free_port, start_server, stop  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(proc, port: int, log: Path, seconds: float) -> None:
-    import urllib.request
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    pytest.fail(f"vllm serve not healthy after {seconds} s:\n{log.read_text()[-4000:]}")
-
-
-def stop(proc) -> None:
-    """The server and every process it started (its own session) are always torn down."""
-    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def test_vllm_serve_runs_the_policy(tmp_path):
@@ -68,11 +31,8 @@ def test_vllm_serve_runs_the_policy(tmp_path):
            "--no-async-scheduling", "--skip-tokenizer-init", "--block-size", "32", "--max-model-len", "1024",
            "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--enforce-eager", "--dtype", "float32",
            "--enable-log-requests"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
-                                start_new_session=True)
+    proc = start_server(cmd, port, log, 420, env, tmp_path)
     try:
-        wait_healthy(proc, port, log, 420)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120, max_retries=0)
         prompts = [[(7 * i + j) % 8000 + 10 for j in range(100)] for i in range(3)]
         replies = [client.completions.create(model=model, prompt=p, max_tokens=5, temperature=0.0,
