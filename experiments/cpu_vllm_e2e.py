@@ -88,9 +88,11 @@ def reset_prefix_cache(port: int) -> None:
             raise RuntimeError("vllm serve did not reset its prefix cache")
 
 
-def bench(model: Path, port: int, out: Path, name: str, args: list) -> dict:
+def bench(model: Path, port: int, out: Path, name: str, args: list, launcher: tuple = ()) -> dict:
+    """`vllm bench serve` from an empty prefix cache, its detailed result saved as DIR/name.json; `launcher`
+    goes before the command (e.g. `taskset -c 1`)."""
     reset_prefix_cache(port)
-    cmd = [sys.executable, "-c", CLI_SHIM, "bench", "serve", "--backend", "vllm", "--model", "tiny",
+    cmd = [*launcher, sys.executable, "-c", CLI_SHIM, "bench", "serve", "--backend", "vllm", "--model", "tiny",
            "--tokenizer", str(model), "--base-url", f"http://127.0.0.1:{port}", "--dataset-name", "random",
            "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--save-detailed",
            "--result-dir", str(out), "--result-filename", f"{name}.json", *args]
