@@ -49,3 +49,22 @@ def test_vllm_serve_runs_the_policy(tmp_path):
     assert prefills and max(prefills) <= CHUNK, prefills    # vLLM's own scheduler would take 100 at once
     assert sum(prefills) == 300 and len(prefills) >= 3 * -(-100 // CHUNK)
     assert all(p["validated"] == 1 for p in plans)
+
+
+@pytest.mark.timeout(900)
+def test_cpu_vllm_experiments_bench_vllm_serve(tmp_path, capsys):
+    """experiments/cpu_vllm_lone_ab.py (and the server, probes and benches of cpu_vllm_e2e.py it shares):
+    `vllm serve` through the CLI shim, `vllm bench serve` from an empty prefix cache, one variant run under
+    `taskset`; every bench's detailed result is there, one stream at a time, each with its 63 gaps."""
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location("cpu_vllm_lone_ab", ROOT / "experiments" / "cpu_vllm_lone_ab.py")
+    experiment = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(experiment)
+    assert experiment.main(["--out", str(tmp_path), "--variants", "pinning", "--pairs", "1"]) == 0
+    out = capsys.readouterr().out
+    for name in ("unpinned", "pinned"):
+        result = json.loads((tmp_path / f"{name}_0.json").read_text())
+        assert result["completed"] == 16 and result["max_concurrency"] == 1
+        assert [len(gaps) for gaps in result["itls"]] == [63] * 16
+        assert re.search(rf"^{name}: [\d.]+ ms a token, mean [\d.]+$", out, re.M), out
