@@ -132,6 +132,12 @@ def calibrate(out: Path, requests: int) -> Path:
 METRICS = (("ttft_mean", "TTFT"), ("e2e_mean", "E2E"), ("per_token_interval", "per-token interval"))
 
 
+def every_token_streamed(result: dict) -> bool:
+    """Whether each stream's tokens came one to a chunk (a gap between chunks is then one step); a server
+    that falls behind streams several tokens in one chunk."""
+    return all(len(gaps) == out_len - 1 for gaps, out_len in zip(result["itls"], result["output_lens"]))
+
+
 def fitted_decode(calibration, streams: int, probe: dict) -> float:
     """The fit's mean decode step of `streams` streams over the contexts of the probe's gaps counted."""
     prompt, out_len = probe["input_lens"][0], probe["output_lens"][0]
@@ -148,6 +154,11 @@ def server_terms(out: Path, calibration, sets: tuple) -> dict:
     both terms >= 0). Client latency: the lone stream's mean TTFT (sent to an idle server) less the step
     it ran there (the fit's prefill of its prompt plus that host time)."""
     probes = {b: [json.loads((out / f"decode_{b}_{k}.json").read_text()) for k in sets] for b in DECODE_PROBES}
+    for b in DECODE_PROBES:
+        for k, probe in zip(sets, probes[b]):
+            if not every_token_streamed(probe):
+                raise RuntimeError(f"{out / f'decode_{b}_{k}.json'}: the server streamed some tokens two to a chunk (it "
+                                   "fell behind: was the machine busy?), so its gaps are not one step each; measure again")
     extra = [float(np.mean([g for probe in probes[b] for itl in probe["itls"] for g in itl[PROBE_SKIP_GAPS:]]))
              - fitted_decode(calibration, b, probes[b][0]) for b in DECODE_PROBES]
     per_request, per_step = np.polyfit(DECODE_PROBES, extra, 1)

@@ -232,6 +232,16 @@ def test_host_time_per_running_request_grows_a_calibrated_step(tmp_path):
 QUIET = DATA / "cpu_vllm_quiet"
 
 
+def cpu_vllm_experiment():
+    """experiments/cpu_vllm_e2e.py as a module (its comparison needs no vLLM: the runs are files)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cpu_vllm_e2e", Path(__file__).parents[1] / "experiments" /
+                                                  "cpu_vllm_e2e.py")
+    experiment = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(experiment)
+    return experiment
+
+
 @pytest.mark.timeout(300)
 def test_real_cpu_vllm_runs_are_predicted_within_their_own_spread(tmp_path, capsys):
     """Three runs of one `vllm bench serve` command against vLLM's OpenAI server on a quiet CPU, the sim
@@ -239,11 +249,7 @@ def test_real_cpu_vllm_runs_are_predicted_within_their_own_spread(tmp_path, caps
     sent before the first run and after each (experiments/cpu_vllm_e2e.py): for TTFT, E2E and the
     per-token interval, the prediction's error against the runs' mean is no larger than the runs' own
     spread."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("cpu_vllm_e2e", Path(__file__).parents[1] / "experiments" /
-                                                  "cpu_vllm_e2e.py")
-    experiment = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(experiment)
+    experiment = cpu_vllm_experiment()
     rows = experiment.compare(QUIET, QUIET / "calibration.json", 64, tmp_path)
     out = capsys.readouterr().out
     assert out.count("the server's host time") == 1          # one set of terms, from every probe set
@@ -257,3 +263,21 @@ def test_real_cpu_vllm_runs_are_predicted_within_their_own_spread(tmp_path, caps
         assert 0 < row["spread"] < 0.5, row                       # three real runs, not one copied
         assert abs(row["error_to_mean"]) <= row["spread"], row
     assert len(list(tmp_path.glob("e2e_run_*/comparison.json"))) == 3
+
+
+@pytest.mark.timeout(60)
+def test_cpu_vllm_probes_with_tokens_merged_into_one_chunk_are_refused(tmp_path):
+    """A server that falls behind streams two tokens in one chunk, and that gap is two steps, not one: the
+    probes' host time would come out high, so the experiment refuses such a probe file by name."""
+    experiment = cpu_vllm_experiment()
+    from policylab.dataplane.fitted import load_calibration
+    calibration = load_calibration(QUIET / "calibration.json")
+    for path in QUIET.glob("decode_*.json"):
+        shutil.copy(path, tmp_path / path.name)
+    merged = json.loads((tmp_path / "decode_4_2.json").read_text())
+    gaps = merged["itls"][3]
+    merged["itls"][3] = gaps[:20] + [gaps[20] + gaps[21]] + gaps[22:]
+    (tmp_path / "decode_4_2.json").write_text(json.dumps(merged))
+    assert experiment.server_terms(tmp_path, calibration, (0, 1))["host_per_step"] > 0
+    with pytest.raises(RuntimeError, match=r"decode_4_2\.json: the server streamed some tokens two to a chunk"):
+        experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))

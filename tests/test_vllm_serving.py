@@ -55,7 +55,7 @@ def test_vllm_serve_runs_the_policy(tmp_path):
 def test_cpu_vllm_experiments_bench_vllm_serve(tmp_path, capsys):
     """experiments/cpu_vllm_lone_ab.py (and the server, probes and benches of cpu_vllm_e2e.py it shares):
     `vllm serve` through the CLI shim, `vllm bench serve` from an empty prefix cache, one variant run under
-    `taskset`; every bench's detailed result is there, one stream at a time, each with its 63 gaps."""
+    `taskset`; every bench's detailed result is there, one stream at a time, each of 64 tokens."""
     import importlib.util
     import json
     spec = importlib.util.spec_from_file_location("cpu_vllm_lone_ab", ROOT / "experiments" / "cpu_vllm_lone_ab.py")
@@ -66,5 +66,6 @@ def test_cpu_vllm_experiments_bench_vllm_serve(tmp_path, capsys):
     for name in ("unpinned", "pinned"):
         result = json.loads((tmp_path / f"{name}_0.json").read_text())
         assert result["completed"] == 16 and result["max_concurrency"] == 1
-        assert [len(gaps) for gaps in result["itls"]] == [63] * 16
+        assert result["output_lens"] == [64] * 16                  # a busy server may stream two tokens a chunk
+        assert all(1 <= len(gaps) <= 63 for gaps in result["itls"])
         assert re.search(rf"^{name}: [\d.]+ ms a token, mean [\d.]+$", out, re.M), out
