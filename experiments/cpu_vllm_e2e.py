@@ -41,8 +41,8 @@ sys.argv[0] = "vllm"
 main()
 """
 DECODE_PROBES = (1, 4, 16)     # concurrent streams of the decode probes (16: max_num_seqs)
-# rounds of each: the machine's speed swings by up to a third within seconds, so each set decodes for
-# about as long as a tenth of a run (the lone stream longest: it prices most of the workload's steps)
+# rounds of each: the machine's speed swings by up to a third within seconds, so the lone stream (it prices
+# most of the workload's steps) decodes for about half as long as a run, the others for about a quarter
 PROBE_ROUNDS = {1: 24, 4: 12, 16: 6}
 PROBE_PROMPT = 256             # tokens of a decode probe's prompt
 # a stream's first gaps may hold the other streams' prompts (16 x 256 tokens: 8 steps of 512): left out
