@@ -85,6 +85,7 @@ def test_sglang_prefix_reuse_and_cache_aware_order_raise_throughput(tmp_path, ca
     assert "sglang: SGLang" in capsys.readouterr().out          # the paper's claim beside the replay's
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_vtc_stays_within_its_bound_and_fcfs_does_not(tmp_path):
     c, got = run("vtc", tmp_path, replicates=1)
@@ -93,12 +94,14 @@ def test_vtc_stays_within_its_bound_and_fcfs_does_not(tmp_path):
     assert got.verdict["direction"] == "holds"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_andes_qoe_aware_order_raises_average_qoe(tmp_path):
     c, _ = run("andes", tmp_path)
     assert all(v["mean"] > 1.0 for v in c.values())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_orca_iteration_level_batching_serves_more_at_the_same_latency(tmp_path):
     c, _ = run("orca", tmp_path, replicates=1)
