@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,8 @@ DECODE_PROBES = (1, 4, 16)     # concurrent streams of the decode probes (16: ma
 # rounds of each: the machine's speed swings by up to a third within seconds, so the lone stream (it prices
 # most of the workload's steps) decodes for about half as long as a run, the others for about a quarter
 PROBE_ROUNDS = {1: 24, 4: 12, 16: 6}
-PROBE_PROMPT = 256             # tokens of a decode probe's prompt
+PROBE_PROMPT, PROBE_OUTPUT = 256, 64     # tokens of a decode probe's prompt, and it generates
+WORKLOAD_LENS = {"input_len": 128, "output_len": 32, "prefix_len": 64}     # the workload's, by default
 # a stream's first gaps may hold the other streams' prompts (16 x 256 tokens: 8 steps of 512): left out
 PROBE_SKIP_GAPS = 8
 SERVER_KNOBS = {"block-size": 32, "max-num-seqs": 16, "max-num-batched-tokens": 512, "max-model-len": 2048}
@@ -79,6 +81,19 @@ def serve(model: Path, port: int, log: Path):
     return start_server(cmd, port, log, 600, env)
 
 
+@contextmanager
+def served(out: Path):
+    """(model, port) of `vllm serve` on the word-level tiny model in `out`, warmed up; always stopped."""
+    model, port = word_level_model(out), free_port()
+    server = serve(model, port, out / "server.log")
+    try:
+        bench(model, port, out, "warmup", ["--random-input-len", "64", "--random-output-len", "8",
+                                           "--num-prompts", "8", "--request-rate", "4", "--seed", "99"])
+        yield model, port
+    finally:
+        stop(server)
+
+
 def reset_prefix_cache(port: int) -> None:
     """Empty the server's prefix cache (a dev-mode endpoint): the same seed sends the same prompts, which a
     warm cache would serve from the blocks of the run before, where the sim starts every replay empty."""
@@ -108,12 +123,22 @@ def bench(model: Path, port: int, out: Path, name: str, args: list, launcher: tu
     return result
 
 
+def workload_args(input_len: int, output_len: int, prefix_len: int, num_prompts: int) -> list:
+    """`vllm bench serve`'s random-dataset arguments for prompts of `prefix_len` shared + `input_len` tokens."""
+    return ["--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--random-prefix-len", str(prefix_len), "--num-prompts", str(num_prompts)]
+
+
+def probe_args(num_prompts: int) -> list:
+    """The decode probes' prompts: PROBE_PROMPT tokens, none shared, PROBE_OUTPUT generated."""
+    return workload_args(PROBE_PROMPT, PROBE_OUTPUT, 0, num_prompts)
+
+
 def probe(model: Path, port: int, out: Path, k: int) -> None:
     """Probe set k: PROBE_ROUNDS rounds of 1, 4 and 16 concurrent decode streams, whose prompts put their
     contexts where the calibration's steps are (its Poisson trace's prompts: 250-500 tokens)."""
     for b in DECODE_PROBES:
-        bench(model, port, out, f"decode_{b}_{k}", ["--random-input-len", str(PROBE_PROMPT), "--random-output-len", "64",
-                                                     "--num-prompts", str(PROBE_ROUNDS[b] * b), "--max-concurrency", str(b),
+        bench(model, port, out, f"decode_{b}_{k}", [*probe_args(PROBE_ROUNDS[b] * b), "--max-concurrency", str(b),
                                                      "--request-rate", "inf", "--seed", str(10 + b)])
 
 
@@ -132,10 +157,14 @@ def calibrate(out: Path, requests: int) -> Path:
 METRICS = (("ttft_mean", "TTFT"), ("e2e_mean", "E2E"), ("per_token_interval", "per-token interval"))
 
 
-def every_token_streamed(result: dict) -> bool:
-    """Whether each stream's tokens came one to a chunk (a gap between chunks is then one step); a server
-    that falls behind streams several tokens in one chunk."""
-    return all(len(gaps) == out_len - 1 for gaps, out_len in zip(result["itls"], result["output_lens"]))
+def load_probe(path: Path) -> dict:
+    """A probe's result, each of whose gaps between chunks is one step: refused where the server streamed
+    several tokens in one chunk (it fell behind)."""
+    result = json.loads(path.read_text())
+    if any(len(gaps) != out_len - 1 for gaps, out_len in zip(result["itls"], result["output_lens"])):
+        raise RuntimeError(f"{path}: the server streamed some tokens two to a chunk (it fell behind: was the machine "
+                           "busy?), so its gaps are not one step each; measure again")
+    return result
 
 
 def fitted_decode(calibration, streams: int, probe: dict) -> float:
@@ -153,12 +182,7 @@ def server_terms(out: Path, calibration, sets: tuple) -> dict:
     number of streams less the fit's step for that many streams, a line through them (least squares,
     both terms >= 0). Client latency: the lone stream's mean TTFT (sent to an idle server) less the step
     it ran there (the fit's prefill of its prompt plus that host time)."""
-    probes = {b: [json.loads((out / f"decode_{b}_{k}.json").read_text()) for k in sets] for b in DECODE_PROBES}
-    for b in DECODE_PROBES:
-        for k, probe in zip(sets, probes[b]):
-            if not every_token_streamed(probe):
-                raise RuntimeError(f"{out / f'decode_{b}_{k}.json'}: the server streamed some tokens two to a chunk (it "
-                                   "fell behind: was the machine busy?), so its gaps are not one step each; measure again")
+    probes = {b: [load_probe(out / f"decode_{b}_{k}.json") for k in sets] for b in DECODE_PROBES}
     extra = [float(np.mean([g for probe in probes[b] for itl in probe["itls"] for g in itl[PROBE_SKIP_GAPS:]]))
              - fitted_decode(calibration, b, probes[b][0]) for b in DECODE_PROBES]
     per_request, per_step = np.polyfit(DECODE_PROBES, extra, 1)
@@ -220,9 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-prompts", type=int, default=40)
     ap.add_argument("--request-rate", type=float, default=2.0)
-    ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=32)
-    ap.add_argument("--prefix-len", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=WORKLOAD_LENS["input_len"])
+    ap.add_argument("--output-len", type=int, default=WORKLOAD_LENS["output_len"])
+    ap.add_argument("--prefix-len", type=int, default=WORKLOAD_LENS["prefix_len"])
     ap.add_argument("--calibration-requests", type=int, default=200)
     ap.add_argument("--compare-only", action="store_true", help="the runs and calibration in --out are there already")
     a = ap.parse_args(argv)
@@ -232,21 +256,13 @@ def main(argv=None) -> int:
         (a.out / "summary.json").write_text(json.dumps(rows, indent=2))
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
-    model = word_level_model(a.out)
-    port = free_port()
-    server = serve(model, port, a.out / "server.log")
-    try:
-        bench(model, port, a.out, "warmup", ["--random-input-len", "64", "--random-output-len", "8",
-                                             "--num-prompts", "8", "--request-rate", "4", "--seed", "99"])
+    with served(a.out) as (model, port):
         probe(model, port, a.out, 0)
-        workload = ["--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
-                    "--random-prefix-len", str(a.prefix_len), "--num-prompts", str(a.num_prompts),
+        workload = [*workload_args(a.input_len, a.output_len, a.prefix_len, a.num_prompts),
                     "--request-rate", str(a.request_rate), "--seed", "0"]
         for k in range(a.repeats):
             bench(model, port, a.out, f"run_{k}", workload)
             probe(model, port, a.out, k + 1)
-    finally:
-        stop(server)
     rows = compare(a.out, calibrate(a.out, a.calibration_requests), a.prefix_len, a.out)
     print_rows(rows)
     (a.out / "summary.json").write_text(json.dumps(rows, indent=2))

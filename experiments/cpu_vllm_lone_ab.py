@@ -13,19 +13,16 @@ those of `cpu_vllm_e2e.py`.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-_spec = importlib.util.spec_from_file_location("cpu_vllm_e2e", Path(__file__).with_name("cpu_vllm_e2e.py"))
-e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(e2e)
+import cpu_vllm_e2e as e2e
 
-PROBE = ["--random-input-len", str(e2e.PROBE_PROMPT), "--random-output-len", "64", "--num-prompts", "16"]
-WORKLOAD = ["--random-input-len", "128", "--random-prefix-len", "64", "--random-output-len", "32", "--num-prompts", "32"]
+PROBE = e2e.probe_args(16)
+WORKLOAD = e2e.workload_args(**e2e.WORKLOAD_LENS, num_prompts=32)
 # (name, bench arguments, the load generator pinned to core 1): vLLM binds its CPU worker to core 0
 VARIANTS = {
     "shape": (("probe_shape", PROBE + ["--request-rate", "inf"], False),
@@ -51,18 +48,11 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=4)
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    model = e2e.word_level_model(a.out)
-    port = e2e.free_port()
-    server = e2e.serve(model, port, a.out / "server.log")
-    try:
-        e2e.bench(model, port, a.out, "warmup", ["--random-input-len", "64", "--random-output-len", "8",
-                                                 "--num-prompts", "8", "--request-rate", "4", "--seed", "99"])
+    with e2e.served(a.out) as (model, port):
         for k in range(a.pairs):
             for name, args, pinned in VARIANTS[a.variants]:
                 e2e.bench(model, port, a.out, f"{name}_{k}", [*args, "--max-concurrency", "1", "--seed", str(40 + k)],
                           ("taskset", "-c", "1") if pinned else ())
-    finally:
-        e2e.stop(server)
     gaps = {name: [mean_gap(a.out / f"{name}_{k}.json") for k in range(a.pairs)] for name, _, _ in VARIANTS[a.variants]}
     for name, values in gaps.items():
         print(f"{name}: {' / '.join(f'{v:.2f}' for v in values)} ms a token, mean {np.mean(values):.2f}")

@@ -233,13 +233,11 @@ QUIET = DATA / "cpu_vllm_quiet"
 
 
 def cpu_vllm_experiment():
-    """experiments/cpu_vllm_e2e.py as a module (its comparison needs no vLLM: the runs are files)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("cpu_vllm_e2e", Path(__file__).parents[1] / "experiments" /
-                                                  "cpu_vllm_e2e.py")
-    experiment = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(experiment)
-    return experiment
+    """experiments/cpu_vllm_e2e.py (its comparison needs no vLLM: the runs are files)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import cpu_vllm_e2e
+    return cpu_vllm_e2e
 
 
 @pytest.mark.timeout(300)

@@ -56,12 +56,10 @@ def test_cpu_vllm_experiments_bench_vllm_serve(tmp_path, capsys):
     """experiments/cpu_vllm_lone_ab.py (and the server, probes and benches of cpu_vllm_e2e.py it shares):
     `vllm serve` through the CLI shim, `vllm bench serve` from an empty prefix cache, one variant run under
     `taskset`; every bench's detailed result is there, one stream at a time, each of 64 tokens."""
-    import importlib.util
     import json
-    spec = importlib.util.spec_from_file_location("cpu_vllm_lone_ab", ROOT / "experiments" / "cpu_vllm_lone_ab.py")
-    experiment = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(experiment)
-    assert experiment.main(["--out", str(tmp_path), "--variants", "pinning", "--pairs", "1"]) == 0
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import cpu_vllm_lone_ab
+    assert cpu_vllm_lone_ab.main(["--out", str(tmp_path), "--variants", "pinning", "--pairs", "1"]) == 0
     out = capsys.readouterr().out
     for name in ("unpinned", "pinned"):
         result = json.loads((tmp_path / f"{name}_0.json").read_text())
