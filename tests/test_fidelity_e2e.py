@@ -264,18 +264,30 @@ def test_real_cpu_vllm_runs_are_predicted_within_their_own_spread(tmp_path, caps
 
 
 @pytest.mark.timeout(60)
-def test_cpu_vllm_probes_with_tokens_merged_into_one_chunk_are_refused(tmp_path):
-    """A server that falls behind streams two tokens in one chunk, and that gap is two steps, not one: the
-    probes' host time would come out high, so the experiment refuses such a probe file by name."""
+def test_cpu_vllm_probes_count_merged_chunks_per_token_and_refuse_a_busy_server(tmp_path):
+    """A server that falls behind streams two tokens in one chunk, a gap that is two steps: the probes' time
+    between tokens counts tokens, not gaps, so one stall changes nothing, and a probe with more than 1 % of
+    its tokens merged (a busy machine, not the server) is refused by name."""
     experiment = cpu_vllm_experiment()
     from policylab.dataplane.fitted import load_calibration
     calibration = load_calibration(QUIET / "calibration.json")
     for path in QUIET.glob("decode_*.json"):
         shutil.copy(path, tmp_path / path.name)
-    merged = json.loads((tmp_path / "decode_4_2.json").read_text())
-    gaps = merged["itls"][3]
-    merged["itls"][3] = gaps[:20] + [gaps[20] + gaps[21]] + gaps[22:]
-    (tmp_path / "decode_4_2.json").write_text(json.dumps(merged))
-    assert experiment.server_terms(tmp_path, calibration, (0, 1))["host_per_step"] > 0
-    with pytest.raises(RuntimeError, match=r"decode_4_2\.json: the server streamed some tokens two to a chunk"):
+    clean = experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))
+    probe = json.loads((tmp_path / "decode_4_2.json").read_text())
+
+    def merge(stream: int, gap: int) -> None:
+        gaps = probe["itls"][stream]
+        probe["itls"][stream] = gaps[:gap] + [gaps[gap] + gaps[gap + 1]] + gaps[gap + 2:]
+        (tmp_path / "decode_4_2.json").write_text(json.dumps(probe))
+    merge(3, 20)
+    stalled = experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))
+    assert stalled["host_per_step"] == pytest.approx(clean["host_per_step"], abs=1e-12)
+    assert stalled["extra"] == pytest.approx(clean["extra"], abs=1e-12)
+    tokens = sum(probe["output_lens"])
+    for k in range(int(0.01 * tokens) - 1):                 # 1 % of the tokens merged, with the first: counted
+        merge(k % 4, 10 + 2 * (k // 4) + (k % 4 == 3))
+    assert experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))["host_per_step"] > 0
+    merge(2, 40)
+    with pytest.raises(RuntimeError, match=r"decode_4_2\.json: the server streamed \d+ of \d+ tokens two to a chunk"):
         experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))
