@@ -196,8 +196,11 @@ def server_terms(out: Path, calibration, sets: tuple) -> dict:
 
     Host time (per step, per running request): the decode probes' mean time between tokens at each
     number of streams (per_token_gap) less the fit's step for that many streams, a line through them
-    (least squares, both terms >= 0). Client latency: the lone stream's mean TTFT (sent to an idle server) less the step
-    it ran there (the fit's prefill of its prompt plus that host time)."""
+    (least squares, both terms >= 0). Client latency: the lone stream's median TTFT (sent to an idle
+    server) less the step it ran there (the fit's prefill of its prompt plus that host time). The median:
+    now and then the machine stalls for 0.2-0.5 s, a stall lands whole in the TTFT of the one probe it
+    hits, and a few such requests would move a mean by more than the client latency, which they are no
+    part of."""
     probes = {b: [load_probe(out / f"decode_{b}_{k}.json") for k in sets] for b in DECODE_PROBES}
     extra = [per_token_gap(probes[b]) - fitted_decode(calibration, b, probes[b][0]) for b in DECODE_PROBES]
     per_request, per_step = np.polyfit(DECODE_PROBES, extra, 1)
@@ -206,7 +209,7 @@ def server_terms(out: Path, calibration, sets: tuple) -> dict:
     per_step = max(float(per_step), 0.0)
     lone = probes[1]
     prefill = calibration.predict(np.array([float(lone[0]["input_lens"][0])]), np.array([0.0]), 1)
-    ttft = float(np.mean([t for probe in lone for t in probe["ttfts"]]))
+    ttft = float(np.median([t for probe in lone for t in probe["ttfts"]]))
     return {"host_per_step": per_step, "host_per_request": float(per_request),
             "client_latency": max(ttft - prefill - per_step - per_request, 0.0), "extra": dict(zip(DECODE_PROBES, extra))}
 
