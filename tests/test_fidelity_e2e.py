@@ -264,6 +264,27 @@ def test_real_cpu_vllm_runs_are_predicted_within_their_own_spread(tmp_path, caps
 
 
 @pytest.mark.timeout(60)
+def test_cpu_vllm_client_latency_is_not_carried_by_one_stalled_probe(tmp_path):
+    """Now and then the machine stalls for a few hundred ms, and the stall lands whole in the TTFT of the one
+    lone probe it hits: the client latency (the lone probes' median TTFT less their step) barely moves,
+    where a mean would take up the stall over the probes' count."""
+    experiment = cpu_vllm_experiment()
+    from policylab.dataplane.fitted import load_calibration
+    calibration = load_calibration(QUIET / "calibration.json")
+    for path in QUIET.glob("decode_*.json"):
+        shutil.copy(path, tmp_path / path.name)
+    clean = experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))
+    probe = json.loads((tmp_path / "decode_1_2.json").read_text())
+    probe["ttfts"][1] += 0.4
+    (tmp_path / "decode_1_2.json").write_text(json.dumps(probe))
+    stalled = experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))
+    lone = sum(len(json.loads((tmp_path / f"decode_1_{k}.json").read_text())["ttfts"]) for k in range(4))
+    assert 0.4 / lone > 0.04                                 # what the stall would add to a mean: 50 ms
+    assert 0 <= stalled["client_latency"] - clean["client_latency"] < 0.004
+    assert stalled["host_per_step"] == clean["host_per_step"]
+
+
+@pytest.mark.timeout(60)
 def test_cpu_vllm_probes_count_merged_chunks_per_token_and_refuse_a_busy_server(tmp_path):
     """A server that falls behind streams two tokens in one chunk, a gap that is two steps: the probes' time
     between tokens counts tokens, not gaps, so one stall changes nothing, and a probe with more than 1 % of
