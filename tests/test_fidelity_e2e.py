@@ -263,17 +263,22 @@ def test_real_cpu_vllm_runs_are_predicted_within_their_own_spread(tmp_path, caps
     assert len(list(tmp_path.glob("e2e_run_*/comparison.json"))) == 3
 
 
+def copied_probes(tmp_path):
+    """(the experiment, the fixture's fit, the server's terms from every probe set), the fixture's probes
+    copied into tmp_path to be altered."""
+    from policylab.dataplane.fitted import load_calibration
+    experiment, calibration = cpu_vllm_experiment(), load_calibration(QUIET / "calibration.json")
+    for path in QUIET.glob("decode_*.json"):
+        shutil.copy(path, tmp_path / path.name)
+    return experiment, calibration, experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))
+
+
 @pytest.mark.timeout(60)
 def test_cpu_vllm_client_latency_is_not_carried_by_one_stalled_probe(tmp_path):
     """Now and then the machine stalls for a few hundred ms, and the stall lands whole in the TTFT of the one
     lone probe it hits: the client latency (the lone probes' median TTFT less their step) barely moves,
     where a mean would take up the stall over the probes' count."""
-    experiment = cpu_vllm_experiment()
-    from policylab.dataplane.fitted import load_calibration
-    calibration = load_calibration(QUIET / "calibration.json")
-    for path in QUIET.glob("decode_*.json"):
-        shutil.copy(path, tmp_path / path.name)
-    clean = experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))
+    experiment, calibration, clean = copied_probes(tmp_path)
     probe = json.loads((tmp_path / "decode_1_2.json").read_text())
     probe["ttfts"][1] += 0.4
     (tmp_path / "decode_1_2.json").write_text(json.dumps(probe))
@@ -289,12 +294,7 @@ def test_cpu_vllm_probes_count_merged_chunks_per_token_and_refuse_a_busy_server(
     """A server that falls behind streams two tokens in one chunk, a gap that is two steps: the probes' time
     between tokens counts tokens, not gaps, so one stall changes nothing, and a probe with more than 1 % of
     its tokens merged (a busy machine, not the server) is refused by name."""
-    experiment = cpu_vllm_experiment()
-    from policylab.dataplane.fitted import load_calibration
-    calibration = load_calibration(QUIET / "calibration.json")
-    for path in QUIET.glob("decode_*.json"):
-        shutil.copy(path, tmp_path / path.name)
-    clean = experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))
+    experiment, calibration, clean = copied_probes(tmp_path)
     probe = json.loads((tmp_path / "decode_4_2.json").read_text())
 
     def merge(stream: int, gap: int) -> None:
