@@ -175,11 +175,11 @@ def load_probe(path: Path) -> dict:
     return result
 
 
-def per_token_gap(probes: list) -> float:
-    """The probes' mean time between tokens past each stream's first PROBE_SKIP_GAPS gaps: the time those
-    gaps span over the tokens they bring (a chunk of two tokens is two steps), the mean gap where none merged."""
-    spans = [(sum(gaps[PROBE_SKIP_GAPS:]), out_len - 1 - PROBE_SKIP_GAPS)
-             for probe in probes for gaps, out_len in zip(probe["itls"], probe["output_lens"])]
+def per_token_gap(results: list, skip: int = PROBE_SKIP_GAPS) -> float:
+    """The benches' mean time between tokens past each stream's first `skip` gaps: the time those gaps span
+    over the tokens they bring (a chunk of two tokens is two steps), the mean gap where none merged."""
+    spans = [(sum(gaps[skip:]), out_len - 1 - skip)
+             for result in results for gaps, out_len in zip(result["itls"], result["output_lens"])]
     return sum(t for t, _ in spans) / sum(n for _, n in spans)
 
 

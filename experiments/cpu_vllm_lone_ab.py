@@ -35,10 +35,9 @@ VARIANTS = {
 
 
 def mean_gap(path: Path) -> float:
-    """A bench's time per token after the first, in ms (every stream alone: one request at a time); by token,
-    not by chunk, as a server that falls behind streams several tokens in one chunk."""
-    result = json.loads(path.read_text())
-    return 1e3 * sum(map(sum, result["itls"])) / sum(n - 1 for n in result["output_lens"])
+    """A bench's time per token after the first, in ms (every stream alone: one request at a time, so no gap
+    holds another's prompt)."""
+    return 1e3 * e2e.per_token_gap([json.loads(path.read_text())], skip=0)
 
 
 def main(argv=None) -> int:
