@@ -87,13 +87,15 @@ def serving_engine(name: str, **overrides):
 
 
 def replay(model: str, gpu: str, tp: int, batch: int, out_mean: float, prompt_mean: float, hw: HardwareConfig,
-           engine: str = "vllm", power_limit: str = "cap"):
+           engine: str = "vllm", power_limit: str = "cap", overlap_norm: float | None = None):
     """Steady-state arrays of the replay: per step (duration, u_compute, u_memory, sampled tokens, busy share),
-    and the running count."""
+    and the running count. `overlap_norm`: the engine's serving_engine.async_overlap_norm (None: the preset's)."""
     power_limit = power_limit if hw.max_clock_mhz else "cap"   # (throttling needs the GPU's clock: not the B200's)
-    untuned = {"fused_moe_config": "default"} if (model, gpu) in UNTUNED_FUSED_MOE else {}
+    overrides = {"fused_moe_config": "default"} if (model, gpu) in UNTUNED_FUSED_MOE else {}
+    if overlap_norm is not None:
+        overrides["async_overlap_norm"] = overlap_norm
     plane = SimDataPlane(SHAPES[model], hw, DataplaneConfig(kind="sim", tensor_parallel=tp, power_limit=power_limit,
-                                                            serving_engine=serving_engine(engine, **untuned)), seed=0)
+                                                            serving_engine=serving_engine(engine, **overrides)), seed=0)
     plane.meter.record = []
     engine = Engine(workload(batch, out_mean, prompt_mean), Chunked(chunk_size=8192), plane,
                     EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(8192, batch),
@@ -161,24 +163,27 @@ def fit(gpu: str, runs: list, hw: HardwareConfig) -> HardwareConfig:
     return replace(hw, active_power=active, compute_power=compute, memory_power=memory)
 
 
-def fit_host(gpu: str, hw: HardwareConfig, prompt_mean: float, engine: str) -> None:
+def fit_host(gpu: str, hw: HardwareConfig, prompt_mean: float, engine: str, overlap_norm: float | None = None) -> None:
     """Grid search of the host's time per step and per running request (on top of the serving engine's)
     for the least mean |log(simulated / measured throughput)| over FIT_MODEL's configurations on `gpu`
     (absolute, not squared: one published configuration is out of line with its neighbours). On the A100:
-    benchmark v2.0's rows (vLLM 0.5.4, synchronous: `--serving-engine eager_nccl`)."""
+    benchmark v2.0's rows (vLLM 0.5.4, synchronous: `--serving-engine eager_nccl`). With `overlap_norm` (a
+    partial overlap of host and GPU) the grid is wider: 0-4 ms x 40-90 us."""
     if gpu == "a100":
         rows = [(r[0], r[1], r[2], r[3], r[4], r[5], None, r[6], r[7]) for r in MLENERGY_V2_A100 if r[0] == FIT_MODEL]
         grid = ((0.0, 1e-3, 2e-3), (325e-6, 350e-6, 375e-6, 400e-6, 425e-6))
     else:
         rows = [r for r in MLENERGY_V3 if r[0] == FIT_MODEL and r[1] == gpu]
         grid = ((2e-3, 3e-3, 4e-3), (60e-6, 70e-6, 80e-6, 90e-6))
+        if overlap_norm is not None:
+            grid = ((0.0, 1e-3, 2e-3, 3e-3, 4e-3), (40e-6, 50e-6, 60e-6, 70e-6, 80e-6, 90e-6))
     best = None
     for step in grid[0]:
         for per_request in grid[1]:
             h = replace(hw, host="fit", step_overhead=step, host_per_request=per_request, host_per_token=0.0)
             errors = []
             for row in rows:
-                steps, _ = replay(row[0], gpu, row[2], row[3], row[5], prompt_mean, h, engine)
+                steps, _ = replay(row[0], gpu, row[2], row[3], row[5], prompt_mean, h, engine, overlap_norm=overlap_norm)
                 errors.append(np.log(steps[:, 3].sum() / steps[:, 0].sum() / row[8]))
             mean = float(np.mean(np.abs(errors)))
             print(f"step_overhead {step * 1e3:.0f} ms, host_per_request {per_request * 1e6:.0f} us: mean |log "
@@ -201,17 +206,28 @@ def main(argv=None) -> None:
     ap.add_argument("--host", help="a configs/host/ preset: the testbed's host time (none: kernels only; default "
                     f"{HOST}, with --v2-a100 {HOST_V2})")
     ap.add_argument("--fit-host", choices=("h100", "b200", "a100"), help="fit the host time on Llama-3.1-8B on this GPU")
+    ap.add_argument("--host-time", nargs=2, type=float, metavar=("MS", "US"),
+                    help="the testbed host's time per step (ms) and per running request (us) instead of --host's")
+    ap.add_argument("--overlap-norm", type=float, metavar="P",
+                    help="serving_engine.async_overlap_norm: host and GPU overlap partly (default: fully)")
     args = ap.parse_args(argv)
+    if args.v2_a100 and (args.host_time or args.overlap_norm is not None):
+        ap.error("--host-time and --overlap-norm apply to benchmark v3.0's rows: --v2-a100 replays v2.0's synchronous "
+                 "engine on its own host preset (--host)")
     if args.v2_a100:
         return check_v2_a100(args)
     args.host = args.host or HOST
     if args.fit_host:
         return fit_host(args.fit_host, load_group("hardware", args.fit_host, HardwareConfig), args.prompt_mean,
-                        args.serving_engine)
+                        args.serving_engine, args.overlap_norm)
     hardware = {g: on_host(load_group("hardware", g, HardwareConfig), args.host) for g in ("h100", "b200")}
+    if args.host_time:
+        hardware = {g: replace(h, host="given", step_overhead=args.host_time[0] * 1e-3,
+                               host_per_request=args.host_time[1] * 1e-6, host_per_token=0.0)
+                    for g, h in hardware.items()}
     limit = "cap" if args.fit else args.power_limit      # (a fit reads utilisations at the measured time)
     runs = [(row, replay(row[0], row[1], row[2], row[3], row[5], args.prompt_mean, hardware[row[1]],
-                         args.serving_engine, limit)[0]) for row in rows_of(args)]
+                         args.serving_engine, limit, args.overlap_norm)[0]) for row in rows_of(args)]
     if args.fit:
         hardware[args.fit] = fit(args.fit, runs, hardware[args.fit])
     print(f"{'model':15} {'GPU':5} {'TP':>2} {'batch':>5} | {'J/tok meas':>10} {'sim':>7} {'error':>7} | "

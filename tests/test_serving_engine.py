@@ -77,6 +77,8 @@ def test_vllm_eager_is_vllm_without_graphs_and_with_the_eager_all_reduce_timing(
     ("decode_attention_floor", math.inf, "serving_engine.decode_attention_floor must be null or a finite"),
     ("prefill_attention_efficiency", 1.5, "serving_engine.prefill_attention_efficiency must be in"),
     ("cuda_graph_max_tokens", -1, "serving_engine.cuda_graph_max_tokens must be a whole number"),
+    ("async_overlap_norm", 0.5, "serving_engine.async_overlap_norm must be null"),
+    ("async_overlap_norm", math.inf, "serving_engine.async_overlap_norm must be null"),
 ])
 def test_bad_constants_are_refused_by_name(key, value, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
@@ -123,6 +125,31 @@ def test_async_scheduling_hides_host_work_and_synchronous_scheduling_adds_it():
     kernels = ShapedCostModel(LLAMA, H100)
     q, ctx = [1] * 16, [1000] * 16
     assert cost.step_time(q, ctx, 16, 16) == pytest.approx(max(kernels.step_time(q, ctx, 16, 16), 1e-3))
+
+
+@pytest.mark.timeout(30)
+def test_a_partial_overlap_lies_between_the_max_and_the_sum_and_costs_most_where_host_and_gpu_are_equal():
+    def step(p, gpu, host):
+        return ServingEngine(ServingEngineConfig(async_scheduling=True, async_overlap_norm=p)).step(gpu, 0.0, host)
+    assert step(2.0, 3e-3, 4e-3) == pytest.approx(5e-3)                      # (3^2 + 4^2)^(1/2)
+    assert step(1.0, 3e-3, 4e-3) == pytest.approx(7e-3)                      # p = 1: nothing hidden
+    assert step(None, 3e-3, 4e-3) == pytest.approx(4e-3)                     # the default: the max
+    assert step(2.0, 5e-3, 0.0) == pytest.approx(5e-3)                       # no host work: the kernels
+    # what the overlap loses, as a share of the max, is largest with host and GPU equal
+    lost = [step(2.0, 10e-3, h) / max(10e-3, h) - 1 for h in (2e-3, 5e-3, 10e-3, 20e-3, 50e-3)]
+    assert lost[2] == pytest.approx(math.sqrt(2) - 1) and lost[2] == max(lost)
+    assert lost[0] < lost[1] < lost[2] > lost[3] > lost[4]
+    # sync scheduling ignores it: host work is serial there already
+    sync = ServingEngine(ServingEngineConfig(async_overlap_norm=2.0))
+    assert sync.step(3e-3, 0.0, 4e-3) == pytest.approx(7e-3)
+    # through the cost model: a decode step whose host work equals its kernels takes sqrt(2) x as long
+    kernels = ShapedCostModel(LLAMA, H100).step_time([1] * 16, [1000] * 16, 16, 16)
+    full = ShapedCostModel(LLAMA, H100, 1, 1, ServingEngine(ServingEngineConfig(
+        async_scheduling=True, host_per_step=kernels)))
+    partial = ShapedCostModel(LLAMA, H100, 1, 1, ServingEngine(ServingEngineConfig(
+        async_scheduling=True, host_per_step=kernels, async_overlap_norm=2.0)))
+    assert full.step_time([1] * 16, [1000] * 16, 16, 16) == pytest.approx(kernels)
+    assert partial.step_time([1] * 16, [1000] * 16, 16, 16) == pytest.approx(math.sqrt(2) * kernels)
 
 
 @pytest.mark.timeout(30)

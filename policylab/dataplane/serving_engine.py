@@ -26,7 +26,10 @@ Terms (`ServingEngine`):
   step = host + max(kernels, launches). With it (vLLM's default since late 2025) the scheduler
   works one step ahead, so host work hides behind the GPU: step = max(kernels, launches + host),
   and an arriving request joins one step later (the data plane's `schedules_ahead`, which the
-  engine reads).
+  engine reads). `async_overlap_norm` p makes that overlap partial: step = (kernels^p + (launches
+  + host)^p)^(1/p), the sum at p = 1 and the max as p grows. Two stages that hand each other one
+  step at a time lose time where they take about as long, as each waits on the other's slower
+  steps (prefill chunks, arrivals, the host's own jitter); the default (null) is the max.
 - **Kernels the engine chooses**: `gemm_split_k` (a GEMM whose output tiles fill less than one wave
   of SMs splits K over the idle SMs, as cuBLAS's split-K and stream-K kernels do, instead of
   running a partly empty wave); `persistent_gemms` (the engine's GEMM library runs persistent,
@@ -75,6 +78,7 @@ class ServingEngineConfig:
     """`serving_engine=NAME`: the engine the simulated steps run in (configs/serving_engine/)."""
     name: str = "none"
     async_scheduling: bool = False          # the scheduler works one step ahead of the GPU
+    async_overlap_norm: Optional[float] = None   # p of a partial overlap of host and GPU (None: the max)
     host_per_step: float = 0.0              # host seconds per step (scheduling, inputs, outputs)
     host_per_request: float = 0.0           # host seconds per scheduled request
     host_per_token: float = 0.0             # host seconds per scheduled token
@@ -127,6 +131,10 @@ def check_serving_engine(e: ServingEngineConfig) -> None:
     if e.decode_attention_floor is not None and not 0 <= e.decode_attention_floor < math.inf:
         raise ValueError(f"serving_engine.decode_attention_floor must be null or a finite number of seconds >= 0, "
                          f"got {e.decode_attention_floor!r}")
+    p = e.async_overlap_norm
+    if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 1 <= p < math.inf):
+        raise ValueError(f"serving_engine.async_overlap_norm must be null (host work fully hidden behind the GPU) "
+                         f"or a finite number >= 1 (1: none hidden), got {p!r}")
     bw = e.custom_all_reduce_bandwidth
     if bw is not None and not (isinstance(bw, (int, float)) and 0 < bw < math.inf):
         raise ValueError(f"serving_engine.custom_all_reduce_bandwidth must be null (the link's) or a finite number "
@@ -144,6 +152,7 @@ class ServingEngine:
         check_serving_engine(cfg)
         self.name = cfg.name
         self.async_scheduling = cfg.async_scheduling
+        self.overlap_norm = cfg.async_overlap_norm
         self.host_per_step, self.host_per_request, self.host_per_token = \
             cfg.host_per_step, cfg.host_per_request, cfg.host_per_token
         self.launch = cfg.kernel_launch
@@ -183,5 +192,8 @@ class ServingEngine:
         """A step's duration from its kernel time, its launch time and its other host work."""
         if self.async_scheduling:
             busy = launches + host
+            p = self.overlap_norm
+            if p is not None and busy > 0:
+                return (gpu ** p + busy ** p) ** (1 / p)
             return busy if busy > gpu else gpu
         return host + (launches if launches > gpu else gpu)
