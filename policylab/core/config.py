@@ -158,8 +158,8 @@ class HardwareConfig:
     min_clock_mhz: Optional[float] = 990     # lowest SM clock the knob accepts
     idle_power: Optional[float] = 70         # W drawn with nothing running (None: no energy model)
     max_power: Optional[float] = 700         # W the board is limited to (TDP)
-    active_power: float = 291                # W the clocked SMs add while they run kernels, at max clock
-    compute_power: float = 2598             # W more at full tensor-core utilisation, at max clock
+    active_power: float = 304                # W the clocked SMs add while they run kernels, at max clock
+    compute_power: float = 2307             # W more at full tensor-core utilisation, at max clock
     memory_power: float = 106                # W more at full memory-bandwidth utilisation
     clock_power_exponent: float = 1.0        # SM-side power scales as (clock / max_clock) ** this
 
