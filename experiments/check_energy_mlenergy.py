@@ -64,7 +64,12 @@ def on_host(hw: HardwareConfig, host: str) -> HardwareConfig:
     from omegaconf import OmegaConf
     from policylab.apps.config import CONFIG_DIR
     node = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "host" / f"{host}.yaml"))
-    return replace(hw, host=node.get("host"), **{k: float(node.get(k, 0.0)) for k in HOST_KEYS})
+    return host_timed(hw, node.get("host"), *(float(node.get(k, 0.0)) for k in HOST_KEYS))
+
+
+def host_timed(hw: HardwareConfig, name, per_step: float, per_request: float, per_token: float = 0.0):
+    """`hw` on a host of `per_step` + `per_request` x running requests + `per_token` x tokens seconds a step."""
+    return replace(hw, host=name, step_overhead=per_step, host_per_request=per_request, host_per_token=per_token)
 
 
 def workload(batch: int, out_mean: float, prompt_mean: float, seed: int = 0) -> list:
@@ -180,7 +185,7 @@ def fit_host(gpu: str, hw: HardwareConfig, prompt_mean: float, engine: str, over
     best = None
     for step in grid[0]:
         for per_request in grid[1]:
-            h = replace(hw, host="fit", step_overhead=step, host_per_request=per_request, host_per_token=0.0)
+            h = host_timed(hw, "fit", step, per_request)
             errors = []
             for row in rows:
                 steps, _ = replay(row[0], gpu, row[2], row[3], row[5], prompt_mean, h, engine, overlap_norm=overlap_norm)
@@ -222,9 +227,8 @@ def main(argv=None) -> None:
                         args.serving_engine, args.overlap_norm)
     hardware = {g: on_host(load_group("hardware", g, HardwareConfig), args.host) for g in ("h100", "b200")}
     if args.host_time:
-        hardware = {g: replace(h, host="given", step_overhead=args.host_time[0] * 1e-3,
-                               host_per_request=args.host_time[1] * 1e-6, host_per_token=0.0)
-                    for g, h in hardware.items()}
+        ms, us = args.host_time
+        hardware = {g: host_timed(h, "given", ms * 1e-3, us * 1e-6) for g, h in hardware.items()}
     limit = "cap" if args.fit else args.power_limit      # (a fit reads utilisations at the measured time)
     runs = [(row, replay(row[0], row[1], row[2], row[3], row[5], args.prompt_mean, hardware[row[1]],
                          args.serving_engine, limit, args.overlap_norm)[0]) for row in rows_of(args)]
