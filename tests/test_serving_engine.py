@@ -139,9 +139,9 @@ def test_a_partial_overlap_lies_between_the_max_and_the_sum_and_costs_most_where
     lost = [step(2.0, 10e-3, h) / max(10e-3, h) - 1 for h in (2e-3, 5e-3, 10e-3, 20e-3, 50e-3)]
     assert lost[2] == pytest.approx(math.sqrt(2) - 1) and lost[2] == max(lost)
     assert lost[0] < lost[1] < lost[2] > lost[3] > lost[4]
-    # sync scheduling ignores it: host work is serial there already
-    sync = ServingEngine(ServingEngineConfig(async_overlap_norm=2.0))
-    assert sync.step(3e-3, 0.0, 4e-3) == pytest.approx(7e-3)
+    # sync scheduling has no overlap to make partial: the combination is refused, not ignored
+    with pytest.raises(ValueError, match=r"async_overlap_norm=2\.0 needs serving_engine\.async_scheduling=true"):
+        ServingEngine(ServingEngineConfig(async_overlap_norm=2.0))
     # through the cost model: a decode step whose host work equals its kernels takes sqrt(2) x as long
     kernels = ShapedCostModel(LLAMA, H100).step_time([1] * 16, [1000] * 16, 16, 16)
     full = ShapedCostModel(LLAMA, H100, 1, 1, ServingEngine(ServingEngineConfig(

@@ -29,7 +29,8 @@ Terms (`ServingEngine`):
   engine reads). `async_overlap_norm` p makes that overlap partial: step = (kernels^p + (launches
   + host)^p)^(1/p), the sum at p = 1 and the max as p grows. Two stages that hand each other one
   step at a time lose time where they take about as long, as each waits on the other's slower
-  steps (prefill chunks, arrivals, the host's own jitter); the default (null) is the max.
+  steps (prefill chunks, arrivals, the host's own jitter); the default (null) is the max, and
+  without async scheduling the key is refused (there is no overlap to make partial).
 - **Kernels the engine chooses**: `gemm_split_k` (a GEMM whose output tiles fill less than one wave
   of SMs splits K over the idle SMs, as cuBLAS's split-K and stream-K kernels do, instead of
   running a partly empty wave); `persistent_gemms` (the engine's GEMM library runs persistent,
@@ -135,6 +136,9 @@ def check_serving_engine(e: ServingEngineConfig) -> None:
     if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 1 <= p < math.inf):
         raise ValueError(f"serving_engine.async_overlap_norm must be null (host work fully hidden behind the GPU) "
                          f"or a finite number >= 1 (1: none hidden), got {p!r}")
+    if p is not None and not e.async_scheduling:
+        raise ValueError(f"serving_engine.async_overlap_norm={p!r} needs serving_engine.async_scheduling=true: only "
+                         f"there does host work overlap the GPU (without it the step is host + kernels already)")
     bw = e.custom_all_reduce_bandwidth
     if bw is not None and not (isinstance(bw, (int, float)) and 0 < bw < math.inf):
         raise ValueError(f"serving_engine.custom_all_reduce_bandwidth must be null (the link's) or a finite number "
