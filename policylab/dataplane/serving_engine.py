@@ -157,6 +157,8 @@ class ServingEngine:
         self.name = cfg.name
         self.async_scheduling = cfg.async_scheduling
         self.overlap_norm = cfg.async_overlap_norm
+        if self.overlap_norm is not None:          # (refused without async scheduling: check_serving_engine)
+            self.step = self._partly_overlapped_step
         self.host_per_step, self.host_per_request, self.host_per_token = \
             cfg.host_per_step, cfg.host_per_request, cfg.host_per_token
         self.launch = cfg.kernel_launch
@@ -196,8 +198,13 @@ class ServingEngine:
         """A step's duration from its kernel time, its launch time and its other host work."""
         if self.async_scheduling:
             busy = launches + host
-            p = self.overlap_norm
-            if p is not None and busy > 0:
-                return (gpu ** p + busy ** p) ** (1 / p)
             return busy if busy > gpu else gpu
         return host + (launches if launches > gpu else gpu)
+
+    def _partly_overlapped_step(self, gpu: float, launches: float, host: float) -> float:
+        """`step` under async scheduling with `async_overlap_norm` p: the p-norm of kernels and host work."""
+        busy = launches + host
+        if busy > 0:
+            p = self.overlap_norm
+            return (gpu ** p + busy ** p) ** (1 / p)
+        return gpu
