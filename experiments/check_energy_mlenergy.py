@@ -168,12 +168,12 @@ def fit(gpu: str, runs: list, hw: HardwareConfig) -> HardwareConfig:
     return replace(hw, active_power=active, compute_power=compute, memory_power=memory)
 
 
-def fit_host(gpu: str, hw: HardwareConfig, prompt_mean: float, engine: str, overlap_norm: float | None = None) -> None:
+def fit_host(gpu: str, hw: HardwareConfig, prompt_mean: float, engine: str, overlap_norm: float | None = None) -> tuple:
     """Grid search of the host's time per step and per running request (on top of the serving engine's)
     for the least mean |log(simulated / measured throughput)| over FIT_MODEL's configurations on `gpu`
     (absolute, not squared: one published configuration is out of line with its neighbours). On the A100:
     benchmark v2.0's rows (vLLM 0.5.4, synchronous: `--serving-engine eager_nccl`). With `overlap_norm` (a
-    partial overlap of host and GPU) the grid is wider: 0-4 ms x 40-90 us."""
+    partial overlap of host and GPU) the grid is wider: 0-4 ms x 40-90 us. Returns (the error, step s, per-request s)."""
     if gpu == "a100":
         rows = [(r[0], r[1], r[2], r[3], r[4], r[5], None, r[6], r[7]) for r in MLENERGY_V2_A100 if r[0] == FIT_MODEL]
         grid = ((0.0, 1e-3, 2e-3), (325e-6, 350e-6, 375e-6, 400e-6, 425e-6))
@@ -196,6 +196,7 @@ def fit_host(gpu: str, hw: HardwareConfig, prompt_mean: float, engine: str, over
             best = min(best or (mean, step, per_request), (mean, step, per_request))
     print(f"fit on {len(rows)} {FIT_MODEL} configurations on {gpu}: step_overhead {best[1] * 1e3:g} ms, "
           f"host_per_request {best[2] * 1e6:g} us (mean |log throughput error| {best[0]:.3f})")
+    return best
 
 
 def main(argv=None) -> None:
@@ -223,8 +224,9 @@ def main(argv=None) -> None:
         return check_v2_a100(args)
     args.host = args.host or HOST
     if args.fit_host:
-        return fit_host(args.fit_host, load_group("hardware", args.fit_host, HardwareConfig), args.prompt_mean,
-                        args.serving_engine, args.overlap_norm)
+        fit_host(args.fit_host, load_group("hardware", args.fit_host, HardwareConfig), args.prompt_mean,
+                 args.serving_engine, args.overlap_norm)
+        return
     hardware = {g: on_host(load_group("hardware", g, HardwareConfig), args.host) for g in ("h100", "b200")}
     if args.host_time:
         ms, us = args.host_time
