@@ -21,10 +21,11 @@ shaped models' cache-write launch is left out (the rows time the attention kerne
     python experiments/check_cost_terms.py [VIDUR_PROFILING_ROOT] [--hardware FIELD=VALUE ...]
         [--serving-engine none]
 
-The profiles' GEMMs and elementwise kernels are priced in `serving_engine=vidur` (kernel time on
-the library Vidur profiled with: the H100's GEMMs in waves, no persistent kernels);
+The profiles' GEMMs, elementwise kernels and attention rows are priced in `serving_engine=vidur`
+(kernel time on the library Vidur profiled with: the H100's GEMMs in waves, no persistent kernels,
+FlashInfer's decode planner); the B200 rows in the default `none`;
 `--serving-engine none` prices them as a current library runs them (persistent H100 GEMMs from
-one full wave up; docs/fidelity.md gives both errors).
+one full wave up, split-KV decodes; docs/fidelity.md and docs/cost-model.md give both errors).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from check_attention_kernels import VLLM_43232_FLASH_ATTN_DECODE
-from vidur_profiles import ELEMENTWISE, PROFILE_ENGINE, ROOT, cases, hardware, override_hardware, set_engine
+from vidur_profiles import ELEMENTWISE, PROFILE_ENGINE, ROOT, cases, engine, hardware, override_hardware, set_engine
 from policylab.apps.sim_check import load_group
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.dataplane.kernel_model import KernelCostModel
@@ -101,11 +102,12 @@ def decode_work(batch: int, context: int) -> str:
     return "<= 4k" if work <= 4096 else "4k-64k" if work <= 65536 else "64k-1M" if work <= 1 << 20 else "> 1M"
 
 
-def attention_errors() -> dict:
-    """(cost model, source, phase, work) -> relative errors of one layer's attention kernel."""
+def attention_errors(engine_name: str = PROFILE_ENGINE) -> dict:
+    """(cost model, source, phase, work) -> relative errors of one layer's attention kernel (the Vidur
+    rows priced in `engine_name`)."""
     out: dict = {}
-    model, a100 = load_group("model", "llama3-8b", ModelConfig), hardware("a100")
-    built = {(name, tp): cls(model, a100, tp) for name, cls in MODELS.items() for tp in (1, 4)}
+    model, a100, profiled = load_group("model", "llama3-8b", ModelConfig), hardware("a100"), engine(engine_name)
+    built = {(name, tp): cls(model, a100, tp, 1, profiled) for name, cls in MODELS.items() for tp in (1, 4)}
     with POINTS.open() as f:
         for row in csv.DictReader(f):
             tp, b, c, k = (int(row[x]) for x in ("tp", "batch_size", "prefill_chunk_size", "kv_cache_size"))
@@ -178,7 +180,7 @@ def main() -> None:
     print("\nElementwise kernels (one layer: norms, RoPE, activation, residual adds):\n")
     print(table(elementwise, ("GPU", "m")))
     print("\nall elementwise points:\n\n" + overall(elementwise))
-    attention = attention_errors()
+    attention = attention_errors(args.serving_engine)
     print("\nAttention kernels (one layer):\n")
     print(table(attention, ("source", "phase", "work")))
     print("\nall attention kernels:\n\n" + overall(attention))

@@ -177,17 +177,53 @@ def test_fused_elementwise_kernels_fold_the_adds_into_the_norms():
 
 
 @pytest.mark.timeout(30)
-def test_decode_floor_override_and_split_kv_share():
+def test_decode_floor_override_and_the_split_and_unsplit_kernels():
     e = ServingEngine(ServingEngineConfig(decode_attention_floor=11e-6))
-    split, no_split = (ShapedCostModel(LLAMA, H100, 1, 1, ServingEngine(ServingEngineConfig(decode_split_kv=s)))
-                       for s in (True, False))
+    split, unsplit = (ShapedCostModel(LLAMA, H100, 1, 1, ServingEngine(ServingEngineConfig(decode_split_kv=s)))
+                      for s in ("always", "never"))
     assert ShapedCostModel(LLAMA, H100, 1, 1, e).decode_floor == 11e-6
     kv = split._kv_bytes_layer
     memory = (8192 * kv + 1 * (split._qo_bytes_token + kv)) / split.bw
     assert split._decode(1, 8192) == pytest.approx(split.decode_floor + memory + split.latency)
-    share = 1 * split.shape.kv_heads / H100.num_sms                         # 8 KV heads on 132 SMs
-    assert no_split._decode(1, 8192) == pytest.approx(no_split.decode_floor + memory / share + no_split.latency)
-    assert no_split._decode(64, 64 * 1000) == pytest.approx(split._decode(64, 64 * 1000))   # 512 items fill the SMs
+    # unsplit: each of the 8 (request, KV head) items streams its 8,192 tokens at one SM's share of the
+    # bandwidth (132 SMs), after its launch; no floor
+    last_item = 8192 * (kv / 8) / (split.bw / H100.num_sms)
+    assert unsplit._decode(1, 8192) == pytest.approx(unsplit.latency + memory + last_item + unsplit.latency)
+    assert unsplit._decode(1, 8192) > 5 * split._decode(1, 8192)          # 8 of 132 SMs busy
+    # a full batch of short requests: no merge to pay, so the unsplit kernel is the cheaper one
+    assert unsplit._decode(256, 256 * 100) < split._decode(256, 256 * 100)
+
+
+@pytest.mark.timeout(30)
+def test_the_planned_split_switches_where_flashinfers_planner_does():
+    """FlashInfer's decode planner splits only while the (request, KV head) items leave part of its grid
+    (blocks per SM x SMs) idle and a request's KV is longer than one 128-token chunk."""
+    a100 = load_group("hardware", "a100", HardwareConfig)
+    planned, split, unsplit = (ShapedCostModel(LLAMA, a100, 4, 1, ServingEngine(ServingEngineConfig(decode_split_kv=s)))
+                               for s in ("planned", "always", "never"))
+    grid = a100.decode_attention_blocks_per_sm * a100.num_sms            # 324 thread blocks, 2 KV heads a GPU
+    assert grid == 324 and planned.shape.kv_heads == 2
+    assert planned._decode(160, 160 * 1344) == split._decode(160, 160 * 1344)        # 320 items: split
+    assert planned._decode(168, 168 * 1344) == unsplit._decode(168, 168 * 1344)      # 336 items: the grid is full
+    assert planned._decode(168, 168 * 1344) > 1.15 * planned._decode(160, 160 * 1344)   # Vidur: 139 -> 177 us
+    assert planned._decode(2, 2 * 128) == unsplit._decode(2, 2 * 128)    # one chunk each: nothing to split
+    assert planned._decode(2, 2 * 129) == split._decode(2, 2 * 129)
+    assert planned._decode(1, 32) < 0.5 * split._decode(1, 32)           # Vidur: 6 us, not the 20 us floor
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("spelled, meant", [(True, "always"), (False, "never"), ("True", "always"),
+                                            ("false", "never"), ("planned", "planned"), ("Never", "never")])
+def test_decode_split_kv_takes_its_three_names_and_its_former_booleans(spelled, meant):
+    engine = ServingEngine(ServingEngineConfig(decode_split_kv=spelled))
+    assert engine.decode_split == engine.cfg.decode_split_kv == meant
+
+
+@pytest.mark.timeout(30)
+def test_an_unknown_decode_split_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"serving_engine.decode_split_kv must be one of always, never, planned, "
+                                         r"got 'sometimes'"):
+        ServingEngine(ServingEngineConfig(decode_split_kv="sometimes"))
 
 
 @pytest.mark.timeout(30)

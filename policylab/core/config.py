@@ -148,6 +148,7 @@ class HardwareConfig:
                                     # fused-MoE tiles stream the experts at (None: not measured on this GPU)
     fused_moe_default_floor: Optional[float] = None   # seconds those tiles add per MoE layer (idem)
     decode_attention_floor: float = 20e-6   # seconds a paged-decode attention kernel takes however little it does
+    decode_attention_blocks_per_sm: float = 3.0   # thread blocks per SM a split-KV planner fills (its grid, with num_sms)
     attention_length_slope: float = 0.065   # prefill attention efficiency lost per halving of the chunk below 16k
     elementwise_bw_efficiency: float = 0.56  # achieved share of peak bandwidth of the norms, RoPE, activation, adds
     elementwise_latency: float = 2.3e-6      # seconds each of those kernels costs however small

@@ -47,9 +47,14 @@ Terms (`ServingEngine`):
   (query tile x head) work items fill the SMs or not); `fused_elementwise` (vLLM's fused residual-add + RMSNorm and
   SiLU-and-mul kernels: 4 elementwise kernels a layer instead of 6, the adds' traffic folded into
   the norms); `decode_attention_floor` (its decode kernel's fixed cost; None: the hardware's,
-  fitted on FlashInfer); `decode_split_kv` (flash-decoding: the KV sequence split over the SMs, so
-  a few long requests still stream at full bandwidth; without it a decode kernel runs one
-  (request, KV head) per SM and reaches only (requests x KV heads) / num_sms of the bandwidth).
+  fitted on FlashInfer); `decode_split_kv`: `always` (flash-decoding: the KV sequence split over
+  the SMs, so a few long requests still stream at full bandwidth, for the floor's fixed cost of
+  scheduling the splits and merging them), `never` (one work item per (request, KV head), each
+  streaming its KV at one SM's share of the bandwidth: a few long requests leave most SMs idle),
+  or `planned` (FlashInfer's decode planner: split only where the work items leave part of its
+  grid of `hardware.decode_attention_blocks_per_sm` x num_sms thread blocks idle and a request's
+  KV spans more than 128 tokens, its least chunk; otherwise the unsplit kernel, with no floor).
+  `true` and `false`, the key's former values, mean `always` and `never`.
 - **Memory**: the KV cache gets what `gpu_memory_utilization` leaves after the weights and
   `non_kv_memory` (+ `non_kv_memory_parallel` in a parallel group) on every GPU, as vLLM's memory
   profile computes it.
@@ -66,12 +71,14 @@ the library Vidur's profiles were taken with (no persistent GEMMs): what its pro
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 ALL_REDUCES = ("nccl", "custom")
 FUSED_MOE_CONFIGS = ("tuned", "default")   # vLLM's tuned fused-MoE tiles for the GPU and shape, or its defaults
 CUSTOM_WORLD_SIZES = (2, 4, 6, 8)          # vLLM's CustomAllreduce._SUPPORTED_WORLD_SIZES
+DECODE_SPLITS = ("always", "never", "planned")   # decode_split_kv: flash-decoding, one item per KV head, FlashInfer's plan
+SPLIT_SPELLINGS = {"true": "always", "false": "never"}   # the key's former booleans (OmegaConf hands "True")
 
 
 @dataclass
@@ -88,7 +95,7 @@ class ServingEngineConfig:
     kernel_launch: float = 0.0              # host seconds per kernel launched outside a graph
     fused_elementwise: bool = False         # fused residual-add + RMSNorm and SiLU-and-mul kernels
     decode_attention_floor: Optional[float] = None   # the decode kernel's fixed seconds (None: the hardware's)
-    decode_split_kv: bool = True            # decode kernels split the KV sequence over the SMs
+    decode_split_kv: str = "always"         # always | never | planned: decode kernels split the KV over the SMs
     flash_prefill: bool = False             # prefill attention as FlashAttention's tiles (else the hardware's curve)
     prefill_attention_efficiency: float = 0.68     # flash_prefill: share of peak FLOP/s with long key spans
     prefill_attention_tile_overhead: float = 385.0  # flash_prefill: keys' worth of fixed work per query tile
@@ -112,8 +119,19 @@ class ServingEngineConfig:
         return asdict(self)
 
 
+def decode_split(value) -> str:
+    """`decode_split_kv` as one of DECODE_SPLITS (the former booleans, as bools or as OmegaConf's strings,
+    mean always / never); anything else is refused by name."""
+    name = str(value).lower()
+    name = SPLIT_SPELLINGS.get(name, name)
+    if name not in DECODE_SPLITS:
+        raise ValueError(f"serving_engine.decode_split_kv must be one of {', '.join(DECODE_SPLITS)}, got {value!r}")
+    return name
+
+
 def check_serving_engine(e: ServingEngineConfig) -> None:
     """Refuse constants that would give a step a time that is not finite and >= 0, naming the key."""
+    decode_split(e.decode_split_kv)
     if e.fused_moe_config not in FUSED_MOE_CONFIGS:
         raise ValueError(f"serving_engine.fused_moe_config must be one of {', '.join(FUSED_MOE_CONFIGS)}, "
                          f"got '{e.fused_moe_config}'")
@@ -152,8 +170,9 @@ class ServingEngine:
     """The preset's terms as the cost models use them (module doc)."""
 
     def __init__(self, cfg: Optional[ServingEngineConfig] = None):
-        self.cfg = cfg = cfg or ServingEngineConfig()
+        cfg = cfg or ServingEngineConfig()
         check_serving_engine(cfg)
+        self.cfg = cfg = replace(cfg, decode_split_kv=decode_split(cfg.decode_split_kv))   # one spelling each
         self.name = cfg.name
         self.async_scheduling = cfg.async_scheduling
         self.overlap_norm = cfg.async_overlap_norm
@@ -162,6 +181,7 @@ class ServingEngine:
         self.host_per_step, self.host_per_request, self.host_per_token = \
             cfg.host_per_step, cfg.host_per_request, cfg.host_per_token
         self.launch = cfg.kernel_launch
+        self.decode_split = cfg.decode_split_kv
         self.is_none = cfg == ServingEngineConfig(name=cfg.name)   # kernel time only: the engine-less model
 
     def describe(self) -> str:

@@ -46,10 +46,20 @@ least `num_sms` tokens' traffic, plus `elementwise_latency` each; the adds strea
 Attention: one kernel per layer per phase (vLLM launches a varlen FlashAttention kernel for the
 prefill chunks and a paged kernel for the decodes) plus the KV-cache write's launch.
 
-- Decode: `decode_attention_floor` + the larger of bytes (each request's KV read once, its Q
-  read, O written, new K/V written) at `bw_efficiency` and FLOPs at `attention_efficiency`.
-  Split-KV kernels stream at full bandwidth even for one request; what a tiny decode costs is
-  the floor (scheduling the splits and the reduction).
+- Decode, split (`serving_engine.decode_split_kv`): `decode_attention_floor` + the larger of bytes
+  (each request's KV read once, its Q read, O written, new K/V written) at `bw_efficiency` and
+  FLOPs at `attention_efficiency`. Split-KV kernels stream at full bandwidth even for one request;
+  what a tiny decode costs is the floor (scheduling the splits and merging them).
+- Decode, unsplit: one work item per (request, KV head), each streaming its request's KV at one
+  SM's share of the bandwidth, so the kernel ends one item after the bytes are through: the bytes
+  at `bw_efficiency` + one item's KV at bandwidth / num_sms + its launch (`kernel_latency`), with no
+  floor (no splits to merge).
+  FlashInfer's planner (`planned`) splits only where the items leave part of its grid
+  (`decode_attention_blocks_per_sm` x num_sms) idle and the requests' KV spans more than its
+  least chunk of 128 tokens (the mean request's, as the step keeps sums). On Vidur's A100
+  FlashInfer decodes (experiments/check_cost_terms.py) this takes the split floor's +234 % at 32
+  cached tokens to +1 %, and a TP-4 batch's jump from 139 to 177 us between 160 and 168
+  requests (320 and 336 items about a grid of 324) is the switch from split to unsplit.
 - Prefill: `attention_floor` + the larger of bytes and FLOPs, the FLOPs of each chunk (its
   causal query-key pairs) at `attention_efficiency` x r(n) for a chunk of n query tokens:
 
@@ -76,6 +86,7 @@ GEMM_P_NORM = 4.0           # the GEMM knee: 2^(1/4) = 1.19x the larger bound at
 
 SPLIT_K_MIN = 1024          # the least K each part of a split-K GEMM keeps
 FLASH_TILE = 128            # FlashAttention's query and key tile (head_dim 128)
+PLANNER_MIN_CHUNK = 128     # the least KV tokens FlashInfer's decode planner puts in one split chunk
 FULL_RATE_CHUNK = 16384     # the chunk length at which prefill attention runs at attention_efficiency
 MIN_LENGTH_SHARE = 0.1      # r(n) never below this (a guard for tiny chunks; not reached above 2 tokens)
 
@@ -97,8 +108,10 @@ class ShapedCostModel(KernelCostModel):
         self._layer_launches = gemm_launches + self.elementwise_kernels * hw.elementwise_latency
         self._moe_layer_launches = ((s.moe_kernels_per_layer - s.elementwise_kernels) * self.latency
                                     + self.elementwise_kernels * hw.elementwise_latency)
-        # a decode kernel that does not split the KV sequence runs one (request, KV head) per SM
-        self._split_kv, self._kv_heads_per_sm = e.decode_split_kv, s.kv_heads / hw.num_sms
+        # decode: split the KV always, never, or as FlashInfer's planner would (fewer requests than fill its grid)
+        self._split_kv = self.engine.decode_split
+        self._planner_requests = hw.decode_attention_blocks_per_sm * hw.num_sms / s.kv_heads
+        self._item_seconds_per_token = self._kv_bytes_layer / s.kv_heads * hw.num_sms / self.bw
         self._split_k, self._flash = e.gemm_split_k, e.flash_prefill
         self._flash_flops = hw.peak_flops * e.prefill_attention_efficiency
         self._tile_overhead, self._heads_per_sm = e.prefill_attention_tile_overhead, s.heads / hw.num_sms
@@ -183,12 +196,18 @@ class ShapedCostModel(KernelCostModel):
         return self.shape.layers * t
 
     def _decode(self, requests: int, context: int) -> float:
-        """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens."""
+        """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens,
+        split or unsplit (module doc)."""
         memory = (context * self._kv_bytes_layer + requests * self._token_bytes_layer) / self.bw
-        if not self._split_kv:
-            memory /= min(1.0, requests * self._kv_heads_per_sm)
         compute = context * self._pair_flops / self._attn_flops
-        return self.decode_floor + (compute if compute > memory else memory) + self.latency
+        split = self._split_kv
+        if split == "planned":
+            split = ("always" if requests < self._planner_requests and context > PLANNER_MIN_CHUNK * requests
+                     else "never")
+        if split == "always":
+            return self.decode_floor + (compute if compute > memory else memory) + self.latency
+        last_item = context / requests * self._item_seconds_per_token
+        return self.latency + (compute if compute > memory else memory) + last_item + self.latency
 
     def describe(self) -> dict:
         out = {"kind": "shaped", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,

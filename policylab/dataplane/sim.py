@@ -73,7 +73,8 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneCo
     step_overhead hung the virtual clock; mem_bandwidth=0 divided by zero)."""
     for name in ("peak_flops", "mem_bandwidth", "mem_bytes", "flops_efficiency", "bw_efficiency", "link_bandwidth",
                  "gemm_efficiency", "attention_efficiency", "num_sms", "gemm_tile_m", "gemm_tile_n",
-                 "curve_efficiency", "elementwise_bw_efficiency", "gemm_wave_tile_m", "gemm_wave_tile_n"):
+                 "curve_efficiency", "elementwise_bw_efficiency", "gemm_wave_tile_m", "gemm_wave_tile_n",
+                 "decode_attention_blocks_per_sm"):
         value = getattr(hw, name)
         if not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ValueError(f"hardware.{name} must be a finite number > 0, got {value!r}")
