@@ -161,3 +161,46 @@ def test_fused_moe_flops_grow_with_padded_tiles_but_not_the_weights():
     tiled = ShapedCostModel(MIXTRAL, hw, 2, 1, ServingEngine(ServingEngineConfig(fused_moe_tiles=True)))
     plain = ShapedCostModel(MIXTRAL, hw, 2, 1, ServingEngine(ServingEngineConfig()))
     assert tiled.moe_layer_time(128) > 1.5 * plain.moe_layer_time(128) - plain.moe_layer_time(1)
+
+
+@pytest.mark.timeout(30)
+def test_the_fused_moe_kernel_pays_its_tile_overhead_and_its_looser_knee():
+    """Under vLLM's fused-MoE kernel each output tile of the gate-up GEMM (K = hidden) and of the down GEMM
+    (K = the expert's width) pays fused_moe_tile_overhead more of K, and compute and weights join at p = 2."""
+    vllm = ShapedCostModel(MIXTRAL, H100, 2, 1, _engine("vllm"))
+    s = vllm.shape
+    assert (s.hidden, s.expert_f) == (4096, 7168)                     # Mixtral at TP 2
+    stretch = (2 * (4096 + 800) / 4096 + (7168 + 800) / 7168) / 3
+    flops, traffic = expert_gemm_terms(1024, 4096, 7168, 8, 2, 2, 2, True, False)
+    compute, weights = flops * stretch / (H100.peak_flops * H100.curve_efficiency), traffic / vllm.expert_bw
+    assert vllm.expert_time(flops, traffic) == pytest.approx((compute ** 2 + weights ** 2) ** 0.5, rel=1e-12)
+    # without the engine's kernel (kernel time of a plain grouped GEMM): the dense GEMM's terms, unchanged
+    plain = ShapedCostModel(MIXTRAL, H100, 2, 1, _engine("none"))
+    bare = flops / (H100.peak_flops * H100.curve_efficiency)
+    assert plain.expert_time(flops, traffic) == pytest.approx((bare ** 4 + weights ** 4) ** 0.25, rel=1e-12)
+    assert vllm.expert_time(flops, traffic) > 1.2 * plain.expert_time(flops, traffic)
+    # a weight-streaming decode step barely notices it
+    small = expert_gemm_terms(16, 4096, 7168, 8, 2, 2, 2, True, False)
+    assert vllm.expert_time(*small) < 1.01 * plain.expert_time(*small)
+
+
+@pytest.mark.timeout(60)
+def test_the_fused_moe_kernel_against_vllms_own_timings_of_it():
+    """vLLM PR #24700 (Mixtral TP 2, H100) and PR #44818 (Gemma-4's experts, H200): the kernel's terms
+    against a dense GEMM's (experiments/check_moe_kernels.py)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from check_moe_kernels import errors, summary
+    shipped = load_group("serving_engine", "vllm", ServingEngineConfig).fused_moe_tile_overhead
+    mape, worst = summary(errors(shipped, 2.0))
+    dense_mape, dense_worst = summary(errors(0.0, 4.0))
+    assert mape < 0.06 and abs(worst) < 0.15                         # measured: 4.6 %, -12.9 %
+    assert dense_mape > 2.5 * mape and dense_worst < -0.35            # measured: 16.4 %, -43 %
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("value", [-1.0, float("inf"), "many"])
+def test_a_bad_fused_moe_tile_overhead_is_refused_by_name(value):
+    with pytest.raises(ValueError, match="serving_engine.fused_moe_tile_overhead must be a finite number >= 0"):
+        ServingEngine(ServingEngineConfig(fused_moe_tile_overhead=value))

@@ -37,8 +37,8 @@ Terms (`ServingEngine`):
   tile-scheduled kernels where the GPU has them: from one full wave of tiles up a GEMM runs at the
   hardware preset's `persistent_gemm_efficiency`, with no step at a wave boundary; off, the GPU's
   wave model, as the older library of Vidur's H100 profiles ran them); `fused_moe_tiles` (MoE experts priced on
-  vLLM's fused-MoE kernel's row tiles, each expert's tokens padded up to BLOCK_SIZE_M:
-  policylab.dataplane.moe); `fused_moe_config` (`tuned`, or `default` where vLLM ships no tuned tiles for
+  vLLM's fused-MoE kernel's row tiles, each expert's tokens padded up to BLOCK_SIZE_M, each output tile of its
+  two GEMMs paying `fused_moe_tile_overhead` more of K than it reduces: policylab.dataplane.moe); `fused_moe_config` (`tuned`, or `default` where vLLM ships no tuned tiles for
   the model's experts on the GPU and logs "Using default MoE config": slower, per the GPU's
   `hardware.fused_moe_default_*`); `flash_prefill` (prefill attention priced as FlashAttention's
   tiles: a query tile of 128 tokens costs its keys' work plus `prefill_attention_tile_overhead`
@@ -102,6 +102,7 @@ class ServingEngineConfig:
     gemm_split_k: bool = False              # GEMMs of less than one wave of tiles split K to fill the SMs
     persistent_gemms: bool = True           # persistent GEMMs from one full wave up, where the GPU has a level
     fused_moe_tiles: bool = False           # MoE expert FLOPs on vLLM's fused-MoE row tiles (padded per expert)
+    fused_moe_tile_overhead: float = 800.0  # fused_moe_tiles: K's worth of fixed work per output tile of its GEMMs
     fused_moe_config: str = "tuned"         # tuned | default: vLLM's default tiles where it ships no tuned ones
     all_reduce: str = "nccl"                # nccl | custom (vLLM's one-shot / two-shot kernels)
     custom_all_reduce_max_bytes: float = 8 * 2 ** 20   # larger messages go to NCCL
@@ -137,6 +138,9 @@ def check_serving_engine(e: ServingEngineConfig) -> None:
                          f"got '{e.fused_moe_config}'")
     if e.all_reduce not in ALL_REDUCES:
         raise ValueError(f"serving_engine.all_reduce must be one of {', '.join(ALL_REDUCES)}, got '{e.all_reduce}'")
+    if not (isinstance(e.fused_moe_tile_overhead, (int, float)) and 0 <= e.fused_moe_tile_overhead < math.inf):
+        raise ValueError(f"serving_engine.fused_moe_tile_overhead must be a finite number >= 0 (K's worth of fixed "
+                         f"work per output tile), got {e.fused_moe_tile_overhead!r}")
     if not 0 < e.prefill_attention_efficiency <= 1 or not 0 <= e.prefill_attention_tile_overhead < math.inf:
         raise ValueError("serving_engine.prefill_attention_efficiency must be in (0, 1] and "
                          "serving_engine.prefill_attention_tile_overhead a finite number of keys >= 0, got "
