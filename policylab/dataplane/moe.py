@@ -21,7 +21,9 @@ n x k pairs: at 128 decode tokens of Mixtral (top-2 of 8, ~32 a expert, 64-row t
 pairs. The weights are still read once per touched expert: an expert's second row tile reuses its
 weight tiles from L2 (the tuned configurations group row tiles, GROUP_SIZE_M, wherever one expert
 needs several). The padding shows where the kernel is compute-bound (prefill chunks, large decode
-batches of fine-grained experts), not in a weight-streaming decode step.
+batches of fine-grained experts), not in a weight-streaming decode step. What the kernel itself reaches
+per tile (its fixed work per output tile, its looser overlap of compute and weights) is the shaped cost
+model's (policylab.dataplane.shaped).
 
 Untuned tiles (`serving_engine.fused_moe_config=default`): vLLM reads the kernel's tile configuration
 for the model's expert count and width on the GPU from its configs directory; where it ships none it
