@@ -216,7 +216,7 @@ def test_the_planned_split_switches_where_flashinfers_planner_does():
                                             ("false", "never"), ("planned", "planned"), ("Never", "never")])
 def test_decode_split_kv_takes_its_three_names_and_its_former_booleans(spelled, meant):
     engine = ServingEngine(ServingEngineConfig(decode_split_kv=spelled))
-    assert engine.decode_split == engine.cfg.decode_split_kv == meant
+    assert engine.cfg.decode_split_kv == meant
 
 
 @pytest.mark.timeout(30)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from policylab.apps.cli import main
+from policylab.apps.sim_check import load_group
 from policylab.core.config import HardwareConfig
 from policylab.dataplane.config import DataplaneConfig
 from policylab.dataplane.profile_csv import floats, read_table
-from policylab.apps.sim_check import load_group
 from policylab.dataplane.roofline import Roofline
 from policylab.dataplane.serving_engine import ServingEngine, ServingEngineConfig
 from policylab.dataplane.shaped import ShapedCostModel
@@ -199,7 +199,7 @@ def test_attention_on_the_shipped_vidur_rows_is_within_bounds_and_beats_the_roof
     planner); the split-always kernel of the same floor misses its short decodes by 3x."""
     a100 = hardware("a100", step_overhead=0.0)
     vidur = ServingEngine(load_group("serving_engine", "vidur", ServingEngineConfig))
-    assert vidur.decode_split == "planned"
+    assert vidur.cfg.decode_split_kv == "planned"
     always = ServingEngine(ServingEngineConfig(decode_split_kv="always"))
     models = {"shaped": {tp: ShapedCostModel(LLAMA, a100, tp, 1, vidur) for tp in (1, 4)},
               "split always": {tp: ShapedCostModel(LLAMA, a100, tp, 1, always) for tp in (1, 4)},

@@ -185,7 +185,6 @@ class ServingEngine:
         self.host_per_step, self.host_per_request, self.host_per_token = \
             cfg.host_per_step, cfg.host_per_request, cfg.host_per_token
         self.launch = cfg.kernel_launch
-        self.decode_split = cfg.decode_split_kv
         self.is_none = cfg == ServingEngineConfig(name=cfg.name)   # kernel time only: the engine-less model
 
     def describe(self) -> str:

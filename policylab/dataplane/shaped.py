@@ -120,8 +120,9 @@ class ShapedCostModel(KernelCostModel):
         self._layer_launches = gemm_launches + self.elementwise_kernels * hw.elementwise_latency
         self._moe_layer_launches = ((s.moe_kernels_per_layer - s.elementwise_kernels) * self.latency
                                     + self.elementwise_kernels * hw.elementwise_latency)
-        # decode: split the KV always, never, or as FlashInfer's planner would (fewer requests than fill its grid)
-        self._split_kv = self.engine.decode_split
+        # the decode kernel, chosen once: split the KV always, never, or as FlashInfer's planner would
+        self._decode = {"always": self._split_decode, "never": self._unsplit_decode,
+                        "planned": self._planned_decode}[e.decode_split_kv]
         self._planner_requests = hw.decode_attention_blocks_per_sm * hw.num_sms / s.kv_heads
         self._item_seconds_per_token = self._kv_bytes_layer / s.kv_heads * hw.num_sms / self.bw
         self._split_k, self._flash = e.gemm_split_k, e.flash_prefill
@@ -215,19 +216,27 @@ class ShapedCostModel(KernelCostModel):
         t += self.floor + (memory if memory > compute else compute) + self.latency   # + the cache write's launch
         return self.shape.layers * t
 
-    def _decode(self, requests: int, context: int) -> float:
-        """One paged-decode kernel over `requests` single-token queries reading `context` KV tokens,
-        split or unsplit (module doc)."""
+    def _split_decode(self, requests: int, context: int) -> float:
+        """A split-KV decode kernel over `requests` single-token queries reading `context` KV tokens: the
+        floor, the larger of its bytes and FLOPs, the cache write's launch (module doc). The default
+        engine's kernel, priced every step: its work is inline here and in `_unsplit_decode`."""
         memory = (context * self._kv_bytes_layer + requests * self._token_bytes_layer) / self.bw
         compute = context * self._pair_flops / self._attn_flops
-        split = self._split_kv
-        if split == "planned":
-            split = ("always" if requests < self._planner_requests and context > PLANNER_MIN_CHUNK * requests
-                     else "never")
-        if split == "always":
-            return self.decode_floor + (compute if compute > memory else memory) + self.latency
+        return self.decode_floor + (compute if compute > memory else memory) + self.latency
+
+    def _unsplit_decode(self, requests: int, context: int) -> float:
+        """An unsplit decode kernel: its launch, the same work, one work item more, the cache write's launch."""
+        memory = (context * self._kv_bytes_layer + requests * self._token_bytes_layer) / self.bw
+        compute = context * self._pair_flops / self._attn_flops
         last_item = context / requests * self._item_seconds_per_token
         return self.latency + (compute if compute > memory else memory) + last_item + self.latency
+
+    def _planned_decode(self, requests: int, context: int) -> float:
+        """FlashInfer's planner: split while the items leave part of its grid idle and the KV spans more
+        than one chunk."""
+        if requests < self._planner_requests and context > PLANNER_MIN_CHUNK * requests:
+            return self._split_decode(requests, context)
+        return self._unsplit_decode(requests, context)
 
     def describe(self) -> dict:
         out = {"kind": "shaped", "hardware": self.hw_name, "bw_efficiency": self.bw_eff,
