@@ -87,13 +87,12 @@ def summary(rows: list) -> tuple:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tile-overhead", type=float, default=None,
-                    help="serving_engine.fused_moe_tile_overhead (default: the vllm preset's)")
+                    help=f"serving_engine.fused_moe_tile_overhead (default {shaped.FUSED_MOE_TILE_OVERHEAD:g})")
     ap.add_argument("--p-norm", type=float, default=shaped.FUSED_MOE_P_NORM,
                     help=f"the kernel's knee between compute and weights (default {shaped.FUSED_MOE_P_NORM:g})")
     ap.add_argument("--fit", action="store_true", help="search the tile overhead and the knee")
     args = ap.parse_args()
-    shipped = load_group("serving_engine", "vllm", ServingEngineConfig).fused_moe_tile_overhead
-    overhead = shipped if args.tile_overhead is None else args.tile_overhead
+    overhead = shaped.FUSED_MOE_TILE_OVERHEAD if args.tile_overhead is None else args.tile_overhead
     if args.fit:
         grid = [(summary(errors(k, p))[0], k, p) for p in (2.0, 3.0, 4.0) for k in range(0, 1601, 100)]
         for mape, k, p in sorted(grid)[:8]:

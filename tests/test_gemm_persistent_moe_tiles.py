@@ -200,6 +200,15 @@ def test_the_fused_moe_kernel_against_vllms_own_timings_of_it():
 
 
 @pytest.mark.timeout(30)
+def test_a_tile_overhead_without_the_fused_moe_kernel_is_refused_not_ignored():
+    with pytest.raises(ValueError, match=r"fused_moe_tile_overhead=500\.0 needs serving_engine\.fused_moe_tiles=true"):
+        ServingEngine(ServingEngineConfig(fused_moe_tile_overhead=500.0))
+    tuned = ShapedCostModel(MIXTRAL, H100, 2, 1, ServingEngine(ServingEngineConfig(fused_moe_tiles=True,
+                                                                                   fused_moe_tile_overhead=0.0)))
+    assert tuned._expert_stretch == 1.0 and tuned._expert_p == 2.0   # 0 with the kernel: no overhead, its knee kept
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("value", [-1.0, float("inf"), "many"])
 def test_a_bad_fused_moe_tile_overhead_is_refused_by_name(value):
     with pytest.raises(ValueError, match="serving_engine.fused_moe_tile_overhead must be a finite number >= 0"):

@@ -102,7 +102,8 @@ class ServingEngineConfig:
     gemm_split_k: bool = False              # GEMMs of less than one wave of tiles split K to fill the SMs
     persistent_gemms: bool = True           # persistent GEMMs from one full wave up, where the GPU has a level
     fused_moe_tiles: bool = False           # MoE expert FLOPs on vLLM's fused-MoE row tiles (padded per expert)
-    fused_moe_tile_overhead: float = 800.0  # fused_moe_tiles: K's worth of fixed work per output tile of its GEMMs
+    fused_moe_tile_overhead: Optional[float] = None   # fused_moe_tiles: K's worth of fixed work per output tile
+                                            # of its GEMMs (None: the kernel's measured 800)
     fused_moe_config: str = "tuned"         # tuned | default: vLLM's default tiles where it ships no tuned ones
     all_reduce: str = "nccl"                # nccl | custom (vLLM's one-shot / two-shot kernels)
     custom_all_reduce_max_bytes: float = 8 * 2 ** 20   # larger messages go to NCCL
@@ -138,9 +139,13 @@ def check_serving_engine(e: ServingEngineConfig) -> None:
                          f"got '{e.fused_moe_config}'")
     if e.all_reduce not in ALL_REDUCES:
         raise ValueError(f"serving_engine.all_reduce must be one of {', '.join(ALL_REDUCES)}, got '{e.all_reduce}'")
-    if not (isinstance(e.fused_moe_tile_overhead, (int, float)) and 0 <= e.fused_moe_tile_overhead < math.inf):
+    k0 = e.fused_moe_tile_overhead
+    if k0 is not None and not (isinstance(k0, (int, float)) and 0 <= k0 < math.inf):
         raise ValueError(f"serving_engine.fused_moe_tile_overhead must be a finite number >= 0 (K's worth of fixed "
-                         f"work per output tile), got {e.fused_moe_tile_overhead!r}")
+                         f"work per output tile) or null (the kernel's measured), got {k0!r}")
+    if k0 is not None and not e.fused_moe_tiles:
+        raise ValueError(f"serving_engine.fused_moe_tile_overhead={k0!r} needs serving_engine.fused_moe_tiles=true: "
+                         f"it is a term of vLLM's fused-MoE kernel, which prices nothing without it")
     if not 0 < e.prefill_attention_efficiency <= 1 or not 0 <= e.prefill_attention_tile_overhead < math.inf:
         raise ValueError("serving_engine.prefill_attention_efficiency must be in (0, 1] and "
                          "serving_engine.prefill_attention_tile_overhead a finite number of keys >= 0, got "

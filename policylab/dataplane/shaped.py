@@ -72,7 +72,7 @@ prefill chunks and a paged kernel for the decodes) plus the KV-cache write's lau
 
 MoE experts under vLLM's fused-MoE Triton kernel (`serving_engine.fused_moe_tiles`): the padded
 row tiles' FLOPs (policylab.dataplane.moe) at the GEMMs' rate, each output tile of the gate-up GEMM
-(K = hidden) and of the down GEMM (K = the expert's width) paying `fused_moe_tile_overhead` (800)
+(K = hidden) and of the down GEMM (K = the expert's width) paying `fused_moe_tile_overhead` (null: 800)
 more of K than it reduces (it loads its rows by sorted token index and scales them by the routing
 weights), joined with the weights' traffic at p = 2, not a dense GEMM's 4. Fitted on vLLM's own
 kernel timings on Hopper (PR #24700: Mixtral-8x7B at TP 2 on an H100, tuned tiles, 16-1,536 tokens;
@@ -95,6 +95,7 @@ MIN_ROW_TILE = 16           # the smallest row tile a GEMM of few tokens runs
 PARTIAL_WAVE_EXPONENT = 0.5 # a last wave filling a share f of the SMs costs f ** this of a full wave
 GEMM_P_NORM = 4.0           # the GEMM knee: 2^(1/4) = 1.19x the larger bound at balance
 FUSED_MOE_P_NORM = 2.0      # vLLM's fused-MoE kernel's knee: 2^(1/2) = 1.41x at balance (module doc)
+FUSED_MOE_TILE_OVERHEAD = 800.0   # K's worth of fixed work per output tile of that kernel (module doc)
 
 SPLIT_K_MIN = 1024          # the least K each part of a split-K GEMM keeps
 FLASH_TILE = 128            # FlashAttention's query and key tile (head_dim 128)
@@ -141,7 +142,7 @@ class ShapedCostModel(KernelCostModel):
         # down GEMM (K = the expert's width) pays fused_moe_tile_overhead more of K, and its terms join at p = 2
         self._expert_stretch, self._expert_p = 1.0, GEMM_P_NORM
         if e.fused_moe_tiles and s.moe_layers:
-            k0 = e.fused_moe_tile_overhead
+            k0 = FUSED_MOE_TILE_OVERHEAD if e.fused_moe_tile_overhead is None else e.fused_moe_tile_overhead
             self._expert_stretch = (2 * (s.hidden + k0) / s.hidden + (s.expert_f + k0) / s.expert_f) / 3
             self._expert_p = FUSED_MOE_P_NORM
 
