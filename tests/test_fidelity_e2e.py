@@ -46,6 +46,38 @@ def test_a_detailed_vllm_result_is_read_as_the_client_measured_it():
 
 
 @pytest.mark.timeout(30)
+def test_a_failed_request_is_replayed_asking_for_what_the_others_got_not_what_it_received(tmp_path):
+    """vllm bench serve records a failed request's output as what it had streamed when its client gave up
+    (nothing while it waited): replayed so, it would be a one-token request that finishes in time."""
+    raw = json.loads(DETAILED.read_text())
+    for i, streamed in ((3, 0), (17, 5), (30, 0)):
+        raw["errors"][i], raw["output_lens"][i], raw["itls"][i] = "TimeoutError", streamed, []
+    raw["completed"], raw["failed"] = 37, 3
+    path = tmp_path / "failed.json"
+    path.write_text(json.dumps(raw))
+    bench = read_vllm_bench(path)
+    assert bench.stages[0].requests_failed == 3 and bench.stages[0].requests_ok == 37
+    assert {r.output_tokens for r in bench.requests} == {32}             # the others' (fixed) output
+    assert any("failed request asks for its stage's mean output" in n for n in bench.notes)
+
+
+@pytest.mark.timeout(30)
+def test_inference_perfs_failed_request_asks_for_its_max_tokens(tmp_path):
+    folder = tmp_path / "report"
+    shutil.copytree(FOLDER, folder)
+    rows = json.loads((folder / "per_request_lifecycle_metrics.json").read_text())
+    rows[12]["error"] = {"error_type": "TimeoutError", "error_msg": ""}
+    rows[12]["info"]["response_metrics"]["output_tokens"] = 3             # streamed before its client gave up
+    rows[13]["info"]["response_metrics"]["output_tokens"] = 3             # a request that finished early (EOS)
+    (folder / "per_request_lifecycle_metrics.json").write_text(json.dumps(rows))
+    stage = json.loads((folder / "stage_1_lifecycle_metrics.json").read_text())
+    stage["successes"]["count"], stage["failures"]["count"] = 7, 1
+    (folder / "stage_1_lifecycle_metrics.json").write_text(json.dumps(stage))
+    bench = read_inference_perf(folder)
+    assert [r.output_tokens for r in bench.requests[12:14]] == [8, 3]     # max_tokens 8; what it got
+
+
+@pytest.mark.timeout(30)
 def test_an_appended_result_is_one_stage_a_line_and_a_summary_only_one_draws_its_arrivals():
     objects = [json.loads(line) for line in STAGED.read_text().splitlines() if line.strip()]
     bench = read_vllm_bench(STAGED, seed=3)
@@ -133,6 +165,61 @@ def test_with_the_clients_timeout_a_replay_abandons_what_the_clients_would(capsy
         rows[timeout] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0 | 2 | 40 / 0"))
     assert rows["0.05"].startswith("| 0 | 2 | 40 / 0 (40 predicted) |") and rows["0.05"].endswith("| no prediction |")
     assert rows["5"] == rows[None] and rows[None].endswith("| ok |")
+
+
+def _failing_report(tmp_path: Path, request_timeout) -> Path:
+    """The report folder rebuilt from config.yaml, 3 of its second stage's 8 requests failed on the client,
+    `load.request_timeout` set to `request_timeout` (absent: None)."""
+    folder = tmp_path / "report"
+    shutil.copytree(FOLDER, folder)
+    (folder / "per_request_lifecycle_metrics.json").unlink()
+    stage = json.loads((folder / "stage_1_lifecycle_metrics.json").read_text())
+    stage["successes"]["count"], stage["failures"]["count"] = 5, 3
+    (folder / "stage_1_lifecycle_metrics.json").write_text(json.dumps(stage))
+    if request_timeout is not None:
+        text = (folder / "config.yaml").read_text()
+        (folder / "config.yaml").write_text(text.replace("load:\n", f"load:\n  request_timeout: {request_timeout}\n", 1))
+    return folder
+
+
+@pytest.mark.timeout(30)
+def test_inference_perfs_clients_give_up_after_its_request_timeout_or_aiohttps_default(tmp_path):
+    assert read_inference_perf(FOLDER).client_timeout == 300.0               # unset: aiohttp's total timeout
+    failing = read_inference_perf(_failing_report(tmp_path / "a", 20), seed=1)
+    assert failing.client_timeout == 20.0 and [s.requests_failed for s in failing.stages] == [0, 3]
+    assert any("gave up after 20 s (load.request_timeout)" in n for n in failing.notes)
+    for bad in ("soon", -1, 0):
+        with pytest.raises(TraceError, match=r"config.yaml.*load.request_timeout.*expected seconds > 0 or null"):
+            read_inference_perf(_failing_report(tmp_path / f"bad{bad}", f"'{bad}'" if bad == "soon" else bad))
+
+
+@pytest.mark.timeout(30)
+def test_the_replay_timeout_is_the_flags_else_the_load_generators_for_a_run_that_had_failures(tmp_path):
+    failing = read_inference_perf(_failing_report(tmp_path, 20), seed=1)
+    clean = read_inference_perf(FOLDER)
+    assert fidelity_e2e.replay_timeout(None, failing) == 20.0
+    assert fidelity_e2e.replay_timeout(None, clean) is None                 # nobody gave up: nothing to replay
+    assert fidelity_e2e.replay_timeout(7.5, clean) == 7.5
+    assert fidelity_e2e.replay_timeout("none", failing) is None
+    assert fidelity_e2e.replay_timeout(None, read_vllm_bench(DETAILED)) is None   # its result does not say
+
+
+@pytest.mark.timeout(300)
+def test_a_run_with_failed_requests_is_replayed_with_its_clients_timeout(tmp_path, capsys):
+    """Failures in the result and inference-perf's timeout in its config: the replay's clients give up
+    after it (a timeout shorter than any request's service abandons all 8 of the stage), and the
+    survivors are compared; told `none`, the stage is reported overloaded instead."""
+    folder = _failing_report(tmp_path, 0.001)
+    assert fidelity_e2e.main([str(folder), "--model", "tiny", "--gpu", "cpu", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "the replay's clients give up after 0.001 s" in out and "| 1 | 4 | 5 / 3 (8 predicted) |" in out
+    assert "overloaded" not in out and "the survivors are compared" in out
+    assert fidelity_e2e.main([str(folder), "--model", "tiny", "--gpu", "cpu", "--seed", "1", "--client-timeout", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "the replay's clients give up" not in out and "| 1 | 4 | 5 / 3 |" in out and out.count("| overloaded |") == 1
+    with pytest.raises(SystemExit):
+        fidelity_e2e.main([str(folder), "--model", "tiny", "--gpu", "cpu", "--client-timeout", "-2"])
+    assert "expected seconds > 0 or none, got '-2'" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(300)
@@ -261,6 +348,28 @@ def test_real_cpu_vllm_runs_are_predicted_within_their_own_spread(tmp_path, caps
         assert 0 < row["spread"] < 0.5, row                       # three real runs, not one copied
         assert abs(row["error_to_mean"]) <= row["spread"], row
     assert len(list(tmp_path.glob("e2e_run_*/comparison.json"))) == 3
+
+
+OVERLOAD = DATA / "cpu_vllm_overload"
+
+
+@pytest.mark.timeout(300)
+def test_an_overloaded_cpu_vllm_session_is_predicted_on_its_survivors_and_its_failures(tmp_path, capsys):
+    """Three runs of one overloaded `vllm bench serve` command (60 req/s against a server that serves about
+    half of that) whose clients gave up after 1.5 s, most requests failing, replayed with the same timeout:
+    the survivors' TTFT, E2E and per-token interval within the runs' own spread, and the failures within
+    15 % of the runs' mean (a failed request replayed as what it had streamed, nothing, would finish in time:
+    the replay would then fail almost none)."""
+    experiment = cpu_vllm_experiment()
+    timeout = json.loads((OVERLOAD / "workload.json").read_text())["client_timeout"]
+    rows = experiment.compare(OVERLOAD, OVERLOAD / "calibration.json", 64, tmp_path, timeout)
+    assert "the replay's clients give up after 1.5 s" in capsys.readouterr().out
+    by_metric = {r["metric"].split(" (")[0]: r for r in rows}
+    failed = by_metric.pop("failed requests")
+    assert min(failed["measured"]) > 90 and abs(failed["error_to_mean"]) < 0.15, failed
+    assert list(by_metric) == ["TTFT", "E2E", "per-token interval"]
+    for row in by_metric.values():
+        assert 0 < row["spread"] < 0.5 and abs(row["error_to_mean"]) <= row["spread"], row
 
 
 def copied_probes(tmp_path):

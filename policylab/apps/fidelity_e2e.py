@@ -10,8 +10,11 @@ per-token interval is printed next to the prediction with the error. The client'
 latency (`serving_engine.client_latency`) is added to the sim's TTFT and E2E, as the load
 generator measured them from its side.
 
-A stage with failed requests (client timeouts under overload) is reported `overloaded`: its
-latencies cover only the survivors, which a replay without client timeouts cannot reproduce.
+A stage with failed requests (client timeouts under overload) has latencies of the survivors
+only. Such a run is replayed with its clients' timeout (`trace.client_timeout`): `--client-timeout`,
+or the load generator's own where its result says (inference-perf: `load.request_timeout`, or
+aiohttp's 300 s when unset), so its survivors compare with the replay's; without one known, the
+stage is reported `overloaded`, not compared.
 """
 from __future__ import annotations
 
@@ -50,6 +53,30 @@ def vllm_defaults(gpu: str) -> tuple:
     return 2048, 256
 
 
+def _seconds_or_none(text: str):
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0 or none, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0 or none, got {text!r}")
+    return value
+
+
+def replay_timeout(flag, bench):
+    """Seconds after which the replay's clients give up (None: never): the flag's, else the load
+    generator's own where the run had failed requests (a run without any needs none)."""
+    if flag == "none":
+        return None
+    if flag is not None:
+        return flag
+    if bench.client_timeout is not None and any(s.requests_failed for s in bench.stages):
+        return bench.client_timeout
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m policylab fidelity-e2e", description=__doc__.split("\n")[0])
     ap.add_argument("result", type=Path, help="vllm bench serve JSON, or an inference-perf report folder")
@@ -69,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefix-tokens", type=int, default=0,
                     help="vllm bench serve: tokens every prompt shares (--random-prefix-len; the result does not say)")
     ap.add_argument("--seed", type=int, default=0, help="seed of arrivals drawn where the result has none")
-    ap.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
-                    help="the load generator's request timeout: replayed, so overloaded stages compare on survivors")
+    ap.add_argument("--client-timeout", type=_seconds_or_none, default=None, metavar="SECONDS|none",
+                    help="the load generator's request timeout, replayed so that overloaded stages compare on "
+                         "survivors (default: the result's own, for a run with failed requests; none: never)")
     ap.add_argument("--client-latency", type=float, default=None, metavar="SECONDS",
                     help="seconds the load generator's TTFT and E2E hold beyond the engine's (default: the serving "
                          "engine's client_latency; 0 with a calibration). Measure it: the TTFT of lone requests to the "
@@ -135,25 +163,27 @@ def run(args) -> list:
     if args.client_latency is not None and not (math.isfinite(args.client_latency) and args.client_latency >= 0):
         raise ValueError(f"--client-latency: expected seconds >= 0, got {args.client_latency}")
     bench = load_benchmark(args)
-    timeout = [] if args.client_timeout is None else [f"trace.client_timeout={args.client_timeout}"]
+    seconds = replay_timeout(args.client_timeout, bench)
+    timeout = [] if seconds is None else [f"trace.client_timeout={seconds}"]
     result, cfg = replay_benchmark(bench, [f"serving_engine={args.serving_engine}", *timeout, *host_overrides(args),
                                            *args.overrides])
     # the load generator measures from its side of the API
     client = client_latency(cfg) if args.client_latency is None else args.client_latency
     rows = compare(bench, predicted_stages(bench, result, client), timed_out=bool(timeout))
-    report(bench, cfg, rows, client)
+    report(bench, cfg, rows, client, seconds)
     if args.out:
         write_outputs(args.out, bench, rows)
     return rows
 
 
-def report(bench, cfg, rows: list, client: float) -> None:
+def report(bench, cfg, rows: list, client: float, timeout: float | None = None) -> None:
     from policylab.apps.e2e_replay import mape
     s = bench.server
     print(f"{bench.name}: {len(bench.requests)} requests in {len(bench.stages)} stage(s); model {cfg.model.name}, "
           f"{bench.gpu} x TP {s.tensor_parallel}, serving_engine {cfg.serving_engine.name} (client latency "
           f"{client * 1e3:.1f} ms), max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
-          f"block {s.block_size}, prefix caching {'on' if s.enable_prefix_caching else 'off'}")
+          f"block {s.block_size}, prefix caching {'on' if s.enable_prefix_caching else 'off'}"
+          + (f"; the replay's clients give up after {timeout:g} s" if timeout is not None else ""))
     for note in bench.notes:
         print(f"  ({note})")
     print("\n| stage | rate (req/s) | ok / failed | TTFT measured / predicted (ms) | error | E2E measured / "
@@ -180,6 +210,9 @@ def report(bench, cfg, rows: list, client: float) -> None:
     if any(c.status == "overloaded" for c in rows):
         print("overloaded: requests failed on the client (timeouts); the survivors' latencies are not comparable "
               "with a replay that serves every request: give --client-timeout (the load generator's) to compare them")
+    elif timeout is not None and any(c.measured.requests_failed for c in rows):
+        print("with failed requests, the survivors are compared: the replay's clients gave up after the same "
+              f"{timeout:g} s (failed: measured, and in brackets the replay's)")
 
 
 def write_outputs(out: Path, bench, rows: list) -> None:

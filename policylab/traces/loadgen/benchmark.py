@@ -44,3 +44,6 @@ class Benchmark:
     prefix_block_tokens: int = 512   # tokens each prefix hash covers
     model_config: Optional[str] = None
     notes: list = field(default_factory=list)   # what was assumed (said in the printout)
+    # seconds after which the load generator's clients give up on a request, where its result or its
+    # defaults say (None: unknown); a run with failed requests is replayed with it
+    client_timeout: Optional[float] = None

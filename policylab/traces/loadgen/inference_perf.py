@@ -7,7 +7,8 @@ A run of inference-perf (github.com/kubernetes-sigs/inference-perf) writes a rep
   the stage), `load.interval` (seconds between stages), `data.type` and, for `shared_prefix`,
   `data.shared_prefix` (`num_groups` / `num_unique_system_prompts`, `num_prompts_per_group` /
   `num_users_per_system_prompt`, `system_prompt_len`, `question_len`, `output_len`),
-  `server.model_name`, `server.ignore_eos`;
+  `server.model_name`, `server.ignore_eos`, `load.request_timeout` (seconds after which a client gives
+  up on a request; unset, aiohttp's default of 300 s applies);
 - `stage_N_lifecycle_metrics.json`: per stage, `load_summary` (`count`, `requested_rate`,
   `send_duration`), `successes` (`count`, `latency.{request_latency,time_to_first_token}.mean`,
   `prompt_len.mean`, `output_len.mean`) and `failures.count`;
@@ -35,6 +36,9 @@ from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace
 
 STAGE_GAP_S = 60.0        # idle seconds between rebuilt stages (each starts on an idle server)
+# inference-perf hands `load.request_timeout` to its aiohttp session as the total timeout of a request;
+# unset, the session keeps aiohttp's default total timeout: 5 minutes (aiohttp.client.DEFAULT_TIMEOUT)
+AIOHTTP_DEFAULT_TIMEOUT_S = 300.0
 GROUP_KEY_CHARS = 64      # prompts of one shared-prefix group begin with the same system prompt text
 
 
@@ -78,6 +82,16 @@ def read_config(folder: Path) -> dict:
     if not isinstance(stages, list) or not stages:
         raise TraceError(str(path), None, "load.stages", "expected a list of {rate, duration} stages")
     return cfg
+
+
+def request_timeout(cfg: dict, path: Path) -> tuple[float, str]:
+    """(seconds, where from) after which inference-perf's clients give up on a request."""
+    value = cfg["load"].get("request_timeout")
+    if value is None:
+        return AIOHTTP_DEFAULT_TIMEOUT_S, "load.request_timeout unset: aiohttp's default total timeout"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise TraceError(str(path), None, "load.request_timeout", f"expected seconds > 0 or null, got {value!r}")
+    return float(value), "load.request_timeout"
 
 
 def measured_stages(folder: Path) -> list:
@@ -165,7 +179,7 @@ def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[l
         payload = _payload(row.get("request"))
         text = str(payload.get("prompt") or payload.get("messages") or "")
         prompt_len = _input_tokens(info)
-        out_len = _output_tokens(info, payload)
+        out_len = _output_tokens(info, payload, failed=bool(row.get("error")))
         if not prompt_len or not out_len:
             raise TraceError(str(path), i, "info", "a request without its input and output token counts")
         p = prompts.setdefault(text, len(prompts))
@@ -194,9 +208,14 @@ def _input_tokens(info: dict) -> int:
     return int(info.get("input_tokens") or text.get("input_tokens") or 0)
 
 
-def _output_tokens(info: dict, payload: dict) -> int:
+def _output_tokens(info: dict, payload: dict, failed: bool = False) -> int:
+    """The tokens a request asked for: a failed one's counts stop where its client gave up, so its
+    payload's max_tokens (ignore_eos: all of them) comes first."""
     response = info.get("response_metrics") or {}
-    return int(info.get("output_tokens") or response.get("output_tokens") or payload.get("max_tokens") or 0)
+    received = info.get("output_tokens") or response.get("output_tokens")
+    if failed:
+        return int(payload.get("max_tokens") or received or 0)
+    return int(received or payload.get("max_tokens") or 0)
 
 
 def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
@@ -216,6 +235,9 @@ def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
         requests, stage_of, prefix = rebuilt_requests(folder, cfg, stages, seed)
         notes.append(f"workload rebuilt from config.yaml (seed {seed}): arrivals drawn as inference-perf draws them, "
                      "prompt lengths the stages' mean")
+    timeout, source = request_timeout(cfg, folder / "config.yaml")
+    if any(s.requests_failed for s in stages):
+        notes.append(f"its clients gave up after {timeout:g} s ({source})")
     server = cfg.get("server") or {}
     return Benchmark(folder.name, str(server.get("model_name") or ""), "", None, requests, stage_of, stages,
-                     prefix_block_tokens=max(1, prefix), notes=notes)
+                     prefix_block_tokens=max(1, prefix), notes=notes, client_timeout=timeout)

@@ -14,6 +14,11 @@ gaps). Without them the arrivals are drawn as `vllm bench serve` draws them (gam
 `burstiness` at `request_rate`, or all at once for "inf") with the mean lengths. The result does not
 say which prompts shared a prefix: `prefix_tokens` (all prompts share their first N tokens, as
 `--random-prefix-len` or the prefix-repetition dataset's prefix) is the caller's to give.
+
+A failed request (its client gave up) records only the tokens it received before that, none when it
+was still waiting, and not the tokens it asked for: it is replayed asking for the mean output of the
+stage's successful requests (exact for `--ignore-eos` with fixed output lengths, vllm bench serve's
+random dataset by default), as its client would have waited for them.
 """
 from __future__ import annotations
 
@@ -92,16 +97,20 @@ def stage_of(obj: dict, k: int, path: Path, seed: int, prefix_tokens: int) -> tu
         if not all(len(obj[key]) == n for key in ("output_lens", "start_times", "ttfts")):
             raise TraceError(str(path), k + 1, "input_lens", "the per-request lists differ in length")
         t0 = min(float(t) for t in obj["start_times"])
-        requests, ttfts, e2es, outs = [], [], [], []
+        ttfts, e2es, outs = [], [], []
         for i in range(n):
-            out = int(obj["output_lens"][i]) or 1
-            requests.append(_request(float(obj["start_times"][i]) - t0, int(obj["input_lens"][i]), out, i, prefix_tokens))
             if errors[i]:
                 continue
             ttft, gaps = float(obj["ttfts"][i]), obj.get("itls", [[]] * n)[i] or []
             ttfts.append(ttft)
             e2es.append(ttft + float(sum(gaps)))
-            outs.append(out)
+            outs.append(int(obj["output_lens"][i]) or 1)
+        # a failed request's recorded output is what it had streamed when its client gave up (nothing, for
+        # one still waiting): it asked for as many tokens as the stage's others (module doc)
+        asked = int(round(float(np.mean(outs)))) if outs else None
+        requests = [_request(float(obj["start_times"][i]) - t0, int(obj["input_lens"][i]),
+                             asked if errors[i] and asked else int(obj["output_lens"][i]) or 1, i, prefix_tokens)
+                    for i in range(n)]
         failed = sum(1 for e in errors if e)
         ok = len(ttfts)
         ttft_m, e2e_m, out_m = (float(np.mean(x)) if x else math.nan for x in (ttfts, e2es, outs))
@@ -151,5 +160,7 @@ def read_vllm_bench(path: Path, seed: int = 0, prefix_tokens: int = 0) -> Benchm
              f"arrivals drawn as vllm bench serve draws them (seed {seed}), mean lengths"]
     if prefix_tokens:
         notes.append(f"every prompt shares its first {prefix_tokens} tokens (--prefix-tokens)")
+    if _detailed(objects[0]) and any(s.requests_failed for s in stages):
+        notes.append("a failed request asks for its stage's mean output (its own was cut short when its client gave up)")
     return Benchmark(path.stem, str(objects[0].get("model_id") or ""), "", None, requests, stage_ids, stages,
                      prefix_block_tokens=prefix_tokens or 512, notes=notes)
