@@ -11,6 +11,12 @@ whether the sim saturated, and the MAPE of each over the stages.
     python experiments/check_vllm_e2e.py FILE [--duration S] [--serving-engine NAME] [extra overrides...]
 
 --duration replays each stage for S seconds instead of its recorded 600 (a quicker, noisier check).
+
+A run with failed requests (clients that gave up under overload) is replayed with clients that give up
+too, after `--client-timeout` seconds (default: the file's `client_timeout_s` column where it has one,
+else inference-perf's default, aiohttp's total timeout of 300 s; `none`: never, and such stages are
+reported `overloaded`): its overloaded stages then compare on their survivors, in a MAPE of their own
+beside the normal-load stages'.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from policylab.apps.e2e_replay import client_latency, compare, mape, predicted_stages, replay_benchmark  # noqa: E402
+from policylab.apps.fidelity_e2e import replay_timeout  # noqa: E402
 from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerKnobs  # noqa: E402
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
 
@@ -32,6 +39,7 @@ MODELS = {"Llama-2-7B": "llama2-7b", "Llama-2-70B": "llama2-70b", "Mixtral-8x7B-
           "CodeLlama-34B-Instruct": "codellama-34b"}
 GPUS = {"H100-80GB": "h100", "H200": "h200", "A100-80GB": "a100"}
 STAGE_GAP_S = 60.0
+INFERENCE_PERF_TIMEOUT_S = 300.0     # inference-perf without load.request_timeout: aiohttp's total timeout
 
 
 def benchmarks(path: Path, duration: float | None) -> list:
@@ -58,8 +66,9 @@ def benchmarks(path: Path, duration: float | None) -> list:
         server = ServerKnobs(int(tp), int(r0["max_num_seqs"]), int(r0["max_num_batched_tokens"]),
                              int(r0["block_size"]), float(r0["gpu_memory_utilization"]),
                              r0["prefix_caching"].lower() == "true", int(r0["max_model_len"]))
+        timeout = float(r0.get("client_timeout_s") or INFERENCE_PERF_TIMEOUT_S)
         out.append(Benchmark(f"{model} TP{tp} {workload}", MODELS[model], GPUS[r0["gpu"]], server, requests,
-                             stage_of, measured, prefix_block_tokens=system))
+                             stage_of, measured, prefix_block_tokens=system, client_timeout=timeout))
     return out
 
 
@@ -67,15 +76,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("file", type=Path)
     ap.add_argument("--duration", type=float, default=None)
+    ap.add_argument("--client-timeout", default=None, metavar="SECONDS|none",
+                    help="clients give up after this (runs with failed requests; default: the file's, else 300 s)")
     ap.add_argument("overrides", nargs="*", help="extra run overrides, e.g. serving_engine=none")
     args = ap.parse_intermixed_args(argv)
+    flag = None if args.client_timeout is None else (
+        "none" if args.client_timeout.lower() == "none" else float(args.client_timeout))
     rows, runs = [], {}
     print("| run | stage | rate | TTFT meas / pred (ms) | err | E2E meas / pred (s) | err | "
           "per-token meas / pred (ms) | err | sim |\n|---|---|---|---|---|---|---|---|---|---|")
     started = time.perf_counter()
     for bench in benchmarks(args.file, args.duration):
-        result, cfg = replay_benchmark(bench, args.overrides)
-        for c in compare(bench, predicted_stages(bench, result, client_latency(cfg))):
+        timeout = replay_timeout(flag, bench)
+        extra = [] if timeout is None else [f"trace.client_timeout={timeout}"]
+        result, cfg = replay_benchmark(bench, [*extra, *args.overrides])
+        for c in compare(bench, predicted_stages(bench, result, client_latency(cfg)), timed_out=timeout is not None):
             m, p, e = c.measured, c.predicted, c.errors
             rows.append(c)
             runs.setdefault(bench.name, []).append(c)
@@ -85,9 +100,16 @@ def main(argv=None) -> int:
                   f"{p.per_token_interval * 1e3:.2f} | {e.get('per_token_interval', float('nan')) * 100:+.1f} % | "
                   f"{c.status} |")
     wrong = sum(1 for c in rows if (c.status == "saturated") != bool(c.measured.requests_failed))
-    print(f"\nMAPE over {len(rows)} stages: E2E {mape(rows, 'e2e_mean') * 100:.1f} %, TTFT "
-          f"{mape(rows, 'ttft_mean') * 100:.1f} %, per-token interval {mape(rows, 'per_token_interval') * 100:.1f} %; "
+    normal = [c for c in rows if not c.measured.requests_failed]
+    print(f"\nMAPE over {len(normal)} stages: E2E {mape(normal, 'e2e_mean') * 100:.1f} %, TTFT "
+          f"{mape(normal, 'ttft_mean') * 100:.1f} %, per-token interval {mape(normal, 'per_token_interval') * 100:.1f} %; "
           f"stages predicted saturated wrongly: {wrong}  ({time.perf_counter() - started:.0f} s)")
+    overloaded = [c for c in rows if c.measured.requests_failed and c.errors]
+    if overloaded:
+        print(f"overloaded stages on their survivors ({len(overloaded)}, clients giving up as they did): E2E "
+              f"{mape(overloaded, 'e2e_mean') * 100:.1f} %, TTFT {mape(overloaded, 'ttft_mean') * 100:.1f} %, "
+              f"per-token interval {mape(overloaded, 'per_token_interval') * 100:.1f} %; failed measured / predicted "
+              + ", ".join(f"{c.measured.requests_failed} / {c.predicted.failed}" for c in overloaded))
     print(ttft_multiples(runs))
     return 0
 

@@ -421,3 +421,40 @@ def test_cpu_vllm_probes_count_merged_chunks_per_token_and_refuse_a_busy_server(
     merge(2, 40)
     with pytest.raises(RuntimeError, match=r"decode_4_2\.json: the server streamed \d+ of \d+ tokens two to a chunk"):
         experiment.server_terms(tmp_path, calibration, (0, 1, 2, 3))
+
+
+def _dev_split_row(stage: int, rate: float, ok: int, failed: int) -> dict:
+    """One row in the development split's format (its README; made-up measurements)."""
+    return {"model": "Llama-2-7B", "gpu": "H100-80GB", "tensor_parallel": 1, "max_num_seqs": 128,
+            "max_num_batched_tokens": 2048, "max_model_len": 4096, "block_size": 16, "gpu_memory_utilization": 0.9,
+            "prefix_caching": "True", "workload": "codegen", "num_groups": 10, "prompts_per_group": 10,
+            "system_prompt_len": 100, "question_len": 466, "output_len": 247, "stage": stage, "rate_req_s": rate,
+            "duration_s": 600, "requests_ok": ok, "requests_failed": failed, "prompt_len_median": 591,
+            "ttft_mean_s": 0.03, "e2e_mean_s": 2.0, "per_token_interval_mean_s": 0.008}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_development_split_check_compares_an_overloaded_stage_on_its_survivors(tmp_path, capsys):
+    """experiments/check_vllm_e2e.py on a file in the development split's format with one stage whose
+    clients gave up: replayed with inference-perf's default timeout, that stage has a MAPE of its own
+    and the normal-load MAPE covers the other; told `none`, it is reported overloaded."""
+    import csv
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import check_vllm_e2e
+    rows = [_dev_split_row(0, 5.0, 3000, 0), _dev_split_row(1, 200.0, 20000, 100000)]
+    path = tmp_path / "split.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert check_vllm_e2e.main([str(path), "--duration", "20", "--client-timeout", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "MAPE over 1 stages" in out and "overloaded stages on their survivors (1," in out
+    stage = next(line for line in out.splitlines() if line.startswith("| Llama-2-7B TP1 codegen | 1 |"))
+    assert stage.endswith("| saturated |")
+    assert check_vllm_e2e.main([str(path), "--duration", "20", "--client-timeout", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "overloaded stages on their survivors" not in out
+    assert next(line for line in out.splitlines() if "codegen | 1 |" in line).endswith("| overloaded |")

@@ -33,7 +33,7 @@ class PredictedStage:
     ttft_mean: float
     e2e_mean: float
     per_token_interval: float     # (E2E mean - TTFT mean) / (mean output tokens - 1), as measured
-    saturated: bool               # the sim's queue grew through the stage (arrivals outran service)
+    saturated: bool               # arrivals outran service: the queue grew through the stage, or clients gave up
     failed: int = 0               # requests abandoned by their client (a replay with a client timeout)
 
 
@@ -114,7 +114,7 @@ def predicted_stages(bench: Benchmark, result, client: float = 0.0) -> dict:
         tokens = float(np.mean(outs))
         out[k] = PredictedStage(k, len(ttft), ttft_mean, e2e_mean,
                                 (e2e_mean - ttft_mean) / (tokens - 1) if tokens > 1 else math.nan,
-                                grew(queued), failed)
+                                grew(queued) or failed > 0, failed)
     return out
 
 
