@@ -458,3 +458,34 @@ def test_the_development_split_check_compares_an_overloaded_stage_on_its_survivo
     out = capsys.readouterr().out
     assert "overloaded stages on their survivors" not in out
     assert next(line for line in out.splitlines() if "codegen | 1 |" in line).endswith("| overloaded |")
+
+
+@pytest.mark.timeout(300)
+def test_max_concurrency_at_an_unlimited_rate_is_replayed_as_closed_loop_users(tmp_path, capsys):
+    """`--max-concurrency 4 --request-rate inf` without send times: 4 users, each sending its next request
+    when its last one ends (never more than 4 in flight), not all 40 requests at once; with a finite rate
+    the cap cannot be replayed from a summary, and the printout says so."""
+    from policylab.apps.e2e_replay import replay_benchmark
+    obj = json.loads(STAGED.read_text().splitlines()[0])
+    obj.update(request_rate="inf", max_concurrency=4)
+    capped = tmp_path / "capped.json"
+    capped.write_text(json.dumps(obj))
+    bench = read_vllm_bench(capped)
+    assert bench.concurrency == 4 and any("4 closed-loop users" in n for n in bench.notes)
+    result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args([str(capped), *CPU])))
+    spans = [(t.arrival_time, r.finish_time) for r, t in zip(result.requests, result.trace)]
+    assert len(spans) == 40 and all(f is not None for _, f in spans)
+    assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == 4
+    assert len({round(a, 9) for a, _ in spans}) > 10                       # sent as others finished
+    obj.pop("max_concurrency")
+    (tmp_path / "all_at_once.json").write_text(json.dumps(obj))
+    ttft = {}
+    for name in ("capped", "all_at_once"):
+        assert fidelity_e2e.main([str(tmp_path / f"{name}.json"), *CPU]) == 0
+        row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0 | inf |"))
+        ttft[name] = float(row.split("|")[4].split("/")[1])
+    assert ttft["capped"] < ttft["all_at_once"] / 2
+    obj.update(request_rate=8.0, max_concurrency=4)
+    (tmp_path / "finite.json").write_text(json.dumps(obj))
+    bench = read_vllm_bench(tmp_path / "finite.json")
+    assert bench.concurrency is None and any("--save-detailed to replay its send times" in n for n in bench.notes)

@@ -59,6 +59,8 @@ def run_overrides(bench: Benchmark, extra: list) -> list:
         out.append(f"model.config={bench.model_config}")
     if s.max_model_len:
         out.append(f"engine.max_model_len={s.max_model_len}")
+    if bench.concurrency:
+        out.append(f"trace.concurrency={bench.concurrency}")
     return out + list(extra)
 
 
@@ -73,11 +75,23 @@ def replay_benchmark(bench: Benchmark, extra: list = (), cfg=None):
         with open_dict(cfg):
             del cfg["hydra"]
     run = typed_config(cfg)
-    engine = build_engine(run, trace=list(bench.requests))
+    engine = build_engine(run, trace=closed_loop(bench) if bench.concurrency else list(bench.requests))
     result = engine.run()
     if result.partial:
         raise RuntimeError(f"the replay of {bench.name} ended early: {result.error}")
     return result, run
+
+
+def closed_loop(bench: Benchmark):
+    """`bench`'s requests, in order, sent by `bench.concurrency` users: each sends its next request
+    when its last one ended (as `trace.concurrency` users do)."""
+    from policylab.traces.loaded import LoadedTrace
+    from policylab.traces.sessions import one_turn_sessions, plan_of
+    from policylab.traces.transforms import TraceReport
+    plan = plan_of(one_turn_sessions(bench.requests), bench.concurrency)
+    trace = LoadedTrace(plan.trace)
+    trace.report, trace.sessions = TraceReport(bench.name, "loadgen"), plan
+    return trace
 
 
 def client_latency(cfg) -> float:

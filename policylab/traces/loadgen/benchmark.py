@@ -47,3 +47,6 @@ class Benchmark:
     # seconds after which the load generator's clients give up on a request, where its result or its
     # defaults say (None: unknown); a run with failed requests is replayed with it
     client_timeout: Optional[float] = None
+    # closed-loop users replaying the requests in order (the load generator's --max-concurrency at an
+    # unlimited rate, where it recorded no send times); None: the arrival times
+    concurrency: Optional[int] = None

@@ -13,7 +13,8 @@ measured means are computed from them as the client measured them (E2E = TTFT + 
 gaps). Without them the arrivals are drawn as `vllm bench serve` draws them (gamma gaps of shape
 `burstiness` at `request_rate`, or all at once for "inf") with the mean lengths. The result does not
 say which prompts shared a prefix: `prefix_tokens` (all prompts share their first N tokens, as
-`--random-prefix-len` or the prefix-repetition dataset's prefix) is the caller's to give.
+`--random-prefix-len` or the prefix-repetition dataset's prefix) is the caller's to give. A summary
+of `--max-concurrency N` at `--request-rate inf` becomes N closed-loop users (`Benchmark.concurrency`).
 
 A failed request (its client gave up) records only the tokens it received before that, none when it
 was still waiting, and not the tokens it asked for: it is replayed asking for the mean output of the
@@ -158,9 +159,32 @@ def read_vllm_bench(path: Path, seed: int = 0, prefix_tokens: int = 0) -> Benchm
         start += max((r.arrival_time for r in reqs), default=0.0) + STAGE_GAP_S
     notes = ["requests as recorded (--save-detailed)" if _detailed(objects[0]) else
              f"arrivals drawn as vllm bench serve draws them (seed {seed}), mean lengths"]
+    users, note = closed_loop_users(objects, path)
+    if note:
+        notes.append(note)
     if prefix_tokens:
         notes.append(f"every prompt shares its first {prefix_tokens} tokens (--prefix-tokens)")
     if _detailed(objects[0]) and any(s.requests_failed for s in stages):
         notes.append("a failed request asks for its stage's mean output (its own was cut short when its client gave up)")
     return Benchmark(path.stem, str(objects[0].get("model_id") or ""), "", None, requests, stage_ids, stages,
-                     prefix_block_tokens=prefix_tokens or 512, notes=notes)
+                     prefix_block_tokens=prefix_tokens or 512, notes=notes, concurrency=users)
+
+
+def closed_loop_users(objects: list, path: Path) -> tuple:
+    """(N, note): N closed-loop users where the result sent every stage at `--request-rate inf` with
+    `--max-concurrency N` and recorded no send times (each request went out when another finished);
+    (None, a note) where its `--max-concurrency` cannot be replayed so; (None, None) where it had none.
+    Send times recorded (`--save-detailed`) are replayed as they were."""
+    caps = [obj.get("max_concurrency") for obj in objects]
+    if _detailed(objects[0]) or all(c is None for c in caps):
+        return None, None
+    for line, cap in enumerate(caps, 1):
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise TraceError(str(path), line, "max_concurrency", f"expected a number of requests >= 1, got {cap!r}")
+    unlimited = all(obj.get("request_rate", "inf") in ("inf", None) or float(obj["request_rate"]) == math.inf
+                    for obj in objects)
+    if unlimited and len(set(caps)) == 1:
+        return caps[0], (f"replayed as {caps[0]} closed-loop users (--max-concurrency {caps[0]} at --request-rate inf: "
+                         "a request goes out when another finishes; stages back to back)")
+    return None, ("--max-concurrency held requests back, which open-loop arrivals at the request rate do not: "
+                  "save the run with --save-detailed to replay its send times")
