@@ -489,3 +489,38 @@ def test_max_concurrency_at_an_unlimited_rate_is_replayed_as_closed_loop_users(t
     (tmp_path / "finite.json").write_text(json.dumps(obj))
     bench = read_vllm_bench(tmp_path / "finite.json")
     assert bench.concurrency is None and any("--save-detailed to replay its send times" in n for n in bench.notes)
+
+
+@pytest.mark.timeout(300)
+def test_inference_perfs_concurrent_stages_are_rebuilt_as_closed_loop_users(tmp_path, capsys):
+    """`load.type: concurrent` (num_requests with concurrency_level in flight) without the per-request
+    report: the stages' requests sent by that many closed-loop users; stages of different levels, or a
+    load type that cannot be rebuilt, end with a message naming the field."""
+    import yaml
+    from policylab.apps.e2e_replay import replay_benchmark
+    folder = tmp_path / "report"
+    shutil.copytree(FOLDER, folder)
+    (folder / "per_request_lifecycle_metrics.json").unlink()
+    cfg = yaml.safe_load((folder / "config.yaml").read_text())
+    cfg["load"] = {"type": "concurrent", "stages": [{"num_requests": 6, "concurrency_level": 2},
+                                                    {"num_requests": 5, "concurrency_level": 2}]}
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    bench = read_inference_perf(folder)
+    assert bench.concurrency == 2 and bench.stage_of == [0] * 6 + [1] * 5
+    assert any("2 closed-loop users (load.type concurrent)" in n for n in bench.notes)
+    result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args(
+        [str(folder), "--model", "tiny", "--gpu", "cpu"])))
+    spans = [(t.arrival_time, r.finish_time) for r, t in zip(result.requests, result.trace)]
+    assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == 2
+    cfg["load"]["stages"][1]["concurrency_level"] = 4
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(TraceError, match=r"load.stages.*concurrency levels \[2, 4\].*per-request report"):
+        read_inference_perf(folder)
+    cfg["load"] = {"type": "trace_replay", "stages": [{"rate": 1, "duration": 8}, {"rate": 1, "duration": 8}]}
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert fidelity_e2e.main([str(folder), "--model", "tiny", "--gpu", "cpu"]) == 2
+    assert "load.type" in capsys.readouterr().err
+    cfg["load"] = {"type": "constant", "stages": [{"rate": 2}, {"rate": 4, "duration": 2}]}
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(TraceError, match=r"load.stages\[0\].duration.*expected a number > 0"):
+        read_inference_perf(folder)

@@ -4,7 +4,8 @@ A run of inference-perf (github.com/kubernetes-sigs/inference-perf) writes a rep
 
 - `config.yaml`: the run's configuration. `load.stages` (each `rate` req/s for `duration` s;
   `load.type` constant or poisson: both draw exponential gaps, `constant` rescales them to fill
-  the stage), `load.interval` (seconds between stages), `data.type` and, for `shared_prefix`,
+  the stage; `load.type` concurrent: `num_requests` with `concurrency_level` in flight, replayed
+  as closed-loop users), `load.interval` (seconds between stages), `data.type` and, for `shared_prefix`,
   `data.shared_prefix` (`num_groups` / `num_unique_system_prompts`, `num_prompts_per_group` /
   `num_users_per_system_prompt`, `system_prompt_len`, `question_len`, `output_len`),
   `server.model_name`, `server.ignore_eos`, `load.request_timeout` (seconds after which a client gives
@@ -113,7 +114,8 @@ def measured_stages(folder: Path) -> list:
         e2e = _mean(latency, "request_latency", path, "successes.latency.request_latency")
         out_len = _mean(ok, "output_len", path, "successes.output_len")
         interval = (e2e - ttft) / (out_len - 1) if out_len > 1 else math.nan
-        out.append(MeasuredStage(k, _number(load.get("requested_rate", math.nan), path, "load_summary.requested_rate"),
+        rate = load.get("requested_rate")          # (none for a concurrent stage of some versions)
+        out.append(MeasuredStage(k, math.inf if rate is None else _number(rate, path, "load_summary.requested_rate"),
                                  n_ok, n_failed, ttft, e2e, interval, out_len,
                                  float(load.get("send_duration") or 0.0)))
     if not out:
@@ -146,8 +148,9 @@ def _shared_prefix(cfg: dict, path: Path) -> dict:
     return out
 
 
-def rebuilt_requests(folder: Path, cfg: dict, stages: list, seed: int) -> tuple[list, list, int]:
-    """The workload as inference-perf generates it from config.yaml (no per-request report)."""
+def rebuilt_requests(folder: Path, cfg: dict, stages: list, seed: int) -> tuple[list, list, int, int | None]:
+    """The workload as inference-perf generates it from config.yaml (no per-request report), and its
+    closed-loop users (None: open loop)."""
     sp = _shared_prefix(cfg, folder / "config.yaml")
     n = sp["num_groups"] * sp["num_prompts_per_group"]
     system = sp["system_prompt_len"] + 1                             # + BOS
@@ -155,9 +158,37 @@ def rebuilt_requests(folder: Path, cfg: dict, stages: list, seed: int) -> tuple[
     prompt = int(round(sum(measured) / len(measured))) if measured else system - 1 + sp["question_len"] + 1
     load = SharedPrefixWorkload(sp["num_groups"], sp["num_prompts_per_group"], system,
                                 [max(prompt, system + 1)] * n, [sp["output_len"]] * n)
-    plan = [Stage(float(s["rate"]), float(s["duration"])) for s in cfg["load"]["stages"]]
+    plan, users = load_plan(cfg, folder / "config.yaml")
     requests, stage_of = shared_prefix_trace(load, plan, STAGE_GAP_S, seed)
-    return requests, stage_of, system
+    return requests, stage_of, system, users
+
+
+def _positive(stage: dict, key: str, path: Path, k: int) -> float:
+    value = stage.get(key) if isinstance(stage, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise TraceError(str(path), None, f"load.stages[{k}].{key}", f"expected a number > 0, got {value!r}")
+    return float(value)
+
+
+def load_plan(cfg: dict, path: Path) -> tuple[list, int | None]:
+    """(the stages as sent, closed-loop users or None) from config.yaml's `load`: `constant` and
+    `poisson` stages send `rate` req/s for `duration` s; `concurrent` stages send `num_requests` with
+    `concurrency_level` in flight (each goes out when another finishes: closed-loop users, one
+    level for the whole run)."""
+    kind = str(cfg["load"].get("type", "constant"))
+    stages = cfg["load"]["stages"]
+    if kind in ("constant", "poisson"):
+        return [Stage(_positive(s, "rate", path, k), _positive(s, "duration", path, k))
+                for k, s in enumerate(stages)], None
+    if kind != "concurrent":
+        raise TraceError(str(path), None, "load.type", f"'{kind}' cannot be rebuilt without the per-request report "
+                         "(report.request_lifecycle.per_request: true); constant, poisson and concurrent can")
+    counts = [int(_positive(s, "num_requests", path, k)) for k, s in enumerate(stages)]
+    levels = {int(_positive(s, "concurrency_level", path, k)) for k, s in enumerate(stages)}
+    if len(levels) > 1:
+        raise TraceError(str(path), None, "load.stages", f"concurrency levels {sorted(levels)}: stages of different "
+                         "levels are replayed from the per-request report (report.request_lifecycle.per_request: true)")
+    return [Stage(n, 1.0, arrivals=(0.0,) * n) for n in counts], levels.pop()
 
 
 def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[list, list, int]:
@@ -228,16 +259,18 @@ def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
     notes = []
     sp = (cfg.get("data") or {}).get("shared_prefix") or {}
     prefix = int(sp.get("system_prompt_len", 0) or 0) + 1 if sp else 512
-    if (folder / "per_request_lifecycle_metrics.json").is_file():
+    if (folder / "per_request_lifecycle_metrics.json").is_file():         # (sent when they were: open loop)
         requests, stage_of, prefix = recorded_requests(folder, stages, prefix)
+        users = None
         notes.append("requests as recorded (per_request_lifecycle_metrics.json)")
     else:
-        requests, stage_of, prefix = rebuilt_requests(folder, cfg, stages, seed)
-        notes.append(f"workload rebuilt from config.yaml (seed {seed}): arrivals drawn as inference-perf draws them, "
-                     "prompt lengths the stages' mean")
+        requests, stage_of, prefix, users = rebuilt_requests(folder, cfg, stages, seed)
+        notes.append(f"workload rebuilt from config.yaml (seed {seed}): " + (
+            f"{users} closed-loop users (load.type concurrent), stages back to back" if users else
+            "arrivals drawn as inference-perf draws them") + ", prompt lengths the stages' mean")
     timeout, source = request_timeout(cfg, folder / "config.yaml")
     if any(s.requests_failed for s in stages):
         notes.append(f"its clients gave up after {timeout:g} s ({source})")
     server = cfg.get("server") or {}
     return Benchmark(folder.name, str(server.get("model_name") or ""), "", None, requests, stage_of, stages,
-                     prefix_block_tokens=max(1, prefix), notes=notes, client_timeout=timeout)
+                     prefix_block_tokens=max(1, prefix), notes=notes, client_timeout=timeout, concurrency=users)
