@@ -122,6 +122,11 @@ def test_without_the_per_request_report_the_workload_is_rebuilt_from_config_yaml
     assert {r.prompt_tokens for r in bench.requests} == {64}              # the stages' mean prompt length
     assert len({r.prefix_hashes for r in bench.requests}) == 4            # 2 groups x 2 prompts, sent in a cycle
     assert len({r.prefix_hashes[0] for r in bench.requests}) == 2
+    assert not any("went out late" in n for n in bench.notes)
+    stage = json.loads((folder / "stage_1_lifecycle_metrics.json").read_text())
+    stage["load_summary"]["schedule_delay"]["mean"] = 0.7                # the client fell behind
+    (folder / "stage_1_lifecycle_metrics.json").write_text(json.dumps(stage))
+    assert any("went out late (stage 1: 0.7 s" in n for n in read_inference_perf(folder, seed=1).notes)
     (folder / "config.yaml").write_text((folder / "config.yaml").read_text().replace("shared_prefix", "random", 1))
     with pytest.raises(TraceError, match="data.type.*per_request"):
         read_inference_perf(folder)

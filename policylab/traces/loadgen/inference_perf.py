@@ -129,6 +129,16 @@ def _prompt_mean(folder: Path, stage: int) -> float | None:
     return float(node["mean"]) if isinstance(node, dict) and node.get("mean") else None
 
 
+LATE_SEND_S = 0.1         # a stage whose requests went out later than this on average: said in the notes
+
+
+def _schedule_delay(folder: Path, stage: int) -> float:
+    """The stage's mean delay between a request's scheduled and actual send time (0 if not reported)."""
+    data = _json(folder / f"stage_{stage}_lifecycle_metrics.json")
+    node = (data.get("load_summary") or {}).get("schedule_delay")
+    return float(node.get("mean") or 0.0) if isinstance(node, dict) else 0.0
+
+
 def _shared_prefix(cfg: dict, path: Path) -> dict:
     data = cfg.get("data") or {}
     if data.get("type") != "shared_prefix":
@@ -268,6 +278,12 @@ def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
         notes.append(f"workload rebuilt from config.yaml (seed {seed}): " + (
             f"{users} closed-loop users (load.type concurrent), stages back to back" if users else
             "arrivals drawn as inference-perf draws them") + ", prompt lengths the stages' mean")
+        late = {s.stage: d for s in stages if (d := _schedule_delay(folder, s.stage)) > LATE_SEND_S}
+        if late:
+            notes.append("requests went out late (" + ", ".join(f"stage {k}: {d:.2g} s" for k, d in late.items())
+                         + " on average; the load generator fell behind or was at its concurrency cap): the rebuilt "
+                         "arrivals, at their scheduled times, load the server more than it was; the per-request "
+                         "report has the send times")
     timeout, source = request_timeout(cfg, folder / "config.yaml")
     if any(s.requests_failed for s in stages):
         notes.append(f"its clients gave up after {timeout:g} s ({source})")
