@@ -231,8 +231,8 @@ def server_terms(out: Path, calibration, sets: tuple) -> dict:
 def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | None = None,
             client_timeout: float | None = None) -> list:
     """fidelity-e2e on every run in `out` (the calibrated sim, the probes' client latency and host time;
-    the rebuilt traces and comparisons written under `write`; the clients' timeout replayed where they had
-    one); a row per metric, and one of the failed requests with a timeout."""
+    the rebuilt traces, comparisons and the probes' terms written under `write`; the clients' timeout
+    replayed where they had one); a row per metric, and one of the failed requests with a timeout."""
     from policylab.apps import fidelity_e2e
     from policylab.dataplane.fitted import load_calibration
     calibration = load_calibration(calibration_path)
@@ -240,7 +240,8 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
     sets = len(list(out.glob("decode_1_*.json")))
     if sets:                       # (a session kept without its probes keeps the terms they gave)
         terms = server_terms(out, calibration, tuple(range(sets)))
-        (out / "server_terms.json").write_text(json.dumps(terms, indent=1))
+        if write:
+            (write / "server_terms.json").write_text(json.dumps(terms, indent=1))
     else:
         terms = {k: (v if k != "extra" else {int(b): x for b, x in v.items()})
                  for k, v in json.loads((out / "server_terms.json").read_text()).items()}
@@ -271,7 +272,8 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
         predicted = [float(c.predicted.failed if c.predicted else 0) for c in compared]
         spread = max(measured) / min(measured) - 1 if min(measured) > 0 else float("inf")
         error = float(np.mean(predicted) / np.mean(measured) - 1) if np.mean(measured) > 0 else float("nan")
-        rows.append({"metric": f"failed requests (of {compared[0].measured.requests_ok + compared[0].measured.requests_failed})",
+        sent = compared[0].measured.requests_ok + compared[0].measured.requests_failed
+        rows.append({"metric": f"failed requests (of {sent})",
                      "unit": "count", "measured": measured, "predicted": predicted, "spread": spread,
                      "errors": [p / m - 1 if m else float("nan") for p, m in zip(predicted, measured)],
                      "error_to_mean": error, "within": abs(error) <= spread})

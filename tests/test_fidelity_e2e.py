@@ -353,6 +353,7 @@ def test_real_cpu_vllm_runs_are_predicted_within_their_own_spread(tmp_path, caps
         assert 0 < row["spread"] < 0.5, row                       # three real runs, not one copied
         assert abs(row["error_to_mean"]) <= row["spread"], row
     assert len(list(tmp_path.glob("e2e_run_*/comparison.json"))) == 3
+    assert (tmp_path / "server_terms.json").is_file() and not (QUIET / "server_terms.json").exists()
 
 
 OVERLOAD = DATA / "cpu_vllm_overload"
