@@ -41,6 +41,7 @@ STAGE_GAP_S = 60.0        # idle seconds between rebuilt stages (each starts on 
 # unset, the session keeps aiohttp's default total timeout: 5 minutes (aiohttp.client.DEFAULT_TIMEOUT)
 AIOHTTP_DEFAULT_TIMEOUT_S = 300.0
 GROUP_KEY_CHARS = 64      # prompts of one shared-prefix group begin with the same system prompt text
+LATE_SEND_S = 0.1         # a stage whose requests went out later than this on average: said in the notes
 
 
 def is_report_folder(path: Path) -> bool:
@@ -127,9 +128,6 @@ def _prompt_mean(folder: Path, stage: int) -> float | None:
     data = _json(folder / f"stage_{stage}_lifecycle_metrics.json")
     node = (data.get("successes") or {}).get("prompt_len")
     return float(node["mean"]) if isinstance(node, dict) and node.get("mean") else None
-
-
-LATE_SEND_S = 0.1         # a stage whose requests went out later than this on average: said in the notes
 
 
 def _schedule_delay(folder: Path, stage: int) -> float:
