@@ -477,7 +477,7 @@ def test_max_concurrency_at_an_unlimited_rate_is_replayed_as_closed_loop_users(t
     capped = tmp_path / "capped.json"
     capped.write_text(json.dumps(obj))
     bench = read_vllm_bench(capped)
-    assert bench.concurrency == 4 and any("4 closed-loop users" in n for n in bench.notes)
+    assert bench.concurrency == (4,) and any("closed-loop users (stage 0: 4;" in n for n in bench.notes)
     result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args([str(capped), *CPU])))
     spans = [(t.arrival_time, r.finish_time) for r, t in zip(result.requests, result.trace)]
     assert len(spans) == 40 and all(f is not None for _, f in spans)
@@ -498,10 +498,31 @@ def test_max_concurrency_at_an_unlimited_rate_is_replayed_as_closed_loop_users(t
 
 
 @pytest.mark.timeout(300)
+def test_a_concurrency_sweep_replays_each_stage_with_its_own_users(tmp_path):
+    """`--append-result` lines of `--max-concurrency 1` then `4` at an unlimited rate (a concurrency sweep):
+    each stage replayed on its own by its own users; a stage at a finite rate without a cap as it arrived."""
+    from policylab.apps.e2e_replay import replay_benchmark
+    first = json.loads(STAGED.read_text().splitlines()[0])
+    lines = [dict(first, request_rate="inf", max_concurrency=1), dict(first, request_rate="inf", max_concurrency=4),
+             dict(first, request_rate=2.0, max_concurrency=None)]
+    path = tmp_path / "sweep.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    bench = read_vllm_bench(path)
+    assert bench.concurrency == (1, 4, None) and any("stage 0: 1, stage 1: 4;" in n for n in bench.notes)
+    result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args([str(path), *CPU])))
+    for k, users in enumerate((1, 4)):
+        spans = [(t.arrival_time, r.finish_time) for r, t, s in zip(result.requests, result.trace, bench.stage_of) if s == k]
+        assert len(spans) == 40 and max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == users
+    open_loop = [t.arrival_time for t, s in zip(result.trace, bench.stage_of) if s == 2]
+    drawn = [r.arrival_time for r, s in zip(bench.requests, bench.stage_of) if s == 2]
+    assert open_loop == pytest.approx([a - drawn[0] for a in drawn])     # as drawn, from the stage's start
+
+
+@pytest.mark.timeout(300)
 def test_inference_perfs_concurrent_stages_are_rebuilt_as_closed_loop_users(tmp_path, capsys):
     """`load.type: concurrent` (num_requests with concurrency_level in flight) without the per-request
-    report: the stages' requests sent by that many closed-loop users; stages of different levels, or a
-    load type that cannot be rebuilt, end with a message naming the field."""
+    report: each stage's requests sent by its level's closed-loop users; a load type that cannot be
+    rebuilt, or a stage without its fields, ends with a message naming the field."""
     import yaml
     from policylab.apps.e2e_replay import replay_benchmark
     folder = tmp_path / "report"
@@ -511,17 +532,16 @@ def test_inference_perfs_concurrent_stages_are_rebuilt_as_closed_loop_users(tmp_
     cfg["load"] = {"type": "concurrent", "stages": [{"num_requests": 6, "concurrency_level": 2},
                                                     {"num_requests": 5, "concurrency_level": 2}]}
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    cfg["load"]["stages"][1]["concurrency_level"] = 3
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     bench = read_inference_perf(folder)
-    assert bench.concurrency == 2 and bench.stage_of == [0] * 6 + [1] * 5
-    assert any("2 closed-loop users (load.type concurrent)" in n for n in bench.notes)
+    assert bench.concurrency == (2, 3) and bench.stage_of == [0] * 6 + [1] * 5
+    assert any("closed-loop users (2, 3 by stage: load.type concurrent)" in n for n in bench.notes)
     result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args(
         [str(folder), "--model", "tiny", "--gpu", "cpu"])))
-    spans = [(t.arrival_time, r.finish_time) for r, t in zip(result.requests, result.trace)]
-    assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == 2
-    cfg["load"]["stages"][1]["concurrency_level"] = 4
-    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
-    with pytest.raises(TraceError, match=r"load.stages.*concurrency levels \[2, 4\].*per-request report"):
-        read_inference_perf(folder)
+    for k, users in enumerate((2, 3)):
+        spans = [(t.arrival_time, r.finish_time) for r, t, s in zip(result.requests, result.trace, bench.stage_of) if s == k]
+        assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == users
     cfg["load"] = {"type": "trace_replay", "stages": [{"rate": 1, "duration": 8}, {"rate": 1, "duration": 8}]}
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     assert fidelity_e2e.main([str(folder), "--model", "tiny", "--gpu", "cpu"]) == 2

@@ -6,7 +6,9 @@ to, and per stage the measured TTFT, end-to-end latency and per-token interval o
 that succeeded. `replay_benchmark` composes the run config a user would (`dataplane=sim
 policy=vllm_v1`, the model, `hardware`, `dataplane.tensor_parallel`, `serving_engine`, `engine.*`
 as vLLM's knobs say), replays the whole trace once (stages in order, so the prefix cache carries
-over as on the server) and measures each stage as the load generator does.
+over as on the server) and measures each stage as the load generator does. Where closed-loop users
+sent a stage (a load generator's concurrency cap with no send times recorded), each stage is
+replayed on its own, its users sending each request when another finishes.
 
 A stage whose requests failed on the client (timeouts under overload) is reported `overloaded`:
 its measured latencies cover only the survivors, which a replay that serves every request cannot
@@ -17,7 +19,7 @@ survivors, as measured, and its failures counted beside the measured ones.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -59,38 +61,62 @@ def run_overrides(bench: Benchmark, extra: list) -> list:
         out.append(f"model.config={bench.model_config}")
     if s.max_model_len:
         out.append(f"engine.max_model_len={s.max_model_len}")
-    if bench.concurrency:
-        out.append(f"trace.concurrency={bench.concurrency}")
     return out + list(extra)
 
 
-def replay_benchmark(bench: Benchmark, extra: list = (), cfg=None):
-    """(RunResult, typed run config) of `bench`'s trace on the sim (`cfg`: a composed config to use)."""
+@dataclass
+class StagedReplay:
+    """The replays of a benchmark sent stage by stage, as one: `requests` and `trace` in the
+    benchmark's request order (what `predicted_stages` reads of a RunResult)."""
+    requests: list
+    trace: list
+
+
+def replay_benchmark(bench: Benchmark, extra: list = ()):
+    """(the replay, typed run config) of `bench`'s trace on the sim: one run of the whole trace (stages
+    in order, so the prefix cache carries over as on the server), or, where a stage was sent by
+    closed-loop users (`bench.concurrency`), one run a stage, each from an idle, empty server."""
+    if bench.concurrency is None:
+        return _replay(bench.name, list(bench.requests), run_overrides(bench, list(extra)))
+    requests, trace, run = [None] * len(bench.requests), [None] * len(bench.requests), None
+    for k, users in zip([s.stage for s in bench.stages], bench.concurrency):
+        ids = [i for i, s in enumerate(bench.stage_of) if s == k]
+        if not ids:
+            continue
+        t0 = min(bench.requests[i].arrival_time for i in ids)
+        stage = [replace(bench.requests[i], arrival_time=bench.requests[i].arrival_time - t0) for i in ids]
+        loop = [] if users is None else [f"trace.concurrency={users}"]
+        result, run = _replay(f"{bench.name} stage {k}", closed_loop(bench.name, stage, users) if users else stage,
+                              run_overrides(bench, [*loop, *extra]))
+        for j, i in enumerate(ids):
+            requests[i], trace[i] = result.requests[j], result.trace[j]
+    return StagedReplay(requests, trace), run
+
+
+def _replay(name: str, trace: list, overrides: list):
     from policylab.apps.config import typed_config
     from policylab.apps.jobs import build_engine
     from policylab.apps.python_api import compose
     from omegaconf import open_dict
-    if cfg is None:
-        cfg = compose(run_overrides(bench, list(extra)))
-        with open_dict(cfg):
-            del cfg["hydra"]
+    cfg = compose(overrides)
+    with open_dict(cfg):
+        del cfg["hydra"]
     run = typed_config(cfg)
-    engine = build_engine(run, trace=closed_loop(bench) if bench.concurrency else list(bench.requests))
-    result = engine.run()
+    result = build_engine(run, trace=trace).run()
     if result.partial:
-        raise RuntimeError(f"the replay of {bench.name} ended early: {result.error}")
+        raise RuntimeError(f"the replay of {name} ended early: {result.error}")
     return result, run
 
 
-def closed_loop(bench: Benchmark):
-    """`bench`'s requests, in order, sent by `bench.concurrency` users: each sends its next request
-    when its last one ended (as `trace.concurrency` users do)."""
+def closed_loop(name: str, requests: list, users: int):
+    """`requests`, in order, sent by `users` users: each sends its next request when its last one
+    ended (as `trace.concurrency` users do)."""
     from policylab.traces.loaded import LoadedTrace
     from policylab.traces.sessions import one_turn_sessions, plan_of
     from policylab.traces.transforms import TraceReport
-    plan = plan_of(one_turn_sessions(bench.requests), bench.concurrency)
+    plan = plan_of(one_turn_sessions(requests), users)
     trace = LoadedTrace(plan.trace)
-    trace.report, trace.sessions = TraceReport(bench.name, "loadgen"), plan
+    trace.report, trace.sessions = TraceReport(name, "loadgen"), plan
     return trace
 
 

@@ -47,6 +47,7 @@ class Benchmark:
     # seconds after which the load generator's clients give up on a request, where its result or its
     # defaults say (None: unknown); a run with failed requests is replayed with it
     client_timeout: Optional[float] = None
-    # closed-loop users replaying the requests in order (the load generator's --max-concurrency at an
-    # unlimited rate, where it recorded no send times); None: the arrival times
-    concurrency: Optional[int] = None
+    # per stage, the closed-loop users that sent its requests in order (the load generator's
+    # --max-concurrency at an unlimited rate, or concurrency level, where it recorded no send times;
+    # None for a stage sent at its arrival times); None: every stage at its arrival times
+    concurrency: Optional[tuple] = None

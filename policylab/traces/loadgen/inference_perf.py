@@ -178,11 +178,11 @@ def _positive(stage: dict, key: str, path: Path, k: int) -> float:
     return float(value)
 
 
-def load_plan(cfg: dict, path: Path) -> tuple[list, int | None]:
-    """(the stages as sent, closed-loop users or None) from config.yaml's `load`: `constant` and
-    `poisson` stages send `rate` req/s for `duration` s; `concurrent` stages send `num_requests` with
-    `concurrency_level` in flight (each goes out when another finishes: closed-loop users, one
-    level for the whole run)."""
+def load_plan(cfg: dict, path: Path) -> tuple[list, tuple | None]:
+    """(the stages as sent, per stage its closed-loop users, or None) from config.yaml's `load`:
+    `constant` and `poisson` stages send `rate` req/s for `duration` s; `concurrent` stages send
+    `num_requests` with `concurrency_level` in flight (each goes out when another finishes: that
+    many closed-loop users)."""
     kind = str(cfg["load"].get("type", "constant"))
     stages = cfg["load"]["stages"]
     if kind in ("constant", "poisson"):
@@ -192,11 +192,8 @@ def load_plan(cfg: dict, path: Path) -> tuple[list, int | None]:
         raise TraceError(str(path), None, "load.type", f"'{kind}' cannot be rebuilt without the per-request report "
                          "(report.request_lifecycle.per_request: true); constant, poisson and concurrent can")
     counts = [int(_positive(s, "num_requests", path, k)) for k, s in enumerate(stages)]
-    levels = {int(_positive(s, "concurrency_level", path, k)) for k, s in enumerate(stages)}
-    if len(levels) > 1:
-        raise TraceError(str(path), None, "load.stages", f"concurrency levels {sorted(levels)}: stages of different "
-                         "levels are replayed from the per-request report (report.request_lifecycle.per_request: true)")
-    return [Stage(n, 1.0, arrivals=(0.0,) * n) for n in counts], levels.pop()
+    levels = tuple(int(_positive(s, "concurrency_level", path, k)) for k, s in enumerate(stages))
+    return [Stage(n, 1.0, arrivals=(0.0,) * n) for n in counts], levels
 
 
 def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[list, list, int]:
@@ -274,8 +271,9 @@ def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
     else:
         requests, stage_of, prefix, users = rebuilt_requests(folder, cfg, stages, seed)
         notes.append(f"workload rebuilt from config.yaml (seed {seed}): " + (
-            f"{users} closed-loop users (load.type concurrent), stages back to back" if users else
-            "arrivals drawn as inference-perf draws them") + ", prompt lengths the stages' mean")
+            f"closed-loop users ({', '.join(map(str, users))} by stage: load.type concurrent), each stage replayed "
+            "on its own from an empty server" if users else "arrivals drawn as inference-perf draws them")
+            + ", prompt lengths the stages' mean")
         late = {s.stage: d for s in stages if (d := _schedule_delay(folder, s.stage)) > LATE_SEND_S}
         if late:
             notes.append("requests went out late (" + ", ".join(f"stage {k}: {d:.2g} s" for k, d in late.items())

@@ -14,7 +14,8 @@ gaps). Without them the arrivals are drawn as `vllm bench serve` draws them (gam
 `burstiness` at `request_rate`, or all at once for "inf") with the mean lengths. The result does not
 say which prompts shared a prefix: `prefix_tokens` (all prompts share their first N tokens, as
 `--random-prefix-len` or the prefix-repetition dataset's prefix) is the caller's to give. A summary
-of `--max-concurrency N` at `--request-rate inf` becomes N closed-loop users (`Benchmark.concurrency`).
+stage of `--max-concurrency N` at `--request-rate inf` is sent by N closed-loop users
+(`Benchmark.concurrency`).
 
 A failed request (its client gave up) records only the tokens it received before that, none when it
 was still waiting, and not the tokens it asked for: it is replayed asking for the mean output of the
@@ -171,20 +172,26 @@ def read_vllm_bench(path: Path, seed: int = 0, prefix_tokens: int = 0) -> Benchm
 
 
 def closed_loop_users(objects: list, path: Path) -> tuple:
-    """(N, note): N closed-loop users where the result sent every stage at `--request-rate inf` with
-    `--max-concurrency N` and recorded no send times (each request went out when another finished);
-    (None, a note) where its `--max-concurrency` cannot be replayed so; (None, None) where it had none.
-    Send times recorded (`--save-detailed`) are replayed as they were."""
+    """(per stage the closed-loop users or None, note): a stage sent at `--request-rate inf` with
+    `--max-concurrency N`, and no send times recorded, went out N at a time, each request when another
+    finished: N users. A cap at a finite rate cannot be replayed so (the note says so); send times
+    recorded (`--save-detailed`) are replayed as they were. (None, None) where no stage had a cap."""
     caps = [obj.get("max_concurrency") for obj in objects]
     if _detailed(objects[0]) or all(c is None for c in caps):
         return None, None
-    for line, cap in enumerate(caps, 1):
+    users, capped_at_a_rate = [], False
+    for line, (obj, cap) in enumerate(zip(objects, caps), 1):
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise TraceError(str(path), line, "max_concurrency", f"expected a number of requests >= 1, got {cap!r}")
-    unlimited = all(obj.get("request_rate", "inf") in ("inf", None) or float(obj["request_rate"]) == math.inf
-                    for obj in objects)
-    if unlimited and len(set(caps)) == 1:
-        return caps[0], (f"replayed as {caps[0]} closed-loop users (--max-concurrency {caps[0]} at --request-rate inf: "
-                         "a request goes out when another finishes; stages back to back)")
-    return None, ("--max-concurrency held requests back, which open-loop arrivals at the request rate do not: "
-                  "save the run with --save-detailed to replay its send times")
+        unlimited = obj.get("request_rate", "inf") in ("inf", None) or float(obj["request_rate"]) == math.inf
+        users.append(cap if unlimited else None)
+        capped_at_a_rate |= cap is not None and not unlimited
+    notes = []
+    if any(users):
+        notes.append("closed-loop users (" + ", ".join(f"stage {k}: {n}" for k, n in enumerate(users) if n) +
+                     "; --max-concurrency at --request-rate inf: a request goes out when another finishes), each "
+                     "such stage replayed on its own from an empty server")
+    if capped_at_a_rate:
+        notes.append("--max-concurrency held requests back, which open-loop arrivals at the request rate do not: "
+                     "save the run with --save-detailed to replay its send times")
+    return (tuple(users) if any(users) else None), "; ".join(notes) or None
