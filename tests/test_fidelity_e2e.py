@@ -483,6 +483,11 @@ def test_max_concurrency_at_an_unlimited_rate_is_replayed_as_closed_loop_users(t
     assert len(spans) == 40 and all(f is not None for _, f in spans)
     assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == 4
     assert len({round(a, 9) for a, _ in spans}) > 10                       # sent as others finished
+    late, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args([str(capped), *CPU])),
+                               client=0.05)     # a user sends its next request a client round trip later
+    arrivals = sorted(t.arrival_time for t in late.trace)
+    ends = [r.finish_time for r in late.requests]
+    assert arrivals[:4] == [0.0] * 4 and all(any(abs(a - e - 0.05) < 1e-9 for e in ends) for a in arrivals[4:])
     obj.pop("max_concurrency")
     (tmp_path / "all_at_once.json").write_text(json.dumps(obj))
     ttft = {}

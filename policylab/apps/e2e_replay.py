@@ -72,12 +72,14 @@ class StagedReplay:
     trace: list
 
 
-def replay_benchmark(bench: Benchmark, extra: list = ()):
+def replay_benchmark(bench: Benchmark, extra: list = (), client: Optional[float] = None):
     """(the replay, typed run config) of `bench`'s trace on the sim: one run of the whole trace (stages
     in order, so the prefix cache carries over as on the server), or, where a stage was sent by
-    closed-loop users (`bench.concurrency`), one run a stage, each from an idle, empty server."""
+    closed-loop users (`bench.concurrency`), one run a stage, each from an idle, empty server. A
+    closed-loop user sends its next request a client round trip after its last one ended: `client`
+    seconds (default: the run's `client_latency`), as it learns of the end and its request travels."""
     if bench.concurrency is None:
-        return _replay(bench.name, list(bench.requests), run_overrides(bench, list(extra)))
+        return _replay(bench.name, lambda run: list(bench.requests), run_overrides(bench, list(extra)))
     requests, trace, run = [None] * len(bench.requests), [None] * len(bench.requests), None
     for k, users in zip([s.stage for s in bench.stages], bench.concurrency):
         ids = [i for i, s in enumerate(bench.stage_of) if s == k]
@@ -86,14 +88,17 @@ def replay_benchmark(bench: Benchmark, extra: list = ()):
         t0 = min(bench.requests[i].arrival_time for i in ids)
         stage = [replace(bench.requests[i], arrival_time=bench.requests[i].arrival_time - t0) for i in ids]
         loop = [] if users is None else [f"trace.concurrency={users}"]
-        result, run = _replay(f"{bench.name} stage {k}", closed_loop(bench.name, stage, users) if users else stage,
-                              run_overrides(bench, [*loop, *extra]))
+
+        def trace_of(run, stage=stage, users=users):
+            gap = client_latency(run) if client is None else client
+            return closed_loop(bench.name, stage, users, gap) if users else stage
+        result, run = _replay(f"{bench.name} stage {k}", trace_of, run_overrides(bench, [*loop, *extra]))
         for j, i in enumerate(ids):
             requests[i], trace[i] = result.requests[j], result.trace[j]
     return StagedReplay(requests, trace), run
 
 
-def _replay(name: str, trace: list, overrides: list):
+def _replay(name: str, trace_of, overrides: list):
     from policylab.apps.config import typed_config
     from policylab.apps.jobs import build_engine
     from policylab.apps.python_api import compose
@@ -102,19 +107,19 @@ def _replay(name: str, trace: list, overrides: list):
     with open_dict(cfg):
         del cfg["hydra"]
     run = typed_config(cfg)
-    result = build_engine(run, trace=trace).run()
+    result = build_engine(run, trace=trace_of(run)).run()
     if result.partial:
         raise RuntimeError(f"the replay of {name} ended early: {result.error}")
     return result, run
 
 
-def closed_loop(name: str, requests: list, users: int):
-    """`requests`, in order, sent by `users` users: each sends its next request when its last one
-    ended (as `trace.concurrency` users do)."""
+def closed_loop(name: str, requests: list, users: int, gap: float = 0.0):
+    """`requests`, in order, sent by `users` users: each sends its next request `gap` seconds after
+    its last one ended (as `trace.concurrency` users do, at once)."""
     from policylab.traces.loaded import LoadedTrace
     from policylab.traces.sessions import one_turn_sessions, plan_of
     from policylab.traces.transforms import TraceReport
-    plan = plan_of(one_turn_sessions(requests), users)
+    plan = replace(plan_of(one_turn_sessions(requests), users), user_gap=gap)
     trace = LoadedTrace(plan.trace)
     trace.report, trace.sessions = TraceReport(name, "loadgen"), plan
     return trace

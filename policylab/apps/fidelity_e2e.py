@@ -166,7 +166,7 @@ def run(args) -> list:
     seconds = replay_timeout(args.client_timeout, bench)
     timeout = [] if seconds is None else [f"trace.client_timeout={seconds}"]
     result, cfg = replay_benchmark(bench, [f"serving_engine={args.serving_engine}", *timeout, *host_overrides(args),
-                                           *args.overrides])
+                                           *args.overrides], client=args.client_latency)
     # the load generator measures from its side of the API
     client = client_latency(cfg) if args.client_latency is None else args.client_latency
     rows = compare(bench, predicted_stages(bench, result, client), timed_out=bool(timeout))

@@ -38,6 +38,8 @@ class SessionPlan:
     think_time: list                 # s after the previous turn finished (turn 0: 0.0)
     new_tokens: list                 # prompt tokens the turn adds to the conversation
     concurrency: Optional[int] = None   # N closed-loop users; None: sessions start at their recorded time
+    user_gap: float = 0.0            # s a closed-loop user waits between a session's end and its next one
+    #                                  (a client's round trip: it learns of the end, its request travels)
 
     def __post_init__(self):
         n = len(self.trace)
@@ -45,6 +47,8 @@ class SessionPlan:
             raise ValueError("session plan: every per-request list must have one entry per request")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"trace.concurrency must be >= 1 closed-loop users, got {self.concurrency}")
+        if not 0.0 <= self.user_gap < float("inf"):
+            raise ValueError(f"session plan: user_gap must be a finite number of seconds >= 0, got {self.user_gap}")
         self.firsts = [i for i in range(n) if self.turn[i] == 0]       # each session's turn 0
 
     def has_next(self, i: int) -> bool:
@@ -55,8 +59,9 @@ class SessionPlan:
     def mode(self) -> str:
         """One line for the summary: how arrivals were made."""
         if self.concurrency is not None:
+            gap = f" and {self.user_gap * 1e3:g} ms" if self.user_gap else ""
             return (f"closed loop: {self.concurrency} users, each sends its next request when its last one "
-                    "finished (the trace's arrival times are ignored)")
+                    f"finished{gap} (the trace's arrival times are ignored)")
         return "closed loop: each session starts at its recorded time; a turn arrives its think time " \
                "after the previous one finished"
 
@@ -141,7 +146,7 @@ class ClosedLoop(Extension):
             return self._push(now, nxt, self._ended[session])
         self._ended.pop(session, None)
         if self._queue:                  # (closed-loop users only) this user starts its next session
-            self._push(now, self._queue.pop())
+            self._push(now + plan.user_gap, self._queue.pop())
 
     def _prompt_ids(self, i: int) -> Optional[np.ndarray]:
         """The prompt of turn i: the conversation before it plus its new tokens (a session's turn 0:
