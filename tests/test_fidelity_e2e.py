@@ -469,15 +469,15 @@ def test_the_development_split_check_compares_an_overloaded_stage_on_its_survivo
 @pytest.mark.timeout(300)
 def test_max_concurrency_at_an_unlimited_rate_is_replayed_as_closed_loop_users(tmp_path, capsys):
     """`--max-concurrency 4 --request-rate inf` without send times: 4 users, each sending its next request
-    when its last one ends (never more than 4 in flight), not all 40 requests at once; with a finite rate
-    the cap cannot be replayed from a summary, and the printout says so."""
+    when its last one ends (never more than 4 in flight), not all 40 requests at once; at a finite rate
+    faster than they serve, each request at its time or when one of the 4 finishes, whichever is later."""
     from policylab.apps.e2e_replay import replay_benchmark
     obj = json.loads(STAGED.read_text().splitlines()[0])
     obj.update(request_rate="inf", max_concurrency=4)
     capped = tmp_path / "capped.json"
     capped.write_text(json.dumps(obj))
     bench = read_vllm_bench(capped)
-    assert bench.concurrency == (4,) and any("closed-loop users (stage 0: 4;" in n for n in bench.notes)
+    assert bench.concurrency == (4,) and any("at most N requests in flight (stage 0: 4;" in n for n in bench.notes)
     result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args([str(capped), *CPU])))
     spans = [(t.arrival_time, r.finish_time) for r, t in zip(result.requests, result.trace)]
     assert len(spans) == 40 and all(f is not None for _, f in spans)
@@ -496,10 +496,18 @@ def test_max_concurrency_at_an_unlimited_rate_is_replayed_as_closed_loop_users(t
         row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0 | inf |"))
         ttft[name] = float(row.split("|")[4].split("/")[1])
     assert ttft["capped"] < ttft["all_at_once"] / 2
-    obj.update(request_rate=8.0, max_concurrency=4)
-    (tmp_path / "finite.json").write_text(json.dumps(obj))
-    bench = read_vllm_bench(tmp_path / "finite.json")
-    assert bench.concurrency is None and any("--save-detailed to replay its send times" in n for n in bench.notes)
+    obj.update(request_rate=30.0, max_concurrency=4)                     # faster than 4 streams serve
+    (tmp_path / "paced.json").write_text(json.dumps(obj))
+    bench = read_vllm_bench(tmp_path / "paced.json")
+    assert bench.concurrency == (4,)
+    result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args(
+        [str(tmp_path / "paced.json"), *CPU])))
+    drawn = [r.arrival_time for r in bench.requests]
+    sent = [t.arrival_time for t in result.trace]
+    spans = [(a, r.finish_time) for a, r in zip(sent, result.requests)]
+    assert all(s >= d - 1e-12 for s, d in zip(sent, drawn))                 # never before its time
+    assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == 4
+    assert sum(s > d + 1e-9 for s, d in zip(sent, drawn)) > 10             # the cap held requests back
 
 
 @pytest.mark.timeout(300)
@@ -513,7 +521,7 @@ def test_a_concurrency_sweep_replays_each_stage_with_its_own_users(tmp_path):
     path = tmp_path / "sweep.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     bench = read_vllm_bench(path)
-    assert bench.concurrency == (1, 4, None) and any("stage 0: 1, stage 1: 4;" in n for n in bench.notes)
+    assert bench.concurrency == (1, 4, None) and any("(stage 0: 1, stage 1: 4;" in n for n in bench.notes)
     result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args([str(path), *CPU])))
     for k, users in enumerate((1, 4)):
         spans = [(t.arrival_time, r.finish_time) for r, t, s in zip(result.requests, result.trace, bench.stage_of) if s == k]

@@ -115,11 +115,12 @@ def _replay(name: str, trace_of, overrides: list):
 
 def closed_loop(name: str, requests: list, users: int, gap: float = 0.0):
     """`requests`, in order, sent by `users` users: each sends its next request `gap` seconds after
-    its last one ended (as `trace.concurrency` users do, at once)."""
+    its last one ended, and not before the request's own arrival time (a load generator's cap on
+    requests in flight; with every arrival at 0, `trace.concurrency` users with a round trip)."""
     from policylab.traces.loaded import LoadedTrace
     from policylab.traces.sessions import one_turn_sessions, plan_of
     from policylab.traces.transforms import TraceReport
-    plan = replace(plan_of(one_turn_sessions(requests), users), user_gap=gap)
+    plan = replace(plan_of(one_turn_sessions(requests), users), user_gap=gap, paced=True)
     trace = LoadedTrace(plan.trace)
     trace.report, trace.sessions = TraceReport(name, "loadgen"), plan
     return trace

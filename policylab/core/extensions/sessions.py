@@ -40,6 +40,8 @@ class SessionPlan:
     concurrency: Optional[int] = None   # N closed-loop users; None: sessions start at their recorded time
     user_gap: float = 0.0            # s a closed-loop user waits between a session's end and its next one
     #                                  (a client's round trip: it learns of the end, its request travels)
+    paced: bool = False              # closed-loop users start no session before its recorded start (a load
+    #                                  generator's requests at their times, at most N of them in flight)
 
     def __post_init__(self):
         n = len(self.trace)
@@ -58,6 +60,9 @@ class SessionPlan:
     @property
     def mode(self) -> str:
         """One line for the summary: how arrivals were made."""
+        if self.concurrency is not None and self.paced:
+            return (f"closed loop: at most {self.concurrency} requests in flight, each sent at its arrival time "
+                    "or when one of them finished, whichever is later")
         if self.concurrency is not None:
             gap = f" and {self.user_gap * 1e3:g} ms" if self.user_gap else ""
             return (f"closed loop: {self.concurrency} users, each sends its next request when its last one "
@@ -94,7 +99,8 @@ class ClosedLoop(Extension):
         else:
             self._queue.reverse()        # (popped from the end)
             for _ in range(min(plan.concurrency, len(self._queue))):
-                self._push(0.0, self._queue.pop())
+                i = self._queue.pop()
+                self._push(plan.trace[i].arrival_time if plan.paced else 0.0, i)
 
     def section(self):
         return self.plan
@@ -146,7 +152,9 @@ class ClosedLoop(Extension):
             return self._push(now, nxt, self._ended[session])
         self._ended.pop(session, None)
         if self._queue:                  # (closed-loop users only) this user starts its next session
-            self._push(now + plan.user_gap, self._queue.pop())
+            i = self._queue.pop()
+            start = now + plan.user_gap
+            self._push(max(start, plan.trace[i].arrival_time) if plan.paced else start, i)
 
     def _prompt_ids(self, i: int) -> Optional[np.ndarray]:
         """The prompt of turn i: the conversation before it plus its new tokens (a session's turn 0:

@@ -47,7 +47,8 @@ class Benchmark:
     # seconds after which the load generator's clients give up on a request, where its result or its
     # defaults say (None: unknown); a run with failed requests is replayed with it
     client_timeout: Optional[float] = None
-    # per stage, the closed-loop users that sent its requests in order (the load generator's
-    # --max-concurrency at an unlimited rate, or concurrency level, where it recorded no send times;
-    # None for a stage sent at its arrival times); None: every stage at its arrival times
+    # per stage, the load generator's cap on requests in flight where it recorded no send times (its
+    # --max-concurrency, or concurrency level): a request goes out at its arrival time or when another
+    # finishes, whichever is later (all arriving at once: closed-loop users); None for a stage without
+    # one; None: no stage had one
     concurrency: Optional[tuple] = None

@@ -14,8 +14,8 @@ gaps). Without them the arrivals are drawn as `vllm bench serve` draws them (gam
 `burstiness` at `request_rate`, or all at once for "inf") with the mean lengths. The result does not
 say which prompts shared a prefix: `prefix_tokens` (all prompts share their first N tokens, as
 `--random-prefix-len` or the prefix-repetition dataset's prefix) is the caller's to give. A summary
-stage of `--max-concurrency N` at `--request-rate inf` is sent by N closed-loop users
-(`Benchmark.concurrency`).
+stage of `--max-concurrency N` keeps at most N requests in flight (`Benchmark.concurrency`): at
+`--request-rate inf`, N closed-loop users.
 
 A failed request (its client gave up) records only the tokens it received before that, none when it
 was still waiting, and not the tokens it asked for: it is replayed asking for the mean output of the
@@ -172,26 +172,16 @@ def read_vllm_bench(path: Path, seed: int = 0, prefix_tokens: int = 0) -> Benchm
 
 
 def closed_loop_users(objects: list, path: Path) -> tuple:
-    """(per stage the closed-loop users or None, note): a stage sent at `--request-rate inf` with
-    `--max-concurrency N`, and no send times recorded, went out N at a time, each request when another
-    finished: N users. A cap at a finite rate cannot be replayed so (the note says so); send times
-    recorded (`--save-detailed`) are replayed as they were. (None, None) where no stage had a cap."""
+    """(per stage its cap on requests in flight or None, note): a stage sent with `--max-concurrency N`,
+    and no send times recorded, kept at most N requests in flight, each sent at its arrival time or
+    when another finished, whichever was later (at `--request-rate inf`: N closed-loop users). Send
+    times recorded (`--save-detailed`) are replayed as they were. (None, None) where no stage had a cap."""
     caps = [obj.get("max_concurrency") for obj in objects]
     if _detailed(objects[0]) or all(c is None for c in caps):
         return None, None
-    users, capped_at_a_rate = [], False
-    for line, (obj, cap) in enumerate(zip(objects, caps), 1):
+    for line, cap in enumerate(caps, 1):
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise TraceError(str(path), line, "max_concurrency", f"expected a number of requests >= 1, got {cap!r}")
-        unlimited = obj.get("request_rate", "inf") in ("inf", None) or float(obj["request_rate"]) == math.inf
-        users.append(cap if unlimited else None)
-        capped_at_a_rate |= cap is not None and not unlimited
-    notes = []
-    if any(users):
-        notes.append("closed-loop users (" + ", ".join(f"stage {k}: {n}" for k, n in enumerate(users) if n) +
-                     "; --max-concurrency at --request-rate inf: a request goes out when another finishes), each "
-                     "such stage replayed on its own from an empty server")
-    if capped_at_a_rate:
-        notes.append("--max-concurrency held requests back, which open-loop arrivals at the request rate do not: "
-                     "save the run with --save-detailed to replay its send times")
-    return (tuple(users) if any(users) else None), "; ".join(notes) or None
+    return tuple(caps), ("at most N requests in flight (" + ", ".join(f"stage {k}: {n}" for k, n in enumerate(caps) if n)
+                         + "; --max-concurrency: a request goes out at its time or when another finishes), each such "
+                         "stage replayed on its own from an empty server")
