@@ -1,12 +1,14 @@
-"""`fidelity-e2e` on `vllm bench serve --max-concurrency N --request-rate inf` results kept as summaries.
+"""`fidelity-e2e` on `vllm bench serve --max-concurrency N` results kept as summaries.
 
 A session of `experiments/cpu_vllm_e2e.py` holds its decode probes: real runs of N concurrent streams
 (`--max-concurrency` 4 and 16 at an unlimited rate, 256 + 64 tokens, `--save-detailed`), its fit and the
-server's terms (`server_terms.json`). Each probe is replayed three ways: from its per-request records (the
-send times as they were), and from its summary alone (the lists dropped, as a result saved without
-`--save-detailed`): by N closed-loop users, as `fidelity-e2e` reads such a summary, and with every request
-at once, as it read one before. Printed: each way's error in TTFT, E2E and per-token interval (mean and
-range over the session's four probe sets).
+server's terms (`server_terms.json`); a session run with `--max-concurrency N` also its workload runs,
+capped at a finite rate. Each is replayed three ways: from its per-request records (the send times as
+they were), and from its summary alone (the lists dropped, as a result saved without `--save-detailed`):
+with at most N requests in flight, as `fidelity-e2e` reads such a summary (each request at its arrival
+time or a client round trip after another finished: at an unlimited rate, N closed-loop users), and
+with its cap ignored (every request at its drawn arrival time; at an unlimited rate, all at once).
+Printed: each way's error in TTFT, E2E and per-token interval (mean and range over the runs).
 
     python experiments/cpu_vllm_closed_loop.py SESSION_DIR
 """
@@ -41,24 +43,30 @@ def main(argv=None) -> int:
     session = Path((argv or sys.argv[1:])[0])
     terms = json.loads((session / "server_terms.json").read_text())
     errors: dict = {}
+    groups = {f"{n} streams": sorted(session.glob(f"decode_{n}_*.json")) for n in (4, 16)}
+    capped = [p for p in sorted(session.glob("run_*.json")) if json.loads(p.read_text()).get("max_concurrency")]
+    if capped:
+        first = json.loads(capped[0].read_text())
+        groups[f"workload, cap {first['max_concurrency']} at {first['request_rate']:g} req/s"] = capped
+    ways = ("per-request records", "summary, capped", "summary, cap ignored")
     with tempfile.TemporaryDirectory() as tmp:
-        for users in (4, 16):
-            for probe in sorted(session.glob(f"decode_{users}_*.json")):
-                raw = json.loads(probe.read_text())
+        for group, results in groups.items():
+            for result in results:
+                raw = json.loads(result.read_text())
                 summary = {k: v for k, v in raw.items() if not isinstance(v, list)}
-                ways = {"per-request records": probe}
-                for way, cap in (("summary, closed loop", users), ("summary, all at once", None)):
-                    ways[way] = Path(tmp) / f"{way[-4:]}.json"
-                    ways[way].write_text(json.dumps(dict(summary, max_concurrency=cap)))
-                for way, path in ways.items():
+                paths = {ways[0]: result}
+                for way, cap in ((ways[1], raw["max_concurrency"]), (ways[2], None)):
+                    paths[way] = Path(tmp) / f"{way[-7:].strip()}.json"
+                    paths[way].write_text(json.dumps(dict(summary, max_concurrency=cap)))
+                for way, path in paths.items():
                     row = replay(path, session, terms)
                     for key in METRICS:
-                        errors.setdefault((users, way, key), []).append(row.errors[key])
-    print("| streams | replayed from | TTFT | E2E | per-token interval |\n|---|---|---|---|---|")
-    for users in (4, 16):
-        for way in ("per-request records", "summary, closed loop", "summary, all at once"):
-            cells = [errors[users, way, key] for key in METRICS]
-            print(f"| {users} | {way} | " + " | ".join(
+                        errors.setdefault((group, way, key), []).append(row.errors[key])
+    print("| runs | replayed from | TTFT | E2E | per-token interval |\n|---|---|---|---|---|")
+    for group in groups:
+        for way in ways:
+            cells = [errors[group, way, key] for key in METRICS]
+            print(f"| {group} | {way} | " + " | ".join(
                 f"{np.mean(e) * 100:+.1f} % ({min(e) * 100:+.1f}…{max(e) * 100:+.1f})" for e in cells) + " |")
     return 0
 

@@ -300,6 +300,8 @@ def main(argv=None) -> int:
     ap.add_argument("--output-len", type=int, default=WORKLOAD_LENS["output_len"])
     ap.add_argument("--prefix-len", type=int, default=WORKLOAD_LENS["prefix_len"])
     ap.add_argument("--calibration-requests", type=int, default=200)
+    ap.add_argument("--max-concurrency", type=int, default=None, metavar="N",
+                    help="the load generator keeps at most N workload requests in flight (vllm bench serve's flag)")
     ap.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
                     help="the load generator gives up on a workload request after this many seconds (an overloaded "
                          "session: the survivors compare with a replay whose clients give up the same way)")
@@ -317,7 +319,8 @@ def main(argv=None) -> int:
     with served(a.out) as (model, port):
         probe(model, port, a.out, 0)
         workload = [*workload_args(a.input_len, a.output_len, a.prefix_len, a.num_prompts),
-                    "--request-rate", str(a.request_rate), "--seed", "0"]
+                    "--request-rate", str(a.request_rate), "--seed", "0",
+                    *(["--max-concurrency", str(a.max_concurrency)] if a.max_concurrency else [])]
         (a.out / "workload.json").write_text(json.dumps({"args": workload, "client_timeout": a.client_timeout}))
         for k in range(a.repeats):
             bench(model, port, a.out, f"run_{k}", workload, client_timeout=a.client_timeout)
