@@ -74,56 +74,51 @@ class StagedReplay:
 
 def replay_benchmark(bench: Benchmark, extra: list = (), client: Optional[float] = None):
     """(the replay, typed run config) of `bench`'s trace on the sim: one run of the whole trace (stages
-    in order, so the prefix cache carries over as on the server), or, where a stage was sent by
-    closed-loop users (`bench.concurrency`), one run a stage, each from an idle, empty server. A
-    closed-loop user sends its next request a client round trip after its last one ended: `client`
-    seconds (default: the run's `client_latency`), as it learns of the end and its request travels."""
+    in order, so the prefix cache carries over as on the server), or, where a stage was sent under a
+    cap on requests in flight (`bench.concurrency`), one run a stage, each from an idle, empty server.
+    Under a cap a request goes out at its arrival time or a client round trip after another ended,
+    whichever is later: `client` seconds (default: the run's `client_latency`), as the client learns of
+    the end and its request travels."""
+    from policylab.apps.config import typed_config
+    from policylab.apps.python_api import compose
+    from omegaconf import open_dict
+    cfg = compose(run_overrides(bench, list(extra)))
+    with open_dict(cfg):
+        del cfg["hydra"]
+    run = typed_config(cfg)
     if bench.concurrency is None:
-        return _replay(bench.name, lambda run: list(bench.requests), run_overrides(bench, list(extra)))
-    requests, trace, run = [None] * len(bench.requests), [None] * len(bench.requests), None
-    for k, users in zip([s.stage for s in bench.stages], bench.concurrency):
+        return _replay(bench.name, run, list(bench.requests)), run
+    gap = client_latency(run) if client is None else client
+    requests, trace = [None] * len(bench.requests), [None] * len(bench.requests)
+    for k, cap in zip([s.stage for s in bench.stages], bench.concurrency):
         ids = [i for i, s in enumerate(bench.stage_of) if s == k]
         if not ids:
             continue
         t0 = min(bench.requests[i].arrival_time for i in ids)
         stage = [replace(bench.requests[i], arrival_time=bench.requests[i].arrival_time - t0) for i in ids]
-        loop = [] if users is None else [f"trace.concurrency={users}"]
-
-        def trace_of(run, stage=stage, users=users):
-            gap = client_latency(run) if client is None else client
-            return closed_loop(bench.name, stage, users, gap) if users else stage
-        result, run = _replay(f"{bench.name} stage {k}", trace_of, run_overrides(bench, [*loop, *extra]))
+        name = f"{bench.name} stage {k}"
+        result = _replay(name, run, closed_loop(name, stage, cap, gap) if cap else stage)
         for j, i in enumerate(ids):
             requests[i], trace[i] = result.requests[j], result.trace[j]
     return StagedReplay(requests, trace), run
 
 
-def _replay(name: str, trace_of, overrides: list):
-    from policylab.apps.config import typed_config
+def _replay(name: str, run, trace: list):
     from policylab.apps.jobs import build_engine
-    from policylab.apps.python_api import compose
-    from omegaconf import open_dict
-    cfg = compose(overrides)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    run = typed_config(cfg)
-    result = build_engine(run, trace=trace_of(run)).run()
+    result = build_engine(run, trace=trace).run()
     if result.partial:
         raise RuntimeError(f"the replay of {name} ended early: {result.error}")
-    return result, run
+    return result
 
 
 def closed_loop(name: str, requests: list, users: int, gap: float = 0.0):
     """`requests`, in order, sent by `users` users: each sends its next request `gap` seconds after
     its last one ended, and not before the request's own arrival time (a load generator's cap on
     requests in flight; with every arrival at 0, `trace.concurrency` users with a round trip)."""
-    from policylab.traces.loaded import LoadedTrace
+    from policylab.traces.session_load import closed_loop_trace
     from policylab.traces.sessions import one_turn_sessions, plan_of
     from policylab.traces.transforms import TraceReport
-    plan = replace(plan_of(one_turn_sessions(requests), users), user_gap=gap, paced=True)
-    trace = LoadedTrace(plan.trace)
-    trace.report, trace.sessions = TraceReport(name, "loadgen"), plan
-    return trace
+    return closed_loop_trace(plan_of(one_turn_sessions(requests), users, gap, paced=True), TraceReport(name, "loadgen"))
 
 
 def client_latency(cfg) -> float:

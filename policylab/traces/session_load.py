@@ -73,7 +73,11 @@ def load_closed_loop(cfg: TraceConfig, path, name: str, fmt: str, options: dict,
         sessions = one_turn_sessions(trace)
     if not sessions:
         raise TraceError(name, None, None, f"no sessions left to replay ({report.summary()})")
-    plan = plan_of(sessions, cfg.concurrency)
+    return closed_loop_trace(plan_of(sessions, cfg.concurrency), report)
+
+
+def closed_loop_trace(plan, report: TraceReport) -> LoadedTrace:
+    """The engines' trace of `plan` (its placeholders), carrying the plan as `.sessions`."""
     out = LoadedTrace(plan.trace)
     out.report, out.sessions = report, plan
     report.kept = len(plan.trace)

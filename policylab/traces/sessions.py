@@ -160,9 +160,11 @@ def one_turn_sessions(trace: list) -> list:
             for i, t in enumerate(trace)]
 
 
-def plan_of(sessions: list, concurrency: Optional[int] = None) -> SessionPlan:
+def plan_of(sessions: list, concurrency: Optional[int] = None, user_gap: float = 0.0,
+            paced: bool = False) -> SessionPlan:
     """The closed-loop plan of `sessions` (start order kept): one placeholder TraceRequest per
-    turn, all of a session's at its start time (so the engines' arrival sort keeps this order)."""
+    turn, all of a session's at its start time (so the engines' arrival sort keeps this order);
+    `user_gap` and `paced` as SessionPlan has them."""
     trace, session, turn, think, new = [], [], [], [], []
     sessions = sorted(sessions, key=lambda s: s.start)
     for s in sessions:
@@ -177,7 +179,7 @@ def plan_of(sessions: list, concurrency: Optional[int] = None) -> SessionPlan:
             think.append(t.think_time if k else 0.0)
             new.append(t.new_tokens)
             context = prompt + t.output_tokens
-    return SessionPlan(trace, session, turn, think, new, concurrency)
+    return SessionPlan(trace, session, turn, think, new, concurrency, user_gap, paced)
 
 
 def clip_sessions(sessions: list, max_new: Optional[int], max_output: Optional[int]) -> tuple:
