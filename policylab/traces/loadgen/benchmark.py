@@ -30,6 +30,7 @@ class MeasuredStage:
     per_token_interval: float        # (E2E mean - TTFT mean) / (mean output tokens - 1)
     output_tokens_mean: float = 0.0
     duration: float = 0.0
+    schedule_delay: float = 0.0      # mean seconds a request went out after its scheduled time (where said)
 
 
 @dataclass

@@ -86,14 +86,18 @@ def read_config(folder: Path) -> dict:
     return cfg
 
 
+def _positive(value, path: Path, field: str, expected: str = "a number > 0") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise TraceError(str(path), None, field, f"expected {expected}, got {value!r}")
+    return float(value)
+
+
 def request_timeout(cfg: dict, path: Path) -> tuple[float, str]:
     """(seconds, where from) after which inference-perf's clients give up on a request."""
     value = cfg["load"].get("request_timeout")
     if value is None:
         return AIOHTTP_DEFAULT_TIMEOUT_S, "load.request_timeout unset: aiohttp's default total timeout"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise TraceError(str(path), None, "load.request_timeout", f"expected seconds > 0 or null, got {value!r}")
-    return float(value), "load.request_timeout"
+    return _positive(value, path, "load.request_timeout", "seconds > 0 or null"), "load.request_timeout"
 
 
 def measured_stages(folder: Path) -> list:
@@ -116,9 +120,11 @@ def measured_stages(folder: Path) -> list:
         out_len = _mean(ok, "output_len", path, "successes.output_len")
         interval = (e2e - ttft) / (out_len - 1) if out_len > 1 else math.nan
         rate = load.get("requested_rate")          # (none for a concurrent stage of some versions)
+        delay = load.get("schedule_delay")
         out.append(MeasuredStage(k, math.inf if rate is None else _number(rate, path, "load_summary.requested_rate"),
                                  n_ok, n_failed, ttft, e2e, interval, out_len,
-                                 float(load.get("send_duration") or 0.0)))
+                                 float(load.get("send_duration") or 0.0),
+                                 float(delay.get("mean") or 0.0) if isinstance(delay, dict) else 0.0))
     if not out:
         raise TraceError(str(folder), None, None, "no stage_N_lifecycle_metrics.json in the report folder")
     return out
@@ -128,13 +134,6 @@ def _prompt_mean(folder: Path, stage: int) -> float | None:
     data = _json(folder / f"stage_{stage}_lifecycle_metrics.json")
     node = (data.get("successes") or {}).get("prompt_len")
     return float(node["mean"]) if isinstance(node, dict) and node.get("mean") else None
-
-
-def _schedule_delay(folder: Path, stage: int) -> float:
-    """The stage's mean delay between a request's scheduled and actual send time (0 if not reported)."""
-    data = _json(folder / f"stage_{stage}_lifecycle_metrics.json")
-    node = (data.get("load_summary") or {}).get("schedule_delay")
-    return float(node.get("mean") or 0.0) if isinstance(node, dict) else 0.0
 
 
 def _shared_prefix(cfg: dict, path: Path) -> dict:
@@ -171,11 +170,8 @@ def rebuilt_requests(folder: Path, cfg: dict, stages: list, seed: int) -> tuple[
     return requests, stage_of, system, users
 
 
-def _positive(stage: dict, key: str, path: Path, k: int) -> float:
-    value = stage.get(key) if isinstance(stage, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise TraceError(str(path), None, f"load.stages[{k}].{key}", f"expected a number > 0, got {value!r}")
-    return float(value)
+def _stage_field(stage, key: str, path: Path, k: int) -> float:
+    return _positive(stage.get(key) if isinstance(stage, dict) else None, path, f"load.stages[{k}].{key}")
 
 
 def load_plan(cfg: dict, path: Path) -> tuple[list, tuple | None]:
@@ -186,13 +182,13 @@ def load_plan(cfg: dict, path: Path) -> tuple[list, tuple | None]:
     kind = str(cfg["load"].get("type", "constant"))
     stages = cfg["load"]["stages"]
     if kind in ("constant", "poisson"):
-        return [Stage(_positive(s, "rate", path, k), _positive(s, "duration", path, k))
+        return [Stage(_stage_field(s, "rate", path, k), _stage_field(s, "duration", path, k))
                 for k, s in enumerate(stages)], None
     if kind != "concurrent":
         raise TraceError(str(path), None, "load.type", f"'{kind}' cannot be rebuilt without the per-request report "
                          "(report.request_lifecycle.per_request: true); constant, poisson and concurrent can")
-    counts = [int(_positive(s, "num_requests", path, k)) for k, s in enumerate(stages)]
-    levels = tuple(int(_positive(s, "concurrency_level", path, k)) for k, s in enumerate(stages))
+    counts = [int(_stage_field(s, "num_requests", path, k)) for k, s in enumerate(stages)]
+    levels = tuple(int(_stage_field(s, "concurrency_level", path, k)) for k, s in enumerate(stages))
     return [Stage(n, 1.0, arrivals=(0.0,) * n) for n in counts], levels
 
 
@@ -274,9 +270,9 @@ def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
             f"closed-loop users ({', '.join(map(str, users))} by stage: load.type concurrent), each stage replayed "
             "on its own from an empty server" if users else "arrivals drawn as inference-perf draws them")
             + ", prompt lengths the stages' mean")
-        late = {s.stage: d for s in stages if (d := _schedule_delay(folder, s.stage)) > LATE_SEND_S}
+        late = [s for s in stages if s.schedule_delay > LATE_SEND_S]
         if late:
-            notes.append("requests went out late (" + ", ".join(f"stage {k}: {d:.2g} s" for k, d in late.items())
+            notes.append("requests went out late (" + ", ".join(f"stage {s.stage}: {s.schedule_delay:.2g} s" for s in late)
                          + " on average; the load generator fell behind or was at its concurrency cap): the rebuilt "
                          "arrivals, at their scheduled times, load the server more than it was; the per-request "
                          "report has the send times")
