@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from policylab.apps.e2e_replay import client_latency, compare, mape, predicted_stages, replay_benchmark  # noqa: E402
-from policylab.apps.fidelity_e2e import replay_timeout  # noqa: E402
+from policylab.apps.fidelity_e2e import replay_timeout, seconds_or_none  # noqa: E402
 from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerKnobs  # noqa: E402
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
 
@@ -76,18 +76,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("file", type=Path)
     ap.add_argument("--duration", type=float, default=None)
-    ap.add_argument("--client-timeout", default=None, metavar="SECONDS|none",
+    ap.add_argument("--client-timeout", type=seconds_or_none, default=None, metavar="SECONDS|none",
                     help="clients give up after this (runs with failed requests; default: the file's, else 300 s)")
     ap.add_argument("overrides", nargs="*", help="extra run overrides, e.g. serving_engine=none")
     args = ap.parse_intermixed_args(argv)
-    flag = None if args.client_timeout is None else (
-        "none" if args.client_timeout.lower() == "none" else float(args.client_timeout))
     rows, runs = [], {}
     print("| run | stage | rate | TTFT meas / pred (ms) | err | E2E meas / pred (s) | err | "
           "per-token meas / pred (ms) | err | sim |\n|---|---|---|---|---|---|---|---|---|---|")
     started = time.perf_counter()
     for bench in benchmarks(args.file, args.duration):
-        timeout = replay_timeout(flag, bench)
+        timeout = replay_timeout(args.client_timeout, bench)
         extra = [] if timeout is None else [f"trace.client_timeout={timeout}"]
         result, cfg = replay_benchmark(bench, [*extra, *args.overrides])
         for c in compare(bench, predicted_stages(bench, result, client_latency(cfg)), timed_out=timeout is not None):

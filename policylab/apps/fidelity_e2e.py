@@ -53,7 +53,8 @@ def vllm_defaults(gpu: str) -> tuple:
     return 2048, 256
 
 
-def _seconds_or_none(text: str):
+def seconds_or_none(text: str):
+    """An argparse type: seconds > 0, or the word none (returned as "none")."""
     if text.strip().lower() == "none":
         return "none"
     try:
@@ -96,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefix-tokens", type=int, default=0,
                     help="vllm bench serve: tokens every prompt shares (--random-prefix-len; the result does not say)")
     ap.add_argument("--seed", type=int, default=0, help="seed of arrivals drawn where the result has none")
-    ap.add_argument("--client-timeout", type=_seconds_or_none, default=None, metavar="SECONDS|none",
+    ap.add_argument("--client-timeout", type=seconds_or_none, default=None, metavar="SECONDS|none",
                     help="the load generator's request timeout, replayed so that overloaded stages compare on "
                          "survivors (default: the result's own, for a run with failed requests; none: never)")
     ap.add_argument("--client-latency", type=float, default=None, metavar="SECONDS",

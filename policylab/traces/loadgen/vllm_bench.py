@@ -160,7 +160,7 @@ def read_vllm_bench(path: Path, seed: int = 0, prefix_tokens: int = 0) -> Benchm
         start += max((r.arrival_time for r in reqs), default=0.0) + STAGE_GAP_S
     notes = ["requests as recorded (--save-detailed)" if _detailed(objects[0]) else
              f"arrivals drawn as vllm bench serve draws them (seed {seed}), mean lengths"]
-    users, note = closed_loop_users(objects, path)
+    caps, note = concurrency_caps(objects, path)
     if note:
         notes.append(note)
     if prefix_tokens:
@@ -168,10 +168,10 @@ def read_vllm_bench(path: Path, seed: int = 0, prefix_tokens: int = 0) -> Benchm
     if _detailed(objects[0]) and any(s.requests_failed for s in stages):
         notes.append("a failed request asks for its stage's mean output (its own was cut short when its client gave up)")
     return Benchmark(path.stem, str(objects[0].get("model_id") or ""), "", None, requests, stage_ids, stages,
-                     prefix_block_tokens=prefix_tokens or 512, notes=notes, concurrency=users)
+                     prefix_block_tokens=prefix_tokens or 512, notes=notes, concurrency=caps)
 
 
-def closed_loop_users(objects: list, path: Path) -> tuple:
+def concurrency_caps(objects: list, path: Path) -> tuple:
     """(per stage its cap on requests in flight or None, note): a stage sent with `--max-concurrency N`,
     and no send times recorded, kept at most N requests in flight, each sent at its arrival time or
     when another finished, whichever was later (at `--request-rate inf`: N closed-loop users). Send
