@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from policylab.apps.e2e_replay import client_latency, compare, mape, predicted_stages, replay_benchmark  # noqa: E402
+from policylab.apps.e2e_replay import mape, replay_and_compare  # noqa: E402
 from policylab.apps.fidelity_e2e import replay_timeout, seconds_or_none  # noqa: E402
 from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerKnobs  # noqa: E402
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
@@ -85,10 +85,8 @@ def main(argv=None) -> int:
           "per-token meas / pred (ms) | err | sim |\n|---|---|---|---|---|---|---|---|---|---|")
     started = time.perf_counter()
     for bench in benchmarks(args.file, args.duration):
-        timeout = replay_timeout(args.client_timeout, bench)
-        extra = [] if timeout is None else [f"trace.client_timeout={timeout}"]
-        result, cfg = replay_benchmark(bench, [*extra, *args.overrides])
-        for c in compare(bench, predicted_stages(bench, result, client_latency(cfg)), timed_out=timeout is not None):
+        compared, _, _ = replay_and_compare(bench, args.overrides, replay_timeout(args.client_timeout, bench))
+        for c in compared:
             m, p, e = c.measured, c.predicted, c.errors
             rows.append(c)
             runs.setdefault(bench.name, []).append(c)

@@ -121,6 +121,17 @@ def closed_loop(name: str, requests: list, users: int, gap: float = 0.0):
     return closed_loop_trace(plan_of(one_turn_sessions(requests), users, gap, paced=True), TraceReport(name, "loadgen"))
 
 
+def replay_and_compare(bench: Benchmark, extra: list = (), timeout: Optional[float] = None,
+                       client: Optional[float] = None) -> tuple:
+    """(per-stage comparisons, typed run config, client latency) of `bench` replayed with `extra`
+    overrides, its clients giving up after `timeout` seconds (None: never; its stages with failures
+    then compare on their survivors), `client` seconds of client latency (default: the run's)."""
+    giving_up = [] if timeout is None else [f"trace.client_timeout={timeout}"]
+    result, run = replay_benchmark(bench, [*giving_up, *extra], client)
+    client = client_latency(run) if client is None else client
+    return compare(bench, predicted_stages(bench, result, client), timed_out=timeout is not None), run, client
+
+
 def client_latency(cfg) -> float:
     """Seconds a load generator's TTFT and E2E hold beyond the engine's: the serving engine's
     `client_latency` (simulated planes; 0 for a measured or calibrated one)."""

@@ -159,18 +159,15 @@ def host_overrides(args) -> list:
 
 
 def run(args) -> list:
-    from policylab.apps.e2e_replay import client_latency, compare, predicted_stages, replay_benchmark
+    from policylab.apps.e2e_replay import replay_and_compare
     # (the host flags are hardware.* overrides, which the config's own checks refuse when bad)
     if args.client_latency is not None and not (math.isfinite(args.client_latency) and args.client_latency >= 0):
         raise ValueError(f"--client-latency: expected seconds >= 0, got {args.client_latency}")
     bench = load_benchmark(args)
     seconds = replay_timeout(args.client_timeout, bench)
-    timeout = [] if seconds is None else [f"trace.client_timeout={seconds}"]
-    result, cfg = replay_benchmark(bench, [f"serving_engine={args.serving_engine}", *timeout, *host_overrides(args),
-                                           *args.overrides], client=args.client_latency)
-    # the load generator measures from its side of the API
-    client = client_latency(cfg) if args.client_latency is None else args.client_latency
-    rows = compare(bench, predicted_stages(bench, result, client), timed_out=bool(timeout))
+    # (the load generator measures from its side of the API: its client latency is added)
+    rows, cfg, client = replay_and_compare(bench, [f"serving_engine={args.serving_engine}", *host_overrides(args),
+                                                   *args.overrides], seconds, args.client_latency)
     report(bench, cfg, rows, client, seconds)
     if args.out:
         write_outputs(args.out, bench, rows)
