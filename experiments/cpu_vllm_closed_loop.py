@@ -23,20 +23,23 @@ from pathlib import Path
 
 import numpy as np
 
+from cpu_vllm_e2e import replay_args
 from policylab.apps import fidelity_e2e
 
-KNOBS = ["--block-size=32", "--max-num-seqs=16", "--max-num-batched-tokens=512", "--max-model-len=2048"]
 METRICS = ("ttft_mean", "e2e_mean", "per_token_interval")
 
 
-def replay(path: Path, session: Path, terms: dict):
-    """fidelity-e2e's comparison of one result (its printout swallowed)."""
-    args = fidelity_e2e.build_parser().parse_intermixed_args(
-        [str(path), "--model", "tiny", "--gpu", "cpu", *KNOBS, f"--client-latency={terms['client_latency']}",
-         f"--host-per-step={terms['host_per_step']}", f"--host-per-request={terms['host_per_request']}",
-         f"dataplane.calibration={session / 'calibrate' / 'calibration.json'}"])
+def replay(path: Path, session: Path, terms: dict, prefix_len: int):
+    """fidelity-e2e's comparison of one result, as the session's own comparison runs it (printout swallowed)."""
+    args = replay_args(path, terms, session / "calibrate" / "calibration.json", prefix_len)
     with contextlib.redirect_stdout(io.StringIO()):
-        return fidelity_e2e.run(args)[0]
+        return fidelity_e2e.run(fidelity_e2e.build_parser().parse_intermixed_args(args))[0]
+
+
+def workload_prefix(session: Path) -> int:
+    """The tokens every prompt of the session's workload shared (its `--random-prefix-len`; the probes: none)."""
+    args = json.loads((session / "workload.json").read_text())["args"]
+    return int(args[args.index("--random-prefix-len") + 1])
 
 
 def main(argv=None) -> int:
@@ -58,8 +61,9 @@ def main(argv=None) -> int:
                 for way, cap in ((ways[1], raw["max_concurrency"]), (ways[2], None)):
                     paths[way] = Path(tmp) / f"{way[-7:].strip()}.json"
                     paths[way].write_text(json.dumps(dict(summary, max_concurrency=cap)))
+                shared = workload_prefix(session) if result.name.startswith("run_") else 0
                 for way, path in paths.items():
-                    row = replay(path, session, terms)
+                    row = replay(path, session, terms, shared)
                     for key in METRICS:
                         errors.setdefault((group, way, key), []).append(row.errors[key])
     print("| runs | replayed from | TTFT | E2E | per-token interval |\n|---|---|---|---|---|")

@@ -236,7 +236,6 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
     from policylab.apps import fidelity_e2e
     from policylab.dataplane.fitted import load_calibration
     calibration = load_calibration(calibration_path)
-    knobs = [f"--{k}={v}" for k, v in SERVER_KNOBS.items()]
     sets = len(list(out.glob("decode_1_*.json")))
     if sets:                       # (a session kept without its probes keeps the terms they gave)
         terms = server_terms(out, calibration, tuple(range(sets)))
@@ -248,36 +247,37 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
     print(f"client latency {terms['client_latency'] * 1e3:.2f} ms, the server's host time "
           f"{terms['host_per_step'] * 1e3:.2f} ms a step + {terms['host_per_request'] * 1e6:.0f} us a request "
           "(every probe set: " + ", ".join(f"{b} streams +{x * 1e3:.2f} ms" for b, x in terms["extra"].items()) + ")")
-    compared = []
-    for run in sorted(out.glob("run_*.json")):
-        args = fidelity_e2e.build_parser().parse_intermixed_args(
-            [str(run), "--model", "tiny", "--gpu", "cpu", *knobs, f"--prefix-tokens={prefix_len}",
-             f"--client-latency={terms['client_latency']}", f"--host-per-step={terms['host_per_step']}",
-             f"--host-per-request={terms['host_per_request']}",
-             *(["--out", str(write / f"e2e_{run.stem}")] if write else []),
-             *([f"--client-timeout={client_timeout}"] if client_timeout else []),
-             f"dataplane.calibration={calibration_path}"])
-        compared.append(fidelity_e2e.run(args)[0])
-    rows = []
-    for key, label in METRICS:
-        measured = [getattr(c.measured, key) * 1e3 for c in compared]
-        predicted = [getattr(c.predicted, key) * 1e3 for c in compared]
-        spread = max(measured) / min(measured) - 1
-        error = float(np.mean(predicted) / np.mean(measured) - 1)
-        rows.append({"metric": label, "unit": "ms", "measured": measured, "predicted": predicted, "spread": spread,
-                     "errors": [p / m - 1 for p, m in zip(predicted, measured)], "error_to_mean": error,
-                     "within": abs(error) <= spread})
+    compared = [fidelity_e2e.run(fidelity_e2e.build_parser().parse_intermixed_args(replay_args(
+        run, terms, calibration_path, prefix_len, *(["--out", str(write / f"e2e_{run.stem}")] if write else []),
+        *([f"--client-timeout={client_timeout}"] if client_timeout else []))))[0]
+        for run in sorted(out.glob("run_*.json"))]
+    rows = [summary_row(label, "ms", [getattr(c.measured, key) * 1e3 for c in compared],
+                        [getattr(c.predicted, key) * 1e3 for c in compared]) for key, label in METRICS]
     if client_timeout:        # the requests the clients gave up on: measured, and abandoned in the replay
-        measured = [float(c.measured.requests_failed) for c in compared]
-        predicted = [float(c.predicted.failed if c.predicted else 0) for c in compared]
-        spread = max(measured) / min(measured) - 1 if min(measured) > 0 else float("inf")
-        error = float(np.mean(predicted) / np.mean(measured) - 1) if np.mean(measured) > 0 else float("nan")
         sent = compared[0].measured.requests_ok + compared[0].measured.requests_failed
-        rows.append({"metric": f"failed requests (of {sent})",
-                     "unit": "count", "measured": measured, "predicted": predicted, "spread": spread,
-                     "errors": [p / m - 1 if m else float("nan") for p, m in zip(predicted, measured)],
-                     "error_to_mean": error, "within": abs(error) <= spread})
+        rows.append(summary_row(f"failed requests (of {sent})", "count",
+                                [float(c.measured.requests_failed) for c in compared],
+                                [float(c.predicted.failed if c.predicted else 0) for c in compared]))
     return rows
+
+
+def replay_args(result: Path, terms: dict, calibration_path: Path, prefix_len: int, *extra: str) -> list:
+    """fidelity-e2e's arguments for one of the session's results: the server's knobs, the probes' client
+    latency and host time, the calibrated sim."""
+    return [str(result), "--model", "tiny", "--gpu", "cpu", *(f"--{k}={v}" for k, v in SERVER_KNOBS.items()),
+            f"--prefix-tokens={prefix_len}", f"--client-latency={terms['client_latency']}",
+            f"--host-per-step={terms['host_per_step']}", f"--host-per-request={terms['host_per_request']}",
+            *extra, f"dataplane.calibration={calibration_path}"]
+
+
+def summary_row(metric: str, unit: str, measured: list, predicted: list) -> dict:
+    """A metric over the runs: each run's measured and predicted value, their spread (the largest
+    measured over the smallest, - 1), the error against the runs' mean and against each run."""
+    spread = max(measured) / min(measured) - 1 if min(measured) > 0 else float("inf")
+    error = float(np.mean(predicted) / np.mean(measured) - 1) if np.mean(measured) > 0 else float("nan")
+    return {"metric": metric, "unit": unit, "measured": measured, "predicted": predicted, "spread": spread,
+            "errors": [p / m - 1 if m else float("nan") for p, m in zip(predicted, measured)],
+            "error_to_mean": error, "within": abs(error) <= spread}
 
 
 def print_rows(rows: list) -> None:
