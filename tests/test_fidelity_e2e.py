@@ -172,6 +172,11 @@ def test_with_the_clients_timeout_a_replay_abandons_what_the_clients_would(capsy
     assert rows["5"] == rows[None] and rows[None].endswith("| ok |")
 
 
+def _as_read(args: list):
+    """The Benchmark fidelity-e2e replays for these command-line arguments."""
+    return fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args(args))
+
+
 def _failing_report(tmp_path: Path, request_timeout) -> Path:
     """The report folder rebuilt from config.yaml, 3 of its second stage's 8 requests failed on the client,
     `load.request_timeout` set to `request_timeout` (absent: None)."""
@@ -478,12 +483,12 @@ def test_max_concurrency_at_an_unlimited_rate_is_replayed_as_closed_loop_users(t
     capped.write_text(json.dumps(obj))
     bench = read_vllm_bench(capped)
     assert bench.concurrency == (4,) and any("at most N requests in flight (stage 0: 4;" in n for n in bench.notes)
-    result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args([str(capped), *CPU])))
+    result, _ = replay_benchmark(_as_read([str(capped), *CPU]))
     spans = [(t.arrival_time, r.finish_time) for r, t in zip(result.requests, result.trace)]
     assert len(spans) == 40 and all(f is not None for _, f in spans)
     assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == 4
     assert len({round(a, 9) for a, _ in spans}) > 10                       # sent as others finished
-    late, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args([str(capped), *CPU])),
+    late, _ = replay_benchmark(_as_read([str(capped), *CPU]),
                                client=0.05)     # a user sends its next request a client round trip later
     arrivals = sorted(t.arrival_time for t in late.trace)
     ends = [r.finish_time for r in late.requests]
@@ -500,8 +505,7 @@ def test_max_concurrency_at_an_unlimited_rate_is_replayed_as_closed_loop_users(t
     (tmp_path / "paced.json").write_text(json.dumps(obj))
     bench = read_vllm_bench(tmp_path / "paced.json")
     assert bench.concurrency == (4,)
-    result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args(
-        [str(tmp_path / "paced.json"), *CPU])))
+    result, _ = replay_benchmark(_as_read([str(tmp_path / "paced.json"), *CPU]))
     drawn = [r.arrival_time for r in bench.requests]
     sent = [t.arrival_time for t in result.trace]
     spans = [(a, r.finish_time) for a, r in zip(sent, result.requests)]
@@ -522,7 +526,7 @@ def test_a_concurrency_sweep_replays_each_stage_with_its_own_users(tmp_path):
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     bench = read_vllm_bench(path)
     assert bench.concurrency == (1, 4, None) and any("(stage 0: 1, stage 1: 4;" in n for n in bench.notes)
-    result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args([str(path), *CPU])))
+    result, _ = replay_benchmark(_as_read([str(path), *CPU]))
     for k, users in enumerate((1, 4)):
         spans = [(t.arrival_time, r.finish_time) for r, t, s in zip(result.requests, result.trace, bench.stage_of) if s == k]
         assert len(spans) == 40 and max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == users
@@ -550,8 +554,7 @@ def test_inference_perfs_concurrent_stages_are_rebuilt_as_closed_loop_users(tmp_
     bench = read_inference_perf(folder)
     assert bench.concurrency == (2, 3) and bench.stage_of == [0] * 6 + [1] * 5
     assert any("closed-loop users (2, 3 by stage: load.type concurrent)" in n for n in bench.notes)
-    result, _ = replay_benchmark(fidelity_e2e.load_benchmark(fidelity_e2e.build_parser().parse_args(
-        [str(folder), "--model", "tiny", "--gpu", "cpu"])))
+    result, _ = replay_benchmark(_as_read([str(folder), "--model", "tiny", "--gpu", "cpu"]))
     for k, users in enumerate((2, 3)):
         spans = [(t.arrival_time, r.finish_time) for r, t, s in zip(result.requests, result.trace, bench.stage_of) if s == k]
         assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == users
