@@ -73,3 +73,36 @@ def test_replicas_count_their_abandoned_requests_and_report_the_timeout_once(tmp
     requests = __import__("pandas").read_parquet(tmp_path / "run" / "requests.parquet")
     abandoned = int(requests["reason"].fillna("").str.startswith("abandoned by its client").sum())
     assert summary["client_timeout"] == {"abandoned": abandoned, "timeout_s": 0.5} and abandoned > 0
+
+
+def closed_loop_replay(sessions, timeout, users=None, gap=0.0):
+    from policylab.traces.sessions import plan_of
+    plan = plan_of(sessions, users, gap, paced=users is not None)
+    exts = extensions_for(plan.trace, CFG, frozenset(), sessions=plan, prefix_block_tokens=16, client_timeout=timeout)
+    return Engine(plan.trace, Chunked(chunk_size=64), _dataplane(0), CFG, extensions=exts).run()
+
+
+def test_a_closed_loop_user_sends_its_next_request_when_it_gives_up():
+    """A load generator's slot: one user, a request that cannot finish in time, then one that can; the
+    second goes out a round trip after the first was abandoned, not after it would have finished."""
+    from policylab.traces.sessions import one_turn_sessions
+    trace = [TraceRequest(0.0, 40, 200), TraceRequest(0.0, 40, 5)]          # 200 steps (~0.8 s), then 5
+    result = closed_loop_replay(one_turn_sessions(trace), timeout=0.1, users=1, gap=0.01)
+    assert result.status == "complete", result.error
+    first, second = result.requests
+    assert first.status is Status.REJECTED and first.reject_reason == "abandoned by its client after 0.1 s"
+    assert second.status is Status.FINISHED
+    assert result.trace[1].arrival_time == pytest.approx(first.finish_time + 0.01)
+    assert 0.1 <= first.finish_time <= 0.105
+    assert result.sections["client_timeout"]["abandoned"] == 1
+
+
+def test_an_abandoned_turn_ends_its_session():
+    from policylab.traces.sessions import Session, Turn
+    chat = Session("chat", 0.0, (Turn(40, 200), Turn(8, 5, think_time=0.5), Turn(8, 5, think_time=0.5)))
+    result = closed_loop_replay([chat], timeout=0.1)
+    assert [r.status for r in result.requests] == [Status.REJECTED] * 3
+    assert result.requests[0].reject_reason == "abandoned by its client after 0.1 s"
+    assert all(r.reject_reason == "session chat ended: turn 0 was rejected (abandoned by its client after 0.1 s)"
+               for r in result.requests[1:])
+    assert result.sections["client_timeout"]["abandoned"] == 1

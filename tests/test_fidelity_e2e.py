@@ -566,3 +566,54 @@ def test_inference_perfs_concurrent_stages_are_rebuilt_as_closed_loop_users(tmp_
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(TraceError, match=r"load.stages\[0\].duration.*expected a number > 0"):
         read_inference_perf(folder)
+
+
+@pytest.mark.timeout(300)
+def test_inference_perfs_workers_cap_the_requests_in_flight_of_a_rebuilt_stage(tmp_path):
+    """A report's config.yaml records `load.num_workers` and `load.worker_max_concurrency`: a rebuilt
+    stage sending more requests than their product keeps at most that many in flight, each request
+    going out at its drawn time or when another ends; a stage that cannot reach the cap, or a config
+    without the fields, is replayed open loop as drawn."""
+    import yaml
+    from policylab.apps.e2e_replay import replay_benchmark
+    folder = tmp_path / "report"
+    shutil.copytree(FOLDER, folder)
+    (folder / "per_request_lifecycle_metrics.json").unlink()
+    cfg = yaml.safe_load((folder / "config.yaml").read_text())
+    cfg["load"]["stages"] = [{"rate": 2, "duration": 1}, {"rate": 40, "duration": 0.2}]   # 2, then 8 at once
+    cfg["load"].update(num_workers=1, worker_max_concurrency=2)
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    for k, n in ((0, 2), (1, 8)):
+        stage = json.loads((folder / f"stage_{k}_lifecycle_metrics.json").read_text())
+        stage["successes"]["count"], stage["load_summary"]["schedule_delay"]["mean"] = n, 0.5
+        (folder / f"stage_{k}_lifecycle_metrics.json").write_text(json.dumps(stage))
+    bench = read_inference_perf(folder)
+    assert bench.concurrency == (None, 2)                                # 2 requests cannot exceed 2 in flight
+    assert any("at most 2 in flight in stage(s) 1 (load.num_workers x load.worker_max_concurrency" in n
+               for n in bench.notes)
+    assert any("went out late (stage 0: 0.5 s on average; the load generator fell behind)" in n for n in bench.notes)
+    args = [str(folder), "--model", "tiny", "--gpu", "cpu"]
+    capped, _ = replay_benchmark(_as_read(args))
+
+    def stage_1(result):
+        """(drawn arrival, send time, (send, finish)) of stage 1's requests, from the stage's start."""
+        rows = [(r.arrival_time, t.arrival_time, done.finish_time) for r, t, done, s in
+                zip(bench.requests, result.trace, result.requests, bench.stage_of) if s == 1]
+        return ([d - rows[0][0] for d, _, _ in rows], [a - rows[0][1] for _, a, _ in rows],
+                [(a, f) for _, a, f in rows])
+
+    drawn, sent, spans = stage_1(capped)
+    assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == 2
+    assert all(s >= d - 1e-9 for s, d in zip(sent, drawn)) and sent[-1] > drawn[-1] + 1e-3   # held back by the cap
+    del cfg["load"]["num_workers"]                                       # unrecorded: no cap, as drawn
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    bench = read_inference_perf(folder)
+    assert bench.concurrency is None
+    assert any("fell behind or was at its concurrency cap" in n for n in bench.notes)
+    open_loop, _ = replay_benchmark(_as_read(args))
+    _, _, spans = stage_1(open_loop)
+    assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) > 2
+    cfg["load"].update(num_workers=0)
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(TraceError, match=r"load.num_workers.*expected a number of workers >= 1, got 0"):
+        read_inference_perf(folder)

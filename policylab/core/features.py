@@ -56,8 +56,7 @@ FEATURES = {f.name: f for f in (
             topologies=("engine", "replicas"),
             refuses={"forks": "a timed-out request's samples are not abandoned with it",
                      "beams": "a timed-out request's beams are not abandoned with it",
-                     "tool_calls": "a request paused for its tool is not abandoned",
-                     "sessions": "a session whose turn is abandoned is not modelled"}),
+                     "tool_calls": "a request paused for its tool is not abandoned"}),
     Feature("migration", "live migration of running requests between replicas: a router that rebalances "
             "(router=llumnix)", "migration", topologies=("replicas",),
             refuses={"forks": "samples share KV blocks on one replica: a sample is not migrated alone",

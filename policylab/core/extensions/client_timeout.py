@@ -4,7 +4,9 @@ Load generators time requests out (`vllm bench serve`'s and inference-perf's cli
 under overload most requests end that way: the measured latencies cover only the survivors.
 Replayed with the same timeout, an abandoned request ends rejected with the reason "abandoned by
 its client after T s", its KV freed at that moment as a server frees an aborted request's, so
-an overloaded run compares with the real one at all (`trace.client_timeout`).
+an overloaded run compares with the real one at all (`trace.client_timeout`). Under closed-loop
+clients an abandoned turn is a rejected one: it ends its session, and a closed-loop user (a load
+generator's slot) sends its next request at the moment it gave up.
 """
 from __future__ import annotations
 

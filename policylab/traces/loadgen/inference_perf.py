@@ -5,7 +5,9 @@ A run of inference-perf (github.com/kubernetes-sigs/inference-perf) writes a rep
 - `config.yaml`: the run's configuration. `load.stages` (each `rate` req/s for `duration` s;
   `load.type` constant or poisson: both draw exponential gaps, `constant` rescales them to fill
   the stage; `load.type` concurrent: `num_requests` with `concurrency_level` in flight, replayed
-  as closed-loop users), `load.interval` (seconds between stages), `data.type` and, for `shared_prefix`,
+  as closed-loop users), `load.num_workers` x `load.worker_max_concurrency` (the requests in flight
+  at most: each worker holds a slot from taking a request until it ends; a report's config.yaml
+  records both), `load.interval` (seconds between stages), `data.type` and, for `shared_prefix`,
   `data.shared_prefix` (`num_groups` / `num_unique_system_prompts`, `num_prompts_per_group` /
   `num_users_per_system_prompt`, `system_prompt_len`, `question_len`, `output_len`),
   `server.model_name`, `server.ignore_eos`, `load.request_timeout` (seconds after which a client gives
@@ -155,9 +157,9 @@ def _shared_prefix(cfg: dict, path: Path) -> dict:
     return out
 
 
-def rebuilt_requests(folder: Path, cfg: dict, stages: list, seed: int) -> tuple[list, list, int, int | None]:
-    """The workload as inference-perf generates it from config.yaml (no per-request report), and its
-    closed-loop users (None: open loop)."""
+def rebuilt_requests(folder: Path, cfg: dict, stages: list, seed: int) -> tuple[list, list, int, tuple | None]:
+    """The workload as inference-perf generates it from config.yaml (no per-request report), and per
+    stage its cap on requests in flight (`load_plan`)."""
     sp = _shared_prefix(cfg, folder / "config.yaml")
     n = sp["num_groups"] * sp["num_prompts_per_group"]
     system = sp["system_prompt_len"] + 1                             # + BOS
@@ -165,25 +167,42 @@ def rebuilt_requests(folder: Path, cfg: dict, stages: list, seed: int) -> tuple[
     prompt = int(round(sum(measured) / len(measured))) if measured else system - 1 + sp["question_len"] + 1
     load = SharedPrefixWorkload(sp["num_groups"], sp["num_prompts_per_group"], system,
                                 [max(prompt, system + 1)] * n, [sp["output_len"]] * n)
-    plan, users = load_plan(cfg, folder / "config.yaml")
+    plan, caps = load_plan(cfg, folder / "config.yaml")
     requests, stage_of = shared_prefix_trace(load, plan, STAGE_GAP_S, seed)
-    return requests, stage_of, system, users
+    return requests, stage_of, system, caps
 
 
 def _stage_field(stage, key: str, path: Path, k: int) -> float:
     return _positive(stage.get(key) if isinstance(stage, dict) else None, path, f"load.stages[{k}].{key}")
 
 
+def inflight_cap(cfg: dict, path: Path) -> int | None:
+    """inference-perf's cap on requests in flight, where config.yaml records it (a report's config.yaml
+    has every field): `load.num_workers` processes, each holding at most `load.worker_max_concurrency`
+    requests, sent or waiting for their time; None where either is unset (`num_workers` defaults to
+    the client machine's CPU count)."""
+    load = cfg["load"]
+    workers, each = load.get("num_workers"), load.get("worker_max_concurrency")
+    if workers is None or each is None:
+        return None
+    return int(_positive(workers, path, "load.num_workers", "a number of workers >= 1")) * int(
+        _positive(each, path, "load.worker_max_concurrency", "a number of requests >= 1"))
+
+
 def load_plan(cfg: dict, path: Path) -> tuple[list, tuple | None]:
-    """(the stages as sent, per stage its closed-loop users, or None) from config.yaml's `load`:
-    `constant` and `poisson` stages send `rate` req/s for `duration` s; `concurrent` stages send
-    `num_requests` with `concurrency_level` in flight (each goes out when another finishes: that
-    many closed-loop users)."""
+    """(the stages as sent, per stage its cap on requests in flight or None; None: no stage has one)
+    from config.yaml's `load`: `constant` and `poisson` stages send `rate` req/s for `duration` s,
+    each request at its time or, with the workers' slots all held (`inflight_cap`), when another
+    finishes (a stage sending no more requests than the cap has None); `concurrent` stages send
+    `num_requests` with `concurrency_level` in flight (that many closed-loop users)."""
     kind = str(cfg["load"].get("type", "constant"))
     stages = cfg["load"]["stages"]
     if kind in ("constant", "poisson"):
-        return [Stage(_stage_field(s, "rate", path, k), _stage_field(s, "duration", path, k))
-                for k, s in enumerate(stages)], None
+        plan = [Stage(_stage_field(s, "rate", path, k), _stage_field(s, "duration", path, k))
+                for k, s in enumerate(stages)]
+        cap = inflight_cap(cfg, path)
+        caps = tuple(cap if cap is not None and int(s.rate * s.duration) > cap else None for s in plan)
+        return plan, caps if any(caps) else None
     if kind != "concurrent":
         raise TraceError(str(path), None, "load.type", f"'{kind}' cannot be rebuilt without the per-request report "
                          "(report.request_lifecycle.per_request: true); constant, poisson and concurrent can")
@@ -250,6 +269,19 @@ def _output_tokens(info: dict, payload: dict, failed: bool = False) -> int:
     return int(received or payload.get("max_tokens") or 0)
 
 
+def _sending(cfg: dict, stages: list, caps: tuple | None) -> str:
+    """How the rebuilt stages send their requests, as the notes say it."""
+    if str(cfg["load"].get("type", "constant")) == "concurrent":
+        return (f"closed-loop users ({', '.join(map(str, caps))} by stage: load.type concurrent), each stage "
+                "replayed on its own from an empty server")
+    if not caps:
+        return "arrivals drawn as inference-perf draws them"
+    capped = ", ".join(str(s.stage) for s, cap in zip(stages, caps) if cap)
+    return (f"arrivals drawn as inference-perf draws them, at most {max(c for c in caps if c)} in flight in stage(s) "
+            f"{capped} (load.num_workers x load.worker_max_concurrency: a request goes out at its time or when "
+            "another finishes), each stage replayed on its own from an empty server")
+
+
 def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
     """The report folder as a Benchmark (the server's knobs are not in the report: the caller sets them)."""
     cfg = read_config(folder)
@@ -262,23 +294,21 @@ def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
     prefix = int(sp.get("system_prompt_len", 0) or 0) + 1 if sp else 512
     if (folder / "per_request_lifecycle_metrics.json").is_file():         # (sent when they were: open loop)
         requests, stage_of, prefix = recorded_requests(folder, stages, prefix)
-        users = None
+        caps = None
         notes.append("requests as recorded (per_request_lifecycle_metrics.json)")
     else:
-        requests, stage_of, prefix, users = rebuilt_requests(folder, cfg, stages, seed)
-        notes.append(f"workload rebuilt from config.yaml (seed {seed}): " + (
-            f"closed-loop users ({', '.join(map(str, users))} by stage: load.type concurrent), each stage replayed "
-            "on its own from an empty server" if users else "arrivals drawn as inference-perf draws them")
-            + ", prompt lengths the stages' mean")
-        late = [s for s in stages if s.schedule_delay > LATE_SEND_S]
+        requests, stage_of, prefix, caps = rebuilt_requests(folder, cfg, stages, seed)
+        notes.append(f"workload rebuilt from config.yaml (seed {seed}): {_sending(cfg, stages, caps)}, prompt "
+                     "lengths the stages' mean")
+        late = [s for k, s in enumerate(stages) if s.schedule_delay > LATE_SEND_S and not (caps and caps[k])]
         if late:
+            capped = "" if inflight_cap(cfg, folder / "config.yaml") else " or was at its concurrency cap"
             notes.append("requests went out late (" + ", ".join(f"stage {s.stage}: {s.schedule_delay:.2g} s" for s in late)
-                         + " on average; the load generator fell behind or was at its concurrency cap): the rebuilt "
-                         "arrivals, at their scheduled times, load the server more than it was; the per-request "
-                         "report has the send times")
+                         + f" on average; the load generator fell behind{capped}): the rebuilt arrivals, at their "
+                         "scheduled times, load the server more than it was; the per-request report has the send times")
     timeout, source = request_timeout(cfg, folder / "config.yaml")
     if any(s.requests_failed for s in stages):
         notes.append(f"its clients gave up after {timeout:g} s ({source})")
     server = cfg.get("server") or {}
     return Benchmark(folder.name, str(server.get("model_name") or ""), "", None, requests, stage_of, stages,
-                     prefix_block_tokens=max(1, prefix), notes=notes, client_timeout=timeout, concurrency=users)
+                     prefix_block_tokens=max(1, prefix), notes=notes, client_timeout=timeout, concurrency=caps)
