@@ -8,7 +8,9 @@ they were), and from its summary alone (the lists dropped, as a result saved wit
 with at most N requests in flight, as `fidelity-e2e` reads such a summary (each request at its arrival
 time or a client round trip after another finished: at an unlimited rate, N closed-loop users), and
 with its cap ignored (every request at its drawn arrival time; at an unlimited rate, all at once).
-Printed: each way's error in TTFT, E2E and per-token interval (mean and range over the runs).
+Printed: each way's error in TTFT, E2E and per-token interval (mean and range over the runs); for a
+workload whose clients gave up after a timeout (`--client-timeout`), replayed with the same timeout,
+also in the requests given up on.
 
     python experiments/cpu_vllm_closed_loop.py SESSION_DIR
 """
@@ -29,17 +31,21 @@ from policylab.apps import fidelity_e2e
 METRICS = ("ttft_mean", "e2e_mean", "per_token_interval")
 
 
-def replay(path: Path, session: Path, terms: dict, prefix_len: int):
-    """fidelity-e2e's comparison of one result, as the session's own comparison runs it (printout swallowed)."""
-    args = replay_args(path, terms, session / "calibrate" / "calibration.json", prefix_len)
+def replay(path: Path, session: Path, terms: dict, prefix_len: int, timeout: float | None = None):
+    """fidelity-e2e's comparison of one result, as the session's own comparison runs it (printout swallowed;
+    `timeout`: its clients gave up after that many seconds)."""
+    args = replay_args(path, terms, session / "calibrate" / "calibration.json", prefix_len,
+                       *([f"--client-timeout={timeout}"] if timeout else []))
     with contextlib.redirect_stdout(io.StringIO()):
         return fidelity_e2e.run(fidelity_e2e.build_parser().parse_intermixed_args(args))[0]
 
 
-def workload_prefix(session: Path) -> int:
-    """The tokens every prompt of the session's workload shared (its `--random-prefix-len`; the probes: none)."""
-    args = json.loads((session / "workload.json").read_text())["args"]
-    return int(args[args.index("--random-prefix-len") + 1])
+def workload(session: Path) -> tuple[int, float | None]:
+    """(the tokens every prompt of the session's workload shared: its `--random-prefix-len`, the seconds
+    after which its clients gave up on a request or None); the probes share none and never give up."""
+    saved = json.loads((session / "workload.json").read_text())
+    args = saved["args"]
+    return int(args[args.index("--random-prefix-len") + 1]), saved.get("client_timeout")
 
 
 def main(argv=None) -> int:
@@ -61,17 +67,23 @@ def main(argv=None) -> int:
                 for way, cap in ((ways[1], raw["max_concurrency"]), (ways[2], None)):
                     paths[way] = Path(tmp) / f"{way[-7:].strip()}.json"
                     paths[way].write_text(json.dumps(dict(summary, max_concurrency=cap)))
-                shared = workload_prefix(session) if result.name.startswith("run_") else 0
+                shared, timeout = workload(session) if result.name.startswith("run_") else (0, None)
                 for way, path in paths.items():
-                    row = replay(path, session, terms, shared)
+                    row = replay(path, session, terms, shared, timeout)
                     for key in METRICS:
                         errors.setdefault((group, way, key), []).append(row.errors[key])
-    print("| runs | replayed from | TTFT | E2E | per-token interval |\n|---|---|---|---|---|")
+                    if timeout:          # the requests given up on: the replay's against the measured
+                        errors.setdefault((group, way, "failed"), []).append(
+                            row.predicted.failed / max(row.measured.requests_failed, 1) - 1)
+    keys = METRICS + (("failed",) if any(k[2] == "failed" for k in errors) else ())
+    print("| runs | replayed from | TTFT | E2E | per-token interval |" + (" failed requests |" if len(keys) > 3 else "")
+          + "\n|---|---|---|---|---|" + ("---|" if len(keys) > 3 else ""))
     for group in groups:
         for way in ways:
-            cells = [errors[group, way, key] for key in METRICS]
+            cells = [errors.get((group, way, key)) for key in keys]
             print(f"| {group} | {way} | " + " | ".join(
-                f"{np.mean(e) * 100:+.1f} % ({min(e) * 100:+.1f}…{max(e) * 100:+.1f})" for e in cells) + " |")
+                f"{np.mean(e) * 100:+.1f} % ({min(e) * 100:+.1f}…{max(e) * 100:+.1f})" if e else "" for e in cells)
+                + " |")
     return 0
 
 
