@@ -228,17 +228,13 @@ def server_terms(out: Path, calibration, sets: tuple) -> dict:
             "client_latency": max(ttft - prefill - per_step - per_request, 0.0), "extra": dict(zip(DECODE_PROBES, extra))}
 
 
-def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | None = None,
-            client_timeout: float | None = None) -> list:
-    """fidelity-e2e on every run in `out` (the calibrated sim, the probes' client latency and host time;
-    the rebuilt traces, comparisons and the probes' terms written under `write`; the clients' timeout
-    replayed where they had one); a row per metric, and one of the failed requests with a timeout."""
-    from policylab.apps import fidelity_e2e
+def session_terms(out: Path, calibration_path: Path, write: Path | None = None) -> dict:
+    """The server's terms from every probe set in `out` (written under `write`), or, for a session kept
+    without its probes, the terms they gave (its server_terms.json); printed."""
     from policylab.dataplane.fitted import load_calibration
-    calibration = load_calibration(calibration_path)
     sets = len(list(out.glob("decode_1_*.json")))
-    if sets:                       # (a session kept without its probes keeps the terms they gave)
-        terms = server_terms(out, calibration, tuple(range(sets)))
+    if sets:
+        terms = server_terms(out, load_calibration(calibration_path), tuple(range(sets)))
         if write:
             (write / "server_terms.json").write_text(json.dumps(terms, indent=1))
     else:
@@ -247,6 +243,16 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
     print(f"client latency {terms['client_latency'] * 1e3:.2f} ms, the server's host time "
           f"{terms['host_per_step'] * 1e3:.2f} ms a step + {terms['host_per_request'] * 1e6:.0f} us a request "
           "(every probe set: " + ", ".join(f"{b} streams +{x * 1e3:.2f} ms" for b, x in terms["extra"].items()) + ")")
+    return terms
+
+
+def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | None = None,
+            client_timeout: float | None = None) -> list:
+    """fidelity-e2e on every run in `out` (the calibrated sim, the probes' client latency and host time;
+    the rebuilt traces, comparisons and the probes' terms written under `write`; the clients' timeout
+    replayed where they had one); a row per metric, and one of the failed requests with a timeout."""
+    from policylab.apps import fidelity_e2e
+    terms = session_terms(out, calibration_path, write)
     compared = [fidelity_e2e.run(fidelity_e2e.build_parser().parse_intermixed_args(replay_args(
         run, terms, calibration_path, prefix_len, *(["--out", str(write / f"e2e_{run.stem}")] if write else []),
         *([f"--client-timeout={client_timeout}"] if client_timeout else []))))[0]

@@ -75,6 +75,25 @@ def test_inference_perfs_failed_request_asks_for_its_max_tokens(tmp_path):
     (folder / "stage_1_lifecycle_metrics.json").write_text(json.dumps(stage))
     bench = read_inference_perf(folder)
     assert [r.output_tokens for r in bench.requests[12:14]] == [8, 3]     # max_tokens 8; what it got
+    assert not any("without their prompt's token count" in n for n in bench.notes)
+    # inference-perf counts no input tokens for a failed request: the same prompt's count where it was
+    # answered (prompts are sent in a cycle), else the answered ones' mean
+    prompt = lambda row: json.loads(row["request"])["prompt"]             # noqa: E731
+    twin = next(i for i, row in enumerate(rows) if i != 12 and prompt(row) == prompt(rows[12]))
+    rows[twin]["info"]["request_metrics"]["text"]["input_tokens"] = rows[twin]["info"]["input_tokens"] = 70
+    for failed in (12, 14):
+        rows[failed]["error"] = {"error_type": "TimeoutError", "error_msg": ""}
+        rows[failed]["info"]["request_metrics"]["text"]["input_tokens"] = rows[failed]["info"]["input_tokens"] = 0
+        rows[failed]["info"]["response_metrics"] = None
+    rows[14]["request"] = json.dumps(dict(json.loads(rows[14]["request"]), prompt="never answered"))
+    (folder / "per_request_lifecycle_metrics.json").write_text(json.dumps(rows))
+    stage["successes"]["count"], stage["failures"]["count"] = 6, 2
+    (folder / "stage_1_lifecycle_metrics.json").write_text(json.dumps(stage))
+    bench = read_inference_perf(folder)
+    assert bench.requests[12].prompt_tokens == 70
+    assert bench.requests[14].prompt_tokens == 66                         # 4 prompts answered: 70, 64, 64, 64
+    assert [r.output_tokens for r in bench.requests[12:15]] == [8, 3, 8]
+    assert any("2 failed request(s) without their prompt's token count" in n for n in bench.notes)
 
 
 @pytest.mark.timeout(30)
@@ -198,6 +217,12 @@ def test_inference_perfs_clients_give_up_after_its_request_timeout_or_aiohttps_d
     failing = read_inference_perf(_failing_report(tmp_path / "a", 20), seed=1)
     assert failing.client_timeout == 20.0 and [s.requests_failed for s in failing.stages] == [0, 3]
     assert any("gave up after 20 s (load.request_timeout)" in n for n in failing.notes)
+    assert not any("request_retries" in n for n in failing.notes)
+    retried = _failing_report(tmp_path / "r", 20)
+    text = (retried / "config.yaml").read_text()
+    (retried / "config.yaml").write_text(text.replace("load:\n", "load:\n  request_retries: 2\n", 1))
+    assert any("sent a failed request again up to 2 times (load.request_retries); the replay's give up once" in n
+               for n in read_inference_perf(retried, seed=1).notes)
     for bad in ("soon", -1, 0):
         with pytest.raises(TraceError, match=r"config.yaml.*load.request_timeout.*expected seconds > 0 or null"):
             read_inference_perf(_failing_report(tmp_path / f"bad{bad}", f"'{bad}'" if bad == "soon" else bad))
@@ -617,3 +642,26 @@ def test_inference_perfs_workers_cap_the_requests_in_flight_of_a_rebuilt_stage(t
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(TraceError, match=r"load.num_workers.*expected a number of workers >= 1, got 0"):
         read_inference_perf(folder)
+
+
+@pytest.mark.timeout(60)
+def test_a_shared_prefix_workload_with_drawn_lengths_or_chats_needs_the_per_request_report(tmp_path):
+    """inference-perf's shared_prefix data can draw question and output lengths from a distribution, or
+    chain prompts into multi-turn chats: config.yaml alone cannot rebuild those, and says which field."""
+    import yaml
+    folder = tmp_path / "report"
+    shutil.copytree(FOLDER, folder)
+    (folder / "per_request_lifecycle_metrics.json").unlink()
+    original = yaml.safe_load((folder / "config.yaml").read_text())
+    for key, value, what in (("question_distribution", {"min": 8, "max": 64}, "question lengths drawn"),
+                             ("output_distribution", {"mean": 8, "std_dev": 2}, "output lengths drawn"),
+                             ("enable_multi_turn_chat", True, "multi-turn chats")):
+        cfg = json.loads(json.dumps(original))
+        cfg["data"]["shared_prefix"][key] = value
+        (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+        with pytest.raises(TraceError, match=rf"data.shared_prefix.{key}.*{what}.*per_request: true"):
+            read_inference_perf(folder)
+    cfg = json.loads(json.dumps(original))
+    cfg["data"]["shared_prefix"].update(question_distribution=None, output_distribution=None, enable_multi_turn_chat=False)
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))                 # as a report's config.yaml has them
+    assert len(read_inference_perf(folder).requests) == 16

@@ -144,6 +144,12 @@ def _shared_prefix(cfg: dict, path: Path) -> dict:
         raise TraceError(str(path), None, "data.type", f"'{data.get('type')}' cannot be rebuilt without the per-request "
                          "report (report.request_lifecycle.per_request: true); shared_prefix can")
     sp = data.get("shared_prefix") or {}
+    for key, what in (("question_distribution", "question lengths drawn from a distribution"),
+                      ("output_distribution", "output lengths drawn from a distribution"),
+                      ("enable_multi_turn_chat", "multi-turn chats (each turn's prompt the conversation so far)")):
+        if sp.get(key):
+            raise TraceError(str(path), None, f"data.shared_prefix.{key}", f"{what} cannot be rebuilt without the "
+                             "per-request report (report.request_lifecycle.per_request: true)")
     groups = sp.get("num_groups", sp.get("num_unique_system_prompts"))
     per_group = sp.get("num_prompts_per_group", sp.get("num_users_per_system_prompt"))
     out = {}
@@ -211,10 +217,18 @@ def load_plan(cfg: dict, path: Path) -> tuple[list, tuple | None]:
     return [Stage(n, 1.0, arrivals=(0.0,) * n) for n in counts], levels
 
 
-def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[list, list, int]:
-    """The requests as sent (per_request_lifecycle_metrics.json), in send order, split into the stages
-    by the stages' request counts; prompts with the same text share all their blocks, prompts that
-    begin with the same text (a group's system prompt) share the first `prefix_tokens`."""
+def _prompt_text(row: dict) -> str:
+    payload = _payload(row.get("request"))
+    return str(payload.get("prompt") or payload.get("messages") or "")
+
+
+def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[list, list, int, int]:
+    """(the requests as sent (per_request_lifecycle_metrics.json), in send order, split into the stages
+    by the stages' request counts, their stages, the prefix's tokens, how many failed requests' prompt
+    lengths were filled in); prompts with the same text share all their blocks, prompts that begin with
+    the same text (a group's system prompt) share the first `prefix_tokens`. inference-perf counts no
+    input tokens for a request that failed: it gets the count of the same prompt answered in the run
+    (a workload sends its prompts in a cycle), else the answered requests' mean."""
     path = folder / "per_request_lifecycle_metrics.json"
     rows = _json(path)
     if not isinstance(rows, list) or not rows:
@@ -224,13 +238,19 @@ def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[l
     if sum(counts) != len(rows):
         raise TraceError(str(path), None, None, f"{len(rows)} requests, but the stage reports count {sum(counts)}")
     t0 = float(rows[0]["start_time"])
-    prompts, groups, requests, stage_of = {}, {}, [], []
+    known: dict = {}                      # prompt text -> its input tokens, where counted
+    for row in rows:
+        if n := _input_tokens(row.get("info") or {}):
+            known.setdefault(_prompt_text(row), n)
+    typical = round(sum(known.values()) / len(known)) if known else 0
+    prompts, groups, requests, stage_of, filled = {}, {}, [], [], 0
     for i, row in enumerate(rows, 1):
-        info = row.get("info") or {}
-        payload = _payload(row.get("request"))
-        text = str(payload.get("prompt") or payload.get("messages") or "")
+        info, payload, text = row.get("info") or {}, _payload(row.get("request")), _prompt_text(row)
+        failed = bool(row.get("error"))
         prompt_len = _input_tokens(info)
-        out_len = _output_tokens(info, payload, failed=bool(row.get("error")))
+        if not prompt_len and failed:
+            prompt_len, filled = known.get(text, typical), filled + 1
+        out_len = _output_tokens(info, payload, failed=failed)
         if not prompt_len or not out_len:
             raise TraceError(str(path), i, "info", "a request without its input and output token counts")
         p = prompts.setdefault(text, len(prompts))
@@ -241,7 +261,7 @@ def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[l
                                      output_tokens=int(out_len), max_tokens=int(out_len), prefix_hashes=hashes))
     for stage, count in zip(stages, counts):
         stage_of += [stage.stage] * count
-    return requests, stage_of, prefix_tokens
+    return requests, stage_of, prefix_tokens, filled
 
 
 def _payload(value) -> dict:
@@ -293,9 +313,12 @@ def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
     sp = (cfg.get("data") or {}).get("shared_prefix") or {}
     prefix = int(sp.get("system_prompt_len", 0) or 0) + 1 if sp else 512
     if (folder / "per_request_lifecycle_metrics.json").is_file():         # (sent when they were: open loop)
-        requests, stage_of, prefix = recorded_requests(folder, stages, prefix)
+        requests, stage_of, prefix, filled = recorded_requests(folder, stages, prefix)
         caps = None
-        notes.append("requests as recorded (per_request_lifecycle_metrics.json)")
+        notes.append("requests as recorded (per_request_lifecycle_metrics.json)" + (
+            f"; {filled} failed request(s) without their prompt's token count (inference-perf counts none "
+            "for a failed request): the count of the same prompt answered, else the answered ones' mean"
+            if filled else ""))
     else:
         requests, stage_of, prefix, caps = rebuilt_requests(folder, cfg, stages, seed)
         notes.append(f"workload rebuilt from config.yaml (seed {seed}): {_sending(cfg, stages, caps)}, prompt "
@@ -309,6 +332,10 @@ def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
     timeout, source = request_timeout(cfg, folder / "config.yaml")
     if any(s.requests_failed for s in stages):
         notes.append(f"its clients gave up after {timeout:g} s ({source})")
+        retries = cfg["load"].get("request_retries")
+        if isinstance(retries, int) and retries > 0:
+            notes.append(f"its clients sent a failed request again up to {retries} times (load.request_retries); "
+                         "the replay's give up once")
     server = cfg.get("server") or {}
     return Benchmark(folder.name, str(server.get("model_name") or ""), "", None, requests, stage_of, stages,
                      prefix_block_tokens=max(1, prefix), notes=notes, client_timeout=timeout, concurrency=caps)
