@@ -578,6 +578,7 @@ def test_inference_perfs_concurrent_stages_are_rebuilt_as_closed_loop_users(tmp_
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     bench = read_inference_perf(folder)
     assert bench.concurrency == (2, 3) and bench.stage_of == [0] * 6 + [1] * 5
+    assert [s.rate for s in bench.stages] == [math.inf] * 2                 # all at once, at most N in flight
     assert any("closed-loop users (2, 3 by stage: load.type concurrent)" in n for n in bench.notes)
     result, _ = replay_benchmark(_as_read([str(folder), "--model", "tiny", "--gpu", "cpu"]))
     for k, users in enumerate((2, 3)):

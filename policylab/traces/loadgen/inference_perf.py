@@ -319,6 +319,9 @@ def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
     """The report folder as a Benchmark (the server's knobs are not in the report: the caller sets them)."""
     cfg = read_config(folder)
     stages = measured_stages(folder)
+    if str(cfg["load"].get("type", "constant")) == "concurrent":
+        for stage in stages:             # (its report says num_requests a second: all sent at once, capped)
+            stage.rate = math.inf
     swept = not cfg["load"].get("stages")
     if swept:
         cfg = swept_stages(cfg, stages, folder / "config.yaml")
