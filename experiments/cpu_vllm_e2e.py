@@ -24,6 +24,8 @@ Only the workload's lengths, rate and prompt count are free; the server knobs ar
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -251,11 +253,10 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
     """fidelity-e2e on every run in `out` (the calibrated sim, the probes' client latency and host time;
     the rebuilt traces, comparisons and the probes' terms written under `write`; the clients' timeout
     replayed where they had one); a row per metric, and one of the failed requests with a timeout."""
-    from policylab.apps import fidelity_e2e
     terms = session_terms(out, calibration_path, write)
-    compared = [fidelity_e2e.run(fidelity_e2e.build_parser().parse_intermixed_args(replay_args(
+    compared = [fidelity_e2e(replay_args(
         run, terms, calibration_path, prefix_len, *(["--out", str(write / f"e2e_{run.stem}")] if write else []),
-        *([f"--client-timeout={client_timeout}"] if client_timeout else []))))[0]
+        *([f"--client-timeout={client_timeout}"] if client_timeout else [])))[0]
         for run in sorted(out.glob("run_*.json"))]
     rows = [summary_row(label, "ms", [getattr(c.measured, key) * 1e3 for c in compared],
                         [getattr(c.predicted, key) * 1e3 for c in compared]) for key, label in METRICS]
@@ -265,6 +266,14 @@ def compare(out: Path, calibration_path: Path, prefix_len: int, write: Path | No
                                 [float(c.measured.requests_failed) for c in compared],
                                 [float(c.predicted.failed if c.predicted else 0) for c in compared]))
     return rows
+
+
+def fidelity_e2e(args: list, quiet: bool = False) -> list:
+    """`python -m policylab fidelity-e2e ARGS` in process, as a user runs it: its per-stage comparisons
+    (`quiet`: its printout swallowed)."""
+    from policylab.apps import fidelity_e2e as command
+    with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+        return command.run(command.build_parser().parse_intermixed_args(args))
 
 
 def replay_args(result: Path, terms: dict, calibration_path: Path, prefix_len: int, *extra: str) -> list:

@@ -115,7 +115,14 @@ def request_timeout(cfg: dict, path: Path) -> tuple[float, str]:
     return _positive(value, path, "load.request_timeout", "seconds > 0 or null"), "load.request_timeout"
 
 
-def measured_stages(folder: Path) -> list:
+def load_type(cfg: dict) -> str:
+    return str(cfg["load"].get("type", "constant"))
+
+
+def measured_stages(folder: Path, all_at_once: bool = False) -> list:
+    """The stages as the client measured them; `all_at_once` (load.type concurrent): their requests
+    were all sent at once, at most the concurrency level in flight (the report gives num_requests a
+    second as their rate)."""
     out = []
     files = sorted(folder.glob("stage_*_lifecycle_metrics.json"), key=lambda p: int(p.stem.split("_")[1]))
     for path in files:
@@ -126,8 +133,8 @@ def measured_stages(folder: Path) -> list:
         n_ok = int(_number(ok.get("count", 0), path, "successes.count"))
         n_failed = int(_number(failed.get("count", 0), path, "failures.count"))
         if n_ok == 0:
-            out.append(MeasuredStage(k, float(load.get("requested_rate") or math.nan), 0, n_failed,
-                                     math.nan, math.nan, math.nan))
+            out.append(MeasuredStage(k, math.inf if all_at_once else float(load.get("requested_rate") or math.nan),
+                                     0, n_failed, math.nan, math.nan, math.nan))
             continue
         latency = ok.get("latency") or {}
         ttft = _mean(latency, "time_to_first_token", path, "successes.latency.time_to_first_token")
@@ -136,7 +143,8 @@ def measured_stages(folder: Path) -> list:
         interval = (e2e - ttft) / (out_len - 1) if out_len > 1 else math.nan
         rate = load.get("requested_rate")          # (none for a concurrent stage of some versions)
         delay = load.get("schedule_delay")
-        out.append(MeasuredStage(k, math.inf if rate is None else _number(rate, path, "load_summary.requested_rate"),
+        out.append(MeasuredStage(k, math.inf if rate is None or all_at_once else
+                                 _number(rate, path, "load_summary.requested_rate"),
                                  n_ok, n_failed, ttft, e2e, interval, out_len,
                                  float(load.get("send_duration") or 0.0),
                                  float(delay.get("mean") or 0.0) if isinstance(delay, dict) else 0.0))
@@ -214,7 +222,7 @@ def load_plan(cfg: dict, path: Path) -> tuple[list, tuple | None]:
     each request at its time or, with the workers' slots all held (`inflight_cap`), when another
     finishes (a stage sending no more requests than the cap has None); `concurrent` stages send
     `num_requests` with `concurrency_level` in flight (that many closed-loop users)."""
-    kind = str(cfg["load"].get("type", "constant"))
+    kind = load_type(cfg)
     stages = cfg["load"]["stages"]
     if kind in ("constant", "poisson"):
         plan = [Stage(_stage_field(s, "rate", path, k), _stage_field(s, "duration", path, k))
@@ -230,8 +238,7 @@ def load_plan(cfg: dict, path: Path) -> tuple[list, tuple | None]:
     return [Stage(n, 1.0, arrivals=(0.0,) * n) for n in counts], levels
 
 
-def _prompt_text(row: dict) -> str:
-    payload = _payload(row.get("request"))
+def _prompt_text(payload: dict) -> str:
     return str(payload.get("prompt") or payload.get("messages") or "")
 
 
@@ -251,15 +258,15 @@ def recorded_requests(folder: Path, stages: list, prefix_tokens: int) -> tuple[l
     if sum(counts) != len(rows):
         raise TraceError(str(path), None, None, f"{len(rows)} requests, but the stage reports count {sum(counts)}")
     t0 = float(rows[0]["start_time"])
+    payloads = [_payload(row.get("request")) for row in rows]
     known: dict = {}                      # prompt text -> its input tokens, where counted
-    for row in rows:
+    for row, payload in zip(rows, payloads):
         if n := _input_tokens(row.get("info") or {}):
-            known.setdefault(_prompt_text(row), n)
+            known.setdefault(_prompt_text(payload), n)
     typical = round(sum(known.values()) / len(known)) if known else 0
     prompts, groups, requests, stage_of, filled = {}, {}, [], [], 0
-    for i, row in enumerate(rows, 1):
-        info, payload, text = row.get("info") or {}, _payload(row.get("request")), _prompt_text(row)
-        failed = bool(row.get("error"))
+    for i, (row, payload) in enumerate(zip(rows, payloads), 1):
+        info, text, failed = row.get("info") or {}, _prompt_text(payload), bool(row.get("error"))
         prompt_len = _input_tokens(info)
         if not prompt_len and failed:
             prompt_len, filled = known.get(text, typical), filled + 1
@@ -304,7 +311,7 @@ def _output_tokens(info: dict, payload: dict, failed: bool = False) -> int:
 
 def _sending(cfg: dict, stages: list, caps: tuple | None) -> str:
     """How the rebuilt stages send their requests, as the notes say it."""
-    if str(cfg["load"].get("type", "constant")) == "concurrent":
+    if load_type(cfg) == "concurrent":
         return (f"closed-loop users ({', '.join(map(str, caps))} by stage: load.type concurrent), each stage "
                 "replayed on its own from an empty server")
     if not caps:
@@ -318,10 +325,7 @@ def _sending(cfg: dict, stages: list, caps: tuple | None) -> str:
 def read_inference_perf(folder: Path, seed: int = 0) -> Benchmark:
     """The report folder as a Benchmark (the server's knobs are not in the report: the caller sets them)."""
     cfg = read_config(folder)
-    stages = measured_stages(folder)
-    if str(cfg["load"].get("type", "constant")) == "concurrent":
-        for stage in stages:             # (its report says num_requests a second: all sent at once, capped)
-            stage.rate = math.inf
+    stages = measured_stages(folder, all_at_once=load_type(cfg) == "concurrent")
     swept = not cfg["load"].get("stages")
     if swept:
         cfg = swept_stages(cfg, stages, folder / "config.yaml")
