@@ -584,6 +584,10 @@ def test_inference_perfs_concurrent_stages_are_rebuilt_as_closed_loop_users(tmp_
     for k, users in enumerate((2, 3)):
         spans = [(t.arrival_time, r.finish_time) for r, t, s in zip(result.requests, result.trace, bench.stage_of) if s == k]
         assert max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans) == users
+    cfg["load"]["stages"][1]["concurrency_level"] = 2.5
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(TraceError, match=r"load.stages\[1\].concurrency_level.*a number of requests >= 1, got 2.5"):
+        read_inference_perf(folder)
     cfg["load"] = {"type": "trace_replay", "stages": [{"rate": 1, "duration": 8}, {"rate": 1, "duration": 8}]}
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     assert fidelity_e2e.main([str(folder), "--model", "tiny", "--gpu", "cpu"]) == 2
@@ -642,6 +646,10 @@ def test_inference_perfs_workers_cap_the_requests_in_flight_of_a_rebuilt_stage(t
     cfg["load"].update(num_workers=0)
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(TraceError, match=r"load.num_workers.*expected a number of workers >= 1, got 0"):
+        read_inference_perf(folder)
+    cfg["load"].update(num_workers=1, worker_max_concurrency=0.5)          # not a whole number of slots
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(TraceError, match=r"load.worker_max_concurrency.*a number of requests >= 1, got 0.5"):
         read_inference_perf(folder)
 
 

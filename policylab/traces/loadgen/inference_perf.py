@@ -203,6 +203,17 @@ def _stage_field(stage, key: str, path: Path, k: int) -> float:
     return _positive(stage.get(key) if isinstance(stage, dict) else None, path, f"load.stages[{k}].{key}")
 
 
+def _stage_count(stage, key: str, path: Path, k: int) -> int:
+    return _count(stage.get(key) if isinstance(stage, dict) else None, path, f"load.stages[{k}].{key}", "requests")
+
+
+def _count(value, path: Path, field: str, what: str) -> int:
+    """A whole number >= 1 of `what` (workers, requests), or a TraceError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        raise TraceError(str(path), None, field, f"expected a number of {what} >= 1, got {value!r}")
+    return int(value)
+
+
 def inflight_cap(cfg: dict, path: Path) -> int | None:
     """inference-perf's cap on requests in flight, where config.yaml records it (a report's config.yaml
     has every field): `load.num_workers` processes, each holding at most `load.worker_max_concurrency`
@@ -212,8 +223,8 @@ def inflight_cap(cfg: dict, path: Path) -> int | None:
     workers, each = load.get("num_workers"), load.get("worker_max_concurrency")
     if workers is None or each is None:
         return None
-    return int(_positive(workers, path, "load.num_workers", "a number of workers >= 1")) * int(
-        _positive(each, path, "load.worker_max_concurrency", "a number of requests >= 1"))
+    return _count(workers, path, "load.num_workers", "workers") * _count(
+        each, path, "load.worker_max_concurrency", "requests")
 
 
 def load_plan(cfg: dict, path: Path) -> tuple[list, tuple | None]:
@@ -233,8 +244,8 @@ def load_plan(cfg: dict, path: Path) -> tuple[list, tuple | None]:
     if kind != "concurrent":
         raise TraceError(str(path), None, "load.type", f"'{kind}' cannot be rebuilt without the per-request report "
                          "(report.request_lifecycle.per_request: true); constant, poisson and concurrent can")
-    counts = [int(_stage_field(s, "num_requests", path, k)) for k, s in enumerate(stages)]
-    levels = tuple(int(_stage_field(s, "concurrency_level", path, k)) for k, s in enumerate(stages))
+    counts = [_stage_count(s, "num_requests", path, k) for k, s in enumerate(stages)]
+    levels = tuple(_stage_count(s, "concurrency_level", path, k) for k, s in enumerate(stages))
     return [Stage(n, 1.0, arrivals=(0.0,) * n) for n in counts], levels
 
 
