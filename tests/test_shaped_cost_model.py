@@ -214,9 +214,15 @@ def test_attention_on_the_shipped_vidur_rows_is_within_bounds_and_beats_the_roof
             launch = 0.0 if name == "roofline" else cms[tp].latency          # the cache write's launch
             err[name].append((one_layer(cms[tp], row) - launch) / measured - 1)
     mape = {name: sum(map(abs, e)) / len(e) for name, e in err.items()}
-    assert mape["shaped"] < 0.13                                   # measured: 11.1 %
-    assert mape["roofline"] > 2 * mape["shaped"]                   # measured: 30.9 %
-    assert max(map(abs, err["shaped"])) < 0.65                     # measured: 61 % (a 64-token chunk)
+    assert mape["shaped"] < 0.11                                   # measured: 9.4 %
+    assert mape["roofline"] > 3 * mape["shaped"]                   # measured: 30.9 %
+    assert max(map(abs, err["shaped"])) < 0.62                     # measured: 58 % (a 64-token chunk)
+    # the A100's prefill level is these rows' own (0.48 at 14,336 tokens): chunks of 257-4k tokens come out
+    # unbiased (with FlashAttention-2's standalone 0.60 they were 22 % short, every one of them)
+    middle = [err["shaped"][i] for i, row in enumerate(rows) if 256 < row["prefill_chunk_size"] <= 4096]
+    assert len(middle) == 15
+    assert abs(sum(middle) / len(middle)) < 0.08                   # measured: -3.3 %
+    assert max(map(abs, middle)) < 0.2                             # measured: 17 % (1,024 tokens, none cached)
     decodes = [i for i, row in enumerate(rows) if not row["prefill_chunk_size"]]
     assert len(decodes) == 75
     assert max(abs(err["shaped"][i]) for i in decodes) < 0.3       # measured: 24 %
