@@ -6,7 +6,8 @@ load stage; its README says what each column means) is rebuilt as the load gener
 prompt, Poisson-conditioned arrivals, ignore_eos outputs) and replayed with `policy=vllm_v1` and
 the row's model, TP and vLLM knobs (policylab.apps.e2e_replay, as `fidelity-e2e` does). Printed:
 per stage the measured and predicted TTFT mean, E2E mean and per-token interval with the error,
-whether the sim saturated, and the MAPE of each over the stages.
+whether the sim saturated, and the MAPE of each over the stages; last, for each stage whose mean TTFT sits
+well above its median, the equal stalls that would give both its mean and its p99 TTFT (`stalls`).
 
     python experiments/check_vllm_e2e.py FILE [--duration S] [--serving-engine NAME] [extra overrides...]
 
