@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from policylab.apps.e2e_replay import mape, replay_and_compare  # noqa: E402
+from policylab.apps.e2e_replay import mape, replay_and_compare, stalls  # noqa: E402
 from policylab.apps.fidelity_e2e import replay_timeout, seconds_or_none  # noqa: E402
 from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerKnobs  # noqa: E402
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
@@ -62,7 +62,9 @@ def benchmarks(path: Path, duration: float | None) -> list:
         requests, stage_of = shared_prefix_trace(load, stages, STAGE_GAP_S, seed=0)
         measured = [MeasuredStage(int(r["stage"]), float(r["rate_req_s"]), int(r["requests_ok"]),
                                   int(r["requests_failed"]), float(r["ttft_mean_s"]), float(r["e2e_mean_s"]),
-                                  float(r["per_token_interval_mean_s"]), output, float(r["duration_s"]))
+                                  float(r["per_token_interval_mean_s"]), output, float(r["duration_s"]),
+                                  ttft_median=float(r.get("ttft_median_s") or "nan"),
+                                  ttft_p99=float(r.get("ttft_p99_s") or "nan"))
                     for r in rows]
         server = ServerKnobs(int(tp), int(r0["max_num_seqs"]), int(r0["max_num_batched_tokens"]),
                              int(r0["block_size"]), float(r0["gpu_memory_utilization"]),
@@ -108,44 +110,24 @@ def main(argv=None) -> int:
               f"per-token interval {mape(overloaded, 'per_token_interval') * 100:.1f} %; failed measured / predicted "
               + ", ".join(f"{c.measured.requests_failed} / {c.predicted.failed}" for c in overloaded))
     print(ttft_multiples(runs))
-    for line in ttft_tails(args.file):
+    for line in ttft_tails(runs):
         print(line)
     return 0
 
 
-TAIL_EXCESS_S = 0.002        # a stage whose mean TTFT exceeds its median by less has no tail worth sizing
-
-
-def stalls(duration: float, mean: float, median: float, p99: float) -> tuple | None:
-    """(count, seconds) of equal stalls that give a stage both its mean TTFT's excess over the median
-    and its p99, or None where none do. A stall of s seconds delays each request arriving during it by
-    what is left of it (s/2 on average; no backlog after it), so k stalls add k s^2 / (2 T) to the mean
-    TTFT of a stage of T seconds, and put k (s - (p99 - median)) seconds of arrivals, 1 % of them, above
-    the p99: k s^2 = 2 T D and k (s - d) = 0.01 T, so s^2 = 200 D (s - d). Where sampling leaves no exact
-    solution (200 D < 4 d), the closest one: s = 2 d."""
-    excess, over = mean - median, p99 - median
-    if excess < TAIL_EXCESS_S:
-        return None
-    a = 200.0 * excess
-    disc = a * a - 4.0 * a * over
-    s = (a + disc ** 0.5) / 2.0 if disc >= 0 else 2.0 * over
-    return 2.0 * duration * excess / (s * s), s
-
-
-def ttft_tails(path: Path) -> list:
+def ttft_tails(runs: dict) -> list:
     """Lines sizing the TTFT tail of each stage whose mean TTFT sits well above its median: the
     stalls (as `stalls`) that would give both its mean and its p99. The replay serves a warm engine
     and has no such stalls."""
     out = []
-    for r in csv.DictReader(path.open()):
-        if not r.get("ttft_median_s") or not r.get("ttft_p99_s"):
-            continue
-        found = stalls(float(r["duration_s"]), float(r["ttft_mean_s"]), float(r["ttft_median_s"]),
-                       float(r["ttft_p99_s"]))
-        if found:
-            out.append(f"TTFT tail, {r['model']} TP{r['tensor_parallel']} {r['workload']} stage {r['stage']}: mean "
-                       f"{(float(r['ttft_mean_s']) - float(r['ttft_median_s'])) * 1e3:.1f} ms above the median, p99 "
-                       f"{float(r['ttft_p99_s']) * 1e3:.0f} ms: as {found[0]:.1f} stalls of {found[1]:.2f} s")
+    for name, stages in runs.items():
+        for c in stages:
+            m = c.measured
+            found = stalls(m.duration, m.ttft_mean, m.ttft_median, m.ttft_p99)
+            if found:
+                out.append(f"TTFT tail, {name} stage {m.stage}: mean {(m.ttft_mean - m.ttft_median) * 1e3:.1f} ms "
+                           f"above the median, p99 {m.ttft_p99 * 1e3:.0f} ms: as {found[0]:.1f} stalls of "
+                           f"{found[1]:.2f} s")
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -707,9 +708,7 @@ def test_a_ttft_tail_is_sized_as_the_stalls_that_made_it():
     """Requests arriving during a stall wait out what is left of it: a stage with 6 stalls of 1.3 s in
     600 s at 5 req/s is read back, from its mean, median and p99 TTFT alone, as about 6 stalls of about
     1.3 s; a stage without stalls has no tail to size."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    from check_vllm_e2e import stalls
+    from policylab.apps.e2e_replay import stalls
     duration, rate, base = 600.0, 5.0, 0.05
     sized = []
     for seed in range(8):                    # (which arrivals fall in a stall is a draw: several draws)
@@ -725,3 +724,50 @@ def test_a_ttft_tail_is_sized_as_the_stalls_that_made_it():
     counts, seconds = zip(*sized)
     assert all(4 < k < 12 for k in counts) and 5 < np.median(counts) < 8
     assert all(0.9 < s < 1.6 for s in seconds) and 1.15 < np.median(seconds) < 1.45
+
+
+@pytest.mark.timeout(30)
+def test_the_readers_keep_each_stages_median_and_p99_ttft(tmp_path):
+    """The tail is sized from the median and p99 TTFT beside the mean: vllm bench serve's per-request
+    TTFTs (or its summary's median_ttft_ms / p99_ttft_ms), inference-perf's stage percentiles."""
+    detailed = json.loads(DETAILED.read_text().splitlines()[0])
+    errors = detailed.get("errors") or [""] * len(detailed["ttfts"])
+    ok = [t for t, e in zip(detailed["ttfts"], errors) if not e]
+    stage = read_vllm_bench(DETAILED).stages[0]
+    assert stage.ttft_median == pytest.approx(np.median(ok)) and stage.ttft_p99 == pytest.approx(np.percentile(ok, 99))
+    assert stage.ttft_median < stage.ttft_p99
+    per_request = ("ttfts", "itls", "input_lens", "output_lens", "start_times", "errors", "generated_texts")
+    summary = {k: v for k, v in detailed.items() if k not in per_request}
+    summary.update(median_ttft_ms=12.5, p99_ttft_ms=480.0, mean_e2el_ms=900.0)
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    stage = read_vllm_bench(path).stages[0]
+    assert (stage.ttft_median, stage.ttft_p99) == (0.0125, 0.48)
+    del summary["median_ttft_ms"]
+    path.write_text(json.dumps(summary))
+    assert math.isnan(read_vllm_bench(path).stages[0].ttft_median)
+    real = DATA / "inference_perf_cpu_vllm" / "quiet" / "run_2"       # as inference-perf 0.7.0 wrote it
+    report = json.loads((real / "stage_0_lifecycle_metrics.json").read_text())
+    spread = report["successes"]["latency"]["time_to_first_token"]
+    stage = read_inference_perf(real).stages[0]
+    assert (stage.ttft_median, stage.ttft_p99) == (spread["median"], spread["p99"])
+    assert math.isnan(read_inference_perf(FOLDER).stages[0].ttft_p99)   # (a report without the percentile)
+
+
+@pytest.mark.timeout(30)
+def test_fidelity_e2e_sizes_a_tail_only_where_the_replay_agrees_with_the_median():
+    """A stage whose replay matches the measured median but whose measured mean carries a tail gets a
+    line sizing the tail as stalls; a saturated stage, one with failures, one the replay misses at the
+    median, and one without a tail get none."""
+    from policylab.apps.e2e_replay import tail_note
+    measured = MeasuredStage(0, 5.0, 3000, 0, 0.063, 4.5, 0.018, 247, 600.0, ttft_median=0.053, ttft_p99=0.482)
+    predicted = PredictedStage(0, 3000, 0.0531, 4.6, 0.0185, False)
+    note = tail_note(StageComparison(measured, predicted, "ok", {"ttft_mean": -0.16}))
+    assert note is not None and "6.3 stalls of 1.38 s in 600 s" in note and "(53.1 ms)" in note
+    assert tail_note(StageComparison(measured, replace(predicted, saturated=True), "saturated", {})) is None
+    assert tail_note(StageComparison(replace(measured, requests_failed=3), predicted, "ok", {})) is None
+    assert tail_note(StageComparison(measured, replace(predicted, ttft_mean=0.040), "ok", {})) is None
+    calm = replace(measured, ttft_mean=0.0535, ttft_p99=0.07)
+    assert tail_note(StageComparison(calm, predicted, "ok", {})) is None
+    unknown = replace(measured, ttft_median=math.nan)
+    assert tail_note(StageComparison(unknown, predicted, "ok", {})) is None

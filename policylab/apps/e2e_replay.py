@@ -199,3 +199,41 @@ def compare_stage(m: MeasuredStage, p: Optional[PredictedStage], timed_out: bool
 def mape(rows: list, key: str) -> float:
     values = [abs(r.errors[key]) for r in rows if key in r.errors and r.status in ("ok", "saturated")]
     return float(np.mean(values)) if values else math.nan
+
+
+TAIL_EXCESS_S = 0.002        # a stage whose mean TTFT exceeds its median by less has no tail worth sizing
+TAIL_AGREEMENT = 0.1         # the replay's mean TTFT this close to the measured median: the typical request agrees
+
+
+def stalls(duration: float, mean: float, median: float, p99: float) -> Optional[tuple]:
+    """(count, seconds) of equal stalls that give a stage both its mean TTFT's excess over the median
+    and its p99, or None where the mean is within TAIL_EXCESS_S of the median. A stall of s seconds
+    delays each request arriving during it by what is left of it (s/2 on average; no backlog after
+    it), so k stalls add k s^2 / (2 T) to the mean TTFT of a stage of T seconds, and put k (s - (p99 -
+    median)) seconds of arrivals, 1 % of them, above the p99: k s^2 = 2 T D and k (s - d) = 0.01 T, so
+    s^2 = 200 D (s - d). Where sampling leaves no exact solution (200 D < 4 d), the closest one: s = 2 d."""
+    excess, over = mean - median, p99 - median
+    if not excess >= TAIL_EXCESS_S or not over > 0 or not duration > 0:
+        return None
+    a = 200.0 * excess
+    disc = a * a - 4.0 * a * over
+    s = (a + math.sqrt(disc)) / 2.0 if disc >= 0 else 2.0 * over
+    return 2.0 * duration * excess / (s * s), s
+
+
+def tail_note(c: StageComparison) -> Optional[str]:
+    """A line for a stage whose measured mean TTFT carries a tail the replay's typical request does not
+    explain: the replay agrees with the measured median (within TAIL_AGREEMENT), no request failed, the
+    replay kept up, and the mean sits well above the median; sized as `stalls`."""
+    m, p = c.measured, c.predicted
+    if p is None or c.status != "ok" or m.requests_failed or not math.isfinite(m.ttft_median) \
+            or not math.isfinite(m.ttft_p99) or abs(p.ttft_mean / m.ttft_median - 1) > TAIL_AGREEMENT:
+        return None
+    found = stalls(m.duration, m.ttft_mean, m.ttft_median, m.ttft_p99)
+    if found is None:
+        return None
+    return (f"stage {m.stage}: the replay's mean TTFT ({p.ttft_mean * 1e3:.1f} ms) is within "
+            f"{abs(p.ttft_mean / m.ttft_median - 1) * 100:.1f} % of the measured median ({m.ttft_median * 1e3:.1f} ms); "
+            f"the measured mean is {(m.ttft_mean - m.ttft_median) * 1e3:.1f} ms above it, p99 {m.ttft_p99 * 1e3:.0f} ms: "
+            f"a tail the size of {found[0]:.1f} stalls of {found[1]:.2f} s in {m.duration:.0f} s (a server not yet warm, "
+            "compiling kernels for new batch shapes? the replay serves a warm engine)")

@@ -15,6 +15,11 @@ only. Such a run is replayed with its clients' timeout (`trace.client_timeout`):
 or the load generator's own where its result says (inference-perf: `load.request_timeout`, or
 aiohttp's 300 s when unset), so its survivors compare with the replay's; without one known, the
 stage is reported `overloaded`, not compared.
+
+Where the replay agrees with a stage's measured median TTFT but the measured mean sits well above
+it, the tail is sized as the few equal stalls that would give both the mean and the p99 (a server
+compiling kernels for batch shapes it has not seen yet looks like that; the replay serves a warm
+engine).
 """
 from __future__ import annotations
 
@@ -175,7 +180,7 @@ def run(args) -> list:
 
 
 def report(bench, cfg, rows: list, client: float, timeout: float | None = None) -> None:
-    from policylab.apps.e2e_replay import mape
+    from policylab.apps.e2e_replay import mape, tail_note
     s = bench.server
     print(f"{bench.name}: {len(bench.requests)} requests in {len(bench.stages)} stage(s); model {cfg.model.name}, "
           f"{bench.gpu} x TP {s.tensor_parallel}, serving_engine {cfg.serving_engine.name} (client latency "
@@ -205,6 +210,8 @@ def report(bench, cfg, rows: list, client: float, timeout: float | None = None) 
     if compared:
         print(f"\nMAPE over {len(compared)} stage(s): TTFT {mape(rows, 'ttft_mean') * 100:.1f} %, E2E "
               f"{mape(rows, 'e2e_mean') * 100:.1f} %, per-token interval {mape(rows, 'per_token_interval') * 100:.1f} %")
+    for note in filter(None, map(tail_note, rows)):
+        print(note)
     if any(c.status == "overloaded" for c in rows):
         print("overloaded: requests failed on the client (timeouts); the survivors' latencies are not comparable "
               "with a replay that serves every request: give --client-timeout (the load generator's) to compare them")

@@ -1,6 +1,7 @@
 """What a load generator's result says: the server, the requests, the measured stages."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -31,6 +32,8 @@ class MeasuredStage:
     output_tokens_mean: float = 0.0
     duration: float = 0.0
     schedule_delay: float = 0.0      # mean seconds a request went out after its scheduled time (where said)
+    ttft_median: float = math.nan    # (where the result says: a TTFT tail is sized from these and the mean)
+    ttft_p99: float = math.nan
 
 
 @dataclass

@@ -116,6 +116,7 @@ def stage_of(obj: dict, k: int, path: Path, seed: int, prefix_tokens: int) -> tu
         failed = sum(1 for e in errors if e)
         ok = len(ttfts)
         ttft_m, e2e_m, out_m = (float(np.mean(x)) if x else math.nan for x in (ttfts, e2es, outs))
+        ttft_med, ttft_p99 = (float(np.median(ttfts)), float(np.percentile(ttfts, 99))) if ttfts else (math.nan,) * 2
     else:
         ok = int(_number(obj, "completed", path, k + 1))
         ttft_m = _number(obj, "mean_ttft_ms", path, k + 1) / 1e3
@@ -123,6 +124,8 @@ def stage_of(obj: dict, k: int, path: Path, seed: int, prefix_tokens: int) -> tu
             raise TraceError(str(path), k + 1, "mean_e2el_ms", "no E2E mean: run vllm bench serve with "
                              "--percentile-metrics ttft,tpot,itl,e2el (or --save-detailed)")
         e2e_m = _number(obj, "mean_e2el_ms", path, k + 1) / 1e3
+        ttft_med, ttft_p99 = (_number(obj, key, path, k + 1) / 1e3 if obj.get(key) is not None else math.nan
+                              for key in ("median_ttft_ms", "p99_ttft_ms"))
         out_m = _number(obj, "total_output_tokens", path, k + 1) / max(ok, 1)
         in_m = _number(obj, "total_input_tokens", path, k + 1) / max(ok, 1)
         count = int(_number(obj, "num_prompts", path, k + 1))
@@ -131,7 +134,7 @@ def stage_of(obj: dict, k: int, path: Path, seed: int, prefix_tokens: int) -> tu
                     for i, t in enumerate(times)]
     interval = (e2e_m - ttft_m) / (out_m - 1) if out_m > 1 else math.nan
     return requests, MeasuredStage(k, rate, ok, failed, ttft_m, e2e_m, interval, out_m,
-                                   float(obj.get("duration") or 0.0))
+                                   float(obj.get("duration") or 0.0), ttft_median=ttft_med, ttft_p99=ttft_p99)
 
 
 def _arrivals(count: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
