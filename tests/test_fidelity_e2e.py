@@ -769,5 +769,5 @@ def test_fidelity_e2e_sizes_a_tail_only_where_the_replay_agrees_with_the_median(
     assert tail_note(StageComparison(measured, replace(predicted, ttft_mean=0.040), "ok", {})) is None
     calm = replace(measured, ttft_mean=0.0535, ttft_p99=0.07)
     assert tail_note(StageComparison(calm, predicted, "ok", {})) is None
-    unknown = replace(measured, ttft_median=math.nan)
-    assert tail_note(StageComparison(unknown, predicted, "ok", {})) is None
+    for median in (math.nan, 0.0):
+        assert tail_note(StageComparison(replace(measured, ttft_median=median), predicted, "ok", {})) is None

@@ -226,7 +226,7 @@ def tail_note(c: StageComparison) -> Optional[str]:
     explain: the replay agrees with the measured median (within TAIL_AGREEMENT), no request failed, the
     replay kept up, and the mean sits well above the median; sized as `stalls`."""
     m, p = c.measured, c.predicted
-    if p is None or c.status != "ok" or m.requests_failed or not math.isfinite(m.ttft_median) \
+    if p is None or c.status != "ok" or m.requests_failed or not 0 < m.ttft_median < math.inf \
             or not math.isfinite(m.ttft_p99) or abs(p.ttft_mean / m.ttft_median - 1) > TAIL_AGREEMENT:
         return None
     found = stalls(m.duration, m.ttft_mean, m.ttft_median, m.ttft_p99)
