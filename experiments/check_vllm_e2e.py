@@ -7,7 +7,7 @@ prompt, Poisson-conditioned arrivals, ignore_eos outputs) and replayed with `pol
 the row's model, TP and vLLM knobs (policylab.apps.e2e_replay, as `fidelity-e2e` does). Printed:
 per stage the measured and predicted TTFT mean, E2E mean and per-token interval with the error,
 whether the sim saturated, and the MAPE of each over the stages; last, for each stage whose mean TTFT sits
-well above its median, the equal stalls that would give both its mean and its p99 TTFT (`stalls`).
+well above its median, the equal stalls that would give both its mean and its p99 TTFT (`tail_size`).
 
     python experiments/check_vllm_e2e.py FILE [--duration S] [--serving-engine NAME] [extra overrides...]
 
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from policylab.apps.e2e_replay import mape, replay_and_compare, stalls  # noqa: E402
+from policylab.apps.e2e_replay import mape, replay_and_compare, tail_size  # noqa: E402
 from policylab.apps.fidelity_e2e import replay_timeout, seconds_or_none  # noqa: E402
 from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerKnobs  # noqa: E402
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
@@ -116,19 +116,11 @@ def main(argv=None) -> int:
 
 
 def ttft_tails(runs: dict) -> list:
-    """Lines sizing the TTFT tail of each stage whose mean TTFT sits well above its median: the
-    stalls (as `stalls`) that would give both its mean and its p99. The replay serves a warm engine
-    and has no such stalls."""
-    out = []
-    for name, stages in runs.items():
-        for c in stages:
-            m = c.measured
-            found = stalls(m.duration, m.ttft_mean, m.ttft_median, m.ttft_p99)
-            if found:
-                out.append(f"TTFT tail, {name} stage {m.stage}: mean {(m.ttft_mean - m.ttft_median) * 1e3:.1f} ms "
-                           f"above the median, p99 {m.ttft_p99 * 1e3:.0f} ms: as {found[0]:.1f} stalls of "
-                           f"{found[1]:.2f} s")
-    return out
+    """A line for each stage whose mean TTFT sits well above its median, the tail sized as the stalls
+    that would give both its mean and its p99 (`tail_size`). The replay serves a warm engine and has
+    no such stalls."""
+    return [f"TTFT tail, {name} stage {c.measured.stage}: {size}" for name, stages in runs.items() for c in stages
+            if (size := tail_size(c.measured))]
 
 
 def ttft_multiples(runs: dict) -> str:

@@ -213,7 +213,7 @@ def stalls(duration: float, mean: float, median: float, p99: float) -> Optional[
     median)) seconds of arrivals, 1 % of them, above the p99: k s^2 = 2 T D and k (s - d) = 0.01 T, so
     s^2 = 200 D (s - d). Where sampling leaves no exact solution (200 D < 4 d), the closest one: s = 2 d."""
     excess, over = mean - median, p99 - median
-    if not excess >= TAIL_EXCESS_S or not over > 0 or not duration > 0:
+    if not (excess >= TAIL_EXCESS_S and over > 0 and duration > 0):       # (NaN included)
         return None
     a = 200.0 * excess
     disc = a * a - 4.0 * a * over
@@ -221,19 +221,26 @@ def stalls(duration: float, mean: float, median: float, p99: float) -> Optional[
     return 2.0 * duration * excess / (s * s), s
 
 
-def tail_note(c: StageComparison) -> Optional[str]:
-    """A line for a stage whose measured mean TTFT carries a tail the replay's typical request does not
-    explain: the replay agrees with the measured median (within TAIL_AGREEMENT), no request failed, the
-    replay kept up, and the mean sits well above the median; sized as `stalls`."""
-    m, p = c.measured, c.predicted
-    if p is None or c.status != "ok" or m.requests_failed or not 0 < m.ttft_median < math.inf \
-            or not math.isfinite(m.ttft_p99) or abs(p.ttft_mean / m.ttft_median - 1) > TAIL_AGREEMENT:
-        return None
+def tail_size(m: MeasuredStage) -> Optional[str]:
+    """A measured stage's TTFT tail sized as `stalls`, in words, or None where it has none."""
     found = stalls(m.duration, m.ttft_mean, m.ttft_median, m.ttft_p99)
     if found is None:
         return None
-    return (f"stage {m.stage}: the replay's mean TTFT ({p.ttft_mean * 1e3:.1f} ms) is within "
-            f"{abs(p.ttft_mean / m.ttft_median - 1) * 100:.1f} % of the measured median ({m.ttft_median * 1e3:.1f} ms); "
-            f"the measured mean is {(m.ttft_mean - m.ttft_median) * 1e3:.1f} ms above it, p99 {m.ttft_p99 * 1e3:.0f} ms: "
-            f"a tail the size of {found[0]:.1f} stalls of {found[1]:.2f} s in {m.duration:.0f} s (a server not yet warm, "
-            "compiling kernels for new batch shapes? the replay serves a warm engine)")
+    return (f"mean {(m.ttft_mean - m.ttft_median) * 1e3:.1f} ms above the median ({m.ttft_median * 1e3:.1f} ms), "
+            f"p99 {m.ttft_p99 * 1e3:.0f} ms: as {found[0]:.1f} stalls of {found[1]:.2f} s in {m.duration:.0f} s")
+
+
+def tail_note(c: StageComparison) -> Optional[str]:
+    """A line for a stage whose measured mean TTFT carries a tail the replay's typical request does not
+    explain: the replay agrees with the measured median (within TAIL_AGREEMENT), no request failed, the
+    replay kept up, and the mean sits well above the median; sized as `tail_size`."""
+    m, p = c.measured, c.predicted
+    if p is None or c.status != "ok" or m.requests_failed or not 0 < m.ttft_median < math.inf:
+        return None
+    off = abs(p.ttft_mean / m.ttft_median - 1)
+    size = tail_size(m) if off <= TAIL_AGREEMENT else None
+    if size is None:
+        return None
+    return (f"stage {m.stage}: the replay's mean TTFT ({p.ttft_mean * 1e3:.1f} ms) is within {off * 100:.1f} % of "
+            f"the measured median; the measured TTFT {size} (a server not yet warm, compiling kernels for new "
+            "batch shapes? the replay serves a warm engine)")

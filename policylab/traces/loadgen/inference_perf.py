@@ -145,13 +145,14 @@ def measured_stages(folder: Path, all_at_once: bool = False) -> list:
         delay = load.get("schedule_delay")
         spread = latency.get("time_to_first_token")
         spread = spread if isinstance(spread, dict) else {}
+        median, p99 = (_number(spread[q], path, f"successes.latency.time_to_first_token.{q}")
+                       if spread.get(q) is not None else math.nan for q in ("median", "p99"))
         out.append(MeasuredStage(k, math.inf if rate is None or all_at_once else
                                  _number(rate, path, "load_summary.requested_rate"),
                                  n_ok, n_failed, ttft, e2e, interval, out_len,
                                  float(load.get("send_duration") or 0.0),
                                  float(delay.get("mean") or 0.0) if isinstance(delay, dict) else 0.0,
-                                 *(_number(spread[q], path, f"successes.latency.time_to_first_token.{q}")
-                                   if spread.get(q) is not None else math.nan for q in ("median", "p99"))))
+                                 ttft_median=median, ttft_p99=p99))
     if not out:
         raise TraceError(str(folder), None, None, "no stage_N_lifecycle_metrics.json in the report folder")
     return out

@@ -116,7 +116,7 @@ def stage_of(obj: dict, k: int, path: Path, seed: int, prefix_tokens: int) -> tu
         failed = sum(1 for e in errors if e)
         ok = len(ttfts)
         ttft_m, e2e_m, out_m = (float(np.mean(x)) if x else math.nan for x in (ttfts, e2es, outs))
-        ttft_med, ttft_p99 = (float(np.median(ttfts)), float(np.percentile(ttfts, 99))) if ttfts else (math.nan,) * 2
+        ttft_med, ttft_p99 = (float(q) for q in np.percentile(ttfts, (50, 99))) if ttfts else (math.nan,) * 2
     else:
         ok = int(_number(obj, "completed", path, k + 1))
         ttft_m = _number(obj, "mean_ttft_ms", path, k + 1) / 1e3
