@@ -72,8 +72,8 @@ def main() -> int:
 
     print("\nKV memory (vllm's non_kv_memory; vLLM PR #10511, Llama-3-8B, H100, 0.9 of 79.22 GiB):")
     model, h100 = load_group("model", "llama3-8b", ModelConfig), load_group("hardware", "h100", HardwareConfig)
-    hw = replace(h100, mem_bytes=H100_CUDA_TOTAL_GIB * 2 ** 30)
-    plane = SimDataPlane(model, hw, DataplaneConfig(kind="sim", serving_engine=vllm))
+    assert abs(h100.mem_bytes / 2 ** 30 - H100_CUDA_TOTAL_GIB) < 0.01, "the H100 preset carries CUDA's figure"
+    plane = SimDataPlane(model, h100, DataplaneConfig(kind="sim", serving_engine=vllm))
     kv = plane.num_kv_blocks(16) * plane.shape.kv_bytes_per_token_all_gpus() * 16 / 2 ** 30
     weights, measured = VLLM_10511[1]
     print(f"  TP 1: {kv:.2f} GiB of KV against {measured:.2f} ({(kv / measured - 1) * 100:+.1f} %); weights "

@@ -6,8 +6,9 @@ load stage; its README says what each column means) is rebuilt as the load gener
 prompt, Poisson-conditioned arrivals, ignore_eos outputs) and replayed with `policy=vllm_v1` and
 the row's model, TP and vLLM knobs (policylab.apps.e2e_replay, as `fidelity-e2e` does). Printed:
 per stage the measured and predicted TTFT mean, E2E mean and per-token interval with the error,
-whether the sim saturated, and the MAPE of each over the stages; last, for each stage whose mean TTFT sits
-well above its median, the equal stalls that would give both its mean and its p99 TTFT (`tail_size`).
+whether the sim saturated, and the MAPE of each over the stages; then, for each stage whose mean TTFT sits
+well above its median, the equal stalls that would give both its mean and its p99 TTFT (`tail_size`);
+last, each run's KV cache: its size, the most of it in use, and the preemptions.
 
     python experiments/check_vllm_e2e.py FILE [--duration S] [--serving-engine NAME] [extra overrides...]
 
@@ -83,12 +84,14 @@ def main(argv=None) -> int:
                     help="clients give up after this (runs with failed requests; default: the file's, else 300 s)")
     ap.add_argument("overrides", nargs="*", help="extra run overrides, e.g. serving_engine=none")
     args = ap.parse_intermixed_args(argv)
-    rows, runs = [], {}
+    rows, runs, caches = [], {}, []
     print("| run | stage | rate | TTFT meas / pred (ms) | err | E2E meas / pred (s) | err | "
           "per-token meas / pred (ms) | err | sim |\n|---|---|---|---|---|---|---|---|---|---|")
     started = time.perf_counter()
     for bench in benchmarks(args.file, args.duration):
-        compared, _, _ = replay_and_compare(bench, args.overrides, replay_timeout(args.client_timeout, bench))
+        compared, _, _, kv = replay_and_compare(bench, args.overrides, replay_timeout(args.client_timeout, bench))
+        caches.append(f"KV cache, {bench.name}: {kv.tokens:,} tokens, at most {kv.peak:.0%} in use, "
+                      f"{kv.preemptions:,} preemptions")
         for c in compared:
             m, p, e = c.measured, c.predicted, c.errors
             rows.append(c)
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
               f"per-token interval {mape(overloaded, 'per_token_interval') * 100:.1f} %; failed measured / predicted "
               + ", ".join(f"{c.measured.requests_failed} / {c.predicted.failed}" for c in overloaded))
     print(ttft_multiples(runs))
-    for line in ttft_tails(runs):
+    for line in ttft_tails(runs) + caches:
         print(line)
     return 0
 

@@ -48,8 +48,8 @@ DIGESTS = {
     "2+2/least_loaded/chunked/roofline": "c006aa5d9047135a",
     "1+3/power_of_two/prefill_first/fixed": "22d13694d3348036",
     "4/round_robin/prefill_first/bench": "8585a689341bf3d4",
-    "cli/1+2/round_robin/bursty": "4970618ef272ee38",
-    "cli/3/prefix_affinity/multitenant": "fda2221f8e4252f1",
+    "cli/1+2/round_robin/bursty": "e6850cf39d30928a",
+    "cli/3/prefix_affinity/multitenant": "1a1b32019d7c243a",
 }
 
 

@@ -109,8 +109,8 @@ REFUSED = {
     "beams": (["trace=poisson", "engine.beam_width=100000"], "engine.beam_width=100,000: at most 10,000"),
     "beams past the seqs": (["trace=poisson", "engine.beam_width=200"],
                             "engine.beam_width=200 exceeds engine.max_num_seqs=128: a request's beams decode together"),
-    "replicas": (["trace=poisson", "cluster.replicas=100000"],     # (25,115 blocks: the sim's llama3-8b on an H100 in vLLM)
-                 "cluster.replicas=100,000 of 25,115 KV blocks each: its accounting alone needs ", "GiB, this "
+    "replicas": (["trace=poisson", "cluster.replicas=100000"],     # (27,286 blocks: the sim's llama3-8b on an H100 in vLLM)
+                 "cluster.replicas=100,000 of 27,286 KV blocks each: its accounting alone needs ", "GiB, this "
                  "machine has 16 GiB"),
     "host tier": (["trace=poisson", "engine.prefix_host_blocks=1000000000000"],
                   "engine.prefix_host_blocks=1,000,000,000,000: its accounting alone needs 59,604.6 GiB"),

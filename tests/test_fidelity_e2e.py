@@ -771,3 +771,26 @@ def test_fidelity_e2e_sizes_a_tail_only_where_the_replay_agrees_with_the_median(
     assert tail_note(StageComparison(calm, predicted, "ok", {})) is None
     for median in (math.nan, 0.0):
         assert tail_note(StageComparison(replace(measured, ttft_median=median), predicted, "ok", {})) is None
+
+
+@pytest.mark.timeout(60)
+def test_the_kv_cache_the_replay_ran_is_reported_and_can_be_pinned_to_the_servers(capsys):
+    """vLLM logs its KV cache's size at startup; outputs long enough to fill it make latencies follow
+    it. The report gives the replay's size, how full it ran and what it preempted; a cache pinned as
+    small as three requests' (7 blocks of 32 tokens each) preempts and slows them."""
+    assert fidelity_e2e.main([str(DETAILED), *CPU]) == 0
+    roomy = capsys.readouterr().out
+    kv = next(line for line in roomy.splitlines() if line.startswith("KV cache: "))
+    tokens = int(kv.split()[2].replace(",", ""))
+    assert tokens % 32 == 0 and tokens > 40 * 224 and " 0 preemptions" in kv and "filled" not in kv
+    assert fidelity_e2e.main([str(DETAILED), *CPU, "--num-gpu-blocks-override", "21"]) == 0
+    tight = capsys.readouterr().out
+    kv = next(line for line in tight.splitlines() if line.startswith("KV cache: "))
+    assert kv.startswith("KV cache: 672 tokens (21 blocks)") and "filled" in kv and "--num-gpu-blocks-override" in kv
+
+    def e2e(out):
+        row = next(line for line in out.splitlines() if line.startswith("| 0 |"))
+        return float(row.split("|")[6].split("/")[1])
+    assert e2e(tight) > e2e(roomy)
+    assert fidelity_e2e.main([str(DETAILED), *CPU, "--num-gpu-blocks-override", "0"]) == 2
+    assert "expected blocks >= 1" in capsys.readouterr().err

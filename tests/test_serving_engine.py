@@ -293,3 +293,15 @@ def test_kv_blocks_leave_the_engines_memory_on_every_gpu():
     small = replace(H100, mem_bytes=16.5e9)
     with pytest.raises(ValueError, match="and the engine's 3.3 GB besides do not fit"):
         SimDataPlane(LLAMA, small, DataplaneConfig(kind="sim", serving_engine=e)).num_kv_blocks(16)
+
+
+@pytest.mark.timeout(30)
+def test_the_h100_preset_gives_vllm_its_own_kv_memory():
+    """vLLM multiplies the memory CUDA reports (79.22 GiB on an H100, not the datasheet's 80 GB) by
+    gpu_memory_utilization; its memory profile of Llama-3-8B there left 53.29 GiB for KV (PR #10511)."""
+    e = load_group("serving_engine", "vllm", ServingEngineConfig)
+    plane = SimDataPlane(LLAMA, H100, DataplaneConfig(kind="sim", serving_engine=e))
+    kv_gib = plane.num_kv_blocks(16) * plane.shape.kv_bytes_per_token_all_gpus() * 16 / 2 ** 30
+    assert kv_gib == pytest.approx(53.29, rel=2e-3)
+    datasheet = SimDataPlane(LLAMA, replace(H100, mem_bytes=80e9), DataplaneConfig(kind="sim", serving_engine=e))
+    assert datasheet.num_kv_blocks(16) < 0.93 * plane.num_kv_blocks(16)     # 8 % of vLLM's blocks missing

@@ -65,11 +65,32 @@ def run_overrides(bench: Benchmark, extra: list) -> list:
 
 
 @dataclass
+class KvUse:
+    """The replay's KV cache: its size in tokens (what vLLM logs at startup as `GPU KV cache size`),
+    the most of it running requests held at once, and how many preemptions running out of it cost.
+    Outputs long enough to fill the cache make the replay's latencies follow its size."""
+    tokens: int
+    peak: float           # a share of the cache
+    preemptions: int
+
+
+def kv_use(result) -> KvUse:
+    """`result`'s KV use (a RunResult, or a StagedReplay's stages together)."""
+    if isinstance(result, StagedReplay):
+        return result.kv
+    used = result.steps.get("kv_used_blocks")
+    peak = float(used.max()) / result.num_blocks if used is not None and len(used) else 0.0
+    preempted = result.steps.get("preempted")
+    return KvUse(result.num_blocks * result.block_size, peak, int(preempted.sum()) if preempted is not None else 0)
+
+
+@dataclass
 class StagedReplay:
     """The replays of a benchmark sent stage by stage, as one: `requests` and `trace` in the
-    benchmark's request order (what `predicted_stages` reads of a RunResult)."""
+    benchmark's request order (what `predicted_stages` reads of a RunResult), `kv` their KV use."""
     requests: list
     trace: list
+    kv: KvUse
 
 
 def replay_benchmark(bench: Benchmark, extra: list = (), client: Optional[float] = None):
@@ -89,7 +110,7 @@ def replay_benchmark(bench: Benchmark, extra: list = (), client: Optional[float]
     if bench.concurrency is None:
         return _replay(bench.name, run, list(bench.requests)), run
     gap = client_latency(run) if client is None else client
-    requests, trace = [None] * len(bench.requests), [None] * len(bench.requests)
+    requests, trace, uses = [None] * len(bench.requests), [None] * len(bench.requests), []
     for k, cap in zip([s.stage for s in bench.stages], bench.concurrency):
         ids = [i for i, s in enumerate(bench.stage_of) if s == k]
         if not ids:
@@ -100,7 +121,10 @@ def replay_benchmark(bench: Benchmark, extra: list = (), client: Optional[float]
         result = _replay(name, run, closed_loop(name, stage, cap, gap) if cap else stage)
         for j, i in enumerate(ids):
             requests[i], trace[i] = result.requests[j], result.trace[j]
-    return StagedReplay(requests, trace), run
+        uses.append(kv_use(result))
+    kv = KvUse(max((u.tokens for u in uses), default=0), max((u.peak for u in uses), default=0.0),
+               sum(u.preemptions for u in uses))
+    return StagedReplay(requests, trace, kv), run
 
 
 def _replay(name: str, run, trace: list):
@@ -123,13 +147,14 @@ def closed_loop(name: str, requests: list, users: int, gap: float = 0.0):
 
 def replay_and_compare(bench: Benchmark, extra: list = (), timeout: Optional[float] = None,
                        client: Optional[float] = None) -> tuple:
-    """(per-stage comparisons, typed run config, client latency) of `bench` replayed with `extra`
-    overrides, its clients giving up after `timeout` seconds (None: never; its stages with failures
-    then compare on their survivors), `client` seconds of client latency (default: the run's)."""
+    """(per-stage comparisons, typed run config, client latency, KV use) of `bench` replayed with
+    `extra` overrides, its clients giving up after `timeout` seconds (None: never; its stages with
+    failures then compare on their survivors), `client` seconds of client latency (default: the run's)."""
     giving_up = [] if timeout is None else [f"trace.client_timeout={timeout}"]
     result, run = replay_benchmark(bench, [*giving_up, *extra], client)
     client = client_latency(run) if client is None else client
-    return compare(bench, predicted_stages(bench, result, client), timed_out=timeout is not None), run, client
+    rows = compare(bench, predicted_stages(bench, result, client), timed_out=timeout is not None)
+    return rows, run, client, kv_use(result)
 
 
 def client_latency(cfg) -> float:

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     vllm.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     vllm.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     vllm.add_argument("--max-model-len", type=int, default=None)
+    vllm.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="BLOCKS",
+                      help="the KV cache's blocks (default: what gpu_memory_utilization leaves on the GPU, as vLLM "
+                           "computes it; to pin the server's own, its startup log's 'GPU KV cache size' / block size)")
     ap.add_argument("--prefix-tokens", type=int, default=0,
                     help="vllm bench serve: tokens every prompt shares (--random-prefix-len; the result does not say)")
     ap.add_argument("--seed", type=int, default=0, help="seed of arrivals drawn where the result has none")
@@ -154,6 +157,15 @@ def load_benchmark(args):
                    gpu=gpu, server=server)
 
 
+def kv_overrides(args) -> list:
+    """`--num-gpu-blocks-override` as the engine's KV blocks."""
+    if args.num_gpu_blocks_override is None:
+        return []
+    if args.num_gpu_blocks_override < 1:
+        raise ValueError(f"--num-gpu-blocks-override: expected blocks >= 1, got {args.num_gpu_blocks_override}")
+    return [f"engine.num_blocks={args.num_gpu_blocks_override}"]
+
+
 def host_overrides(args) -> list:
     """The measured host time as a host preset of its own (`hardware.host=measured`), which a
     calibrated cost model adds to its fitted steps too."""
@@ -171,15 +183,16 @@ def run(args) -> list:
     bench = load_benchmark(args)
     seconds = replay_timeout(args.client_timeout, bench)
     # (the load generator measures from its side of the API: its client latency is added)
-    rows, cfg, client = replay_and_compare(bench, [f"serving_engine={args.serving_engine}", *host_overrides(args),
-                                                   *args.overrides], seconds, args.client_latency)
-    report(bench, cfg, rows, client, seconds)
+    rows, cfg, client, kv = replay_and_compare(bench, [f"serving_engine={args.serving_engine}", *kv_overrides(args),
+                                                       *host_overrides(args), *args.overrides], seconds,
+                                               args.client_latency)
+    report(bench, cfg, rows, client, seconds, kv)
     if args.out:
         write_outputs(args.out, bench, rows)
     return rows
 
 
-def report(bench, cfg, rows: list, client: float, timeout: float | None = None) -> None:
+def report(bench, cfg, rows: list, client: float, timeout: float | None = None, kv=None) -> None:
     from policylab.apps.e2e_replay import mape, tail_note
     s = bench.server
     print(f"{bench.name}: {len(bench.requests)} requests in {len(bench.stages)} stage(s); model {cfg.model.name}, "
@@ -187,6 +200,8 @@ def report(bench, cfg, rows: list, client: float, timeout: float | None = None) 
           f"{client * 1e3:.1f} ms), max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
           f"block {s.block_size}, prefix caching {'on' if s.enable_prefix_caching else 'off'}"
           + (f"; the replay's clients give up after {timeout:g} s" if timeout is not None else ""))
+    if kv is not None:
+        print(kv_line(kv, s.block_size))
     for note in bench.notes:
         print(f"  ({note})")
     print("\n| stage | rate (req/s) | ok / failed | TTFT measured / predicted (ms) | error | E2E measured / "
@@ -218,6 +233,17 @@ def report(bench, cfg, rows: list, client: float, timeout: float | None = None) 
     elif timeout is not None and any(c.measured.requests_failed for c in rows):
         print("with failed requests, the survivors are compared: the replay's clients gave up after the same "
               f"{timeout:g} s (failed: measured, and in brackets the replay's)")
+
+
+def kv_line(kv, block_size: int) -> str:
+    """The replay's KV cache against the server's: vLLM logs its size at startup, and a cache that
+    fills makes latencies follow its size."""
+    line = (f"KV cache: {kv.tokens:,} tokens ({kv.tokens // block_size:,} blocks); at most {kv.peak:.0%} of it in use, "
+            f"{kv.preemptions:,} preemption{'s' if kv.preemptions != 1 else ''}")
+    if kv.peak >= 0.9 or kv.preemptions:
+        line += (". The cache filled: compare its size with the server's startup log ('GPU KV cache size: N tokens') "
+                 "and pin it with --num-gpu-blocks-override N/block_size")
+    return line
 
 
 def write_outputs(out: Path, bench, rows: list) -> None:

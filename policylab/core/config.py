@@ -117,7 +117,7 @@ class HardwareConfig:
     name: str = "h100"
     peak_flops: float = 989e12      # FLOP/s, bf16 dense
     mem_bandwidth: float = 3.35e12  # bytes/s
-    mem_bytes: float = 80e9
+    mem_bytes: float = 85.06e9     # bytes per GPU as CUDA reports them (what gpu_memory_utilization multiplies)
     flops_efficiency: float = 0.68  # achieved share of peak in FLOP-bound GEMMs (see configs/hardware/h100.yaml)
     bw_efficiency: float = 0.90     # achieved share of peak bandwidth streaming weights (idem)
     kernel_latency: float = 4.8e-6  # seconds every kernel costs however small (launch, fill, tail; idem)
@@ -159,8 +159,8 @@ class HardwareConfig:
     min_clock_mhz: Optional[float] = 990     # lowest SM clock the knob accepts
     idle_power: Optional[float] = 70         # W drawn with nothing running (None: no energy model)
     max_power: Optional[float] = 700         # W the board is limited to (TDP)
-    active_power: float = 304                # W the clocked SMs add while they run kernels, at max clock
-    compute_power: float = 2307             # W more at full tensor-core utilisation, at max clock
+    active_power: float = 291                # W the clocked SMs add while they run kernels, at max clock
+    compute_power: float = 2641             # W more at full tensor-core utilisation, at max clock
     memory_power: float = 106                # W more at full memory-bandwidth utilisation
     clock_power_exponent: float = 1.0        # SM-side power scales as (clock / max_clock) ** this
 
