@@ -794,3 +794,18 @@ def test_the_kv_cache_the_replay_ran_is_reported_and_can_be_pinned_to_the_server
     assert e2e(tight) > e2e(roomy)
     assert fidelity_e2e.main([str(DETAILED), *CPU, "--num-gpu-blocks-override", "0"]) == 2
     assert "expected blocks >= 1" in capsys.readouterr().err
+    # vLLM's other size flag, its KV bytes per GPU: a cache of 21 blocks' bytes is the same cache
+    block_bytes = 32 * fidelity_kv_bytes_per_token()
+    assert fidelity_e2e.main([str(DETAILED), *CPU, "--kv-cache-memory-bytes", str(21 * block_bytes)]) == 0
+    assert "KV cache: 672 tokens (21 blocks)" in capsys.readouterr().out
+
+
+def fidelity_kv_bytes_per_token() -> int:
+    """KV bytes a token of the tiny model takes (one GPU)."""
+    from policylab.apps.sim_check import load_group
+    from policylab.core.config import HardwareConfig, ModelConfig
+    from policylab.dataplane.config import DataplaneConfig
+    from policylab.dataplane.sim import SimDataPlane
+    plane = SimDataPlane(load_group("model", "tiny", ModelConfig), load_group("hardware", "cpu", HardwareConfig),
+                         DataplaneConfig(kind="sim"))
+    return plane.shape.kv_bytes_per_token_all_gpus()

@@ -305,3 +305,21 @@ def test_the_h100_preset_gives_vllm_its_own_kv_memory():
     assert kv_gib == pytest.approx(53.29, rel=2e-3)
     datasheet = SimDataPlane(LLAMA, replace(H100, mem_bytes=80e9), DataplaneConfig(kind="sim", serving_engine=e))
     assert datasheet.num_kv_blocks(16) < 0.93 * plane.num_kv_blocks(16)     # 8 % of vLLM's blocks missing
+
+
+@pytest.mark.timeout(30)
+def test_kv_cache_memory_bytes_sizes_the_cache_per_gpu_whatever_the_utilization():
+    """vLLM's --kv-cache-memory-bytes: each GPU's KV bytes, gpu_memory_utilization ignored. Llama-3-8B
+    at TP 2 keeps 4 of its 8 KV heads on a GPU: 32 layers x 2 x 4 x 128 x 2 bytes = 64 KiB a token."""
+    e = load_group("serving_engine", "vllm", ServingEngineConfig)
+    for utilization in (0.5, 0.9):
+        plane = SimDataPlane(LLAMA, H100, DataplaneConfig(kind="sim", tensor_parallel=2, serving_engine=e,
+                                                          gpu_memory_utilization=utilization,
+                                                          kv_cache_memory_bytes=10 * 2 ** 30))
+        assert plane.num_kv_blocks(16) == 10 * 2 ** 30 // (64 * 2 ** 10 * 16) == 10240
+    too_much = SimDataPlane(LLAMA, H100, DataplaneConfig(kind="sim", kv_cache_memory_bytes=80e9))
+    with pytest.raises(ValueError, match="do not fit in one h100's memory"):
+        too_much.num_kv_blocks(16)
+    for bad in (0, -1.0, 1e12, "10GB"):
+        with pytest.raises(ValueError, match="kv_cache_memory_bytes is the KV cache's bytes on each GPU"):
+            SimDataPlane(LLAMA, H100, DataplaneConfig(kind="sim", kv_cache_memory_bytes=bad))

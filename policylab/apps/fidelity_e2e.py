@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     vllm.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     vllm.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     vllm.add_argument("--max-model-len", type=int, default=None)
+    vllm.add_argument("--kv-cache-memory-bytes", type=float, default=None, metavar="BYTES",
+                      help="KV bytes per GPU (vLLM's flag: then --gpu-memory-utilization does not size the cache)")
     vllm.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="BLOCKS",
                       help="the KV cache's blocks (default: what gpu_memory_utilization leaves on the GPU, as vLLM "
                            "computes it; to pin the server's own, its startup log's 'GPU KV cache size' / block size)")
@@ -158,12 +160,17 @@ def load_benchmark(args):
 
 
 def kv_overrides(args) -> list:
-    """`--num-gpu-blocks-override` as the engine's KV blocks."""
-    if args.num_gpu_blocks_override is None:
-        return []
-    if args.num_gpu_blocks_override < 1:
-        raise ValueError(f"--num-gpu-blocks-override: expected blocks >= 1, got {args.num_gpu_blocks_override}")
-    return [f"engine.num_blocks={args.num_gpu_blocks_override}"]
+    """vLLM's two flags that size the KV cache other than by --gpu-memory-utilization: its bytes per
+    GPU (the sim plane's `kv_cache_memory_bytes`) and its blocks (the engine's `num_blocks`, which wins
+    in vLLM too)."""
+    out = []
+    if args.kv_cache_memory_bytes is not None:
+        out.append(f"dataplane.kv_cache_memory_bytes={args.kv_cache_memory_bytes:g}")   # (the plane checks it)
+    if args.num_gpu_blocks_override is not None:
+        if args.num_gpu_blocks_override < 1:
+            raise ValueError(f"--num-gpu-blocks-override: expected blocks >= 1, got {args.num_gpu_blocks_override}")
+        out.append(f"engine.num_blocks={args.num_gpu_blocks_override}")
+    return out
 
 
 def host_overrides(args) -> list:

@@ -32,6 +32,8 @@ class SimPlaneConfig:
     tensor_parallel: int = 1        # GPUs per pipeline stage
     pipeline_parallel: int = 1      # pipeline stages (layers split evenly; GPUs = tp x pp)
     gpu_memory_utilization: float = 0.9   # share of device memory for weights + KV
+    kv_cache_memory_bytes: Optional[float] = None   # KV bytes per GPU, as vLLM's --kv-cache-memory-bytes (None:
+                                    # what gpu_memory_utilization leaves after the weights and the engine's own)
     time_noise: float = 0.0         # each step's duration x (1 + time_noise x N(0,1)) (0: exact)
     time_noise_seed: int = 0
     # the engine the steps run in: the run's `serving_engine` group, set by the app layer (None: kernel

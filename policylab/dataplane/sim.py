@@ -99,6 +99,10 @@ def check_cost_parameters(model: ModelConfig, hw: HardwareConfig, dp: SimPlaneCo
                          f"deviation of a step's duration), got {dp.time_noise!r}")
     if not 0 < dp.gpu_memory_utilization <= 1:
         raise ValueError(f"dataplane.gpu_memory_utilization must be in (0, 1], got {dp.gpu_memory_utilization!r}")
+    kv_bytes = dp.kv_cache_memory_bytes
+    if kv_bytes is not None and not (isinstance(kv_bytes, (int, float)) and 0 < kv_bytes <= hw.mem_bytes):
+        raise ValueError("dataplane.kv_cache_memory_bytes is the KV cache's bytes on each GPU: > 0 and at most "
+                         f"hardware.mem_bytes ({hw.mem_bytes:g}), or null, got {kv_bytes!r}")
     if model.vocab_size <= MIN_VOCAB:
         raise ValueError(f"model.vocab_size must be > {MIN_VOCAB} (sampled ids stay clear of special tokens), "
                          f"got {model.vocab_size}")
@@ -150,7 +154,15 @@ class SimDataPlane:
 
     def num_kv_blocks(self, block_size: int) -> int:
         """vLLM's accounting: every GPU's memory x gpu_memory_utilization, less the weights and what the
-        serving engine keeps besides (activation peak, communication buffers), holds KV blocks."""
+        serving engine keeps besides (activation peak, communication buffers), holds KV blocks; or, as
+        vLLM's --kv-cache-memory-bytes, the bytes each GPU was given for KV."""
+        if self.dp.kv_cache_memory_bytes is not None:
+            if self.shape.weight_bytes / self.gpus + self.dp.kv_cache_memory_bytes > self.hw.mem_bytes:
+                raise ValueError(f"model weights ({self.shape.weight_bytes / self.gpus / 1e9:.1f} GB a GPU) and "
+                                 f"dataplane.kv_cache_memory_bytes ({self.dp.kv_cache_memory_bytes / 1e9:.1f} GB) do "
+                                 f"not fit in one {self.hw.name}'s memory ({self.hw.mem_bytes / 1e9:.1f} GB)")
+            return int(self.dp.kv_cache_memory_bytes * self.gpus // (self.shape.kv_bytes_per_token_all_gpus()
+                                                                     * block_size))
         e = self.dp.serving_engine
         reserve = self.gpus * ((e.non_kv_memory + (e.non_kv_memory_parallel if self.gpus > 1 else 0.0))
                                if e is not None else 0.0)
