@@ -90,8 +90,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     for bench in benchmarks(args.file, args.duration):
         compared, _, _, kv = replay_and_compare(bench, args.overrides, replay_timeout(args.client_timeout, bench))
-        caches.append(f"KV cache, {bench.name}: {kv.tokens:,} tokens, at most {kv.peak:.0%} in use, "
-                      f"{kv.preemptions:,} preemptions")
+        caches.append(f"KV cache, {bench.name}: {kv.describe()}")
         for c in compared:
             m, p, e = c.measured, c.predicted, c.errors
             rows.append(c)

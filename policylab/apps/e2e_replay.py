@@ -64,14 +64,30 @@ def run_overrides(bench: Benchmark, extra: list) -> list:
     return out + list(extra)
 
 
+KV_FILLED = 0.9             # a peak use from which the cache's size, not the load, sets the latencies
+
+
 @dataclass
 class KvUse:
-    """The replay's KV cache: its size in tokens (what vLLM logs at startup as `GPU KV cache size`),
-    the most of it running requests held at once, and how many preemptions running out of it cost.
+    """The replay's KV cache: its size (vLLM logs it at startup as `GPU KV cache size: N tokens`), the
+    most of it running requests held at once, and how many preemptions running out of it cost.
     Outputs long enough to fill the cache make the replay's latencies follow its size."""
-    tokens: int
+    blocks: int
+    block_size: int
     peak: float           # a share of the cache
     preemptions: int
+
+    @property
+    def tokens(self) -> int:
+        return self.blocks * self.block_size
+
+    @property
+    def filled(self) -> bool:
+        return self.peak >= KV_FILLED or self.preemptions > 0
+
+    def describe(self) -> str:
+        return (f"{self.tokens:,} tokens ({self.blocks:,} blocks); at most {self.peak:.0%} of it in use, "
+                f"{self.preemptions:,} preemption{'s' if self.preemptions != 1 else ''}")
 
 
 def kv_use(result) -> KvUse:
@@ -81,7 +97,7 @@ def kv_use(result) -> KvUse:
     used = result.steps.get("kv_used_blocks")
     peak = float(used.max()) / result.num_blocks if used is not None and len(used) else 0.0
     preempted = result.steps.get("preempted")
-    return KvUse(result.num_blocks * result.block_size, peak, int(preempted.sum()) if preempted is not None else 0)
+    return KvUse(result.num_blocks, result.block_size, peak, int(preempted.sum()) if preempted is not None else 0)
 
 
 @dataclass
@@ -122,8 +138,8 @@ def replay_benchmark(bench: Benchmark, extra: list = (), client: Optional[float]
         for j, i in enumerate(ids):
             requests[i], trace[i] = result.requests[j], result.trace[j]
         uses.append(kv_use(result))
-    kv = KvUse(max((u.tokens for u in uses), default=0), max((u.peak for u in uses), default=0.0),
-               sum(u.preemptions for u in uses))
+    kv = KvUse(max((u.blocks for u in uses), default=0), run.engine.block_size,
+               max((u.peak for u in uses), default=0.0), sum(u.preemptions for u in uses))
     return StagedReplay(requests, trace, kv), run
 
 

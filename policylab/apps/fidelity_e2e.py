@@ -208,7 +208,7 @@ def report(bench, cfg, rows: list, client: float, timeout: float | None = None, 
           f"block {s.block_size}, prefix caching {'on' if s.enable_prefix_caching else 'off'}"
           + (f"; the replay's clients give up after {timeout:g} s" if timeout is not None else ""))
     if kv is not None:
-        print(kv_line(kv, s.block_size))
+        print(kv_line(kv))
     for note in bench.notes:
         print(f"  ({note})")
     print("\n| stage | rate (req/s) | ok / failed | TTFT measured / predicted (ms) | error | E2E measured / "
@@ -242,15 +242,13 @@ def report(bench, cfg, rows: list, client: float, timeout: float | None = None, 
               f"{timeout:g} s (failed: measured, and in brackets the replay's)")
 
 
-def kv_line(kv, block_size: int) -> str:
+def kv_line(kv) -> str:
     """The replay's KV cache against the server's: vLLM logs its size at startup, and a cache that
     fills makes latencies follow its size."""
-    line = (f"KV cache: {kv.tokens:,} tokens ({kv.tokens // block_size:,} blocks); at most {kv.peak:.0%} of it in use, "
-            f"{kv.preemptions:,} preemption{'s' if kv.preemptions != 1 else ''}")
-    if kv.peak >= 0.9 or kv.preemptions:
-        line += (". The cache filled: compare its size with the server's startup log ('GPU KV cache size: N tokens') "
-                 "and pin it with --num-gpu-blocks-override N/block_size")
-    return line
+    if not kv.filled:
+        return f"KV cache: {kv.describe()}"
+    return (f"KV cache: {kv.describe()}. The cache filled: compare its size with the server's startup log "
+            "('GPU KV cache size: N tokens') and pin it with --num-gpu-blocks-override N/block_size")
 
 
 def write_outputs(out: Path, bench, rows: list) -> None:
