@@ -10,9 +10,12 @@ whether the sim saturated, and the MAPE of each over the stages; then, for each 
 well above its median, the equal stalls that would give both its mean and its p99 TTFT (`tail_size`);
 last, each run's KV cache: its size, the most of it in use, and the preemptions.
 
-    python experiments/check_vllm_e2e.py FILE [--duration S] [--serving-engine NAME] [extra overrides...]
+    python experiments/check_vllm_e2e.py FILE [--duration S] [--model NAME=PRESET] [extra overrides...]
 
 --duration replays each stage for S seconds instead of its recorded 600 (a quicker, noisier check).
+A row's model and GPU are the presets their names spell ("meta-llama/Llama-2-70b-chat-hf" is
+llama2-70b, "H100-80GB" h100); --model NAME=PRESET (or NAME=path/to/config.json) maps a model whose
+name spells none.
 
 A run with failed requests (clients that gave up under overload) is replayed with clients that give up
 too, after `--client-timeout` seconds (default: the file's `client_timeout_s` column where it has one,
@@ -34,21 +37,26 @@ sys.path.insert(0, str(ROOT))
 
 from policylab.apps.e2e_replay import mape, replay_and_compare, tail_size  # noqa: E402
 from policylab.apps.fidelity_e2e import replay_timeout, seconds_or_none  # noqa: E402
+from policylab.apps.served_names import gpu_preset, model_preset  # noqa: E402
 from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerKnobs  # noqa: E402
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
 
-MODELS = {"Llama-2-7B": "llama2-7b", "Llama-2-70B": "llama2-70b", "Mixtral-8x7B-v0.1": "mixtral-8x7b",
-          "CodeLlama-34B-Instruct": "codellama-34b"}
-GPUS = {"H100-80GB": "h100", "H200": "h200", "A100-80GB": "a100"}
 STAGE_GAP_S = 60.0
 INFERENCE_PERF_TIMEOUT_S = 300.0     # inference-perf without load.request_timeout: aiohttp's total timeout
 
 
-def benchmarks(path: Path, duration: float | None) -> list:
-    """One Benchmark per (model, TP, workload) of the file, its stages in order."""
-    runs = defaultdict(list)
-    for row in csv.DictReader(path.open()):
+def benchmarks(path: Path, duration: float | None, models: dict | None = None) -> list:
+    """One Benchmark per (model, TP, workload) of the file, its stages in order. A row's model is
+    `models[name]` where given (a configs/model preset, or a config.json for model=hf), else the preset
+    its name means (policylab.apps.served_names); its GPU the hardware preset its name means."""
+    runs, presets = defaultdict(list), {}
+    for line, row in enumerate(csv.DictReader(path.open()), start=2):
         runs[(row["model"], row["tensor_parallel"], row["workload"])].append(row)
+        presets.setdefault(row["model"], served_model(path, line, row["model"], models or {}))
+        try:
+            row["gpu"] = gpu_preset(row["gpu"])
+        except ValueError as e:
+            raise SystemExit(f"{path}, line {line}, gpu: {e}") from None
     out = []
     for (model, tp, workload), rows in runs.items():
         rows.sort(key=lambda r: int(r["stage"]))
@@ -71,9 +79,34 @@ def benchmarks(path: Path, duration: float | None) -> list:
                              int(r0["block_size"]), float(r0["gpu_memory_utilization"]),
                              r0["prefix_caching"].lower() == "true", int(r0["max_model_len"]))
         timeout = float(r0.get("client_timeout_s") or INFERENCE_PERF_TIMEOUT_S)
-        out.append(Benchmark(f"{model} TP{tp} {workload}", MODELS[model], GPUS[r0["gpu"]], server, requests,
-                             stage_of, measured, prefix_block_tokens=system, client_timeout=timeout))
+        preset, config = presets[model]
+        out.append(Benchmark(f"{model} TP{tp} {workload}", preset, r0["gpu"], server, requests, stage_of, measured,
+                             prefix_block_tokens=system, client_timeout=timeout, model_config=config))
     return out
+
+
+def served_model(path: Path, line: int, name: str, models: dict) -> tuple:
+    """(configs/model preset, config.json or None) of a row's model: `--model NAME=...` first, else the
+    preset its name means; a clear error where neither gives one."""
+    given = models.get(name)
+    if given is None:
+        preset = model_preset(name)
+        if preset is None:
+            raise SystemExit(f"{path}, line {line}, model: '{name}' names no configs/model preset; map it: "
+                             f"--model '{name}=PRESET' or --model '{name}=path/to/config.json'")
+        return preset, None
+    if given.endswith(".json"):
+        if not Path(given).is_file():
+            raise SystemExit(f"--model {name}={given}: no such config.json")
+        return "hf", given
+    return given, None
+
+
+def model_mapping(text: str) -> tuple:
+    name, sep, preset = text.rpartition("=")
+    if not sep or not name or not preset:
+        raise argparse.ArgumentTypeError(f"expected NAME=PRESET or NAME=config.json, got '{text}'")
+    return name, preset
 
 
 def main(argv=None) -> int:
@@ -82,13 +115,16 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=None)
     ap.add_argument("--client-timeout", type=seconds_or_none, default=None, metavar="SECONDS|none",
                     help="clients give up after this (runs with failed requests; default: the file's, else 300 s)")
+    ap.add_argument("--model", type=model_mapping, action="append", default=[], metavar="NAME=PRESET",
+                    help="the model preset (or config.json) of the file's model NAME, where its name spells none")
     ap.add_argument("overrides", nargs="*", help="extra run overrides, e.g. serving_engine=none")
     args = ap.parse_intermixed_args(argv)
     rows, runs, caches = [], {}, []
+    benches = benchmarks(args.file, args.duration, dict(args.model))
     print("| run | stage | rate | TTFT meas / pred (ms) | err | E2E meas / pred (s) | err | "
           "per-token meas / pred (ms) | err | sim |\n|---|---|---|---|---|---|---|---|---|---|")
     started = time.perf_counter()
-    for bench in benchmarks(args.file, args.duration):
+    for bench in benches:
         compared, _, _, kv = replay_and_compare(bench, args.overrides, replay_timeout(args.client_timeout, bench))
         caches.append(f"KV cache, {bench.name}: {kv.describe()}")
         for c in compared:

@@ -32,21 +32,6 @@ from pathlib import Path
 
 from policylab.traces.errors import TraceError
 
-# Hugging Face ids of the shipped model presets (a load generator records the served model's id)
-MODEL_PRESETS = {
-    "meta-llama/llama-2-7b-hf": "llama2-7b", "meta-llama/llama-2-7b-chat-hf": "llama2-7b",
-    "meta-llama/llama-2-70b-hf": "llama2-70b", "meta-llama/llama-2-70b-chat-hf": "llama2-70b",
-    "codellama/codellama-34b-instruct-hf": "codellama-34b", "codellama/codellama-34b-hf": "codellama-34b",
-    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b", "mistralai/mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
-    "meta-llama/llama-3.1-8b": "llama3-8b", "meta-llama/llama-3.1-8b-instruct": "llama3-8b",
-    "meta-llama/meta-llama-3.1-8b-instruct": "llama3-8b", "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
-    "deepseek-ai/deepseek-v3": "deepseek-v3", "qwen/qwen2-0.5b": "qwen2-0.5b",
-    "huggingfacetb/smollm2-135m": "smollm2-135m", "huggingfacetb/smollm2-135m-instruct": "smollm2-135m",
-}
-GPU_NAMES = {"h100": "h100", "h200": "h200", "a100": "a100", "a40": "a40", "l40s": "l40s", "b200": "b200",
-             "mi300x": "mi300x", "cpu": "cpu"}
-
-
 def vllm_defaults(gpu: str) -> tuple:
     """vLLM's OpenAI server defaults of (max_num_batched_tokens, max_num_seqs) on this GPU
     (vllm/engine/arg_utils.py: >= 160 GiB 16384 / 1024; >= 70 GiB and not an A100 8192 / 1024;
@@ -89,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("overrides", nargs="*", help="more run overrides (serving_engine=vllm_eager, dataplane.cost_model=...)")
     ap.add_argument("--model", default=None, help="a configs/model/ preset (default: from the result's model id)")
     ap.add_argument("--model-config", type=Path, default=None, help="a Hugging Face config.json of the served model")
-    ap.add_argument("--gpu", default=None, help=f"the GPU it ran on: {', '.join(sorted(GPU_NAMES))}")
+    ap.add_argument("--gpu", default=None, help="the GPU it ran on: a configs/hardware preset (h100, a100, ...) or its name (\"H100-80GB\")")
     ap.add_argument("--serving-engine", default="vllm", help="a configs/serving_engine/ preset (default: vllm)")
     vllm = ap.add_argument_group("the vLLM server's knobs (as `vllm serve` took them)")
     vllm.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
@@ -125,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_benchmark(args):
     """The result as a Benchmark with the model, GPU and server knobs filled in."""
+    from policylab.apps.served_names import gpu_preset, model_preset
     from policylab.traces.loadgen.benchmark import ServerKnobs
     from policylab.traces.loadgen.inference_perf import is_report_folder, read_inference_perf
     from policylab.traces.loadgen.vllm_bench import read_vllm_bench
@@ -139,13 +125,14 @@ def load_benchmark(args):
     else:
         raise TraceError(str(path), None, None, "no such file or folder")
     if args.gpu is None:
-        raise ValueError("which GPU served it? give --gpu (" + ", ".join(sorted(GPU_NAMES)) + ")")
-    gpu = GPU_NAMES.get(args.gpu.lower())
-    if gpu is None:
-        raise ValueError(f"--gpu {args.gpu}: one of {', '.join(sorted(GPU_NAMES))}")
+        raise ValueError("which GPU served it? give --gpu (a configs/hardware preset: h100, a100, ...)")
+    try:
+        gpu = gpu_preset(args.gpu)
+    except ValueError as e:
+        raise ValueError(f"--gpu {e}") from None
     model, model_config = args.model, args.model_config
     if model is None and model_config is None:
-        model = MODEL_PRESETS.get(bench.model.lower())
+        model = model_preset(bench.model)
         local = Path(bench.model).expanduser()
         if model is None and (local / "config.json").is_file():
             model_config = local / "config.json"
