@@ -15,7 +15,8 @@ last, each run's KV cache: its size, the most of it in use, and the preemptions.
 --duration replays each stage for S seconds instead of its recorded 600 (a quicker, noisier check).
 A row's model and GPU are the presets their names spell ("meta-llama/Llama-2-70b-chat-hf" is
 llama2-70b, "H100-80GB" h100); --model NAME=PRESET (or NAME=path/to/config.json) maps a model whose
-name spells none.
+name spells none. A cell that is not what its column holds stops the check with the file, line and
+column; a stage whose every request failed has empty latency cells, and is replayed and shown with dashes.
 
 A run with failed requests (clients that gave up under overload) is replayed with clients that give up
 too, after `--client-timeout` seconds (default: the file's `client_timeout_s` column where it has one,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 import time
 from collections import defaultdict
@@ -42,6 +44,11 @@ from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerK
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
 
 STAGE_GAP_S = 60.0
+INTEGERS = ("tensor_parallel", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_groups",
+            "prompts_per_group", "system_prompt_len", "output_len", "stage", "requests_ok", "requests_failed")
+NUMBERS = ("gpu_memory_utilization", "rate_req_s", "duration_s", "prompt_len_median")
+MAY_BE_EMPTY = ("ttft_mean_s", "e2e_mean_s", "per_token_interval_mean_s", "ttft_median_s", "ttft_p99_s",
+                "client_timeout_s")
 INFERENCE_PERF_TIMEOUT_S = 300.0     # inference-perf without load.request_timeout: aiohttp's total timeout
 
 
@@ -50,7 +57,8 @@ def benchmarks(path: Path, duration: float | None, models: dict | None = None) -
     `models[name]` where given (a configs/model preset, or a config.json for model=hf), else the preset
     its name means (policylab.apps.served_names); its GPU the hardware preset its name means."""
     runs, presets = defaultdict(list), {}
-    for line, row in enumerate(csv.DictReader(path.open()), start=2):
+    for line, text in enumerate(csv.DictReader(path.open()), start=2):
+        row = parsed(path, line, text)
         runs[(row["model"], row["tensor_parallel"], row["workload"])].append(row)
         presets.setdefault(row["model"], served_model(path, line, row["model"], models or {}))
         try:
@@ -59,29 +67,51 @@ def benchmarks(path: Path, duration: float | None, models: dict | None = None) -
             raise SystemExit(f"{path}, line {line}, gpu: {e}") from None
     out = []
     for (model, tp, workload), rows in runs.items():
-        rows.sort(key=lambda r: int(r["stage"]))
+        rows.sort(key=lambda r: r["stage"])
         r0 = rows[0]
-        groups, per_group = int(r0["num_groups"]), int(r0["prompts_per_group"])
-        prompt = int(round(float(r0["prompt_len_median"])))
-        system = int(r0["system_prompt_len"]) + 1            # + BOS
-        output = int(r0["output_len"])
+        groups, per_group = r0["num_groups"], r0["prompts_per_group"]
+        prompt = int(round(r0["prompt_len_median"]))
+        system = r0["system_prompt_len"] + 1            # + BOS
+        output = r0["output_len"]
         load = SharedPrefixWorkload(groups, per_group, system, [prompt] * (groups * per_group),
                                     [output] * (groups * per_group))
-        stages = [Stage(float(r["rate_req_s"]), duration or float(r["duration_s"])) for r in rows]
+        stages = [Stage(r["rate_req_s"], duration or r["duration_s"]) for r in rows]
         requests, stage_of = shared_prefix_trace(load, stages, STAGE_GAP_S, seed=0)
-        measured = [MeasuredStage(int(r["stage"]), float(r["rate_req_s"]), int(r["requests_ok"]),
-                                  int(r["requests_failed"]), float(r["ttft_mean_s"]), float(r["e2e_mean_s"]),
-                                  float(r["per_token_interval_mean_s"]), output, float(r["duration_s"]),
-                                  ttft_median=float(r.get("ttft_median_s") or "nan"),
-                                  ttft_p99=float(r.get("ttft_p99_s") or "nan"))
+        measured = [MeasuredStage(r["stage"], r["rate_req_s"], r["requests_ok"], r["requests_failed"], r["ttft_mean_s"],
+                                  r["e2e_mean_s"], r["per_token_interval_mean_s"], output, r["duration_s"],
+                                  ttft_median=r["ttft_median_s"], ttft_p99=r["ttft_p99_s"])
                     for r in rows]
-        server = ServerKnobs(int(tp), int(r0["max_num_seqs"]), int(r0["max_num_batched_tokens"]),
-                             int(r0["block_size"]), float(r0["gpu_memory_utilization"]),
-                             r0["prefix_caching"].lower() == "true", int(r0["max_model_len"]))
-        timeout = float(r0.get("client_timeout_s") or INFERENCE_PERF_TIMEOUT_S)
+        server = ServerKnobs(tp, r0["max_num_seqs"], r0["max_num_batched_tokens"], r0["block_size"],
+                             r0["gpu_memory_utilization"], r0["prefix_caching"], r0["max_model_len"])
+        timeout = INFERENCE_PERF_TIMEOUT_S if math.isnan(r0["client_timeout_s"]) else r0["client_timeout_s"]
         preset, config = presets[model]
         out.append(Benchmark(f"{model} TP{tp} {workload}", preset, r0["gpu"], server, requests, stage_of, measured,
                              prefix_block_tokens=system, client_timeout=timeout, model_config=config))
+    return out
+
+
+def parsed(path: Path, line: int, row: dict) -> dict:
+    """A row with its numbers as numbers; a cell that is not one stops the check with the file, line and
+    column. A measured latency may be empty (a stage whose every request failed has none): NaN."""
+    out = dict(row)
+    for key in INTEGERS + NUMBERS + MAY_BE_EMPTY:
+        text = (row.get(key) or "").strip()
+        if key in MAY_BE_EMPTY and text.lower() in ("", "nan"):
+            out[key] = math.nan
+            continue
+        try:
+            value = float(text)
+            if key in INTEGERS and not value.is_integer():
+                raise ValueError
+        except ValueError:
+            got = "nothing (no such column)" if key not in row else f"'{text}'"
+            raise SystemExit(f"{path}, line {line}, {key}: expected {'an integer' if key in INTEGERS else 'a number'}, "
+                             f"got {got}") from None
+        out[key] = int(value) if key in INTEGERS else value
+    caching = (row.get("prefix_caching") or "").strip().lower()
+    if caching not in ("true", "false"):
+        raise SystemExit(f"{path}, line {line}, prefix_caching: expected True or False, got '{caching}'")
+    out["prefix_caching"] = caching == "true"
     return out
 
 
@@ -131,11 +161,10 @@ def main(argv=None) -> int:
             m, p, e = c.measured, c.predicted, c.errors
             rows.append(c)
             runs.setdefault(bench.name, []).append(c)
-            print(f"| {bench.name} | {m.stage} | {m.rate:g} | {m.ttft_mean * 1e3:.1f} / {p.ttft_mean * 1e3:.1f} | "
-                  f"{e.get('ttft_mean', float('nan')) * 100:+.1f} % | {m.e2e_mean:.2f} / {p.e2e_mean:.2f} | "
-                  f"{e.get('e2e_mean', float('nan')) * 100:+.1f} % | {m.per_token_interval * 1e3:.2f} / "
-                  f"{p.per_token_interval * 1e3:.2f} | {e.get('per_token_interval', float('nan')) * 100:+.1f} % | "
-                  f"{c.status} |")
+            print(f"| {bench.name} | {m.stage} | {m.rate:g} | {shown(m.ttft_mean, 1e3, 1)} / {shown(p.ttft_mean, 1e3, 1)} | "
+                  f"{error(e, 'ttft_mean')} | {shown(m.e2e_mean, 1, 2)} / {shown(p.e2e_mean, 1, 2)} | "
+                  f"{error(e, 'e2e_mean')} | {shown(m.per_token_interval, 1e3, 2)} / "
+                  f"{shown(p.per_token_interval, 1e3, 2)} | {error(e, 'per_token_interval')} | {c.status} |")
     wrong = sum(1 for c in rows if (c.status == "saturated") != bool(c.measured.requests_failed))
     normal = [c for c in rows if not c.measured.requests_failed]
     print(f"\nMAPE over {len(normal)} stages: E2E {mape(normal, 'e2e_mean') * 100:.1f} %, TTFT "
@@ -151,6 +180,16 @@ def main(argv=None) -> int:
     for line in ttft_tails(runs) + caches:
         print(line)
     return 0
+
+
+def shown(value: float, scale: float, digits: int) -> str:
+    """A latency in the table's unit, or a dash where there is none (no request of the stage finished)."""
+    return "-" if math.isnan(value) else f"{value * scale:.{digits}f}"
+
+
+def error(errors: dict, key: str) -> str:
+    value = errors.get(key, math.nan)
+    return "-" if math.isnan(value) else f"{value * 100:+.1f} %"
 
 
 def ttft_tails(runs: dict) -> list:

@@ -205,7 +205,7 @@ def report(bench, cfg, rows: list, client: float, timeout: float | None = None, 
         m, p, e = c.measured, c.predicted, c.errors
 
         def pair(a, b, scale, fmt):
-            return f"{a * scale:{fmt}} / " + (f"{b * scale:{fmt}}" if b is not None and math.isfinite(b) else "-")
+            return " / ".join(f"{v * scale:{fmt}}" if v is not None and math.isfinite(v) else "-" for v in (a, b))
 
         def err(key):
             return f"{e[key] * 100:+.1f} %" if key in e else "-"
