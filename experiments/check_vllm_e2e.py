@@ -40,15 +40,22 @@ sys.path.insert(0, str(ROOT))
 from policylab.apps.e2e_replay import mape, replay_and_compare, tail_size  # noqa: E402
 from policylab.apps.fidelity_e2e import replay_timeout, seconds_or_none  # noqa: E402
 from policylab.apps.served_names import gpu_preset, model_preset  # noqa: E402
+from policylab.traces.csv_table import cell_value, csv_rows  # noqa: E402
+from policylab.traces.errors import TraceError, shown  # noqa: E402
 from policylab.traces.loadgen.benchmark import Benchmark, MeasuredStage, ServerKnobs  # noqa: E402
 from policylab.traces.shared_prefix import SharedPrefixWorkload, Stage, shared_prefix_trace  # noqa: E402
 
 STAGE_GAP_S = 60.0
-INTEGERS = ("tensor_parallel", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_groups",
-            "prompts_per_group", "system_prompt_len", "output_len", "stage", "requests_ok", "requests_failed")
-NUMBERS = ("gpu_memory_utilization", "rate_req_s", "duration_s", "prompt_len_median")
-MAY_BE_EMPTY = ("ttft_mean_s", "e2e_mean_s", "per_token_interval_mean_s", "ttft_median_s", "ttft_p99_s",
-                "client_timeout_s")
+# (column, least, most) of the whole-number and the other numeric columns: past these a row is a slip
+INTEGERS = (("tensor_parallel", 1, 1024), ("max_num_seqs", 1, 1 << 20), ("max_num_batched_tokens", 1, 1 << 24),
+            ("max_model_len", 1, 1 << 24), ("block_size", 1, 1 << 16), ("num_groups", 1, 1 << 20),
+            ("prompts_per_group", 1, 1 << 20), ("system_prompt_len", 0, 1 << 24), ("output_len", 1, 1 << 24),
+            ("stage", 0, 1 << 20), ("requests_ok", 0, 1 << 40), ("requests_failed", 0, 1 << 40))
+NUMBERS = (("gpu_memory_utilization", 0.0, 1.0), ("rate_req_s", 0.0, 1e9), ("duration_s", 0.0, 1e9),
+           ("prompt_len_median", 0.0, 1 << 24))
+LATENCIES = ("ttft_mean_s", "e2e_mean_s", "per_token_interval_mean_s")      # empty where no request finished
+OPTIONAL = ("ttft_median_s", "ttft_p99_s", "client_timeout_s")             # columns a file may leave out
+TEXT = ("model", "gpu", "workload", "prefix_caching")
 INFERENCE_PERF_TIMEOUT_S = 300.0     # inference-perf without load.request_timeout: aiohttp's total timeout
 
 
@@ -57,14 +64,13 @@ def benchmarks(path: Path, duration: float | None, models: dict | None = None) -
     `models[name]` where given (a configs/model preset, or a config.json for model=hf), else the preset
     its name means (policylab.apps.served_names); its GPU the hardware preset its name means."""
     runs, presets = defaultdict(list), {}
-    for line, text in enumerate(csv.DictReader(path.open()), start=2):
-        row = parsed(path, line, text)
+    for row in read_rows(path):
         runs[(row["model"], row["tensor_parallel"], row["workload"])].append(row)
-        presets.setdefault(row["model"], served_model(path, line, row["model"], models or {}))
+        presets.setdefault(row["model"], served_model(path, row["line"], row["model"], models or {}))
         try:
             row["gpu"] = gpu_preset(row["gpu"])
         except ValueError as e:
-            raise SystemExit(f"{path}, line {line}, gpu: {e}") from None
+            raise TraceError(str(path), row["line"], "gpu", str(e), kind="column") from None
     out = []
     for (model, tp, workload), rows in runs.items():
         rows.sort(key=lambda r: r["stage"])
@@ -90,29 +96,29 @@ def benchmarks(path: Path, duration: float | None, models: dict | None = None) -
     return out
 
 
-def parsed(path: Path, line: int, row: dict) -> dict:
-    """A row with its numbers as numbers; a cell that is not one stops the check with the file, line and
-    column. A measured latency may be empty (a stage whose every request failed has none): NaN."""
-    out = dict(row)
-    for key in INTEGERS + NUMBERS + MAY_BE_EMPTY:
-        text = (row.get(key) or "").strip()
-        if key in MAY_BE_EMPTY and text.lower() in ("", "nan"):
-            out[key] = math.nan
-            continue
-        try:
-            value = float(text)
-            if key in INTEGERS and not value.is_integer():
-                raise ValueError
-        except ValueError:
-            got = "nothing (no such column)" if key not in row else f"'{text}'"
-            raise SystemExit(f"{path}, line {line}, {key}: expected {'an integer' if key in INTEGERS else 'a number'}, "
-                             f"got {got}") from None
-        out[key] = int(value) if key in INTEGERS else value
-    caching = (row.get("prefix_caching") or "").strip().lower()
-    if caching not in ("true", "false"):
-        raise SystemExit(f"{path}, line {line}, prefix_caching: expected True or False, got '{caching}'")
-    out["prefix_caching"] = caching == "true"
-    return out
+def read_rows(path: Path) -> list:
+    """The file's rows with their numbers as numbers (the one CSV reader, policylab.traces.csv_table): a
+    cell that is not what its column holds is a TraceError naming the file, line and column. A measured
+    latency or an optional column's cell may be empty: NaN."""
+    name = str(path)
+    with path.open(newline="") as f:
+        header = {cell.strip() for cell in next(csv.reader(f), [])}
+    columns = (*TEXT, *(c for c, _, _ in INTEGERS + NUMBERS), *LATENCIES, *(c for c in OPTIONAL if c in header))
+    rows = []
+    for line, raw in csv_rows(path, name, columns, expected="a table in the development split's format"):
+        row = {key: raw[key] for key in TEXT}
+        row.update({key: int(cell_value(raw[key], name, line, key, low, high, integer=True))
+                    for key, low, high in INTEGERS})
+        row.update({key: cell_value(raw[key], name, line, key, low, high, above=True) for key, low, high in NUMBERS})
+        row.update({key: math.nan if raw.get(key, "").lower() in ("", "nan") else
+                    cell_value(raw[key], name, line, key, 0.0, 1e9, above=key == "client_timeout_s", unit="s")
+                    for key in (*LATENCIES, *OPTIONAL)})
+        if row["prefix_caching"].lower() not in ("true", "false"):
+            raise TraceError(name, line, "prefix_caching",
+                             f"expected True or False, got {shown(row['prefix_caching'])}", kind="column")
+        row["prefix_caching"] = row["prefix_caching"].lower() == "true"
+        rows.append({**row, "line": line})
+    return rows
 
 
 def served_model(path: Path, line: int, name: str, models: dict) -> tuple:
@@ -122,8 +128,8 @@ def served_model(path: Path, line: int, name: str, models: dict) -> tuple:
     if given is None:
         preset = model_preset(name)
         if preset is None:
-            raise SystemExit(f"{path}, line {line}, model: '{name}' names no configs/model preset; map it: "
-                             f"--model '{name}=PRESET' or --model '{name}=path/to/config.json'")
+            raise TraceError(str(path), line, "model", f"'{name}' names no configs/model preset; map it: "
+                             f"--model '{name}=PRESET' or --model '{name}=path/to/config.json'", kind="column")
         return preset, None
     if given.endswith(".json"):
         if not Path(given).is_file():
@@ -150,7 +156,11 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra run overrides, e.g. serving_engine=none")
     args = ap.parse_intermixed_args(argv)
     rows, runs, caches = [], {}, []
-    benches = benchmarks(args.file, args.duration, dict(args.model))
+    try:
+        benches = benchmarks(args.file, args.duration, dict(args.model))
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print("| run | stage | rate | TTFT meas / pred (ms) | err | E2E meas / pred (s) | err | "
           "per-token meas / pred (ms) | err | sim |\n|---|---|---|---|---|---|---|---|---|---|")
     started = time.perf_counter()
@@ -161,10 +171,12 @@ def main(argv=None) -> int:
             m, p, e = c.measured, c.predicted, c.errors
             rows.append(c)
             runs.setdefault(bench.name, []).append(c)
-            print(f"| {bench.name} | {m.stage} | {m.rate:g} | {shown(m.ttft_mean, 1e3, 1)} / {shown(p.ttft_mean, 1e3, 1)} | "
-                  f"{error(e, 'ttft_mean')} | {shown(m.e2e_mean, 1, 2)} / {shown(p.e2e_mean, 1, 2)} | "
-                  f"{error(e, 'e2e_mean')} | {shown(m.per_token_interval, 1e3, 2)} / "
-                  f"{shown(p.per_token_interval, 1e3, 2)} | {error(e, 'per_token_interval')} | {c.status} |")
+            pairs = [f"{latency_text(a, scale, digits)} / {latency_text(b, scale, digits)} | {error_text(e, key)}"
+                     for a, b, key, scale, digits in ((m.ttft_mean, p.ttft_mean, "ttft_mean", 1e3, 1),
+                                                      (m.e2e_mean, p.e2e_mean, "e2e_mean", 1, 2),
+                                                      (m.per_token_interval, p.per_token_interval,
+                                                       "per_token_interval", 1e3, 2))]
+            print(f"| {bench.name} | {m.stage} | {m.rate:g} | {' | '.join(pairs)} | {c.status} |")
     wrong = sum(1 for c in rows if (c.status == "saturated") != bool(c.measured.requests_failed))
     normal = [c for c in rows if not c.measured.requests_failed]
     print(f"\nMAPE over {len(normal)} stages: E2E {mape(normal, 'e2e_mean') * 100:.1f} %, TTFT "
@@ -182,12 +194,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def shown(value: float, scale: float, digits: int) -> str:
+def latency_text(value: float, scale: float, digits: int) -> str:
     """A latency in the table's unit, or a dash where there is none (no request of the stage finished)."""
     return "-" if math.isnan(value) else f"{value * scale:.{digits}f}"
 
 
-def error(errors: dict, key: str) -> str:
+def error_text(errors: dict, key: str) -> str:
     value = errors.get(key, math.nan)
     return "-" if math.isnan(value) else f"{value * 100:+.1f} %"
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from policylab.traces.errors import TraceError
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 import check_vllm_e2e  # noqa: E402
@@ -38,8 +40,8 @@ def test_the_development_split_check_reads_models_and_gpus_by_name_or_by_mapping
     spells none stops it before any replay with the file, line and the flag that maps it, and
     --model NAME=PRESET maps it (or NAME=config.json, as model=hf)."""
     path = _split(tmp_path, [_row("meta-llama/Llama-2-70b-chat-hf", "NVIDIA H100 80GB HBM3"), _row("My-Llama-13B")])
-    with pytest.raises(SystemExit, match=r"split.csv, line 3, model: 'My-Llama-13B' names no configs/model preset; "
-                                         r"map it: --model 'My-Llama-13B=PRESET'"):
+    with pytest.raises(TraceError, match=r"split.csv:3: column 'model': 'My-Llama-13B' names no configs/model "
+                                         r"preset; map it: --model 'My-Llama-13B=PRESET'"):
         check_vllm_e2e.benchmarks(path, 10.0)
     runs = {b.name: b for b in check_vllm_e2e.benchmarks(path, 10.0, {"My-Llama-13B": "llama2-13b"})}
     big, mine = runs["meta-llama/Llama-2-70b-chat-hf TP1 codegen"], runs["My-Llama-13B TP1 codegen"]
@@ -49,7 +51,7 @@ def test_the_development_split_check_reads_models_and_gpus_by_name_or_by_mapping
     config.write_text("{}")
     mine = check_vllm_e2e.benchmarks(path, 10.0, {"My-Llama-13B": str(config)})[1]
     assert (mine.model, mine.model_config) == ("hf", str(config))
-    with pytest.raises(SystemExit, match="line 2, gpu: 'A100-40GB': the a100 preset has 80 GB"):
+    with pytest.raises(TraceError, match="a100.csv:2: column 'gpu': 'A100-40GB': the a100 preset has 80 GB"):
         check_vllm_e2e.benchmarks(_split(tmp_path, [_row("Llama-2-7B", "A100-40GB")], "a100.csv"), 10.0)
     with pytest.raises(SystemExit, match=r"no such config.json"):
         check_vllm_e2e.benchmarks(path, 10.0, {"My-Llama-13B": str(tmp_path / "missing.json")})
@@ -57,10 +59,12 @@ def test_the_development_split_check_reads_models_and_gpus_by_name_or_by_mapping
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("column, value, message", [
-    ("rate_req_s", "fast", "line 2, rate_req_s: expected a number, got 'fast'"),
-    ("max_num_seqs", "12.5", "line 2, max_num_seqs: expected an integer, got '12.5'"),
-    ("prefix_caching", "yes", "line 2, prefix_caching: expected True or False, got 'yes'"),
-    ("output_len", None, "line 2, output_len: expected an integer, got nothing \\(no such column\\)"),
+    ("rate_req_s", "fast", ":2: column 'rate_req_s': expected a number > 0 and at most 1e\\+09, got \"fast\""),
+    ("max_num_seqs", "12.5", ":2: column 'max_num_seqs': expected an integer from 1 to 1,048,576, got \"12.5\""),
+    ("gpu_memory_utilization", "90", ":2: column 'gpu_memory_utilization': expected a number > 0 and at most 1,"),
+    ("ttft_mean_s", "-1", ":2: column 'ttft_mean_s': expected a number from 0 s to 1e\\+09 s"),
+    ("prefix_caching", "yes", ":2: column 'prefix_caching': expected True or False, got \"yes\""),
+    ("output_len", None, ":1: column 'output_len': missing from the header"),
 ])
 def test_a_cell_that_is_not_what_its_column_holds_stops_the_check_at_its_line(tmp_path, column, value, message):
     row = _row("Llama-2-7B")
@@ -68,7 +72,7 @@ def test_a_cell_that_is_not_what_its_column_holds_stops_the_check_at_its_line(tm
         row.pop(column)
     else:
         row[column] = value
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(TraceError, match=message):
         check_vllm_e2e.benchmarks(_split(tmp_path, [row]), 10.0)
 
 
