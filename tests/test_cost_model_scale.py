@@ -181,7 +181,21 @@ def test_sim_check_prices_whole_steps_and_names_bad_cells(tmp_path, capsys):
     unknown.write_text("model,gpu,tp,dtype,phase,batch,tokens_per_request,context,measured_ms\n"
                        "llama3-8b,h1000,1,bf16,decode,1,1,1000,6.0\n")
     assert sim_check.main([str(unknown)]) == 2
-    assert "no configs/hardware/h1000.yaml (did you mean h100?)" in capsys.readouterr().err
+    assert "unknown.csv:2: column 'gpu': 'h1000': no preset in its name (did you mean h100?)" in capsys.readouterr().err
+    named = tmp_path / "named.csv"                  # models and GPUs by the names they go by
+    named.write_text("model,gpu,tp,dtype,phase,batch,tokens_per_request,context,measured_ms\n"
+                     "meta-llama/Meta-Llama-3-8B,NVIDIA H100 80GB HBM3,2,bf16,decode,8,1,1000,6.0\n"
+                     "llama3-8b,h100,2,bf16,decode,8,1,1000,6.0\n")
+    assert sim_check.main([str(named), "--serving-engine", "vllm"]) == 0
+    assert "| decode | 2 |" in capsys.readouterr().out
+    by_name, by_preset = sim_check.read_rows(named)
+    assert (by_name["model"], by_name["gpu"]) == ("llama3-8b", "h100")
+    assert sim_check.predict(by_name, "shaped", "vllm", {}) == sim_check.predict(by_preset, "shaped", "vllm", {})
+    quantized = tmp_path / "quantized.csv"
+    quantized.write_text("model,gpu,tp,dtype,phase,batch,tokens_per_request,context,measured_ms\n"
+                         "Llama-2-70B-AWQ,h100,2,bf16,decode,8,1,1000,6.0\n")
+    assert sim_check.main([str(quantized)]) == 2
+    assert "quantized.csv:2: column 'model': \"Llama-2-70B-AWQ\" names no configs/model preset" in capsys.readouterr().err
 
 
 def test_sim_check_prices_a_mixed_step_as_one_batch_of_decodes_and_a_prefill_chunk(tmp_path, capsys):

@@ -10,6 +10,7 @@ whose memory or form factor differs from its preset's is refused, with the key t
 from __future__ import annotations
 
 import re
+from difflib import get_close_matches
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -65,8 +66,9 @@ def gpu_preset(name: str) -> str:
     known = [p for p in _presets("hardware") if p != "cpu"] + ["cpu"]
     found = [p for p in known if re.search(rf"(?<![a-z0-9]){re.escape(p)}(?![0-9])", lowered)]
     if len(found) != 1:
-        raise ValueError(f"'{name}': {'no' if not found else 'more than one'} preset in its name; "
-                         f"one of {', '.join(known)}")
+        close = get_close_matches(lowered, known, n=1) if not found else []
+        raise ValueError(f"'{name}': {'no' if not found else 'more than one'} preset in its name"
+                         + (f" (did you mean {close[0]}?)" if close else "") + f"; one of {', '.join(known)}")
     preset = found[0]
     other = [part for part in OTHER_PARTS.get(preset, ()) if part in lowered]
     if other:

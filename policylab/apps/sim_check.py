@@ -4,7 +4,8 @@ FILE.csv is tidy, one measurement a row (lines starting with # are comments):
 
     model,gpu,tp,dtype,phase,batch,tokens_per_request,context,measured_ms
 
-- model, gpu: names of configs/model/ and configs/hardware/ (llama3-8b, h100, ...);
+- model, gpu: names of configs/model/ and configs/hardware/ (llama3-8b, h100, ...), or the names the
+  model and the GPU go by where they spell one ("meta-llama/Llama-2-70b-hf", "H100-80GB");
 - tp: tensor-parallel GPUs; dtype: bf16 | fp16 | fp8 (bytes per weight and KV element);
 - phase: `decode` (a whole step of `batch` requests decoding one token each after `context`
   tokens), `prefill` (a whole step of `batch` chunks of `tokens_per_request` tokens after
@@ -89,9 +90,32 @@ def read_rows(path: Path) -> list:
         if phase != "decode" and row["tokens_per_request"] < 1:
             raise TraceError(name, line, "tokens_per_request", f"expected >= 1 for phase {phase}, got 0",
                              kind="column")
-        rows.append({**row, "model": raw["model"], "gpu": raw["gpu"], "phase": phase,
+        rows.append({**row, "model": named_preset("model", raw["model"], name, line),
+                     "gpu": named_preset("hardware", raw["gpu"], name, line), "phase": phase,
                      "dtype_bytes": DTYPE_BYTES[dtype], "line": line})
     return rows
+
+
+def named_preset(group: str, text: str, file: str, line: int) -> str:
+    """The configs/`group` preset a row names: its file name, or the preset a model's or GPU's own name
+    spells (policylab.apps.served_names: "Llama-2-70B", "H100-80GB"); else a TraceError at the row."""
+    from policylab.apps.served_names import gpu_preset, model_preset
+    if (Path(CONFIG_DIR) / group / f"{text}.yaml").is_file():
+        return text
+    column = "model" if group == "model" else "gpu"
+    if group == "hardware":
+        try:
+            return gpu_preset(text)
+        except ValueError as e:
+            raise TraceError(file, line, column, str(e), kind="column") from None
+    preset = model_preset(text)
+    if preset is None:
+        known = sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+        close = get_close_matches(text, known, n=1)
+        raise TraceError(file, line, column, f"{shown(text)} names no configs/model preset"
+                         + (f" (did you mean {close[0]}?)" if close else "") + f"; one of {', '.join(known)}",
+                         kind="column")
+    return preset
 
 
 def load_group(group: str, name: str, schema):
