@@ -287,7 +287,8 @@ def test_the_command_replays_a_report_folders_stages(capsys):
 @pytest.mark.parametrize("args, message", [
     ([str(DETAILED), "--model", "tiny"], "which GPU served it? give --gpu"),
     ([str(DETAILED), "--gpu", "h100"], "the result served 'tiny', which has no preset: give --model"),
-    ([str(DETAILED), "--model", "tiny", "--gpu", "tpu"], "--gpu 'tpu': no preset in its name (did you mean cpu?); one of a100,"),
+    ([str(DETAILED), "--model", "tiny", "--gpu", "tpu"],
+     "--gpu 'tpu': no preset in its name (did you mean cpu?); one of a100,"),
     ([str(DETAILED), "--model", "tiny", "--gpu", "A100-40GB"],
      "--gpu 'A100-40GB': the a100 preset has 80 GB, not 40 GB: set hardware.mem_bytes"),
     (["no/such/result.json", "--model", "tiny", "--gpu", "cpu"], "no such file or folder"),
