@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from policylab.apps.e2e_replay import mape, replay_and_compare, tail_size  # noqa: E402
 from policylab.apps.fidelity_e2e import replay_timeout, seconds_or_none  # noqa: E402
+from policylab.apps.config import CONFIG_DIR  # noqa: E402
 from policylab.apps.served_names import gpu_preset, model_preset  # noqa: E402
 from policylab.traces.csv_table import cell_value, csv_rows  # noqa: E402
 from policylab.traces.errors import TraceError, shown  # noqa: E402
@@ -135,6 +136,9 @@ def served_model(path: Path, line: int, name: str, models: dict) -> tuple:
         if not Path(given).is_file():
             raise SystemExit(f"--model {name}={given}: no such config.json")
         return "hf", given
+    known = sorted(p.stem for p in (Path(CONFIG_DIR) / "model").glob("*.yaml"))
+    if given not in known:
+        raise SystemExit(f"--model {name}={given}: no configs/model preset '{given}'; one of {', '.join(known)}")
     return given, None
 
 
