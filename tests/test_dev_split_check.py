@@ -53,7 +53,8 @@ def test_the_development_split_check_reads_models_and_gpus_by_name_or_by_mapping
     assert (mine.model, mine.model_config) == ("hf", str(config))
     with pytest.raises(TraceError, match="a100.csv:2: column 'gpu': 'A100-40GB': the a100 preset has 80 GB"):
         check_vllm_e2e.benchmarks(_split(tmp_path, [_row("Llama-2-7B", "A100-40GB")], "a100.csv"), 10.0)
-    with pytest.raises(SystemExit, match=r"--model My-Llama-13B=llama-13b: no configs/model preset 'llama-13b'; one of"):
+    with pytest.raises(SystemExit, match=r"--model My-Llama-13B=llama-13b: no configs/model preset 'llama-13b'; "
+                                         r"one of"):
         check_vllm_e2e.benchmarks(path, 10.0, {"My-Llama-13B": "llama-13b"})
     with pytest.raises(SystemExit, match=r"no such config.json"):
         check_vllm_e2e.benchmarks(path, 10.0, {"My-Llama-13B": str(tmp_path / "missing.json")})
