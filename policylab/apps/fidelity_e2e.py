@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("overrides", nargs="*", help="more run overrides (serving_engine=vllm_eager, dataplane.cost_model=...)")
     ap.add_argument("--model", default=None, help="a configs/model/ preset (default: from the result's model id)")
     ap.add_argument("--model-config", type=Path, default=None, help="a Hugging Face config.json of the served model")
-    ap.add_argument("--gpu", default=None, help="the GPU it ran on: a configs/hardware preset (h100, a100, ...) or its name (\"H100-80GB\")")
+    ap.add_argument("--gpu", default=None,
+                    help="the GPU it ran on: a configs/hardware preset (h100, a100, ...) or its name (\"H100-80GB\")")
     ap.add_argument("--serving-engine", default="vllm", help="a configs/serving_engine/ preset (default: vllm)")
     vllm = ap.add_argument_group("the vLLM server's knobs (as `vllm serve` took them)")
     vllm.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
