@@ -27,7 +27,6 @@ beside the normal-load stages'.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import sys
 import time
@@ -37,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from policylab.apps.e2e_replay import mape, replay_and_compare, tail_size  # noqa: E402
+from policylab.apps.e2e_replay import error_text, mape, pair_text, replay_and_compare, tail_size  # noqa: E402
 from policylab.apps.fidelity_e2e import replay_timeout, seconds_or_none  # noqa: E402
-from policylab.apps.config import CONFIG_DIR  # noqa: E402
+from policylab.apps.config import presets  # noqa: E402
 from policylab.apps.served_names import gpu_preset, model_preset  # noqa: E402
 from policylab.traces.csv_table import cell_value, csv_rows  # noqa: E402
 from policylab.traces.errors import TraceError, shown  # noqa: E402
@@ -64,10 +63,11 @@ def benchmarks(path: Path, duration: float | None, models: dict | None = None) -
     """One Benchmark per (model, TP, workload) of the file, its stages in order. A row's model is
     `models[name]` where given (a configs/model preset, or a config.json for model=hf), else the preset
     its name means (policylab.apps.served_names); its GPU the hardware preset its name means."""
-    runs, presets = defaultdict(list), {}
+    runs, served = defaultdict(list), {}
     for row in read_rows(path):
         runs[(row["model"], row["tensor_parallel"], row["workload"])].append(row)
-        presets.setdefault(row["model"], served_model(path, row["line"], row["model"], models or {}))
+        if row["model"] not in served:
+            served[row["model"]] = served_model(path, row["line"], row["model"], models or {})
         try:
             row["gpu"] = gpu_preset(row["gpu"])
         except ValueError as e:
@@ -91,7 +91,7 @@ def benchmarks(path: Path, duration: float | None, models: dict | None = None) -
         server = ServerKnobs(tp, r0["max_num_seqs"], r0["max_num_batched_tokens"], r0["block_size"],
                              r0["gpu_memory_utilization"], r0["prefix_caching"], r0["max_model_len"])
         timeout = INFERENCE_PERF_TIMEOUT_S if math.isnan(r0["client_timeout_s"]) else r0["client_timeout_s"]
-        preset, config = presets[model]
+        preset, config = served[model]
         out.append(Benchmark(f"{model} TP{tp} {workload}", preset, r0["gpu"], server, requests, stage_of, measured,
                              prefix_block_tokens=system, client_timeout=timeout, model_config=config))
     return out
@@ -102,11 +102,10 @@ def read_rows(path: Path) -> list:
     cell that is not what its column holds is a TraceError naming the file, line and column. A measured
     latency or an optional column's cell may be empty: NaN."""
     name = str(path)
-    with path.open(newline="") as f:
-        header = {cell.strip() for cell in next(csv.reader(f), [])}
-    columns = (*TEXT, *(c for c, _, _ in INTEGERS + NUMBERS), *LATENCIES, *(c for c in OPTIONAL if c in header))
+    columns = (*TEXT, *(c for c, _, _ in INTEGERS + NUMBERS), *LATENCIES)
     rows = []
-    for line, raw in csv_rows(path, name, columns, expected="a table in the development split's format"):
+    for line, raw in csv_rows(path, name, columns, optional=OPTIONAL,
+                              expected="a table in the development split's format"):
         row = {key: raw[key] for key in TEXT}
         row.update({key: int(cell_value(raw[key], name, line, key, low, high, integer=True))
                     for key, low, high in INTEGERS})
@@ -136,7 +135,7 @@ def served_model(path: Path, line: int, name: str, models: dict) -> tuple:
         if not Path(given).is_file():
             raise SystemExit(f"--model {name}={given}: no such config.json")
         return "hf", given
-    known = sorted(p.stem for p in (Path(CONFIG_DIR) / "model").glob("*.yaml"))
+    known = presets("model")
     if given not in known:
         raise SystemExit(f"--model {name}={given}: no configs/model preset '{given}'; one of {', '.join(known)}")
     return given, None
@@ -175,12 +174,11 @@ def main(argv=None) -> int:
             m, p, e = c.measured, c.predicted, c.errors
             rows.append(c)
             runs.setdefault(bench.name, []).append(c)
-            pairs = [f"{latency_text(a, scale, digits)} / {latency_text(b, scale, digits)} | {error_text(e, key)}"
-                     for a, b, key, scale, digits in ((m.ttft_mean, p.ttft_mean, "ttft_mean", 1e3, 1),
-                                                      (m.e2e_mean, p.e2e_mean, "e2e_mean", 1, 2),
-                                                      (m.per_token_interval, p.per_token_interval,
-                                                       "per_token_interval", 1e3, 2))]
-            print(f"| {bench.name} | {m.stage} | {m.rate:g} | {' | '.join(pairs)} | {c.status} |")
+            print(f"| {bench.name} | {m.stage} | {m.rate:g} | "
+                  f"{pair_text(m.ttft_mean, p.ttft_mean, 1e3, '.1f')} | {error_text(e, 'ttft_mean')} | "
+                  f"{pair_text(m.e2e_mean, p.e2e_mean, 1, '.2f')} | {error_text(e, 'e2e_mean')} | "
+                  f"{pair_text(m.per_token_interval, p.per_token_interval, 1e3, '.2f')} | "
+                  f"{error_text(e, 'per_token_interval')} | {c.status} |")
     wrong = sum(1 for c in rows if (c.status == "saturated") != bool(c.measured.requests_failed))
     normal = [c for c in rows if not c.measured.requests_failed]
     print(f"\nMAPE over {len(normal)} stages: E2E {mape(normal, 'e2e_mean') * 100:.1f} %, TTFT "
@@ -196,16 +194,6 @@ def main(argv=None) -> int:
     for line in ttft_tails(runs) + caches:
         print(line)
     return 0
-
-
-def latency_text(value: float, scale: float, digits: int) -> str:
-    """A latency in the table's unit, or a dash where there is none (no request of the stage finished)."""
-    return "-" if math.isnan(value) else f"{value * scale:.{digits}f}"
-
-
-def error_text(errors: dict, key: str) -> str:
-    value = errors.get(key, math.nan)
-    return "-" if math.isnan(value) else f"{value * 100:+.1f} %"
 
 
 def ttft_tails(runs: dict) -> list:

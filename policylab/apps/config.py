@@ -41,6 +41,11 @@ def _config_dir() -> str:
 CONFIG_DIR = _config_dir()
 
 
+def presets(group: str) -> list:
+    """The preset names of a config group (configs/GROUP/*.yaml), sorted."""
+    return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+
+
 @dataclass
 class CapacityConfig:
     """`python -m policylab capacity`: bisection on the trace's rate_scale."""

@@ -237,6 +237,17 @@ def compare_stage(m: MeasuredStage, p: Optional[PredictedStage], timed_out: bool
     return StageComparison(m, p, "saturated" if p.saturated else "ok", errors)
 
 
+def pair_text(measured: Optional[float], predicted: Optional[float], scale: float, fmt: str) -> str:
+    """"measured / predicted" in a table's unit, a dash for a value there is none of (no request of
+    the stage finished, or no replay of it)."""
+    return " / ".join(f"{v * scale:{fmt}}" if v is not None and math.isfinite(v) else "-"
+                      for v in (measured, predicted))
+
+
+def error_text(errors: dict, key: str) -> str:
+    return f"{errors[key] * 100:+.1f} %" if key in errors else "-"
+
+
 def mape(rows: list, key: str) -> float:
     values = [abs(r.errors[key]) for r in rows if key in r.errors and r.status in ("ok", "saturated")]
     return float(np.mean(values)) if values else math.nan

@@ -188,7 +188,7 @@ def run(args) -> list:
 
 
 def report(bench, cfg, rows: list, client: float, timeout: float | None = None, kv=None) -> None:
-    from policylab.apps.e2e_replay import mape, tail_note
+    from policylab.apps.e2e_replay import error_text, mape, pair_text, tail_note
     s = bench.server
     print(f"{bench.name}: {len(bench.requests)} requests in {len(bench.stages)} stage(s); model {cfg.model.name}, "
           f"{bench.gpu} x TP {s.tensor_parallel}, serving_engine {cfg.serving_engine.name} (client latency "
@@ -205,16 +205,12 @@ def report(bench, cfg, rows: list, client: float, timeout: float | None = None, 
     for c in rows:
         m, p, e = c.measured, c.predicted, c.errors
 
-        def pair(a, b, scale, fmt):
-            return " / ".join(f"{v * scale:{fmt}}" if v is not None and math.isfinite(v) else "-" for v in (a, b))
-
-        def err(key):
-            return f"{e[key] * 100:+.1f} %" if key in e else "-"
         failed = f"{m.requests_failed}" + (f" ({p.failed} predicted)" if p is not None and p.failed else "")
         print(f"| {m.stage} | {m.rate:g} | {m.requests_ok} / {failed} | "
-              f"{pair(m.ttft_mean, p and p.ttft_mean, 1e3, '.1f')} | {err('ttft_mean')} | "
-              f"{pair(m.e2e_mean, p and p.e2e_mean, 1, '.3f')} | {err('e2e_mean')} | "
-              f"{pair(m.per_token_interval, p and p.per_token_interval, 1e3, '.2f')} | {err('per_token_interval')} | "
+              f"{pair_text(m.ttft_mean, p and p.ttft_mean, 1e3, '.1f')} | {error_text(e, 'ttft_mean')} | "
+              f"{pair_text(m.e2e_mean, p and p.e2e_mean, 1, '.3f')} | {error_text(e, 'e2e_mean')} | "
+              f"{pair_text(m.per_token_interval, p and p.per_token_interval, 1e3, '.2f')} | "
+              f"{error_text(e, 'per_token_interval')} | "
               f"{c.status} |")
     compared = [c for c in rows if c.errors]
     if compared:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from policylab.apps.config import CONFIG_DIR
+from policylab.apps.config import CONFIG_DIR, presets
 
 # names that do not spell their preset, compacted (Llama 3.1 8B runs Llama 3 8B's layers)
 ALIASES = {"llama318b": "llama3-8b"}
@@ -33,16 +33,12 @@ def _compact(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-def _presets(group: str) -> list:
-    return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
-
-
 def model_preset(name: str) -> str | None:
     """The configs/model preset a served model's name means, or None: the name's last path part, less
     its chat/instruct/hf/version suffixes, spelling a preset's name (punctuation and case aside):
     "meta-llama/Llama-2-70b-chat-hf" and "Llama-2-70B" are llama2-70b."""
     by_name = {compact: [preset] for compact, preset in ALIASES.items()}
-    for preset in _presets("model"):
+    for preset in presets("model"):
         if preset in NOT_CHECKPOINTS:
             continue
         by_name.setdefault(_compact(preset), []).append(preset)
@@ -59,11 +55,13 @@ def model_preset(name: str) -> str | None:
 
 
 def gpu_preset(name: str) -> str:
-    """The configs/hardware preset a GPU's name means ("H100-80GB", "NVIDIA A100-SXM4-80GB"); a
-    ValueError naming the fix where none does, or where the name's memory or form factor is not the
-    preset's."""
+    """The configs/hardware preset a GPU's name means: a preset's own name, or a name it spells as a word
+    ("H100-80GB", "NVIDIA A100-SXM4-80GB"); a ValueError naming the fix where none does, or where the
+    name's memory or form factor is not the preset's."""
     lowered = name.strip().lower()
-    known = [p for p in _presets("hardware") if p != "cpu"] + ["cpu"]
+    known = [p for p in presets("hardware") if p != "cpu"] + ["cpu"]
+    if lowered in known:
+        return lowered
     found = [p for p in known if re.search(rf"(?<![a-z0-9]){re.escape(p)}(?![0-9])", lowered)]
     if len(found) != 1:
         close = get_close_matches(lowered, known, n=1) if not found else []

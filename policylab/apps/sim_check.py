@@ -41,7 +41,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from policylab.apps.config import CONFIG_DIR
+from policylab.apps.config import CONFIG_DIR, presets
 from policylab.core.config import HardwareConfig, ModelConfig
 from policylab.core.request import MAX_ARRIVAL_S
 from policylab.dataplane.config import DataplaneConfig
@@ -91,37 +91,34 @@ def read_rows(path: Path) -> list:
             raise TraceError(name, line, "tokens_per_request", f"expected >= 1 for phase {phase}, got 0",
                              kind="column")
         rows.append({**row, "model": named_preset("model", raw["model"], name, line),
-                     "gpu": named_preset("hardware", raw["gpu"], name, line), "phase": phase,
+                     "gpu": named_preset("gpu", raw["gpu"], name, line), "phase": phase,
                      "dtype_bytes": DTYPE_BYTES[dtype], "line": line})
     return rows
 
 
-def named_preset(group: str, text: str, file: str, line: int) -> str:
-    """The configs/`group` preset a row names: its file name, or the preset a model's or GPU's own name
-    spells (policylab.apps.served_names: "Llama-2-70B", "H100-80GB"); else a TraceError at the row."""
+def named_preset(column: str, text: str, file: str, line: int) -> str:
+    """The preset a row's `model` or `gpu` cell names: a preset's own name, or the one the model's or
+    GPU's name spells (policylab.apps.served_names: "Llama-2-70B", "H100-80GB"); else a TraceError at
+    the row."""
     from policylab.apps.served_names import gpu_preset, model_preset
-    if (Path(CONFIG_DIR) / group / f"{text}.yaml").is_file():
-        return text
-    column = "model" if group == "model" else "gpu"
-    if group == "hardware":
-        try:
+    try:
+        if column == "gpu":
             return gpu_preset(text)
-        except ValueError as e:
-            raise TraceError(file, line, column, str(e), kind="column") from None
-    preset = model_preset(text)
-    if preset is None:
-        known = sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
-        close = get_close_matches(text, known, n=1)
-        raise TraceError(file, line, column, f"{shown(text)} names no configs/model preset"
-                         + (f" (did you mean {close[0]}?)" if close else "") + f"; one of {', '.join(known)}",
-                         kind="column")
-    return preset
+        known = presets("model")
+        preset = text if text in known else model_preset(text)
+        if preset is None:
+            close = get_close_matches(text, known, n=1)
+            raise ValueError(f"{shown(text)} names no configs/model preset"
+                             + (f" (did you mean {close[0]}?)" if close else "") + f"; one of {', '.join(known)}")
+        return preset
+    except ValueError as e:
+        raise TraceError(file, line, column, str(e), kind="column") from None
 
 
 def load_group(group: str, name: str, schema):
     path = Path(CONFIG_DIR) / group / f"{name}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        known = presets(group)
         close = get_close_matches(name, known, n=1)
         raise CheckError(f"no configs/{group}/{name}.yaml" + (f" (did you mean {close[0]}?)" if close else "")
                          + f"; known: {', '.join(known)}")

@@ -49,11 +49,12 @@ def _first_non_utf8(path: Path, error: UnicodeDecodeError) -> tuple:
 
 
 def csv_rows(path: Path, name: str, columns: Sequence[str], *, comments: bool = False, exact: bool = False,
-             need_rows: bool = True, expected: str = "a CSV file") -> Iterator[tuple]:
+             need_rows: bool = True, expected: str = "a CSV file", optional: Sequence[str] = ()) -> Iterator[tuple]:
     """(line number, {column: stripped cell}) per data row of the CSV at `path`, `name` being how
-    messages call it. The header must hold `columns` (others are allowed); blank lines are skipped,
-    and with `comments` lines starting with `#` too; `exact`: a row has as many cells as the header
-    (else at least as many). No data row at all is an error with `need_rows`."""
+    messages call it. The header must hold `columns` (others are allowed; those of `optional` it holds
+    are handed out too); blank lines are skipped, and with `comments` lines starting with `#` too;
+    `exact`: a row has as many cells as the header (else at least as many). No data row at all is an
+    error with `need_rows`."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(name, None, None, "no such file" if not path.exists() else f"not a file: {expected}")
@@ -77,7 +78,7 @@ def csv_rows(path: Path, name: str, columns: Sequence[str], *, comments: bool = 
         if missing:
             raise TraceError(name, seen[0], missing[0], f"missing from the header {shown(','.join(header), 120)} "
                              f"(expected columns {','.join(columns)})", kind="column")
-        index = {c: header.index(c) for c in columns}
+        index = {c: header.index(c) for c in (*columns, *(c for c in optional if c in header))}
         while (row := _next_row(reader, seen, name)) is not None:
             line, cells = row
             if len(cells) == 1 and not cells[0].strip():
